@@ -1,0 +1,37 @@
+# Two entry points for a fresh machine: `make demo` and `make test`. Everything else is a helper.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install lint test test-unit demo cni-plugins bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+cni-plugins:
+	hack/install-cni.sh
+
+lint: install
+	$(BIN)/ruff check cnidra tests bench
+	$(BIN)/mypy
+
+test: install lint cni-plugins
+	$(BIN)/pytest -q
+
+test-unit: install
+	$(BIN)/pytest -q -m "not netns and not testbed"
+
+demo: install cni-plugins
+	hack/demo.sh
+
+bench: install cni-plugins
+	$(BIN)/python -m bench.cni_overhead
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,3 @@
+from cnidra.cli.main import main
+
+main()

@@ -1,0 +1,35 @@
+"""Names and limits shared by every part of cnidra. Pure data, no I/O."""
+
+from typing import Final
+
+DRIVER_NAME: Final = "cni.dra.networking.x-k8s.io"
+DEVICE_CLASS_NAME: Final = "cni.networking.x-k8s.io"
+
+API_GROUP: Final = "cni.networking.x-k8s.io"
+API_VERSION: Final = f"{API_GROUP}/v1alpha1"
+KIND: Final = "CNIConfig"
+LEGACY_KIND: Final = "CNI"  # the kind name of the upstream demo, accepted with a warning
+
+RESOURCE_API_VERSIONS: Final = frozenset(
+    {"resource.k8s.io/v1", "resource.k8s.io/v1beta1", "resource.k8s.io/v1beta2"}
+)
+
+# CNI versions whose results the runtime can parse and convert.
+SUPPORTED_CNI_VERSIONS: Final = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+
+# The pod's primary network interface, owned by the cluster's default CNI.
+PRIMARY_IFNAME: Final = "eth0"
+# Linux IFNAMSIZ is 16 including the terminating NUL.
+IFNAME_MAX_BYTES: Final = 15
+
+# Limits of ResourceClaim status.devices[] enforced by the apiserver.
+STATUS_DATA_MAX_BYTES: Final = 10 * 1024
+STATUS_MAX_CONDITIONS: Final = 8
+STATUS_MAX_IPS: Final = 16
+STATUS_INTERFACE_NAME_MAX: Final = 256
+STATUS_HARDWARE_ADDRESS_MAX: Final = 128
+
+# Condition vocabulary of the ResourceClaim device status.
+CONDITION_READY: Final = "Ready"
+REASON_READY: Final = "NetworkInterfaceReady"
+REASON_NOT_READY: Final = "NetworkInterfaceNotReady"

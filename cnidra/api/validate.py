@@ -1,0 +1,403 @@
+"""Validation of the documents users write: ResourceClaim, ResourceClaimTemplate, DeviceClass
+and bare CNIConfig. Every problem is reported at once, each at a path from the document root."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from cnidra.api.constants import (
+    API_VERSION,
+    DRIVER_NAME,
+    KIND,
+    LEGACY_KIND,
+    RESOURCE_API_VERSIONS,
+)
+from cnidra.api.issues import ROOT, FieldPath, Issue, Issues, Severity, describe
+from cnidra.api.merge import ConfigEntry, Source, applicable, merge_parameters, provenance
+from cnidra.api.netconf import to_conflist, validate_network_config
+from cnidra.api.plugin_schema import ifname_problem
+from cnidra.api.types import CNICONFIG_FIELDS, CNIConfig
+
+KNOWN_CAPABILITIES = ("portMappings", "bandwidth", "ips", "mac", "dns", "infinibandGUID")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_OLD_DRIVER_NAMES = ("cni.dra.networking.k8s.io", "poc.dra.networking")
+
+
+@dataclass
+class DocumentReport:
+    index: int
+    kind: str
+    name: str | None
+    issues: Issues = field(default_factory=Issues)
+
+
+@dataclass
+class Request:
+    name: str
+    device_class: str | None
+    path: FieldPath
+
+
+@dataclass
+class ResolvedRequest:
+    """A request's merged and validated configuration, ready for the CNI runtime."""
+
+    request: str
+    config: CNIConfig
+    entries: list[ConfigEntry]
+
+
+# ---------------------------------------------------------------- CNIConfig parameters
+
+
+def parse_parameters(
+    params: Any, path: FieldPath, issues: Issues, *, complete: bool
+) -> CNIConfig | None:
+    """Check one CNIConfig object; None when it has errors."""
+    if not isinstance(params, dict):
+        issues.error(path, f"must be a {KIND} object, got {describe(params)}")
+        return None
+    before = len(issues.errors)
+    params = dict(params)
+    raw = params.get("config")
+    if isinstance(raw, str):
+        try:
+            params["config"] = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            issues.error(
+                path / "config",
+                f"is a string but not valid JSON: {exc.msg} at line "
+                f"{exc.lineno} column {exc.colno}",
+            )
+            params.pop("config")
+    if params.get("kind") == LEGACY_KIND:
+        issues.warn(path / "kind", f"kind {LEGACY_KIND!r} is deprecated; use {KIND!r}")
+    try:
+        model: CNIConfig | None = CNIConfig.model_validate(_without(params, "config"))
+    except ValidationError as exc:
+        _report_pydantic(exc, path, issues)
+        model = None
+    if "apiVersion" not in params:
+        issues.error(path / "apiVersion", f"is required: {API_VERSION}")
+    if "kind" not in params:
+        issues.error(path / "kind", f"is required: {KIND}")
+    if_name = params.get("ifName")
+    if isinstance(if_name, str):
+        problem = ifname_problem(if_name)
+        if problem:
+            issues.error(path / "ifName", f"{if_name!r} {problem}" if if_name else problem)
+    elif if_name is None and complete:
+        issues.error(path / "ifName", "is required: the interface name inside the pod, e.g. net1")
+    config = params.get("config")
+    if config is not None:
+        validate_network_config(config, path / "config", issues, complete=complete)
+    elif complete and "config" not in params and not _has_error_at(issues, path / "config"):
+        issues.error(path / "config", "is required: a CNI network configuration (conf or conflist)")
+    if isinstance(config, dict):
+        _cross_check(params, config, path, issues)
+    if len(issues.errors) > before or model is None:
+        return None
+    if isinstance(config, dict):
+        return model.model_copy(update={"config": config})
+    return model
+
+
+def _without(params: Mapping[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if k != key}
+
+
+def _has_error_at(issues: Issues, path: FieldPath) -> bool:
+    return any(i.path == path for i in issues.errors)
+
+
+def _cross_check(
+    params: Mapping[str, Any], config: Mapping[str, Any], path: FieldPath, issues: Issues
+) -> None:
+    caps = params.get("capabilities")
+    if isinstance(caps, dict) and caps:
+        plugins = to_conflist(config).get("plugins")
+        declared: set[str] = set()
+        for plugin in plugins if isinstance(plugins, list) else []:
+            pcaps = plugin.get("capabilities") if isinstance(plugin, dict) else None
+            if isinstance(pcaps, dict):
+                declared |= {k for k, v in pcaps.items() if v is True}
+        for cap in caps:
+            if cap in KNOWN_CAPABILITIES and cap not in declared:
+                issues.error(
+                    path / "capabilities" / cap,
+                    f"is set but no plugin in config declares capabilities: {{{cap}: true}}, "
+                    "so no plugin would receive it",
+                )
+        if isinstance(caps.get("ips"), list) and params.get("ipamClaimReference"):
+            issues.error(
+                path / "ipamClaimReference",
+                "cannot be combined with capabilities.ips: the IPAMClaim decides the addresses",
+            )
+
+
+def _report_pydantic(exc: ValidationError, path: FieldPath, issues: Issues) -> None:
+    for err in exc.errors():
+        loc = path.join(err["loc"])
+        kind, value = err["type"], err.get("input")
+        if kind == "extra_forbidden":
+            allowed = CNICONFIG_FIELDS if len(err["loc"]) == 1 else None
+            hint = f"; allowed: {', '.join(allowed)}" if allowed else ""
+            issues.error(loc, f"unknown field{hint}")
+        elif kind == "literal_error" and err["loc"] == ("apiVersion",):
+            issues.error(loc, f"must be {API_VERSION}, got {describe(value)}")
+        elif kind == "literal_error" and err["loc"] == ("kind",):
+            issues.error(loc, f"must be {KIND}, got {describe(value)}")
+        elif kind == "missing":
+            issues.error(loc, "is required")
+        elif kind == "value_error":
+            issues.error(loc, str(err["msg"]).removeprefix("Value error, "))
+        else:
+            issues.error(loc, f"{err['msg'][0].lower()}{err['msg'][1:]}, got {describe(value)}")
+
+
+# ---------------------------------------------------------------- requests and merging
+
+
+def resolve_request(
+    entries: Sequence[ConfigEntry], request: str, issues: Issues, where: FieldPath
+) -> ResolvedRequest | None:
+    """Merge the configs that apply to `request` and validate the result as complete."""
+    chosen = applicable(entries, request)
+    if not chosen:
+        return None
+    merged = merge_parameters(chosen)
+    anchor = chosen[-1].path
+    sub = Issues()
+    if "ifName" not in merged:
+        sub.error(
+            where, f"request {request!r}: no config sets ifName, the interface name in the pod"
+        )
+    if "config" not in merged:
+        sub.error(
+            where, f"request {request!r}: no config sets config, the CNI network configuration"
+        )
+    if sub.errors:
+        issues.extend(sub.items)
+        return None
+    inner = Issues()
+    model = parse_parameters(merged, ROOT, inner, complete=True)
+    for issue in inner.items:
+        issues.items.append(
+            Issue(_attribute(issue.path, chosen, anchor), issue.message, issue.severity)
+        )
+    if model is None:
+        return None
+    return ResolvedRequest(request, model, list(chosen))
+
+
+def _attribute(path: FieldPath, chosen: Sequence[ConfigEntry], anchor: FieldPath) -> FieldPath:
+    """Map a path in the merged parameters back to the config that supplied the field."""
+    if not path.segments:
+        return anchor
+    head = path.segments[0]
+    origin = provenance(chosen, str(head))
+    base = origin.segments[:-1] if origin else anchor.segments
+    return FieldPath((*base, *path.segments))
+
+
+def claim_entries(
+    devices: Mapping[str, Any],
+    base: FieldPath,
+    issues: Issues,
+    request_names: set[str],
+    source: Source = Source.CLAIM,
+) -> list[ConfigEntry]:
+    configs = devices.get("config") or []
+    if not isinstance(configs, list):
+        issues.error(base / "config", f"must be a list, got {describe(configs)}")
+        return []
+    entries: list[ConfigEntry] = []
+    for i, cfg in enumerate(configs):
+        cpath = base / "config" / i
+        if not isinstance(cfg, dict):
+            issues.error(cpath, f"must be an object, got {describe(cfg)}")
+            continue
+        requests = cfg.get("requests") or []
+        if not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
+            issues.error(
+                cpath / "requests", f"must be a list of request names, got {describe(requests)}"
+            )
+            requests = []
+        parents = {n.split("/", 1)[0] for n in request_names}
+        for j, name in enumerate(requests):
+            if source is Source.CLAIM and name not in request_names and name not in parents:
+                known = ", ".join(sorted(request_names)) or "none"
+                issues.error(
+                    cpath / "requests" / j,
+                    f"names request {name!r}, which spec.devices.requests does not define; "
+                    f"known: {known}",
+                )
+        opaque = cfg.get("opaque")
+        if not isinstance(opaque, dict):
+            continue
+        driver = opaque.get("driver")
+        if driver in _OLD_DRIVER_NAMES:
+            issues.warn(
+                cpath / "opaque" / "driver",
+                f"{driver!r} is an old driver name; cnidra is {DRIVER_NAME!r}, "
+                "so it ignores this config",
+            )
+        if driver != DRIVER_NAME:
+            continue
+        ppath = cpath / "opaque" / "parameters"
+        params = opaque.get("parameters")
+        if parse_parameters(params, ppath, issues, complete=False) is not None or isinstance(
+            params, dict
+        ):
+            entries.append(
+                ConfigEntry(
+                    source, params if isinstance(params, dict) else {}, tuple(requests), ppath
+                )
+            )
+    return entries
+
+
+def _requests(devices: Mapping[str, Any], base: FieldPath, issues: Issues) -> list[Request]:
+    raw = devices.get("requests")
+    if not isinstance(raw, list) or not raw:
+        issues.error(base / "requests", "must list at least one device request")
+        return []
+    out: list[Request] = []
+    for i, req in enumerate(raw):
+        rpath = base / "requests" / i
+        if not isinstance(req, dict):
+            issues.error(rpath, f"must be an object with a name, got {describe(req)}")
+            continue
+        name = req.get("name")
+        if not isinstance(name, str) or not _DNS_LABEL.match(name) or len(name) > 63:
+            issues.error(
+                rpath / "name",
+                f"{describe(name)} must be a DNS label (lowercase letters, "
+                "digits and '-', at most 63 characters)",
+            )
+            continue
+        exactly: dict[str, Any] = req["exactly"] if isinstance(req.get("exactly"), dict) else req
+        alternatives = req.get("firstAvailable")
+        if isinstance(alternatives, list):
+            for j, sub in enumerate(alternatives):
+                if isinstance(sub, dict) and isinstance(sub.get("name"), str):
+                    out.append(
+                        Request(
+                            f"{name}/{sub['name']}",
+                            sub.get("deviceClassName"),
+                            rpath / "firstAvailable" / j,
+                        )
+                    )
+        else:
+            out.append(Request(name, exactly.get("deviceClassName"), rpath))
+    return out
+
+
+# ---------------------------------------------------------------- documents
+
+
+def validate_documents(docs: Sequence[Any]) -> list[DocumentReport]:
+    classes = _collect_classes(docs)
+    return [validate_document(doc, i, classes) for i, doc in enumerate(docs)]
+
+
+def _collect_classes(docs: Iterable[Any]) -> dict[str, list[ConfigEntry]]:
+    classes: dict[str, list[ConfigEntry]] = {}
+    for doc in docs:
+        if isinstance(doc, dict) and doc.get("kind") == "DeviceClass":
+            name = (doc.get("metadata") or {}).get("name")
+            spec = doc.get("spec") or {}
+            if isinstance(name, str) and isinstance(spec, dict):
+                classes[name] = claim_entries(spec, ROOT / "spec", Issues(), set(), Source.CLASS)
+    return classes
+
+
+def validate_document(
+    doc: Any, index: int, classes: Mapping[str, list[ConfigEntry]] | None = None
+) -> DocumentReport:
+    classes = classes or {}
+    if not isinstance(doc, dict):
+        report = DocumentReport(index, "?", None)
+        report.issues.error(
+            ROOT, f"must be a YAML mapping (a Kubernetes object), got {describe(doc)}"
+        )
+        return report
+    kind = str(doc.get("kind", "?"))
+    meta = doc.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    report = DocumentReport(index, kind, name if isinstance(name, str) else None)
+    issues = report.issues
+    api_version = doc.get("apiVersion")
+    if api_version == API_VERSION or kind in (KIND, LEGACY_KIND):
+        parse_parameters(doc, ROOT, issues, complete=True)
+    elif kind in ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass"):
+        if api_version not in RESOURCE_API_VERSIONS:
+            issues.error(
+                ROOT / "apiVersion",
+                f"{describe(api_version)} is not a DRA API version; "
+                f"allowed: {', '.join(sorted(RESOURCE_API_VERSIONS))}",
+            )
+        if kind == "DeviceClass":
+            spec = doc.get("spec") or {}
+            if isinstance(spec, dict):
+                claim_entries(spec, ROOT / "spec", issues, set(), Source.CLASS)
+        else:
+            _validate_claim(doc, kind, issues, classes)
+    else:
+        issues.error(
+            ROOT / "kind",
+            f"{describe(doc.get('kind'))} is not something cnidra validates; "
+            "allowed: ResourceClaim, ResourceClaimTemplate, DeviceClass, CNIConfig",
+        )
+    _dedupe(issues)
+    return report
+
+
+def _validate_claim(
+    doc: Mapping[str, Any], kind: str, issues: Issues, classes: Mapping[str, list[ConfigEntry]]
+) -> None:
+    base = ROOT / "spec"
+    spec: Any = doc.get("spec")
+    if kind == "ResourceClaimTemplate":
+        spec = spec.get("spec") if isinstance(spec, dict) else None
+        base = base / "spec"
+    devices = spec.get("devices") if isinstance(spec, dict) else None
+    if not isinstance(devices, dict):
+        issues.error(base / "devices", "is required: the device requests and their config")
+        return
+    dpath = base / "devices"
+    requests = _requests(devices, dpath, issues)
+    own = claim_entries(devices, dpath, issues, {r.name for r in requests})
+    if_names: dict[str, str] = {}
+    for req in requests:
+        from_class = classes.get(req.device_class or "", [])
+        resolved = resolve_request([*from_class, *own], req.name, issues, req.path)
+        if resolved is None or resolved.config.if_name is None:
+            continue
+        if_name = resolved.config.if_name
+        if if_name in if_names:
+            where = provenance(resolved.entries, "ifName") or req.path
+            issues.error(
+                where,
+                f"ifName {if_name!r} is used by requests {if_names[if_name]!r} and "
+                f"{req.name!r}; every interface in the pod needs its own name",
+            )
+        else:
+            if_names[if_name] = req.name
+
+
+def _dedupe(issues: Issues) -> None:
+    seen: set[tuple[str, str, Severity]] = set()
+    unique = []
+    for issue in issues.items:
+        key = (str(issue.path), issue.message, issue.severity)
+        if key not in seen:
+            seen.add(key)
+            unique.append(issue)
+    issues.items = unique

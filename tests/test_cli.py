@@ -1,0 +1,76 @@
+"""The `cnidra` command as users run it: a subprocess, exit codes and output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+def cnidra(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cnidra", *args],
+        input=stdin,
+        text=True,
+        capture_output=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_validate_examples_are_valid() -> None:
+    files = [str(p) for p in sorted(EXAMPLES.glob("*.yaml"))]
+    result = cnidra("validate", *files)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_validate_json_output_for_the_design_review_example() -> None:
+    result = cnidra("validate", "-o", "json", str(EXAMPLES / "invalid" / "design-review.yaml"))
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert report["valid"] is False and report["warnings"] == []
+    assert {e["path"].rsplit(".", 1)[1] for e in report["errors"]} == {
+        "master",
+        "hairpinMode",
+        "vlan",
+    }
+    assert all(e["document"] == 0 for e in report["errors"])
+
+
+def test_validate_usage_errors_exit_2() -> None:
+    assert cnidra("validate", "/nonexistent.yaml").returncode == 2
+    not_yaml = cnidra("validate", "-", stdin="a: [b\n")
+    assert not_yaml.returncode == 2 and "not YAML" in not_yaml.stderr
+    assert cnidra("validate", "-o", "xml", "-").returncode == 2
+
+
+def test_multi_document_indexes() -> None:
+    text = (
+        (EXAMPLES / "deviceclass.yaml").read_text()
+        + "---\n"
+        + (EXAMPLES / "invalid" / "design-review.yaml").read_text()
+    )
+    report = json.loads(cnidra("validate", "-o", "json", "-", stdin=text).stdout)
+    assert {e["document"] for e in report["errors"]} == {1}
+
+
+def test_convert_output_validates_and_round_trips() -> None:
+    src = EXAMPLES / "convert" / "bridge.conflist"
+    out = cnidra("convert", str(src), "--name", "storage-net", "--if-name", "stor0")
+    assert out.returncode == 0, out.stderr
+    doc = yaml.safe_load(out.stdout)
+    params = doc["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+    assert params["config"] == json.loads(src.read_text()) and params["ifName"] == "stor0"
+    assert cnidra("validate", "-", stdin=out.stdout).returncode == 0
+
+
+def test_convert_rejects_non_cni_input_with_exit_2() -> None:
+    out = cnidra("convert", "-", stdin='{"hello": "world"}')
+    assert out.returncode == 2 and "not a CNI config" in out.stderr
