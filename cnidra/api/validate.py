@@ -35,6 +35,8 @@ class DocumentReport:
     kind: str
     name: str | None
     issues: Issues = field(default_factory=Issues)
+    # Requests of ours, merged and validated, in the order the document lists them.
+    resolved: list[ResolvedRequest] = field(default_factory=list)
 
 
 @dataclass
@@ -335,7 +337,10 @@ def validate_document(
     issues = report.issues
     api_version = doc.get("apiVersion")
     if api_version == API_VERSION or kind in (KIND, LEGACY_KIND):
-        parse_parameters(doc, ROOT, issues, complete=True)
+        model = parse_parameters(doc, ROOT, issues, complete=True)
+        if model is not None and model.if_name is not None:
+            entry = ConfigEntry(Source.CLAIM, doc, (), ROOT)
+            report.resolved.append(ResolvedRequest(model.if_name, model, [entry]))
     elif kind in ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass"):
         if api_version not in RESOURCE_API_VERSIONS:
             issues.error(
@@ -348,7 +353,7 @@ def validate_document(
             if isinstance(spec, dict):
                 claim_entries(spec, ROOT / "spec", issues, set(), Source.CLASS)
         else:
-            _validate_claim(doc, kind, issues, classes)
+            report.resolved = _validate_claim(doc, kind, issues, classes)
     else:
         issues.error(
             ROOT / "kind",
@@ -361,7 +366,7 @@ def validate_document(
 
 def _validate_claim(
     doc: Mapping[str, Any], kind: str, issues: Issues, classes: Mapping[str, list[ConfigEntry]]
-) -> None:
+) -> list[ResolvedRequest]:
     base = ROOT / "spec"
     spec: Any = doc.get("spec")
     if kind == "ResourceClaimTemplate":
@@ -370,16 +375,18 @@ def _validate_claim(
     devices = spec.get("devices") if isinstance(spec, dict) else None
     if not isinstance(devices, dict):
         issues.error(base / "devices", "is required: the device requests and their config")
-        return
+        return []
     dpath = base / "devices"
     requests = _requests(devices, dpath, issues)
     own = claim_entries(devices, dpath, issues, {r.name for r in requests})
     if_names: dict[str, str] = {}
+    out: list[ResolvedRequest] = []
     for req in requests:
         from_class = classes.get(req.device_class or "", [])
         resolved = resolve_request([*from_class, *own], req.name, issues, req.path)
         if resolved is None or resolved.config.if_name is None:
             continue
+        out.append(resolved)
         if_name = resolved.config.if_name
         if if_name in if_names:
             where = provenance(resolved.entries, "ifName") or req.path
@@ -390,6 +397,7 @@ def _validate_claim(
             )
         else:
             if_names[if_name] = req.name
+    return out
 
 
 def _dedupe(issues: Issues) -> None:

@@ -88,5 +88,69 @@ def convert(
     typer.echo(render_yaml(to_document(source, kind, name, if_name)), nl=False)
 
 
+DEFAULT_CNI_PATH = "/opt/cni/bin:/usr/lib/cni"
+
+
+@app.command("try")
+def try_(
+    file: Annotated[
+        Path, typer.Argument(help="ResourceClaim, ResourceClaimTemplate or CNIConfig YAML")
+    ],
+    keep: Annotated[
+        bool, typer.Option("--keep", help="leave the interfaces and namespaces")
+    ] = False,
+    netns_path: Annotated[
+        str | None, typer.Option("--netns", help="pod namespace to use instead of a new one")
+    ] = None,
+    host: Annotated[
+        bool, typer.Option("--host", help="run against the real host, not a throwaway node")
+    ] = False,
+    output: Annotated[str, typer.Option("-o", "--output", help="yaml or json")] = "yaml",
+    cni_path: Annotated[
+        str, typer.Option("--cni-path", envvar="CNIDRA_CNI_PATH", help="plugin directories")
+    ] = DEFAULT_CNI_PATH,
+    cache_dir: Annotated[
+        str | None, typer.Option("--cache-dir", envvar="CNIDRA_CNI_CACHE_DIR", help="result cache")
+    ] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="seconds per plugin call")] = 30.0,
+) -> None:
+    """ADD a claim's attachments into a namespace, print the status the driver would write,
+    then DEL everything (unless --keep)."""
+    from cnidra.cli.try_ import TryPlan, default_pool, execute, plan_attachments
+
+    if output not in ("yaml", "json"):
+        raise usage_error(f"-o must be yaml or json, not {output!r}")
+    if netns_path and not Path(netns_path).exists():
+        raise usage_error(f"--netns {netns_path}: no such namespace")
+    reports = validate_documents(load_yaml_documents(file))
+    result = as_json([FileReport(str(file), reports)])
+    if not result["valid"]:
+        print_text([FileReport(str(file), reports)], err)
+        raise typer.Exit(EXIT_INVALID)
+    attachments = plan_attachments(reports, default_pool(host))
+    if not attachments:
+        raise usage_error(f"{file} has no requests for driver cni.dra.networking.x-k8s.io")
+    plan = TryPlan(attachments, host=host, keep=keep, pod_netns=netns_path)
+    where = "the host" if host else "a throwaway node namespace"
+    err.print(f"[bold]ADD[/] {len(attachments)} attachment(s) in {where}", highlight=False)
+    outcome = execute(plan, [p for p in cni_path.split(":") if p], cache_dir, timeout)
+    status = {"status": {"devices": outcome.statuses}}
+    if output == "json":
+        typer.echo(json.dumps(status, indent=2))
+    else:
+        typer.echo(yaml.safe_dump(status, sort_keys=False), nl=False)
+    for o in outcome.outcomes:
+        mark = "[green]ready[/]" if o.ready else "[red]not ready[/]"
+        detail = "" if o.ready else f": {o.error}"
+        err.print(f"{mark} {o.attachment.label}{detail}", highlight=False)
+    for problem in outcome.cleanup_errors:
+        err.print(f"[red]cleanup failed:[/] {problem}", highlight=False)
+    if outcome.kept:
+        err.print("kept: " + ", ".join(outcome.kept), highlight=False)
+    elif outcome.ok:
+        err.print("DEL done; nothing left behind", highlight=False)
+    raise typer.Exit(0 if outcome.ok and not outcome.cleanup_errors else EXIT_INVALID)
+
+
 def main() -> None:
     app()

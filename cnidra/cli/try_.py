@@ -1,0 +1,189 @@
+"""`cnidra try`: do for one claim what the driver does for a pod, on this machine.
+
+Safe by default: plugins run in a throwaway "node" network namespace with stand-in links for
+the host interfaces the config names, host-local keeps its allocations in a scratch directory,
+and the result cache lives there too. `--host` runs against the real host instead."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from cnidra.api.validate import DocumentReport
+from cnidra.cni import netns
+from cnidra.cni.attach import AttachFailed, Attachment, Outcome, attach_all, detach_all
+from cnidra.cni.runtime import CNIRuntime
+from cnidra.status.devices import device_status
+
+PARENT_FIELDS = {"macvlan": "master", "ipvlan": "master", "vlan": "master", "host-device": "device"}
+SAFE_POOL = "cnidra-try"
+
+
+@dataclass
+class TryPlan:
+    attachments: list[Attachment]
+    host: bool
+    keep: bool
+    pod_netns: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TryResult:
+    outcomes: list[Outcome]
+    ok: bool
+    statuses: list[dict[str, Any]]
+    kept: list[str] = field(default_factory=list)
+    cleanup_errors: list[str] = field(default_factory=list)
+
+
+def plan_attachments(reports: Sequence[DocumentReport], pool: str) -> list[Attachment]:
+    out: list[Attachment] = []
+    for report in reports:
+        claim = f"{report.kind}/{report.name or report.index}"
+        for resolved in report.resolved:
+            config = resolved.config
+            assert config.config is not None
+            out.append(
+                Attachment.from_config(
+                    claim, resolved.request, config, pool, device_name(config.config)
+                )
+            )
+    return out
+
+
+def device_name(config: Mapping[str, Any]) -> str:
+    """The device a claim would be allocated: its parent interface, else the first plugin."""
+    plugins = config.get("plugins") or [config]
+    for plugin in plugins:
+        parent = plugin.get(PARENT_FIELDS.get(str(plugin.get("type")), ""))
+        if isinstance(parent, str) and parent:
+            return _dns_label(parent)
+    return _dns_label(f"cni-{plugins[0].get('type', 'network')}")
+
+
+def parents(attachments: Sequence[Attachment]) -> list[str]:
+    names: list[str] = []
+    for att in attachments:
+        for plugin in att.network.get("plugins", []):
+            parent = plugin.get(PARENT_FIELDS.get(str(plugin.get("type")), ""))
+            if isinstance(parent, str) and parent and parent not in names:
+                names.append(parent)
+    return names
+
+
+def with_scratch_ipam(attachment: Attachment, scratch: Path) -> Attachment:
+    """Point host-local at a scratch dataDir unless the config chose one."""
+    plugins = []
+    for plugin in attachment.network.get("plugins", []):
+        ipam = plugin.get("ipam")
+        if isinstance(ipam, dict) and ipam.get("type") == "host-local" and "dataDir" not in ipam:
+            plugins.append({**plugin, "ipam": {**ipam, "dataDir": str(scratch / "ipam")}})
+        else:
+            plugins.append(plugin)
+    return replace(attachment, network={**attachment.network, "plugins": plugins})
+
+
+@contextlib.contextmanager
+def safe_node(attachments: Sequence[Attachment]) -> Iterator[tuple[Path, Path]]:
+    """A node namespace with a stand-in veth for every host interface the configs name."""
+    scratch = Path(tempfile.mkdtemp(prefix="cnidra-try-"))
+    node = netns.create("cnidra-try-node")
+    try:
+        for i, name in enumerate(parents(attachments)):
+            _ip(
+                "-n",
+                node.name,
+                "link",
+                "add",
+                name,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                f"cnidra-sp{i}",
+            )
+            _ip("-n", node.name, "link", "set", name, "up")
+            _ip("-n", node.name, "link", "set", f"cnidra-sp{i}", "up")
+        yield node, scratch
+    finally:
+        netns.remove(node)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+async def run_attachments(
+    runtime: CNIRuntime, attachments: Sequence[Attachment], pod: str, keep: bool
+) -> TryResult:
+    container_id = f"cnidra-try-{uuid.uuid4().hex[:12]}"
+    try:
+        outcomes = await attach_all(runtime, attachments, container_id, pod)
+        ok = True
+        cleanup: list[str] = []
+    except AttachFailed as failed:
+        outcomes, ok, cleanup = failed.outcomes, False, failed.cleanup_errors
+    statuses = [device_status(o) for o in outcomes]
+    if ok and not keep:
+        cleanup = await detach_all(runtime, attachments, container_id, pod)
+    return TryResult(outcomes, ok, statuses, cleanup_errors=cleanup)
+
+
+def execute(
+    plan: TryPlan, cni_path: Sequence[str], cache_dir: str | None, timeout: float
+) -> TryResult:
+    if plan.host:
+        runtime = CNIRuntime(cni_path, cache_dir or "/var/lib/cni", timeout)
+        with _pod_namespace(plan.pod_netns, plan.keep) as pod:
+            result = asyncio.run(run_attachments(runtime, plan.attachments, str(pod), plan.keep))
+            if plan.keep and plan.pod_netns is None:
+                result.kept.append(f"pod namespace {pod}")
+            return result
+    keep_node = contextlib.ExitStack()
+    with keep_node:
+        node, scratch = keep_node.enter_context(safe_node(plan.attachments))
+        attachments = [with_scratch_ipam(a, scratch) for a in plan.attachments]
+        runtime = CNIRuntime(cni_path, cache_dir or str(scratch / "cache"), timeout)
+        with netns.entered(node), _pod_namespace(plan.pod_netns, plan.keep) as pod:
+            result = asyncio.run(run_attachments(runtime, attachments, str(pod), plan.keep))
+            if plan.keep:
+                keep_node.pop_all()  # leave the node namespace and scratch directory in place
+                result.kept += [f"node namespace {node}", f"scratch directory {scratch}"]
+                if plan.pod_netns is None:
+                    result.kept.append(f"pod namespace {pod}")
+        return result
+
+
+@contextlib.contextmanager
+def _pod_namespace(given: str | None, keep: bool) -> Iterator[Path]:
+    if given:
+        yield Path(given)
+        return
+    pod = netns.create("cnidra-try-pod")
+    try:
+        yield pod
+    finally:
+        if not keep:
+            netns.remove(pod)
+
+
+def default_pool(host: bool) -> str:
+    return _dns_label(socket.gethostname()) if host else SAFE_POOL
+
+
+def _dns_label(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:63] or "device"
+
+
+def _ip(*args: str) -> None:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=False)
+    if proc.returncode != 0:
+        raise OSError(f"ip {' '.join(args)}: {proc.stderr.strip()}")

@@ -1,0 +1,136 @@
+"""A pod's attachments as one unit: ADD all in a fixed order or none (rollback), DEL all in
+reverse. Used by `cnidra try` and by the NRI hook; needs nothing but the runtime."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cnidra.api.netconf import to_conflist
+from cnidra.api.types import CNIConfig
+from cnidra.cni.errors import CNIRuntimeError
+from cnidra.cni.result import Result
+from cnidra.cni.runtime import CNIRuntime, PluginFailed
+from cnidra.cni.types import NetworkConfigList, RuntimeConf
+
+# Plugins must ignore CNI_ARGS they do not know; kubelet and containerd send this too.
+BASE_ARGS: tuple[tuple[str, str], ...] = (("IgnoreUnknown", "1"),)
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """One interface to set up in a pod, fully resolved."""
+
+    claim: str
+    request: str
+    if_name: str
+    network: Mapping[str, Any]
+    pool: str
+    device: str
+    capability_args: Mapping[str, Any] = field(default_factory=dict)
+    cni_args: tuple[tuple[str, str], ...] = ()
+    share_id: str | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        claim: str,
+        request: str,
+        config: CNIConfig,
+        pool: str,
+        device: str,
+        extra_args: Sequence[tuple[str, str]] = (),
+        share_id: str | None = None,
+    ) -> Attachment:
+        if config.if_name is None or config.config is None:
+            raise CNIRuntimeError(f"claim {claim} request {request}: config is incomplete")
+        caps = config.capabilities.runtime_values() if config.capabilities else {}
+        args = (*BASE_ARGS, *extra_args, *sorted((config.args or {}).items()))
+        return cls(
+            claim,
+            request,
+            config.if_name,
+            to_conflist(config.config),
+            pool,
+            device,
+            caps,
+            tuple(args),
+            share_id,
+        )
+
+    def netconf(self) -> NetworkConfigList:
+        return NetworkConfigList.from_dict(self.network)
+
+    def runtime_conf(self, container_id: str, netns: str) -> RuntimeConf:
+        return RuntimeConf(
+            container_id, netns, self.if_name, self.cni_args, dict(self.capability_args)
+        )
+
+    @property
+    def label(self) -> str:
+        return f"claim {self.claim} request {self.request} ({self.if_name})"
+
+
+@dataclass
+class Outcome:
+    attachment: Attachment
+    result: Result | None = None
+    error: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.result is not None and self.error is None
+
+
+class AttachFailed(CNIRuntimeError):
+    def __init__(self, outcomes: list[Outcome], failed: Outcome, cleanup_errors: list[str]) -> None:
+        message = f"{failed.attachment.label}: {failed.error}"
+        if cleanup_errors:
+            message += "; cleanup also failed: " + "; ".join(cleanup_errors)
+        super().__init__(message)
+        self.outcomes = outcomes
+        self.failed = failed
+        self.cleanup_errors = cleanup_errors
+
+
+async def attach_all(
+    runtime: CNIRuntime, attachments: Sequence[Attachment], container_id: str, netns: str
+) -> list[Outcome]:
+    """ADD each attachment in order. On the first failure DEL every attachment already added,
+    the failing one included, then raise AttachFailed carrying every outcome."""
+    outcomes: list[Outcome] = []
+    for attachment in attachments:
+        outcome = Outcome(attachment)
+        outcomes.append(outcome)
+        try:
+            outcome.result = await runtime.add(
+                attachment.netconf(), attachment.runtime_conf(container_id, netns)
+            )
+        except CNIRuntimeError as exc:
+            outcome.error = _reason(exc)
+            cleanup = await detach_all(
+                runtime, [o.attachment for o in outcomes], container_id, netns
+            )
+            for earlier in outcomes[:-1]:
+                earlier.result = None
+                earlier.error = f"rolled back because {attachment.label} failed"
+            raise AttachFailed(outcomes, outcome, cleanup) from exc
+    return outcomes
+
+
+async def detach_all(
+    runtime: CNIRuntime, attachments: Sequence[Attachment], container_id: str, netns: str
+) -> list[str]:
+    """DEL every attachment in reverse order; try them all, return the errors."""
+    errors: list[str] = []
+    for attachment in reversed(attachments):
+        try:
+            await runtime.delete(attachment.netconf(), attachment.runtime_conf(container_id, netns))
+        except CNIRuntimeError as exc:
+            errors.append(f"{attachment.label}: {_reason(exc)}")
+    return errors
+
+
+def _reason(exc: CNIRuntimeError) -> str:
+    return str(exc.cause) if isinstance(exc, PluginFailed) else str(exc)

@@ -1,0 +1,149 @@
+"""Executing one plugin binary the way the CNI spec says: environment, stdin, stdout, exit code."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cnidra.api.netconf import plugin_type_problem
+from cnidra.cni.errors import (
+    InvalidPluginType,
+    PluginError,
+    PluginNotFound,
+    PluginOutputError,
+    PluginTimeout,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class Invocation:
+    command: str
+    container_id: str = ""
+    netns: str = ""
+    if_name: str = ""
+    cni_args: str = ""
+
+    def environment(self, cni_path: Sequence[str], base: Mapping[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in base.items() if not k.startswith("CNI_")}
+        env.update(
+            {
+                "CNI_COMMAND": self.command,
+                "CNI_CONTAINERID": self.container_id,
+                "CNI_NETNS": self.netns,
+                "CNI_IFNAME": self.if_name,
+                "CNI_ARGS": self.cni_args,
+                "CNI_PATH": os.pathsep.join(cni_path),
+            }
+        )
+        return env
+
+
+class PluginExec:
+    """Finds plugins on a CNI path and runs them with a timeout that kills the process group."""
+
+    def __init__(
+        self,
+        cni_path: Sequence[str],
+        timeout: float = DEFAULT_TIMEOUT,
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.cni_path = list(cni_path)
+        self.timeout = timeout
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self._found: dict[str, str] = {}
+
+    def find(self, plugin_type: str) -> str:
+        problem = plugin_type_problem(plugin_type)
+        if problem:
+            raise InvalidPluginType(f"plugin type {problem}")
+        cached = self._found.get(plugin_type)
+        if cached and os.access(cached, os.X_OK):
+            return cached
+        for directory in self.cni_path:
+            candidate = os.path.join(directory, plugin_type)
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                self._found[plugin_type] = candidate
+                return candidate
+        raise PluginNotFound(plugin_type, self.cni_path)
+
+    async def run(self, plugin_type: str, invocation: Invocation, stdin: bytes) -> Any:
+        """Run the plugin; return its parsed stdout JSON (None when it printed nothing)."""
+        path = self.find(plugin_type)
+        limit = self.timeout
+        env = invocation.environment(self.cni_path, self.base_env)
+        proc = await asyncio.create_subprocess_exec(
+            path,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            stdout, stderr = await asyncio.wait_for(proc.communicate(stdin), limit)
+        except TimeoutError:
+            await _kill_group(proc)
+            raise PluginTimeout(plugin_type, invocation.command, limit) from None
+        except BaseException:
+            await _kill_group(proc)  # cancelled: leave no plugin running behind us
+            raise
+        return _interpret(plugin_type, invocation.command, proc.returncode, stdout, stderr)
+
+
+async def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        await proc.wait()
+
+
+def _interpret(plugin: str, command: str, code: int | None, stdout: bytes, stderr: bytes) -> Any:
+    if code == 0:
+        if stderr.strip():
+            log.warning(
+                "plugin %s %s wrote to stderr: %s",
+                plugin,
+                command,
+                stderr.decode("utf-8", "replace").strip()[:400],
+            )
+        if not stdout.strip():
+            return None
+        try:
+            return json.loads(stdout)
+        except json.JSONDecodeError:
+            raise PluginOutputError(
+                plugin, command, "exited 0 but its output is not JSON", stdout, stderr, code
+            ) from None
+    try:
+        error = json.loads(stdout) if stdout.strip() else None
+    except json.JSONDecodeError:
+        error = None
+    if isinstance(error, dict) and isinstance(error.get("code"), int) and "msg" in error:
+        return_code: int = error["code"]
+        raise PluginError.create(
+            plugin,
+            command,
+            return_code,
+            str(error.get("msg", "")),
+            str(error.get("details", "") or ""),
+            stderr,
+        )
+    how = (
+        f"exited with status {code}"
+        if code is not None and code >= 0
+        else f"killed by signal {-(code or 0)}"
+    )
+    raise PluginOutputError(
+        plugin, command, f"{how} without a CNI error object", stdout, stderr, code
+    )

@@ -1,0 +1,127 @@
+"""ResourceClaim `status.devices[]` entries built from attach outcomes, within the API's limits.
+Pure: no apiserver access here (see cnidra.status for the writer)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from cnidra.api.constants import (
+    CONDITION_READY,
+    DRIVER_NAME,
+    REASON_NOT_READY,
+    REASON_READY,
+    STATUS_DATA_MAX_BYTES,
+    STATUS_HARDWARE_ADDRESS_MAX,
+    STATUS_INTERFACE_NAME_MAX,
+    STATUS_MAX_IPS,
+)
+from cnidra.cni.attach import Outcome
+from cnidra.cni.result import Result
+
+MESSAGE_MAX = 32768  # metav1.Condition.message
+
+
+def device_status(
+    outcome: Outcome, now: datetime | None = None, observed_generation: int | None = None
+) -> dict[str, Any]:
+    att = outcome.attachment
+    notes: list[str] = []
+    entry: dict[str, Any] = {"driver": DRIVER_NAME, "pool": att.pool, "device": att.device}
+    if att.share_id:
+        entry["shareID"] = att.share_id
+    if outcome.ready and outcome.result is not None:
+        message = f"{att.if_name} is configured by network {att.network.get('name')}"
+        data, data_note = fit_data(outcome.result.to_json())
+        if data_note:
+            notes.append(data_note)
+        entry["data"] = data
+        network_data, nd_notes = network_data_of(outcome.result, att.if_name)
+        notes.extend(nd_notes)
+        entry["networkData"] = network_data
+        condition = _condition("True", REASON_READY, message, now, observed_generation)
+    else:
+        condition = _condition(
+            "False", REASON_NOT_READY, outcome.error or "not attached", now, observed_generation
+        )
+    if notes:
+        condition["message"] = _clip(f"{condition['message']} ({'; '.join(notes)})")
+    entry["conditions"] = [condition]
+    return entry
+
+
+def network_data_of(result: Result, if_name: str) -> tuple[dict[str, Any], list[str]]:
+    notes: list[str] = []
+    sandbox = result.sandbox_interfaces()
+    chosen = next(
+        ((i, f) for i, f in sandbox if f.get("name") == if_name), sandbox[0] if sandbox else None
+    )
+    if chosen is not None:
+        index, iface = chosen
+        ips = result.ips_of(index) or [
+            ip["address"] for ip in result.raw.get("ips") or [] if ip.get("interface") is None
+        ]
+        name, mac = str(iface.get("name") or if_name), str(iface.get("mac") or "")
+    else:
+        ips = [ip["address"] for ip in result.raw.get("ips") or []]
+        name, mac = if_name, ""
+    ips = list(dict.fromkeys(_canonical(ip) for ip in ips))
+    if len(ips) > STATUS_MAX_IPS:
+        notes.append(f"{len(ips)} addresses, status shows the first {STATUS_MAX_IPS}")
+        ips = ips[:STATUS_MAX_IPS]
+    data: dict[str, Any] = {"interfaceName": name[:STATUS_INTERFACE_NAME_MAX]}
+    if ips:
+        data["ips"] = ips
+    if mac:
+        data["hardwareAddress"] = mac[:STATUS_HARDWARE_ADDRESS_MAX]
+    return data, notes
+
+
+def fit_data(result: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The CNI result, trimmed to the 10 KiB the apiserver accepts for `data`."""
+    if _size(result) <= STATUS_DATA_MAX_BYTES:
+        return result, None
+    dropped: list[str] = []
+    trimmed = dict(result)
+    for key in ("dns", "routes", "interfaces"):
+        if key in trimmed:
+            trimmed.pop(key)
+            dropped.append(key)
+            if _size(trimmed) <= STATUS_DATA_MAX_BYTES:
+                return (
+                    trimmed,
+                    f"data trimmed to fit {STATUS_DATA_MAX_BYTES} bytes: "
+                    f"dropped {', '.join(dropped)}",
+                )
+    minimal = {"cniVersion": result.get("cniVersion")}
+    return minimal, f"data dropped: the CNI result is larger than {STATUS_DATA_MAX_BYTES} bytes"
+
+
+def _canonical(address: str) -> str:
+    return str(ipaddress.ip_interface(address))
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":")).encode())
+
+
+def _condition(
+    status: str, reason: str, message: str, now: datetime | None, generation: int | None
+) -> dict[str, Any]:
+    stamp = (now or datetime.now(UTC)).replace(microsecond=0)
+    cond: dict[str, Any] = {
+        "type": CONDITION_READY,
+        "status": status,
+        "reason": reason,
+        "message": _clip(message),
+        "lastTransitionTime": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    return cond
+
+
+def _clip(message: str) -> str:
+    return message if len(message) <= MESSAGE_MAX else message[: MESSAGE_MAX - 3] + "..."
