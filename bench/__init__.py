@@ -1,0 +1,1 @@
+"""Benchmarks. Run with `python -m bench.<name>`; they are not tests."""

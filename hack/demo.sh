@@ -1,13 +1,28 @@
 #!/usr/bin/env bash
-# The main job on one machine: check the examples, convert an existing CNI file.
+# The main job on one machine: validate the examples, convert an existing CNI file, and `cnidra try`
+# the seed's macvlan claim in a throwaway node namespace (nothing on the host is touched).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
-echo "### cnidra validate examples/*.yaml"
+eval "$(hack/install-cni.sh env)"
+export CNIDRA_CNI_PATH="$CNIDRA_TEST_CNI_PATH"
+
+step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
+
+step cnidra validate examples/*.yaml
 $BIN/cnidra validate examples/*.yaml
-echo
-echo "### cnidra validate examples/invalid/design-review.yaml (three mistakes, exit 1)"
-$BIN/cnidra validate examples/invalid/design-review.yaml || true
-echo
-echo "### cnidra convert examples/convert/macvlan-nad.yaml"
+
+step cnidra validate examples/invalid/design-review.yaml
+$BIN/cnidra validate examples/invalid/design-review.yaml || echo "(exit $?: three mistakes found)"
+
+step cnidra convert examples/convert/macvlan-nad.yaml
 $BIN/cnidra convert examples/convert/macvlan-nad.yaml
+
+step cnidra try examples/macvlan-claim.yaml
+$BIN/cnidra try examples/macvlan-claim.yaml
+
+step cnidra try examples/two-networks-claim.yaml -o json
+$BIN/cnidra try examples/two-networks-claim.yaml -o json
+
+step cnidra try examples/invalid/failing-ipam.yaml
+$BIN/cnidra try examples/invalid/failing-ipam.yaml || echo "(exit $?: the ADD failed, was rolled back, and nothing is left)"

@@ -95,8 +95,9 @@ def with_scratch_ipam(attachment: Attachment, scratch: Path) -> Attachment:
 
 
 @contextlib.contextmanager
-def safe_node(attachments: Sequence[Attachment]) -> Iterator[tuple[Path, Path]]:
-    """A node namespace with a stand-in veth for every host interface the configs name."""
+def safe_node(attachments: Sequence[Attachment], keep: bool) -> Iterator[tuple[Path, Path]]:
+    """A node namespace with a stand-in veth for every host interface the configs name.
+    Removed on exit unless `keep` and the body finished."""
     scratch = Path(tempfile.mkdtemp(prefix="cnidra-try-"))
     node = netns.create("cnidra-try-node")
     try:
@@ -116,9 +117,13 @@ def safe_node(attachments: Sequence[Attachment]) -> Iterator[tuple[Path, Path]]:
             _ip("-n", node.name, "link", "set", name, "up")
             _ip("-n", node.name, "link", "set", f"cnidra-sp{i}", "up")
         yield node, scratch
+    except BaseException:
+        keep = False
+        raise
     finally:
-        netns.remove(node)
-        shutil.rmtree(scratch, ignore_errors=True)
+        if not keep:
+            netns.remove(node)
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 async def run_attachments(
@@ -147,15 +152,12 @@ def execute(
             if plan.keep and plan.pod_netns is None:
                 result.kept.append(f"pod namespace {pod}")
             return result
-    keep_node = contextlib.ExitStack()
-    with keep_node:
-        node, scratch = keep_node.enter_context(safe_node(plan.attachments))
+    with safe_node(plan.attachments, plan.keep) as (node, scratch):
         attachments = [with_scratch_ipam(a, scratch) for a in plan.attachments]
         runtime = CNIRuntime(cni_path, cache_dir or str(scratch / "cache"), timeout)
         with netns.entered(node), _pod_namespace(plan.pod_netns, plan.keep) as pod:
             result = asyncio.run(run_attachments(runtime, attachments, str(pod), plan.keep))
             if plan.keep:
-                keep_node.pop_all()  # leave the node namespace and scratch directory in place
                 result.kept += [f"node namespace {node}", f"scratch directory {scratch}"]
                 if plan.pod_netns is None:
                     result.kept.append(f"pod namespace {pod}")

@@ -1,0 +1,201 @@
+"""`cnidra try` as users run it: a subprocess with real plugins, checked for what it prints and
+for what it leaves behind (nothing, unless --keep)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cnidra.cni import netns
+from tests.cni.helpers import addresses, links, sh
+from tests.conftest import ROOT, CNITools
+
+pytestmark = pytest.mark.netns
+EXAMPLES = ROOT / "examples"
+
+
+def namespaces() -> set[str]:
+    return set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+
+
+def scratch_dirs() -> set[str]:
+    return {p.name for p in Path("/tmp").glob("cnidra-try-*")}
+
+
+@pytest.fixture
+def clean_machine() -> Iterator[None]:
+    before_ns, before_tmp = namespaces(), scratch_dirs()
+    before_links = sh("ip", "-br", "link")
+    yield
+    assert namespaces() == before_ns
+    assert scratch_dirs() == before_tmp
+    assert sh("ip", "-br", "link") == before_links
+    assert not Path("/var/lib/cni/networks/macvlan-eth0").exists()
+
+
+def cnidra_try(
+    tools: CNITools, *args: str, prefix: tuple[str, ...] = (), cache: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CNIDRA_CNI_PATH": tools.plugins}
+    cmd = [*prefix, sys.executable, "-m", "cnidra", "try", *args]
+    if cache:
+        cmd += ["--cache-dir", str(cache)]
+    return subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=120, check=False, cwd=ROOT
+    )
+
+
+def test_success_prints_the_status_and_leaves_nothing(
+    cni_tools: CNITools, clean_machine: None
+) -> None:
+    out = cnidra_try(cni_tools, str(EXAMPLES / "macvlan-claim.yaml"))
+    assert out.returncode == 0, out.stderr
+    [device] = yaml.safe_load(out.stdout)["status"]["devices"]
+    assert device["driver"] == "cni.dra.networking.x-k8s.io"
+    assert device["pool"] == "cnidra-try" and device["device"] == "eth0"
+    [cond] = device["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == (
+        "Ready",
+        "True",
+        "NetworkInterfaceReady",
+    )
+    assert device["networkData"]["interfaceName"] == "net1"
+    assert device["networkData"]["ips"][0].startswith("198.18.10.")
+    assert device["networkData"]["hardwareAddress"] == device["data"]["interfaces"][0]["mac"]
+    assert "nothing left behind" in out.stderr
+
+
+def test_failed_add_rolls_back_prints_not_ready_and_exits_1(
+    cni_tools: CNITools, clean_machine: None
+) -> None:
+    out = cnidra_try(cni_tools, str(EXAMPLES / "invalid" / "failing-ipam.yaml"), "-o", "json")
+    assert out.returncode == 1
+    [device] = json.loads(out.stdout)["status"]["devices"]
+    [cond] = device["conditions"]
+    assert (cond["status"], cond["reason"]) == ("False", "NetworkInterfaceNotReady")
+    assert "no IP addresses available" in cond["message"] and "bridge" in cond["message"]
+    assert "data" not in device
+
+
+def test_second_attachment_failing_rolls_back_the_first(
+    cni_tools: CNITools, tmp_path: Path, clean_machine: None
+) -> None:
+    doc = yaml.safe_load((EXAMPLES / "two-networks-claim.yaml").read_text())
+    storage = doc["spec"]["devices"]["config"][1]["opaque"]["parameters"]
+    storage["config"] = (
+        storage["config"]
+        .replace("198.51.100.0/24", "198.51.100.0/30")
+        .replace('"isGateway": false', '"isGateway": true')
+    )
+    conf = json.loads(storage["config"])
+    conf["plugins"][0]["ipam"]["ranges"] = [
+        [
+            {
+                "subnet": "198.51.100.0/30",
+                "rangeStart": "198.51.100.1",
+                "rangeEnd": "198.51.100.1",
+                "gateway": "198.51.100.1",
+            }
+        ]
+    ]
+    storage["config"] = json.dumps(conf)
+    path = tmp_path / "claim.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    cache = tmp_path / "cache"
+    out = cnidra_try(cni_tools, str(path), cache=cache)
+    assert out.returncode == 1
+    first, second = yaml.safe_load(out.stdout)["status"]["devices"]
+    assert first["conditions"][0]["status"] == "False"
+    assert "rolled back because" in first["conditions"][0]["message"]
+    assert "no IP addresses available" in second["conditions"][0]["message"]
+    assert not any((cache / "results").glob("*")) if (cache / "results").exists() else True
+
+
+def test_invalid_claim_is_refused_before_any_plugin_runs(
+    cni_tools: CNITools, clean_machine: None
+) -> None:
+    out = cnidra_try(cni_tools, str(EXAMPLES / "invalid" / "design-review.yaml"))
+    assert out.returncode == 1
+    assert "hairpinMode" in out.stderr and out.stdout == ""
+
+
+def test_keep_leaves_the_interface_in_place(cni_tools: CNITools) -> None:
+    before = namespaces()
+    out = cnidra_try(cni_tools, str(EXAMPLES / "macvlan-claim.yaml"), "--keep")
+    created = namespaces() - before
+    try:
+        assert out.returncode == 0, out.stderr
+        pod = next(n for n in created if n.startswith("cnidra-try-pod"))
+        assert "net1" in links(Path("/run/netns") / pod)
+        assert "kept:" in out.stderr
+    finally:
+        for name in created:
+            sh("ip", "netns", "delete", name)
+        for d in Path("/tmp").glob("cnidra-try-*"):
+            sh("rm", "-rf", str(d))
+
+
+def test_given_netns_is_used_and_not_removed(
+    cni_tools: CNITools, pod_netns: Path, clean_machine: None
+) -> None:
+    out = cnidra_try(
+        cni_tools, str(EXAMPLES / "macvlan-claim.yaml"), "--netns", str(pod_netns), "--keep"
+    )
+    assert out.returncode == 0, out.stderr
+    [ip] = yaml.safe_load(out.stdout)["status"]["devices"][0]["networkData"]["ips"]
+    assert addresses(pod_netns, "net1") == {ip}
+    for name in namespaces():
+        if name.startswith("cnidra-try-node"):
+            sh("ip", "netns", "delete", name)
+    for d in Path("/tmp").glob("cnidra-try-*"):
+        sh("rm", "-rf", str(d))
+
+
+def test_host_mode_uses_the_machine_it_runs_on(
+    cni_tools: CNITools, node_netns: Path, tmp_path: Path, clean_machine: None
+) -> None:
+    # "the host" is a test-made namespace here: the command runs inside it with --host
+    sh("ip", "-n", node_netns.name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
+    sh("ip", "-n", node_netns.name, "link", "set", "eth0", "up")
+    doc = yaml.safe_load((EXAMPLES / "macvlan-claim.yaml").read_text())
+    ipam = doc["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["config"]["plugins"][
+        0
+    ]["ipam"]
+    ipam["dataDir"] = str(tmp_path / "ipam")
+    path = tmp_path / "claim.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    out = cnidra_try(
+        cni_tools,
+        str(path),
+        "--host",
+        prefix=("ip", "netns", "exec", node_netns.name),
+        cache=tmp_path / "cache",
+    )
+    assert out.returncode == 0, out.stderr
+    device = yaml.safe_load(out.stdout)["status"]["devices"][0]
+    assert device["pool"] != "cnidra-try"
+    assert not list((tmp_path / "cache" / "results").iterdir())
+    assert not [p for p in (tmp_path / "ipam" / "macvlan-eth0").iterdir() if p.name[0].isdigit()]
+
+
+def test_usage_errors(cni_tools: CNITools, clean_machine: None) -> None:
+    assert cnidra_try(cni_tools, "/nonexistent.yaml").returncode == 2
+    assert cnidra_try(cni_tools, str(EXAMPLES / "deviceclass.yaml")).returncode == 2
+    assert (
+        cnidra_try(cni_tools, str(EXAMPLES / "macvlan-claim.yaml"), "--netns", "/nope").returncode
+        == 2
+    )
+    assert cnidra_try(cni_tools, str(EXAMPLES / "macvlan-claim.yaml"), "-o", "xml").returncode == 2
+
+
+def test_netns_helpers_clean_up() -> None:
+    with netns.temporary("cnidra-unit") as path:
+        assert path.exists()
+    assert not path.exists()
