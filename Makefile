@@ -8,10 +8,11 @@ STAMP  := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(shell find cnidra/_proto -name '*.proto')
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	PYTHON=$(BIN)/python hack/gen-protos.sh >/dev/null
 	touch $@
 
 cni-plugins:

@@ -152,5 +152,91 @@ def try_(
     raise typer.Exit(0 if outcome.ok and not outcome.cleanup_errors else EXIT_INVALID)
 
 
+@app.command()
+def driver(
+    node_name: Annotated[str, typer.Option("--node-name", envvar="CNIDRA_NODE_NAME")],
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option(
+            "--kubeconfig", envvar="CNIDRA_KUBECONFIG", help="default: in-cluster service account"
+        ),
+    ] = None,
+    plugins_registry_dir: Annotated[
+        Path, typer.Option("--plugins-registry-dir", envvar="CNIDRA_PLUGINS_REGISTRY_DIR")
+    ] = Path("/var/lib/kubelet/plugins_registry"),
+    plugins_dir: Annotated[Path, typer.Option("--plugins-dir", envvar="CNIDRA_PLUGINS_DIR")] = Path(
+        "/var/lib/kubelet/plugins"
+    ),
+    state_dir: Annotated[
+        Path, typer.Option("--state-dir", envvar="CNIDRA_STATE_DIR", help="checkpoint")
+    ] = Path("/var/lib/cnidra"),
+    cni_path: Annotated[str, typer.Option("--cni-path", envvar="CNIDRA_CNI_PATH")] = "/opt/cni/bin",
+    cni_cache_dir: Annotated[
+        Path, typer.Option("--cni-cache-dir", envvar="CNIDRA_CNI_CACHE_DIR")
+    ] = Path("/var/lib/cni"),
+    http_address: Annotated[
+        str,
+        typer.Option(
+            "--http-address",
+            envvar="CNIDRA_HTTP_ADDRESS",
+            help="host:port for /healthz and /metrics",
+        ),
+    ] = "127.0.0.1:9177",
+    sub_interfaces: Annotated[
+        int,
+        typer.Option(
+            "--sub-interfaces",
+            envvar="CNIDRA_SUB_INTERFACES",
+            help="pod interfaces one parent link may carry",
+        ),
+    ] = 64,
+    include_interfaces: Annotated[
+        str,
+        typer.Option(
+            "--include-interfaces",
+            envvar="CNIDRA_INCLUDE_INTERFACES",
+            help="regex of link names to publish",
+        ),
+    ] = ".*",
+    exclude_interfaces: Annotated[
+        str | None,
+        typer.Option(
+            "--exclude-interfaces",
+            envvar="CNIDRA_EXCLUDE_INTERFACES",
+            help="regex of link names never to publish",
+        ),
+    ] = None,
+    resync_seconds: Annotated[
+        float, typer.Option("--resync-seconds", envvar="CNIDRA_RESYNC_SECONDS")
+    ] = 60.0,
+    log_level: Annotated[str, typer.Option("--log-level", envvar="CNIDRA_LOG_LEVEL")] = "info",
+) -> None:
+    """Run the node agent: kubelet DRA plugin, ResourceSlice publisher, health and metrics."""
+    import asyncio
+    import logging
+
+    from cnidra.dra.driver import DriverSettings, run
+    from cnidra.inventory.links import LinkFilter
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = DriverSettings(
+        node_name=node_name,
+        kubeconfig=kubeconfig,
+        plugins_registry_dir=plugins_registry_dir,
+        plugins_dir=plugins_dir,
+        state_dir=state_dir,
+        cni_path=[p for p in cni_path.split(":") if p],
+        cni_cache_dir=cni_cache_dir,
+        http_address=http_address,
+        sub_interfaces=sub_interfaces,
+        include_interfaces=include_interfaces,
+        exclude_interfaces=exclude_interfaces or LinkFilter.exclude,
+        resync_seconds=resync_seconds,
+    )
+    asyncio.run(run(settings))
+
+
 def main() -> None:
     app()

@@ -7,7 +7,6 @@ import base64
 import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 from cnidra.cni.errors import CacheError
 from cnidra.cni.result import Result
 from cnidra.cni.types import RuntimeConf
+from cnidra.util.files import write_atomically
 
 CACHE_KIND = "cniCacheV1"
 DEFAULT_CACHE_DIR = "/var/lib/cni"
@@ -62,7 +62,7 @@ class ResultCache:
         if rt.capability_args:
             entry["capabilityArgs"] = dict(rt.capability_args)
         entry["result"] = result.to_json()
-        _write_atomically(self.path(network, rt), json.dumps(entry).encode())
+        write_atomically(self.path(network, rt), json.dumps(entry).encode())
 
     def load(self, network: str, rt: RuntimeConf) -> CachedAttachment | None:
         return self._read(self.path(network, rt))
@@ -109,19 +109,3 @@ class ResultCache:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CacheError(f"cache file {path} is malformed: {exc}") from None
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise

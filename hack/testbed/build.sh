@@ -8,6 +8,7 @@ K8S_VERSION="${K8S_VERSION:-v1.36.3}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.8}"            # what k8s.io/kubernetes $K8S_VERSION requires
 CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
 CRITOOLS_VERSION="${CRITOOLS_VERSION:-v1.36.0}"
+RUNC_VERSION="${RUNC_VERSION:-v1.5.2}"           # Debian's 1.1.5 cannot start containers here
 CACHE="${CNIDRA_CACHE:-$HOME/.cache/cnidra}"
 
 export GOFLAGS="-buildvcs=false -trimpath" CGO_ENABLED=0
@@ -51,7 +52,7 @@ build_kubernetes() {
   local ver_pkg=k8s.io/component-base/version
   local ldflags="-s -w -X $ver_pkg.gitVersion=$K8S_VERSION -X $ver_pkg.gitMajor=1 -X $ver_pkg.gitMinor=$minor -X $ver_pkg.gitTreeState=clean -X $ver_pkg.buildDate=1970-01-01T00:00:00Z"
   ldflags="$ldflags -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
-  (cd "$mod" && go mod tidy >/dev/null 2>&1 || true
+  (cd "$mod"
    for cmd in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do
      log "go build $cmd"
      go build -mod=mod -ldflags "$ldflags" -o "$out/$cmd" "k8s.io/kubernetes/cmd/$cmd"
@@ -99,9 +100,16 @@ build_crictl() {
      -o "$out/crictl" sigs.k8s.io/cri-tools/cmd/crictl)
 }
 
+build_runc() {
+  local out="$1"
+  log "go install runc (cgo, seccomp)"
+  GOBIN="$out" CGO_ENABLED=1 go install -tags seccomp \
+    -ldflags "-s -w -X main.version=${RUNC_VERSION#v}" "github.com/opencontainers/runc@$RUNC_VERSION"
+}
+
 debian_packages() {
   local missing=()
-  command -v runc >/dev/null || missing+=(runc)
+  dpkg -s libseccomp-dev >/dev/null 2>&1 || missing+=(libseccomp-dev pkg-config)
   [[ -x /bin/busybox ]] || missing+=(busybox-static)
   command -v iptables >/dev/null || missing+=(iptables)
   command -v openssl >/dev/null || missing+=(openssl)
@@ -120,6 +128,7 @@ main() {
   done_or_build "$CACHE/etcd-$ETCD_VERSION" build_etcd
   done_or_build "$CACHE/containerd-$CONTAINERD_VERSION" build_containerd
   done_or_build "$CACHE/crictl-$CRITOOLS_VERSION" build_crictl
+  done_or_build "$CACHE/runc-$RUNC_VERSION" build_runc
   done_or_build "$CACHE/kubernetes-$K8S_VERSION" build_kubernetes
   log "all components ready in $((SECONDS - start))s; cache $(du -sh "$CACHE" | cut -f1)"
 }
@@ -129,6 +138,7 @@ if [[ "${1:-}" == paths ]]; then
   echo "ETCD_BIN=$CACHE/etcd-$ETCD_VERSION"
   echo "CONTAINERD_BIN=$CACHE/containerd-$CONTAINERD_VERSION"
   echo "CRICTL_BIN=$CACHE/crictl-$CRITOOLS_VERSION"
+  echo "RUNC_BIN=$CACHE/runc-$RUNC_VERSION"
   exit 0
 fi
 main

@@ -1,0 +1,38 @@
+"""Prometheus metrics of the driver (served on /metrics by cnidra.dra.health)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry()
+
+REQUESTS = Counter(
+    "cnidra_dra_requests_total",
+    "DRA plugin requests by method and outcome",
+    ["method", "outcome"],
+    registry=REGISTRY,
+)
+LATENCY = Histogram(
+    "cnidra_dra_request_duration_seconds",
+    "DRA plugin request latency by method",
+    ["method"],
+    registry=REGISTRY,
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+PREPARED_CLAIMS = Gauge(
+    "cnidra_prepared_claims", "Claims in the node checkpoint", registry=REGISTRY
+)
+PUBLISHED_DEVICES = Gauge(
+    "cnidra_published_devices", "Devices in this node's ResourceSlices", registry=REGISTRY
+)
+LAST_PUBLISH = Gauge(
+    "cnidra_last_publish_timestamp_seconds",
+    "When the ResourceSlices were last written",
+    registry=REGISTRY,
+)
+PUBLISHES = Counter(
+    "cnidra_slice_publishes_total",
+    "ResourceSlice writes by outcome",
+    ["outcome"],
+    registry=REGISTRY,
+)

@@ -1,0 +1,152 @@
+"""The kubelet-facing gRPC services: plugin registration and the DRA plugin (v1 and v1beta1).
+
+v1 and v1beta1 of the DRA API have the same messages with the same field numbers, so one
+implementation serves both service names, decoding either with the v1 message types."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from cnidra._proto.dra.v1 import api_pb2 as dra
+from cnidra._proto.pluginregistration.v1 import api_pb2 as reg
+from cnidra._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from cnidra.api.constants import DRIVER_NAME
+from cnidra.dra import metrics
+from cnidra.dra.prepare import ClaimRef, PrepareError, Preparer
+
+log = logging.getLogger(__name__)
+
+DRA_SERVICES = (
+    "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
+    "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
+)
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+PLUGIN_TYPE = "DRAPlugin"
+
+
+class DRAService:
+    def __init__(
+        self,
+        preparer: Preparer,
+        after_unprepare: Callable[[ClaimRef], Awaitable[None]] | None = None,
+    ) -> None:
+        self.preparer = preparer
+        self.after_unprepare = after_unprepare
+
+    async def node_prepare_resources(
+        self, request: dra.NodePrepareResourcesRequest, context: Any
+    ) -> dra.NodePrepareResourcesResponse:
+        with _measure("NodePrepareResources"):
+            refs = [ClaimRef(c.namespace, c.name, c.uid) for c in request.claims]
+            answers = await asyncio.gather(*(self._prepare_one(r) for r in refs))
+            response = dra.NodePrepareResourcesResponse()
+            for ref, answer in zip(refs, answers, strict=True):
+                response.claims[ref.uid].CopyFrom(answer)
+            return response
+
+    async def _prepare_one(self, ref: ClaimRef) -> dra.NodePrepareResourceResponse:
+        try:
+            prepared = await self.preparer.prepare(ref)
+        except PrepareError as exc:
+            log.warning("prepare %s failed: %s", ref, exc)
+            metrics.REQUESTS.labels("PrepareClaim", "error").inc()
+            return dra.NodePrepareResourceResponse(error=str(exc))
+        except Exception as exc:
+            log.exception("prepare %s crashed", ref)
+            metrics.REQUESTS.labels("PrepareClaim", "error").inc()
+            return dra.NodePrepareResourceResponse(error=f"claim {ref}: internal error: {exc}")
+        metrics.REQUESTS.labels("PrepareClaim", "ok").inc()
+        metrics.PREPARED_CLAIMS.set(len(self.preparer.checkpoint))
+        return dra.NodePrepareResourceResponse(
+            devices=[
+                dra.Device(request_names=[d.request], pool_name=d.pool, device_name=d.device)
+                for d in prepared.devices
+            ]
+        )
+
+    async def node_unprepare_resources(
+        self, request: dra.NodeUnprepareResourcesRequest, context: Any
+    ) -> dra.NodeUnprepareResourcesResponse:
+        with _measure("NodeUnprepareResources"):
+            response = dra.NodeUnprepareResourcesResponse()
+            for claim in request.claims:
+                ref = ClaimRef(claim.namespace, claim.name, claim.uid)
+                try:
+                    if self.after_unprepare is not None:
+                        await self.after_unprepare(ref)
+                    await self.preparer.unprepare(ref)
+                    response.claims[claim.uid].CopyFrom(dra.NodeUnprepareResourceResponse())
+                except Exception as exc:
+                    log.warning("unprepare %s failed: %s", ref, exc)
+                    response.claims[claim.uid].CopyFrom(
+                        dra.NodeUnprepareResourceResponse(error=f"claim {ref}: {exc}")
+                    )
+            metrics.PREPARED_CLAIMS.set(len(self.preparer.checkpoint))
+            return response
+
+    def handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:
+        methods = {
+            "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
+                self.node_prepare_resources,
+                request_deserializer=dra.NodePrepareResourcesRequest.FromString,
+                response_serializer=dra.NodePrepareResourcesResponse.SerializeToString,
+            ),
+            "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
+                self.node_unprepare_resources,
+                request_deserializer=dra.NodeUnprepareResourcesRequest.FromString,
+                response_serializer=dra.NodeUnprepareResourcesResponse.SerializeToString,
+            ),
+        }
+        return [grpc.method_handlers_generic_handler(name, methods) for name in DRA_SERVICES]
+
+
+class _measure:
+    def __init__(self, method: str) -> None:
+        self.method = method
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        metrics.LATENCY.labels(self.method).observe(time.perf_counter() - self.start)
+        metrics.REQUESTS.labels(self.method, "error" if exc_type else "ok").inc()
+
+
+class RegistrationService(reg_grpc.RegistrationServicer):
+    """kubelet's plugin watcher finds our socket in plugins_registry and asks who we are."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.registered = asyncio.Event()
+        self.error: str | None = None
+        self.registrations = 0
+
+    async def GetInfo(self, request: reg.InfoRequest, context: Any) -> reg.PluginInfo:
+        return reg.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=DRIVER_NAME,
+            endpoint=self.endpoint,
+            supported_versions=list(SUPPORTED_VERSIONS),
+        )
+
+    async def NotifyRegistrationStatus(
+        self,
+        request: reg.RegistrationStatus,
+        context: Any,
+    ) -> reg.RegistrationStatusResponse:
+        if request.plugin_registered:
+            self.registrations += 1
+            self.error = None
+            self.registered.set()
+            log.info("kubelet registered the plugin (%d time(s))", self.registrations)
+        else:
+            self.error = request.error
+            self.registered.clear()
+            log.error("kubelet refused the plugin: %s", request.error)
+        return reg.RegistrationStatusResponse()

@@ -1,0 +1,167 @@
+"""The node's network links, read with pyroute2 (netlink) and sysfs."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyroute2 import IPRoute
+
+SYS_NET = Path("/sys/class/net")
+_VIRTUAL_KINDS = {
+    "veth",
+    "macvlan",
+    "macvtap",
+    "ipvlan",
+    "ipvtap",
+    "vxlan",
+    "geneve",
+    "tun",
+    "dummy",
+    "ifb",
+    "wireguard",
+    "vrf",
+    "gre",
+    "ipip",
+    "sit",
+    "team",
+    "nlmon",
+}
+_AF_INET, _AF_INET6 = 2, 10
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    index: int
+    mac: str
+    mtu: int
+    kind: str  # physical, virtual, bridge, bond, vlan
+    link_kind: str | None  # the kernel's IFLA_INFO_KIND, None for physical NICs
+    state: str  # up, down, unknown, ...
+    speed_mbps: int | None = None
+    pci_address: str | None = None
+    pci_vendor: str | None = None
+    pci_device: str | None = None
+    numa_node: int | None = None
+    sriov_vfs: int | None = None
+    ipv4: tuple[str, ...] = ()
+    ipv6: tuple[str, ...] = ()
+    loopback: bool = False
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def classify(link_kind: str | None, has_device: bool) -> str:
+    if link_kind in ("bridge", "bond", "vlan"):
+        return link_kind
+    if link_kind is None and has_device:
+        return "physical"
+    return "virtual"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _sysfs(name: str) -> dict[str, object]:
+    base = SYS_NET / name
+    info: dict[str, object] = {}
+    device = base / "device"
+    speed = _read(base / "speed")
+    if speed and speed.lstrip("-").isdigit() and int(speed) > 0:
+        info["speed_mbps"] = int(speed)
+    if device.exists():
+        info["has_device"] = True
+        target = os.path.realpath(device)
+        pci = os.path.basename(target)
+        if re.match(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$", pci):
+            info["pci_address"] = pci
+            info["pci_vendor"] = _read(device / "vendor")
+            info["pci_device"] = _read(device / "device")
+            numa = _read(device / "numa_node")
+            if numa is not None and numa.lstrip("-").isdigit() and int(numa) >= 0:
+                info["numa_node"] = int(numa)
+            vfs = _read(device / "sriov_totalvfs")
+            if vfs and vfs.isdigit():
+                info["sriov_vfs"] = int(vfs)
+    return info
+
+
+def read_links() -> list[Link]:
+    """Every link of the current network namespace, with its addresses."""
+    with IPRoute() as ipr:
+        raw_links = ipr.get_links()
+        raw_addrs = ipr.get_addr()
+    v4: dict[int, list[str]] = {}
+    v6: dict[int, list[str]] = {}
+    for addr in raw_addrs:
+        ip = addr.get("IFA_ADDRESS")
+        if not ip or (addr["family"] == _AF_INET6 and ip.startswith("fe80:")):
+            continue
+        target = v4 if addr["family"] == _AF_INET else v6
+        target.setdefault(addr["index"], []).append(f"{ip}/{addr['prefixlen']}")
+    links = []
+    for msg in raw_links:
+        name = msg.get("IFLA_IFNAME")
+        link_kind = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND")
+        sysfs = _sysfs(name)
+        flags = int(msg["flags"])
+        links.append(
+            Link(
+                name=name,
+                index=msg["index"],
+                mac=str(msg.get("IFLA_ADDRESS") or ""),
+                mtu=int(msg.get("IFLA_MTU") or 0),
+                kind=classify(link_kind, bool(sysfs.get("has_device"))),
+                link_kind=link_kind,
+                state=str(msg.get("IFLA_OPERSTATE") or "UNKNOWN").lower(),
+                speed_mbps=sysfs.get("speed_mbps"),  # type: ignore[arg-type]
+                pci_address=sysfs.get("pci_address"),  # type: ignore[arg-type]
+                pci_vendor=sysfs.get("pci_vendor"),  # type: ignore[arg-type]
+                pci_device=sysfs.get("pci_device"),  # type: ignore[arg-type]
+                numa_node=sysfs.get("numa_node"),  # type: ignore[arg-type]
+                sriov_vfs=sysfs.get("sriov_vfs"),  # type: ignore[arg-type]
+                ipv4=tuple(v4.get(msg["index"], ())),
+                ipv6=tuple(v6.get(msg["index"], ())),
+                loopback=bool(flags & 0x8),
+            )
+        )
+    return links
+
+
+@dataclass(frozen=True)
+class LinkFilter:
+    """Which links become devices. Loopback and the kinds pods and runtimes create are out."""
+
+    include: str = ".*"
+    exclude: str = r"^(veth.*|cni[0-9]+|docker[0-9]+|flannel.*|cali.*|cilium.*|kube-.*)$"
+    exclude_kinds: frozenset[str] = frozenset({"veth", "tun", "ifb", "macvtap", "ipvtap", "nlmon"})
+
+    def eligible(self, link: Link) -> bool:
+        if link.loopback or (link.link_kind or "") in self.exclude_kinds:
+            return False
+        return bool(re.search(self.include, link.name)) and not re.search(self.exclude, link.name)
+
+
+def cni_plugins(cni_path: Iterable[str]) -> list[str]:
+    """Executables found on the CNI path, first directory winning, sorted."""
+    found: set[str] = set()
+    for directory in cni_path:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_file() and os.access(entry.path, os.X_OK):
+                found.add(entry.name)
+    return sorted(found)
+
+
+def kind_known(kind: str | None) -> bool:
+    return kind is None or kind in _VIRTUAL_KINDS or kind in ("bridge", "bond", "vlan")

@@ -1,0 +1,150 @@
+"""Keeps this node's ResourceSlices current: netlink events (rate-limited) and a periodic
+resync recompute the inventory; it is written with server-side apply only when it changed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from lightkube import AsyncClient
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import Node
+from lightkube.resources.resource_v1 import ResourceSlice
+
+from cnidra.api.constants import DRIVER_NAME
+from cnidra.dra import metrics
+from cnidra.inventory.links import Link, LinkFilter, cni_plugins, read_links
+from cnidra.inventory.slices import SliceSettings, build_slices, content
+
+log = logging.getLogger(__name__)
+
+
+class SlicePublisher:
+    def __init__(
+        self,
+        client: AsyncClient,
+        settings: SliceSettings,
+        cni_path: Sequence[str],
+        link_filter: LinkFilter | None = None,
+        resync: float = 60.0,
+        min_interval: float = 1.0,
+        links: Callable[[], list[Link]] = read_links,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.cni_path = list(cni_path)
+        self.filter = link_filter or LinkFilter()
+        self.resync = resync
+        self.min_interval = min_interval
+        self.read_links = links
+        self.generation = 0
+        self._published: list[Any] | None = None
+        self._published_names: set[str] = set()
+        self._trigger = asyncio.Event()
+        self.last_publish: float | None = None
+
+    def poke(self) -> None:
+        self._trigger.set()
+
+    async def run(self) -> None:
+        owner = await self._node_owner()
+        await self._adopt_existing()
+        watcher = asyncio.create_task(self._watch_netlink(), name="netlink-watch")
+        try:
+            while True:
+                try:
+                    await self.publish_if_changed(owner)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    metrics.PUBLISHES.labels("error").inc()
+                    log.warning("publishing ResourceSlices failed: %s", exc)
+                    self._published = None  # retry on the next round
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._trigger.wait(), self.resync)
+                self._trigger.clear()
+                await asyncio.sleep(self.min_interval)  # coalesce bursts of link events
+        finally:
+            watcher.cancel()
+
+    async def publish_if_changed(self, owner: dict[str, Any] | None) -> bool:
+        links = [
+            link for link in await asyncio.to_thread(self.read_links) if self.filter.eligible(link)
+        ]
+        plugins = cni_plugins(self.cni_path)
+        slices = build_slices(links, plugins, self.settings, self.generation + 1, owner)
+        if content(slices) == self._published:
+            return False
+        self.generation += 1
+        for obj in slices:
+            resource = ResourceSlice.from_dict(obj)
+            assert isinstance(resource, ResourceSlice)
+            await self.client.apply(resource, force=True)
+        names = {s["metadata"]["name"] for s in slices}
+        for stale in self._published_names - names:
+            with contextlib.suppress(ApiError):
+                await self.client.delete(ResourceSlice, stale)
+        self._published, self._published_names = content(slices), names
+        devices = sum(len(s["spec"]["devices"]) for s in slices)
+        self.last_publish = time.time()
+        metrics.PUBLISHED_DEVICES.set(devices)
+        metrics.LAST_PUBLISH.set(self.last_publish)
+        metrics.PUBLISHES.labels("ok").inc()
+        log.info(
+            "published %d device(s) in %d slice(s), pool generation %d",
+            devices,
+            len(slices),
+            self.generation,
+        )
+        return True
+
+    async def _node_owner(self) -> dict[str, Any] | None:
+        for attempt in range(30):
+            try:
+                node = await self.client.get(Node, self.settings.node)
+                assert node.metadata is not None
+                return {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "name": self.settings.node,
+                    "uid": node.metadata.uid,
+                    "controller": True,
+                }
+            except ApiError as exc:
+                if exc.status.code == 404:
+                    log.warning("node %s not registered yet", self.settings.node)
+            except Exception as exc:
+                log.warning("cannot read node %s: %s", self.settings.node, exc)
+            await asyncio.sleep(min(2.0, 0.2 * (attempt + 1)))
+        return None
+
+    async def _adopt_existing(self) -> None:
+        """Continue the pool generation across restarts, and know which slices are ours."""
+        with contextlib.suppress(Exception):
+            async for obj in self.client.list(
+                ResourceSlice, fields={"spec.nodeName": self.settings.node}
+            ):
+                data = obj.to_dict()
+                if data["spec"].get("driver") == DRIVER_NAME:
+                    self._published_names.add(data["metadata"]["name"])
+                    self.generation = max(self.generation, int(data["spec"]["pool"]["generation"]))
+
+    async def _watch_netlink(self) -> None:
+        from pyroute2 import AsyncIPRoute
+        from pyroute2.netlink.rtnl import RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR, RTMGRP_LINK
+
+        while True:
+            try:
+                async with AsyncIPRoute() as ipr:
+                    await ipr.bind(groups=RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR)
+                    async for _msg in ipr.get():
+                        self._trigger.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("netlink monitor failed (%s); relying on resync", exc)
+                await asyncio.sleep(5)

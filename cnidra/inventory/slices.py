@@ -1,0 +1,173 @@
+"""ResourceSlices for the node's links: pure functions from an inventory to slice objects.
+
+Device attributes live in the driver's own domain (cni.dra.networking.x-k8s.io), so a CEL
+selector reads `device.attributes["cni.dra.networking.x-k8s.io"].ifName`. The full list is in
+docs/inventory.md, and only there and here."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cnidra.api.constants import DRIVER_NAME
+from cnidra.inventory.links import Link
+
+MAX_DEVICES_PER_SLICE = 128
+MAX_ATTRIBUTES = 32  # attributes + capacities per device (resource.k8s.io/v1 validation)
+STRING_MAX = 64
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+
+# CNI plugins published as boolean attributes, most useful first, while the budget lasts.
+PLUGIN_ATTRIBUTES = (
+    "macvlan",
+    "ipvlan",
+    "vlan",
+    "host-device",
+    "bridge",
+    "sriov",
+    "ib-sriov",
+    "tap",
+    "ptp",
+    "tuning",
+    "bandwidth",
+    "sbr",
+    "host-local",
+    "static",
+    "dhcp",
+    "whereabouts",
+    "portmap",
+    "firewall",
+    "vrf",
+)
+
+
+@dataclass(frozen=True)
+class SliceSettings:
+    node: str
+    sub_interfaces: int = 64  # how many pod interfaces may share one parent
+    shared_capacity: bool = True  # KEP-5075 consumable capacity (allowMultipleAllocations)
+
+
+def plugin_attribute(plugin: str) -> str:
+    return "cni" + "".join(part.capitalize() for part in re.split(r"[-_.]", plugin))
+
+
+def device_name(link: Link, taken: set[str]) -> str:
+    base = re.sub(r"[^a-z0-9-]+", "-", link.name.lower()).strip("-")[:55] or f"link{link.index}"
+    name = base
+    if name in taken:
+        name = f"{base}-{link.index}"
+    taken.add(name)
+    return name
+
+
+def device(
+    link: Link, name: str, plugins: Sequence[str], settings: SliceSettings
+) -> dict[str, Any]:
+    attrs: dict[str, dict[str, Any]] = {
+        "ifName": {"string": link.name},
+        "type": {"string": link.kind},
+        "state": {"string": link.state},
+        "mtu": {"int": link.mtu},
+    }
+    if link.mac:
+        attrs["mac"] = {"string": link.mac}
+    if link.speed_mbps:
+        attrs["speed"] = {"int": link.speed_mbps}
+    if link.ipv4:
+        attrs["ipv4"] = {"string": link.ipv4[0][:STRING_MAX]}
+    if link.ipv6:
+        attrs["ipv6"] = {"string": link.ipv6[0][:STRING_MAX]}
+    if link.pci_address:
+        attrs["pciAddress"] = {"string": link.pci_address}
+        attrs[PCIE_ROOT] = {"string": _pcie_root(link.pci_address)}
+    if link.pci_vendor:
+        attrs["pciVendor"] = {"string": link.pci_vendor}
+    if link.pci_device:
+        attrs["pciDevice"] = {"string": link.pci_device}
+    if link.numa_node is not None:
+        attrs["numaNode"] = {"int": link.numa_node}
+    if link.sriov_vfs is not None:
+        attrs["sriovVfs"] = {"int": link.sriov_vfs}
+    capacity: dict[str, dict[str, Any]] = {}
+    if settings.shared_capacity:
+        capacity["subInterfaces"] = {
+            "value": str(settings.sub_interfaces),
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "step": "1"}},
+        }
+        if link.speed_mbps:
+            capacity["bandwidth"] = {
+                "value": f"{link.speed_mbps}M",
+                "requestPolicy": {"default": "0", "validRange": {"min": "0"}},
+            }
+    budget = MAX_ATTRIBUTES - len(attrs) - len(capacity)
+    installed = set(plugins)
+    for plugin in PLUGIN_ATTRIBUTES:
+        if budget <= 0:
+            break
+        if plugin in installed:
+            attrs[plugin_attribute(plugin)] = {"bool": True}
+            budget -= 1
+    out: dict[str, Any] = {"name": name, "attributes": attrs}
+    if capacity:
+        out["capacity"] = capacity
+        out["allowMultipleAllocations"] = True
+    return out
+
+
+def _pcie_root(pci_address: str) -> str:
+    """The PCIe root complex the NIC hangs off: its domain and bus, as `pci<domain>:<bus>`."""
+    domain, bus = pci_address.split(":")[:2]
+    return f"pci{domain}:{bus}"
+
+
+def build_slices(
+    links: Iterable[Link],
+    plugins: Sequence[str],
+    settings: SliceSettings,
+    generation: int,
+    owner: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    taken: set[str] = set()
+    devices = [
+        device(link, device_name(link, taken), plugins, settings)
+        for link in sorted(links, key=lambda link: link.name)
+    ]
+    chunks = [
+        devices[i : i + MAX_DEVICES_PER_SLICE]
+        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
+    ] or [[]]
+    slices = []
+    for i, chunk in enumerate(chunks):
+        meta: dict[str, Any] = {"name": slice_name(settings.node, i)}
+        if owner:
+            meta["ownerReferences"] = [dict(owner)]
+        slices.append(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": meta,
+                "spec": {
+                    "driver": DRIVER_NAME,
+                    "nodeName": settings.node,
+                    "pool": {
+                        "name": settings.node,
+                        "generation": generation,
+                        "resourceSliceCount": len(chunks),
+                    },
+                    "devices": chunk,
+                },
+            }
+        )
+    return slices
+
+
+def slice_name(node: str, index: int) -> str:
+    return f"{node}-cni-dra-{index}"[:253]
+
+
+def content(slices: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """What a slice says, minus the generation: equal content means no publish."""
+    return [(s["metadata"]["name"], s["spec"]["devices"]) for s in slices]

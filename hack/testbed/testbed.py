@@ -1,0 +1,626 @@
+#!/usr/bin/env python3
+"""A real single-node Kubernetes on this machine, for cnidra's tests. Standard library only.
+
+    testbed.py up | down | status | env | build
+
+`up` builds (or reuses) the components, then starts etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, containerd (NRI on) and kubelet as processes, each
+logging to <root>/logs/<name>.log, and waits until node `testbed-node` is Ready. `down` stops
+exactly the processes `up` started (by pid, recorded in <root>/pids), removes the pods'
+containers, unmounts everything under <root>, deletes the bridge and namespaces it made.
+Everything listens on loopback only; pod addresses come from 198.18.128.0/24; nothing is
+attached to the machine's real interfaces and nothing is masqueraded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HACK = REPO / "hack"
+ROOT = Path(os.environ.get("CNIDRA_TESTBED_ROOT", "/var/lib/cnidra-testbed"))
+WORK = REPO / ".testbed"  # in the work tree, ignored by git: the admin kubeconfig
+NODE = "testbed-node"
+
+ETCD_CLIENT = "127.0.0.1:23790"
+ETCD_PEER = "127.0.0.1:23800"
+APISERVER_PORT = 16443
+SERVICE_CIDR = "198.19.0.0/24"
+SERVICE_IP = "198.19.0.1"
+POD_SUBNET = "198.18.128.0/24"
+POD_GATEWAY = "198.18.128.1"
+NODE_IP = POD_GATEWAY  # kubelet refuses a loopback node IP; the bridge's own address serves
+BRIDGE = "cnidra-tb0"
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10.2"
+TEST_IMAGE = "cnidra.local/testbed/busybox:1"
+
+# The DRA features cnidra uses, set explicitly although 1.36 has them on by default (beta):
+# device status in ResourceClaims, consumable capacity (KEP-5075), partitionable devices, taints.
+# (PrioritizedList and AdminAccess are GA in 1.36, so they are no longer gates.)
+GATES = {
+    "DRAResourceClaimDeviceStatus": True,
+    "DRAConsumableCapacity": True,
+    "DRAPartitionableDevices": True,
+    "DRADeviceTaints": True,
+}
+FEATURE_GATES = ",".join(f"{k}={str(v).lower()}" for k, v in GATES.items())
+RUNTIME_CONFIG = "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true"
+
+
+def log(message: str) -> None:
+    print(f"[testbed {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+@dataclass(frozen=True)
+class Bins:
+    k8s: Path
+    etcd: Path
+    containerd: Path
+    crictl: Path
+    runc: Path
+    cni_plugins: Path
+    cnitool: Path
+
+    @classmethod
+    def locate(cls) -> Bins:
+        out = subprocess.run([HACK / "testbed" / "build.sh", "paths"], check=True, text=True,
+                             capture_output=True).stdout
+        paths = dict(line.split("=", 1) for line in out.split())
+        cni = subprocess.run([HACK / "install-cni.sh", "env"], check=True, text=True,
+                             capture_output=True).stdout
+        cni_env = dict(line.removeprefix("export ").split("=", 1) for line in cni.splitlines())
+        return cls(Path(paths["K8S_BIN"]), Path(paths["ETCD_BIN"]), Path(paths["CONTAINERD_BIN"]),
+                   Path(paths["CRICTL_BIN"]), Path(paths["RUNC_BIN"]),
+                   Path(cni_env["CNIDRA_TEST_CNI_PATH"]),
+                   Path(cni_env["CNIDRA_TEST_CNITOOL"]))
+
+    def built(self) -> bool:
+        dirs = (self.k8s, self.etcd, self.containerd, self.crictl, self.runc)
+        return all((d / ".complete").exists() for d in dirs)
+
+
+class Paths:
+    pki = ROOT / "pki"
+    logs = ROOT / "logs"
+    pids = ROOT / "pids"
+    etc = ROOT / "etc"
+    run = ROOT / "run"
+    kubelet_dir = ROOT / "var" / "lib" / "kubelet"
+    plugins_registry = kubelet_dir / "plugins_registry"
+    plugins = kubelet_dir / "plugins"
+    cni_conf = ROOT / "etc" / "cni" / "net.d"
+    cni_data = ROOT / "var" / "lib" / "cni"
+    containerd_sock = run / "containerd" / "containerd.sock"
+    nri_sock = run / "nri" / "nri.sock"
+    admin_kubeconfig = WORK / "admin.kubeconfig"
+
+
+# ----------------------------------------------------------------------------- certificates
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+
+def _cert(name: str, subject: str, sans: Sequence[str] = (), server: bool = False) -> None:
+    pki = Paths.pki
+    key, csr, crt, ext = (pki / f"{name}.{s}" for s in ("key", "csr", "crt", "ext"))
+    _openssl("genrsa", "-out", str(key), "2048")
+    _openssl("req", "-new", "-key", str(key), "-subj", subject, "-out", str(csr))
+    usage = "serverAuth" if server else "clientAuth"
+    lines = ["basicConstraints=CA:FALSE", "keyUsage=critical,digitalSignature,keyEncipherment",
+             f"extendedKeyUsage={usage}"]
+    if sans:
+        lines.append("subjectAltName=" + ",".join(sans))
+    ext.write_text("\n".join(lines) + "\n")
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(pki / "ca.crt"), "-CAkey", str(pki / "ca.key"),
+             "-CAcreateserial", "-days", "3650", "-sha256", "-extfile", str(ext), "-out", str(crt))
+    csr.unlink()
+    ext.unlink()
+
+
+def make_pki() -> None:
+    pki = Paths.pki
+    if (pki / ".complete").exists():
+        return
+    shutil.rmtree(pki, ignore_errors=True)
+    pki.mkdir(parents=True, mode=0o700)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(pki / "ca.key"),
+             "-out", str(pki / "ca.crt"), "-days", "3650", "-subj", "/CN=cnidra-testbed-ca",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature")
+    _cert("apiserver", "/CN=kube-apiserver", server=True, sans=[
+        "IP:127.0.0.1", f"IP:{SERVICE_IP}", "DNS:localhost", "DNS:kubernetes",
+        "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
+        "DNS:kubernetes.default.svc.cluster.local"])
+    _cert("kubelet-serving", f"/CN={NODE}", server=True,
+          sans=["IP:127.0.0.1", f"IP:{NODE_IP}", f"DNS:{NODE}"])
+    _cert("admin", "/O=system:masters/CN=cnidra-testbed-admin")
+    _cert("apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client")
+    _cert("kubelet", f"/O=system:nodes/CN=system:node:{NODE}")
+    _cert("controller-manager", "/CN=system:kube-controller-manager")
+    _cert("scheduler", "/CN=system:kube-scheduler")
+    _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
+    _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
+    (pki / ".complete").touch()
+
+
+def kubeconfig(path: Path, user: str) -> None:
+    pki = Paths.pki
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "testbed",
+        "clusters": [{"name": "testbed", "cluster": {
+            "server": f"https://127.0.0.1:{APISERVER_PORT}",
+            "certificate-authority": str(pki / "ca.crt")}}],
+        "users": [{"name": user, "user": {"client-certificate": str(pki / f"{user}.crt"),
+                                          "client-key": str(pki / f"{user}.key")}}],
+        "contexts": [{"name": "testbed", "context": {"cluster": "testbed", "user": user}}],
+    }, indent=2))
+    path.chmod(0o600)
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def write_configs(bins: Bins) -> None:
+    for d in (Paths.logs, Paths.pids, Paths.etc, Paths.run, Paths.plugins_registry,
+              Paths.plugins, Paths.cni_conf, Paths.cni_data, ROOT / "nri" / "conf.d",
+              ROOT / "nri" / "plugins"):
+        d.mkdir(parents=True, exist_ok=True)
+    for user in ("admin", "kubelet", "controller-manager", "scheduler"):
+        kubeconfig(Paths.etc / f"{user}.kubeconfig", user)
+    kubeconfig(Paths.admin_kubeconfig, "admin")
+    (Paths.cni_conf / "10-testbed.conflist").write_text(json.dumps({
+        "cniVersion": "1.0.0", "name": "testbed-primary", "plugins": [
+            {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False,
+             "hairpinMode": True,
+             "ipam": {"type": "host-local", "dataDir": str(Paths.cni_data / "networks"),
+                      "ranges": [[{"subnet": POD_SUBNET, "gateway": POD_GATEWAY}]]}},
+            {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False},
+        ]}, indent=2))
+    (Paths.etc / "containerd.toml").write_text(f"""\
+version = 3
+root = '{ROOT}/containerd'
+state = '{Paths.run}/containerd'
+
+[grpc]
+  address = '{Paths.containerd_sock}'
+
+[ttrpc]
+  address = '{Paths.containerd_sock}.ttrpc'
+
+[plugins]
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = 'overlayfs'
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = '{PAUSE_IMAGE}'
+
+  [plugins.'io.containerd.cri.v1.runtime']
+    # this machine withholds CAP_SYS_RESOURCE, so no process may lower its oom_score_adj
+    # (kubelet asks -998 for sandboxes); clamp to containerd's own score instead
+    restrict_oom_score_adj = true
+    netns_mounts_under_state_dir = true
+    enable_cdi = true
+    cdi_spec_dirs = ['{ROOT}/cdi']
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = 'runc'
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+        runtime_type = 'io.containerd.runc.v2'
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+          BinaryName = '{bins.runc / "runc"}'
+          SystemdCgroup = false
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = ['{bins.cni_plugins}']
+      conf_dir = '{Paths.cni_conf}'
+
+  [plugins.'io.containerd.grpc.v1.cri']
+    stream_server_address = '127.0.0.1'
+
+  [plugins.'io.containerd.nri.v1.nri']
+    disable = false
+    socket_path = '{Paths.nri_sock}'
+    plugin_path = '{ROOT}/nri/plugins'
+    plugin_config_path = '{ROOT}/nri/conf.d'
+    plugin_registration_timeout = '5s'
+    plugin_request_timeout = '2s'
+""")
+    pki = Paths.pki
+    (Paths.etc / "kubelet.yaml").write_text(json.dumps({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        "address": NODE_IP, "port": 10250, "healthzBindAddress": "127.0.0.1",
+        "readOnlyPort": 0,
+        "authentication": {"x509": {"clientCAFile": str(pki / "ca.crt")},
+                           "webhook": {"enabled": True}, "anonymous": {"enabled": False}},
+        "authorization": {"mode": "Webhook"},
+        "tlsCertFile": str(pki / "kubelet-serving.crt"),
+        "tlsPrivateKeyFile": str(pki / "kubelet-serving.key"),
+        "cgroupDriver": "cgroupfs",
+        # this machine has cgroup v1, which kubelet refuses from 1.35 on unless told otherwise
+        "failCgroupV1": False,
+        "failSwapOn": False,
+        "containerRuntimeEndpoint": f"unix://{Paths.containerd_sock}",
+        "podLogsDir": str(ROOT / "var" / "log" / "pods"),
+        "volumePluginDir": str(ROOT / "volume-plugins"),
+        "staticPodPath": "",
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
+                         "imagefs.available": "1%"},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "featureGates": GATES,
+        "serializeImagePulls": False,
+        "maxPods": 250,
+        "registerNode": True,
+        "resolvConf": "/etc/resolv.conf",
+        "syncFrequency": "10s",
+        "fileCheckFrequency": "10s",
+        "nodeStatusUpdateFrequency": "5s",
+    }, indent=2))
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def _pidfile(name: str) -> Path:
+    return Paths.pids / f"{name}.pid"
+
+
+def running(name: str) -> int | None:
+    try:
+        pid = int(_pidfile(name).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    stat = Path(f"/proc/{pid}/stat").read_text().split()
+    return None if stat[2] == "Z" else pid
+
+
+def start(name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> int:
+    pid = running(name)
+    if pid:
+        return pid
+    logfile = open(Paths.logs / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(list(argv), stdout=logfile, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+                            start_new_session=True, cwd=ROOT)
+    logfile.close()
+    _pidfile(name).write_text(str(proc.pid))
+    log(f"started {name} (pid {proc.pid}), log {Paths.logs / (name + '.log')}")
+    return proc.pid
+
+
+def stop(name: str, grace: float = 10.0) -> None:
+    pid = running(name)
+    if pid is None:
+        _pidfile(name).unlink(missing_ok=True)
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and running(name):
+        time.sleep(0.1)
+    if running(name):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+    _pidfile(name).unlink(missing_ok=True)
+    log(f"stopped {name} (pid {pid})")
+
+
+def wait_for(what: str, check: object, timeout: float, name: str | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    assert callable(check)
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if check():
+                return
+        if name and not running(name):
+            tail = (Paths.logs / f"{name}.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{name} exited while waiting for {what}; log tail:\n{tail}")
+        time.sleep(0.25)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def kubectl(bins: Bins, *args: str, check: bool = True, timeout: float = 60,
+            input_: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(bins.k8s / "kubectl"), "--kubeconfig", str(Paths.admin_kubeconfig),
+                           *args], check=check, text=True, capture_output=True, timeout=timeout,
+                          input=input_)
+
+
+def crictl(bins: Bins, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(bins.crictl / "crictl"), "--runtime-endpoint",
+                           f"unix://{Paths.containerd_sock}", "--image-endpoint",
+                           f"unix://{Paths.containerd_sock}", "--timeout", "20s", *args],
+                          check=check, text=True, capture_output=True, timeout=60)
+
+
+# ----------------------------------------------------------------------------- components
+
+
+def start_etcd(bins: Bins) -> None:
+    start("etcd", [str(bins.etcd / "etcd"), "--name", "testbed", "--data-dir", str(ROOT / "etcd"),
+                   "--listen-client-urls", f"http://{ETCD_CLIENT}",
+                   "--advertise-client-urls", f"http://{ETCD_CLIENT}",
+                   "--listen-peer-urls", f"http://{ETCD_PEER}",
+                   "--initial-advertise-peer-urls", f"http://{ETCD_PEER}",
+                   "--initial-cluster", f"testbed=http://{ETCD_PEER}",
+                   "--unsafe-no-fsync", "--quota-backend-bytes", str(4 << 30),
+                   "--log-level", "warn"])
+    wait_for("etcd", lambda: port_open(int(ETCD_CLIENT.split(":")[1])), 60, "etcd")
+
+
+def start_apiserver(bins: Bins) -> None:
+    pki = Paths.pki
+    start("kube-apiserver", [
+        str(bins.k8s / "kube-apiserver"),
+        f"--etcd-servers=http://{ETCD_CLIENT}",
+        "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+        f"--secure-port={APISERVER_PORT}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        "--authorization-mode=Node,RBAC",
+        "--allow-privileged=true",
+        f"--feature-gates={FEATURE_GATES}",
+        f"--runtime-config={RUNTIME_CONFIG}",
+        "--endpoint-reconciler-type=none",
+        "--profiling=false", "--v=1",
+    ])
+    wait_for("kube-apiserver /readyz", lambda: kubectl(bins, "get", "--raw", "/readyz",
+                                                       timeout=5).stdout.strip() == "ok",
+             120, "kube-apiserver")
+
+
+def start_controllers(bins: Bins) -> None:
+    pki = Paths.pki
+    start("kube-controller-manager", [
+        str(bins.k8s / "kube-controller-manager"),
+        f"--kubeconfig={Paths.etc / 'controller-manager.kubeconfig'}",
+        f"--authentication-kubeconfig={Paths.etc / 'controller-manager.kubeconfig'}",
+        f"--authorization-kubeconfig={Paths.etc / 'controller-manager.kubeconfig'}",
+        "--bind-address=127.0.0.1", "--leader-elect=false",
+        f"--service-account-private-key-file={pki / 'sa.key'}",
+        f"--root-ca-file={pki / 'ca.crt'}",
+        f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+        f"--cluster-signing-key-file={pki / 'ca.key'}",
+        "--use-service-account-credentials=true",
+        "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
+        f"--feature-gates={FEATURE_GATES}", "--v=1",
+    ])
+    start("kube-scheduler", [
+        str(bins.k8s / "kube-scheduler"),
+        f"--kubeconfig={Paths.etc / 'scheduler.kubeconfig'}",
+        f"--authentication-kubeconfig={Paths.etc / 'scheduler.kubeconfig'}",
+        f"--authorization-kubeconfig={Paths.etc / 'scheduler.kubeconfig'}",
+        "--bind-address=127.0.0.1", "--leader-elect=false",
+        f"--feature-gates={FEATURE_GATES}", "--v=1",
+    ])
+
+
+def start_containerd(bins: Bins) -> None:
+    path = f"{bins.containerd}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+    start("containerd", [str(bins.containerd / "containerd"), "--config",
+                         str(Paths.etc / "containerd.toml")], env={"PATH": path})
+    wait_for("containerd CRI", lambda: crictl(bins, "info").returncode == 0, 60, "containerd")
+    import_images(bins)
+
+
+def import_images(bins: Bins) -> None:
+    images = ROOT / "images"
+    images.mkdir(exist_ok=True)
+    have = crictl(bins, "images", "-q", check=False).stdout
+    listed = crictl(bins, "images", check=False).stdout
+    for ref, entrypoint in ((PAUSE_IMAGE, ["/bin/sh", "-c",
+                             "trap 'exit 0' TERM INT; while true; do sleep 3600 & wait $!; done"]),
+                            (TEST_IMAGE, ["/bin/sh"])):
+        repo, tag = ref.rsplit(":", 1)
+        if any(line.split()[:2] == [repo, tag] for line in listed.splitlines()):
+            continue
+        archive = images / (ref.replace("/", "_").replace(":", "_") + ".tar")
+        subprocess.run([sys.executable, str(HACK / "testbed" / "mkimage.py"), str(archive), ref,
+                        "--entrypoint", json.dumps(entrypoint)], check=True)
+        subprocess.run([str(bins.containerd / "ctr"), "--address", str(Paths.containerd_sock),
+                        "-n", "k8s.io", "images", "import", "--no-unpack=false", str(archive)],
+                       check=True, capture_output=True, timeout=120)
+        log(f"imported {ref}")
+    del have
+
+
+def make_bridge() -> None:
+    """The primary network's bridge, made before kubelet so the node IP exists; host-only."""
+    if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode != 0:
+        subprocess.run(["ip", "link", "add", BRIDGE, "type", "bridge"], check=True)
+    subprocess.run(["ip", "addr", "replace", f"{NODE_IP}/24", "dev", BRIDGE], check=True)
+    subprocess.run(["ip", "link", "set", BRIDGE, "up"], check=True)
+
+
+def start_kubelet(bins: Bins) -> None:
+    make_bridge()
+    start("kubelet", [
+        str(bins.k8s / "kubelet"),
+        f"--config={Paths.etc / 'kubelet.yaml'}",
+        f"--kubeconfig={Paths.etc / 'kubelet.kubeconfig'}",
+        f"--root-dir={Paths.kubelet_dir}",
+        f"--hostname-override={NODE}",
+        f"--node-ip={NODE_IP}",
+        "--v=2",
+    ], env={"PATH": f"{bins.containerd}:{os.environ.get('PATH', '')}"})
+    wait_for(f"node {NODE} Ready", lambda: _node_ready(bins), 180, "kubelet")
+
+
+def _node_ready(bins: Bins) -> bool:
+    out = kubectl(bins, "get", "node", NODE, "-o", "json", check=False, timeout=10)
+    if out.returncode != 0:
+        return False
+    conditions = json.loads(out.stdout)["status"].get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+              "containerd", "kubelet")
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def build() -> Bins:
+    subprocess.run([HACK / "testbed" / "build.sh"], check=True)
+    return Bins.locate()
+
+
+def up() -> None:
+    started = time.monotonic()
+    bins = build()
+    for port in (APISERVER_PORT, 23790):
+        if port_open(port) and not running("kube-apiserver"):
+            raise SystemExit(f"port {port} on 127.0.0.1 is in use by something else")
+    ROOT.mkdir(parents=True, exist_ok=True)
+    make_pki()
+    write_configs(bins)
+    start_etcd(bins)
+    start_apiserver(bins)
+    start_controllers(bins)
+    start_containerd(bins)
+    start_kubelet(bins)
+    wait_for("the default ServiceAccount (controller-manager working)",
+             lambda: kubectl(bins, "get", "serviceaccount", "default", "-n", "default",
+                             check=False, timeout=10).returncode == 0, 120,
+             "kube-controller-manager")
+    log(f"up in {time.monotonic() - started:.0f}s; KUBECONFIG={Paths.admin_kubeconfig}")
+
+
+def _our_shims() -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if argv and argv[0].endswith(b"containerd-shim-runc-v2") and \
+                    str(Paths.containerd_sock).encode() in b" ".join(argv):
+                pids.append(int(proc.name))
+    return pids
+
+
+def _mounts_under_root() -> list[str]:
+    out = Path("/proc/self/mountinfo").read_text().splitlines()
+    targets = [line.split()[4] for line in out]
+    root = str(ROOT)
+    return sorted({t for t in targets if t == root or t.startswith(root + "/")}, key=len, reverse=True)
+
+
+def down() -> None:
+    bins = Bins.locate()
+    if running("containerd") and Paths.containerd_sock.exists():
+        crictl(bins, "rmp", "--all", "--force", check=False)
+    for name in reversed(COMPONENTS):
+        stop(name)
+    for pid in _our_shims():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    time.sleep(0.3)
+    for target in _mounts_under_root():
+        subprocess.run(["umount", "-l", target], check=False, capture_output=True)
+    subprocess.run(["ip", "link", "del", BRIDGE], check=False, capture_output=True)
+    netns_dir = Paths.run / "containerd" / "netns"
+    log("down: processes stopped, mounts removed, bridge deleted")
+    # state that must not survive: runtime state, pod data, CNI allocations; PKI and images stay
+    for d in (Paths.run, ROOT / "var", ROOT / "etcd", Paths.cni_data):
+        shutil.rmtree(d, ignore_errors=True)
+    del netns_dir
+
+
+def status() -> int:
+    bad = 0
+    for name in COMPONENTS:
+        pid = running(name)
+        print(f"{name:26} {'running pid ' + str(pid) if pid else 'stopped'}")
+        bad += pid is None
+    return 1 if bad else 0
+
+
+def env_lines() -> list[str]:
+    bins = Bins.locate()
+    path = f"{bins.k8s}:{bins.crictl}:{bins.cnitool.parent}:{bins.containerd}:$PATH"
+    return [
+        f"export KUBECONFIG={Paths.admin_kubeconfig}",
+        f"export PATH={path}",
+        f"export CONTAINER_RUNTIME_ENDPOINT=unix://{Paths.containerd_sock}",
+        f"export IMAGE_SERVICE_ENDPOINT=unix://{Paths.containerd_sock}",
+        f"export CNIDRA_KUBECONFIG={Paths.admin_kubeconfig}",
+        f"export CNIDRA_NODE_NAME={NODE}",
+        f"export CNIDRA_PLUGINS_REGISTRY_DIR={Paths.plugins_registry}",
+        f"export CNIDRA_PLUGINS_DIR={Paths.plugins}",
+        f"export CNIDRA_NRI_SOCKET={Paths.nri_sock}",
+        f"export CNIDRA_CNI_PATH={bins.cni_plugins}",
+        f"export CNIDRA_CNI_CACHE_DIR={ROOT / 'var' / 'lib' / 'cni-cnidra'}",
+        f"export CNIDRA_STATE_DIR={ROOT / 'var' / 'lib' / 'cnidra'}",
+        f"export TESTBED_IMAGE={TEST_IMAGE}",
+        f"export TESTBED_ROOT={ROOT}",
+    ]
+
+
+@contextlib.contextmanager
+def session() -> Iterator[Bins]:
+    """For pytest: bring the test bed up (reusing a running one), always bring it down after."""
+    was_running = all(running(n) for n in COMPONENTS)
+    if not was_running:
+        up()
+    try:
+        yield Bins.locate()
+    finally:
+        if not was_running and os.environ.get("CNIDRA_TESTBED_KEEP") != "1":
+            down()
+
+
+def main(argv: Sequence[str]) -> int:
+    command = argv[1] if len(argv) > 1 else "status"
+    if command == "up":
+        up()
+    elif command == "down":
+        down()
+    elif command == "status":
+        return status()
+    elif command == "env":
+        print("\n".join(env_lines()))
+    elif command == "build":
+        build()
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))
