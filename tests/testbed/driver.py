@@ -1,0 +1,134 @@
+"""Running `cnidra driver` as a real process against the test bed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from cnidra._proto.dra.v1 import api_pb2 as dra
+from cnidra._proto.dra.v1 import api_pb2_grpc as dra_grpc
+from tests.testbed.conftest import ROOT, Cluster
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class DriverProcess:
+    def __init__(self, cluster: Cluster, state_dir: Path, **settings: str) -> None:
+        self.cluster = cluster
+        self.state_dir = state_dir
+        self.port = free_port()
+        self.log = state_dir / "driver.log"
+        self.env = {
+            **os.environ,
+            **cluster.env,
+            "CNIDRA_STATE_DIR": str(state_dir / "state"),
+            "CNIDRA_HTTP_ADDRESS": f"127.0.0.1:{self.port}",
+            "CNIDRA_RESYNC_SECONDS": "30",
+            **{f"CNIDRA_{k.upper()}": v for k, v in settings.items()},
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def dra_socket(self) -> str:
+        return f"{self.cluster.env['CNIDRA_PLUGINS_DIR']}/cni.dra.networking.x-k8s.io/dra.sock"
+
+    def start(self, wait_registered: bool = True) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "cnidra", "driver"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+        if wait_registered:
+            self.cluster.wait(
+                "kubelet to register the driver",
+                lambda: self.health().get("registeredWithKubelet"),
+                60,
+            )
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def health(self) -> dict[str, Any]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
+                data: dict[str, Any] = json.loads(r.read())
+                return data
+        except urllib.error.HTTPError as exc:
+            data = json.loads(exc.read())
+            return data
+        except OSError:
+            return {}
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as r:
+            return str(r.read().decode())
+
+    def checkpoint(self) -> list[dict[str, Any]]:
+        claims = self.state_dir / "state" / "claims"
+        return (
+            [json.loads(p.read_text()) for p in sorted(claims.glob("*.json"))]
+            if claims.exists()
+            else []
+        )
+
+    def prepare(self, *claims: tuple[str, str, str]) -> dra.NodePrepareResourcesResponse:
+        with grpc.insecure_channel(f"unix://{self.dra_socket}") as channel:
+            stub = dra_grpc.DRAPluginStub(channel)
+            request = dra.NodePrepareResourcesRequest(
+                claims=[dra.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]
+            )
+            response: dra.NodePrepareResourcesResponse = stub.NodePrepareResources(
+                request, timeout=30
+            )
+            return response
+
+    def unprepare(self, *claims: tuple[str, str, str]) -> dra.NodeUnprepareResourcesResponse:
+        with grpc.insecure_channel(f"unix://{self.dra_socket}") as channel:
+            stub = dra_grpc.DRAPluginStub(channel)
+            request = dra.NodeUnprepareResourcesRequest(
+                claims=[dra.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]
+            )
+            response: dra.NodeUnprepareResourcesResponse = stub.NodeUnprepareResources(
+                request, timeout=30
+            )
+            return response
+
+    def rss_kib(self) -> int:
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise RuntimeError("no VmRSS")
+
+
+def wait_for_log(path: Path, text: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not in {path}")

@@ -1,0 +1,307 @@
+"""The DRA side of `cnidra driver` against real kubelet, scheduler and apiserver."""
+
+from __future__ import annotations
+
+import json
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.testbed.conftest import ROOT, Cluster, env_image, pod
+from tests.testbed.driver import DriverProcess
+
+pytestmark = pytest.mark.testbed
+DRIVER = "cni.dra.networking.x-k8s.io"
+KUBELET_LOG = Path("/var/lib/cnidra-testbed/logs/kubelet.log")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def device_classes(cluster: Cluster) -> None:
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
+
+
+@pytest.fixture
+def start_driver(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[..., DriverProcess]]:
+    started: list[DriverProcess] = []
+
+    def start(**settings: str) -> DriverProcess:
+        driver = DriverProcess(cluster, tmp_path, **settings)
+        driver.start()
+        started.append(driver)
+        return driver
+
+    yield start
+    for driver in started:
+        driver.stop()
+
+
+def network_claim(
+    parent: str,
+    *,
+    if_name: str = "net1",
+    subnet: str = "198.18.200.0/24",
+    bad: dict[str, Any] | None = None,
+    sub_interfaces: int | None = None,
+    plugin: str = "macvlan",
+) -> dict[str, Any]:
+    selector = (
+        f'device.attributes["{DRIVER}"].ifName == "{parent}" && '
+        f'device.attributes["{DRIVER}"].cniMacvlan'
+    )
+    exactly: dict[str, Any] = {
+        "deviceClassName": DRIVER.replace("cni.dra.", "cni."),
+        "selectors": [{"cel": {"expression": selector}}],
+    }
+    if sub_interfaces is not None:
+        exactly["capacity"] = {"requests": {"subInterfaces": str(sub_interfaces)}}
+    exactly["deviceClassName"] = "cni.networking.x-k8s.io"
+    plugin_conf = {
+        "type": plugin,
+        "master": parent,
+        **(bad or {}),
+        "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]]},
+    }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "net"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "data", "exactly": exactly}],
+                    "config": [
+                        {
+                            "requests": ["data"],
+                            "opaque": {
+                                "driver": DRIVER,
+                                "parameters": {
+                                    "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+                                    "kind": "CNIConfig",
+                                    "ifName": if_name,
+                                    "config": {
+                                        "cniVersion": "1.0.0",
+                                        "name": "data",
+                                        "plugins": [plugin_conf],
+                                    },
+                                },
+                            },
+                        }
+                    ],
+                }
+            }
+        },
+    }
+
+
+def claim_pod(name: str) -> dict[str, Any]:
+    spec = pod(
+        name, env_image(), resourceClaims=[{"name": "net", "resourceClaimTemplateName": "net"}]
+    )
+    spec["spec"]["containers"][0]["resources"] = {"claims": [{"name": "net"}]}
+    return spec
+
+
+def apply_ns(cluster: Cluster, namespace: str, *docs: dict[str, Any]) -> None:
+    cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", input_="\n---\n".join(json.dumps(d) for d in docs)
+    )
+
+
+def our_slice_devices(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    slices = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json").stdout)["items"]
+    return {
+        d["name"]: d for s in slices if s["spec"]["driver"] == DRIVER for d in s["spec"]["devices"]
+    }
+
+
+def test_kubelet_registers_the_plugin_and_again_after_a_restart(
+    cluster: Cluster, start_driver: Callable[..., DriverProcess]
+) -> None:
+    mark = KUBELET_LOG.stat().st_size
+    driver = start_driver()
+    health = driver.health()
+    assert health["ok"] and health["registeredWithKubelet"] and health["claimCacheSynced"]
+    log = KUBELET_LOG.read_text(errors="replace")[mark:]
+    assert f'driverName="{DRIVER}"' in log and "connected=true" in log
+    driver.stop()
+    mark = KUBELET_LOG.stat().st_size
+    driver.start()
+    log = KUBELET_LOG.read_text(errors="replace")[mark:]
+    assert "RegisterPlugin started" in log and DRIVER in log
+    metrics = driver.metrics()
+    assert (
+        "cnidra_published_devices" in metrics and "cnidra_last_publish_timestamp_seconds" in metrics
+    )
+
+
+def test_slice_carries_test_made_links_and_follows_changes(
+    cluster: Cluster, start_driver: Callable[..., DriverProcess], test_link: Callable[[str], str]
+) -> None:
+    first = test_link(f"tb{uuid.uuid4().hex[:6]}")
+    start_driver()
+    devices = cluster.wait(
+        "the slice to carry the link", lambda: our_slice_devices(cluster).get(first)
+    )
+    attrs = devices["attributes"]
+    assert attrs["ifName"] == {"string": first}
+    assert attrs["type"] == {"string": "bridge"}
+    assert attrs["cniMacvlan"] == {"bool": True} and attrs["cniHostLocal"] == {"bool": True}
+    assert "mac" in attrs and "mtu" in attrs
+    assert devices["allowMultipleAllocations"] is True
+    assert devices["capacity"]["subInterfaces"]["value"] == "64"
+    assert "eth0" in our_slice_devices(cluster)  # physical NIC published, never modified
+    second = test_link(f"tb{uuid.uuid4().hex[:6]}")
+    cluster.wait("the new link", lambda: second in our_slice_devices(cluster), 15)
+    import subprocess
+
+    subprocess.run(["ip", "link", "del", second], check=True)
+    cluster.wait("the removed link to go", lambda: second not in our_slice_devices(cluster), 15)
+    assert not any(name.startswith("veth") for name in our_slice_devices(cluster))
+
+
+def test_pod_is_scheduled_where_its_parent_exists_and_prepare_is_checkpointed(
+    cluster: Cluster,
+    namespace: str,
+    start_driver: Callable[..., DriverProcess],
+    test_link: Callable[[str], str],
+) -> None:
+    parent = test_link(f"tb{uuid.uuid4().hex[:6]}")
+    driver = start_driver()
+    cluster.wait("slice", lambda: parent in our_slice_devices(cluster))
+    apply_ns(cluster, namespace, network_claim(parent), claim_pod("p1"))
+    cluster.kubectl("wait", "-n", namespace, "--for=condition=Ready", "pod/p1", "--timeout=90s")
+    uid = cluster.get("pod", "p1", namespace)["metadata"]["uid"]
+    [entry] = [c for c in driver.checkpoint() if c["namespace"] == namespace]
+    assert entry["pod_uids"] == [uid]
+    [device] = entry["devices"]
+    assert (device["device"], device["pool"], device["if_name"]) == (parent, "testbed-node", "net1")
+    assert device["network"]["plugins"][0]["master"] == parent
+    assert device["share_id"]
+
+    lacking = network_claim("no-such-nic")
+    lacking["metadata"]["name"] = "net"
+    other = f"{namespace}-b"
+    cluster.kubectl("create", "namespace", other)
+    try:
+        apply_ns(cluster, other, lacking, claim_pod("p2"))
+
+        def unschedulable() -> list[str]:
+            return [
+                e["message"]
+                for e in cluster.events("p2", other)
+                if e["reason"] == "FailedScheduling"
+            ]
+
+        messages = cluster.wait("the scheduler to refuse the pod", unschedulable, 60)
+        assert any("cannot allocate all claims" in m for m in messages), messages
+        assert cluster.get("pod", "p2", other)["status"]["phase"] == "Pending"
+    finally:
+        cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)
+
+
+def test_consumable_capacity_refuses_the_pod_beyond_the_parents_limit(
+    cluster: Cluster,
+    namespace: str,
+    start_driver: Callable[..., DriverProcess],
+    test_link: Callable[[str], str],
+) -> None:
+    parent = test_link(f"tb{uuid.uuid4().hex[:6]}")
+    start_driver(sub_interfaces="2")
+    cluster.wait(
+        "slice",
+        lambda: (
+            our_slice_devices(cluster)
+            .get(parent, {})
+            .get("capacity", {})
+            .get("subInterfaces", {})
+            .get("value")
+            == "2"
+        ),
+    )
+    apply_ns(
+        cluster,
+        namespace,
+        network_claim(parent, sub_interfaces=1),
+        *(claim_pod(f"p{i}") for i in range(3)),
+    )
+
+    def outcome() -> dict[str, str] | None:
+        phases = {
+            f"p{i}": cluster.get("pod", f"p{i}", namespace)["status"].get("phase", "")
+            for i in range(3)
+        }
+        return phases if sorted(phases.values()) == ["Pending", "Running", "Running"] else None
+
+    phases = cluster.wait("two pods running, one pending", outcome, 90)
+    pending = next(p for p, phase in phases.items() if phase == "Pending")
+    messages = [
+        e["message"]
+        for e in cluster.events(pending, namespace)
+        if e["reason"] == "FailedScheduling"
+    ]
+    assert any("cannot allocate all claims" in m for m in messages), messages
+
+
+def test_prepare_from_the_cache_with_the_apiserver_stopped(
+    cluster: Cluster,
+    namespace: str,
+    start_driver: Callable[..., DriverProcess],
+    test_link: Callable[[str], str],
+) -> None:
+    import testbed as tb
+
+    parent = test_link(f"tb{uuid.uuid4().hex[:6]}")
+    driver = start_driver()
+    cluster.wait("slice", lambda: parent in our_slice_devices(cluster))
+    apply_ns(cluster, namespace, network_claim(parent), claim_pod("p1"))
+    cluster.kubectl("wait", "-n", namespace, "--for=condition=Ready", "pod/p1", "--timeout=90s")
+    claim = json.loads(
+        cluster.kubectl("get", "resourceclaims", "-n", namespace, "-o", "json").stdout
+    )["items"][0]
+    ref = (namespace, claim["metadata"]["name"], claim["metadata"]["uid"])
+    driver.unprepare(ref)  # forget it, so the next prepare must resolve it again
+    assert not [c for c in driver.checkpoint() if c["namespace"] == namespace]
+    tb.stop("kube-apiserver")
+    try:
+        response = driver.prepare(ref, (namespace, "never-cached", "0000"))
+        ok = response.claims[ref[2]]
+        assert not ok.error, ok.error
+        assert [(d.pool_name, d.device_name) for d in ok.devices] == [("testbed-node", parent)]
+        missing = response.claims["0000"]
+        assert "apiserver" in missing.error and "never-cached" in missing.error
+    finally:
+        tb.start_apiserver(cluster.bins)
+
+
+def test_bad_opaque_config_fails_prepare_with_the_validators_message(
+    cluster: Cluster,
+    namespace: str,
+    start_driver: Callable[..., DriverProcess],
+    test_link: Callable[[str], str],
+) -> None:
+    parent = test_link(f"tb{uuid.uuid4().hex[:6]}")
+    driver = start_driver()
+    cluster.wait("slice", lambda: parent in our_slice_devices(cluster))
+    apply_ns(
+        cluster,
+        namespace,
+        network_claim(parent, bad={"mode": "bridged", "mtu": 20}),
+        claim_pod("p1"),
+    )
+
+    def prepare_failed() -> list[str]:
+        return [
+            e["message"]
+            for e in cluster.events("p1", namespace)
+            if e["reason"] == "FailedPrepareDynamicResources"
+        ]
+
+    messages = cluster.wait("kubelet to report the failed prepare", prepare_failed, 60)
+    text = " ".join(messages)
+    assert "config.plugins[0].mode" in text and "'bridged' is not allowed" in text
+    assert "config.plugins[0].mtu" in text
+    assert not [c for c in driver.checkpoint() if c["namespace"] == namespace]
