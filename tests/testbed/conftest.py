@@ -64,7 +64,7 @@ class Cluster:
                 last = check()
                 if last:
                     return last
-            except Exception as exc:  # noqa: BLE001 - keep waiting, report the last error
+            except Exception as exc:
                 last = exc
             time.sleep(0.3)
         raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
