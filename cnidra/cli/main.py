@@ -209,6 +209,19 @@ def driver(
     resync_seconds: Annotated[
         float, typer.Option("--resync-seconds", envvar="CNIDRA_RESYNC_SECONDS")
     ] = 60.0,
+    nri_socket: Annotated[
+        str, typer.Option("--nri-socket", envvar="CNIDRA_NRI_SOCKET")
+    ] = "/var/run/nri/nri.sock",
+    nri_plugin_name: Annotated[
+        str, typer.Option("--nri-plugin-name", envvar="CNIDRA_NRI_PLUGIN_NAME")
+    ] = "cnidra",
+    nri_plugin_index: Annotated[
+        str, typer.Option("--nri-plugin-index", envvar="CNIDRA_NRI_PLUGIN_INDEX")
+    ] = "50",
+    cni_timeout: Annotated[
+        float,
+        typer.Option("--cni-timeout", envvar="CNIDRA_CNI_TIMEOUT", help="seconds per plugin call"),
+    ] = 10.0,
     log_level: Annotated[str, typer.Option("--log-level", envvar="CNIDRA_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the node agent: kubelet DRA plugin, ResourceSlice publisher, health and metrics."""
@@ -221,6 +234,7 @@ def driver(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per request otherwise
     settings = DriverSettings(
         node_name=node_name,
         kubeconfig=kubeconfig,
@@ -234,6 +248,10 @@ def driver(
         include_interfaces=include_interfaces,
         exclude_interfaces=exclude_interfaces or LinkFilter.exclude,
         resync_seconds=resync_seconds,
+        nri_socket=nri_socket,
+        nri_plugin_name=nri_plugin_name,
+        nri_plugin_index=nri_plugin_index,
+        cni_timeout=cni_timeout,
     )
     asyncio.run(run(settings))
 

@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cnidra._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from cnidra.api.constants import DRIVER_NAME
+from cnidra.cni.runtime import CNIRuntime
 from cnidra.dra.checkpoint import Checkpoint
 from cnidra.dra.health import serve_http
 from cnidra.dra.plugin import DRAService, RegistrationService
@@ -28,6 +29,10 @@ from cnidra.inventory.publisher import SlicePublisher
 from cnidra.inventory.slices import SliceSettings
 from cnidra.kube.claims import ClaimCache
 from cnidra.kube.client import make_client
+from cnidra.nri.lifecycle import PodNetworks
+from cnidra.nri.plugin import NRIPlugin
+from cnidra.nri.sandboxes import SandboxStore
+from cnidra.status.writer import StatusWriter
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,10 @@ class DriverSettings:
     exclude_interfaces: str = LinkFilter.exclude
     resync_seconds: float = 60.0
     api_timeout: float = 10.0
+    nri_socket: str = "/var/run/nri/nri.sock"
+    nri_plugin_name: str = "cnidra"
+    nri_plugin_index: str = "50"
+    cni_timeout: float = 10.0
 
     @property
     def registration_socket(self) -> Path:
@@ -64,7 +73,16 @@ class Driver:
         self.checkpoint = Checkpoint(settings.state_dir)
         self.claims = ClaimCache(self.client, settings.node_name)
         self.preparer = Preparer(settings.node_name, self.claims, self.checkpoint)
-        self.dra = DRAService(self.preparer)
+        self.runtime = CNIRuntime(
+            settings.cni_path, str(settings.cni_cache_dir), settings.cni_timeout
+        )
+        self.status = StatusWriter(self.client)
+        self.sandboxes = SandboxStore(settings.state_dir)
+        self.pods = PodNetworks(self.checkpoint, self.runtime, self.sandboxes, self.status)
+        self.nri = NRIPlugin(
+            self.pods, settings.nri_socket, settings.nri_plugin_name, settings.nri_plugin_index
+        )
+        self.dra = DRAService(self.preparer, after_unprepare=self.pods.unprepare_claim)
         self.registration = RegistrationService(str(settings.dra_socket))
         self.publisher = SlicePublisher(
             self.client,
@@ -87,8 +105,14 @@ class Driver:
             "preparedClaims": len(self.checkpoint),
             "lastSlicePublish": self.publisher.last_publish,
             "poolGeneration": self.publisher.generation,
+            "nriConnected": self.nri.connected.is_set(),
+            "nriRuntime": self.nri.runtime,
+            "nriError": self.nri.last_error,
+            "sandboxes": len(self.sandboxes),
+            "statusPending": self.status.pending(),
         }
-        return bool(self._servers) and self.registration.error is None, details
+        healthy = bool(self._servers) and self.registration.error is None
+        return healthy and self.nri.connected.is_set(), details
 
     async def start(self) -> None:
         s = self.settings
@@ -107,7 +131,10 @@ class Driver:
         self._servers = [dra_server, reg_server]
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         http = await serve_http(s.http_address, self.healthz)
+        self.pods.restore_status()
         self._tasks = [
+            asyncio.create_task(self.status.run(), name="status-writer"),
+            asyncio.create_task(self.nri.run(), name="nri"),
             asyncio.create_task(self.claims.run(), name="claim-cache"),
             asyncio.create_task(self.publisher.run(), name="slice-publisher"),
             asyncio.create_task(http.serve_forever(), name="http"),

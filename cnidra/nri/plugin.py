@@ -1,0 +1,201 @@
+"""An NRI plugin session with containerd: connect, register, serve the pod lifecycle hooks,
+and reconnect with backoff when the runtime goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from cnidra._proto.nri.v1alpha1 import api_pb2 as nri
+from cnidra.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux
+from cnidra.nri.ttrpc import UNKNOWN, Client, Handler, Server, TTRPCError
+
+log = logging.getLogger(__name__)
+
+PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
+RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
+DEFAULT_SOCKET = "/var/run/nri/nri.sock"
+SUBSCRIBED = (nri.RUN_POD_SANDBOX, nri.STOP_POD_SANDBOX, nri.REMOVE_POD_SANDBOX)
+
+
+def event_mask(events: tuple[int, ...]) -> int:
+    mask = 0
+    for event in events:
+        mask |= 1 << (event - 1)
+    return mask
+
+
+class PodHooks(Protocol):
+    async def run_pod_sandbox(self, pod: nri.PodSandbox) -> None: ...
+    async def stop_pod_sandbox(self, pod: nri.PodSandbox) -> None: ...
+    async def remove_pod_sandbox(self, pod: nri.PodSandbox) -> None: ...
+    async def synchronize(self, pods: list[nri.PodSandbox]) -> None: ...
+
+
+class NRIPlugin:
+    def __init__(
+        self,
+        hooks: PodHooks,
+        socket_path: str = DEFAULT_SOCKET,
+        name: str = "cnidra",
+        index: str = "50",
+        register_timeout: float = 5.0,
+    ) -> None:
+        self.hooks = hooks
+        self.socket_path = socket_path
+        self.name = name
+        self.index = index
+        self.register_timeout = register_timeout
+        self.connected = asyncio.Event()
+        self.runtime: str | None = None
+        self.request_timeout: float = 2.0
+        self.sessions = 0
+        self._sync_pods: list[nri.PodSandbox] = []
+        self._background: set[asyncio.Task[None]] = set()
+        self.last_error: str | None = None
+
+    async def run(self) -> None:
+        """Stay connected forever; while disconnected the driver keeps serving kubelet."""
+        backoff = 0.5
+        while True:
+            try:
+                await self._session()
+                backoff = 0.5
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning(
+                    "NRI connection to %s failed: %s; retrying in %.1fs",
+                    self.socket_path,
+                    self.last_error,
+                    backoff,
+                )
+            finally:
+                self.connected.clear()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+    async def _session(self) -> None:
+        try:
+            reader, writer = await asyncio.open_unix_connection(self.socket_path)
+        except FileNotFoundError:
+            raise ConnectionError(
+                f"no NRI socket at {self.socket_path} (is NRI enabled?)"
+            ) from None
+        mux = Mux(reader, writer)
+        plugin_conn = mux.open(PLUGIN_SERVICE_CONN)
+        runtime_conn = mux.open(RUNTIME_SERVICE_CONN)
+        mux.start()
+        server = Server(
+            plugin_conn,
+            lambda data: mux.write(PLUGIN_SERVICE_CONN, data),
+            {PLUGIN_SERVICE: self._handlers()},
+        )
+        serving = asyncio.create_task(server.serve(), name="nri-plugin-service")
+        client = Client(runtime_conn, lambda data: mux.write(RUNTIME_SERVICE_CONN, data))
+        client.start()
+        try:
+            request = nri.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.index)
+            await client.call(
+                RUNTIME_SERVICE,
+                "RegisterPlugin",
+                request.SerializeToString(),
+                deadline=self.register_timeout,
+            )
+            self.sessions += 1
+            self.last_error = None
+            self.connected.set()
+            log.info("registered with the runtime over NRI as %s-%s", self.index, self.name)
+            await mux.closed.wait()
+            log.warning("the runtime closed the NRI connection")
+        finally:
+            self.connected.clear()
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
+            await client.close()
+            await mux.close()
+
+    def _handlers(self) -> dict[str, Handler]:
+        def unary(
+            parse: Callable[[bytes], object], fn: Callable[[object], Awaitable[bytes]]
+        ) -> Handler:
+            async def handle(payload: bytes) -> bytes:
+                return await fn(parse(payload))
+
+            return handle
+
+        return {
+            "Configure": unary(nri.ConfigureRequest.FromString, self._configure),  # type: ignore[arg-type]
+            "Synchronize": unary(nri.SynchronizeRequest.FromString, self._synchronize),  # type: ignore[arg-type]
+            "Shutdown": unary(nri.Empty.FromString, self._shutdown),
+            "RunPodSandbox": unary(nri.RunPodSandboxRequest.FromString, self._run),  # type: ignore[arg-type]
+            "StopPodSandbox": unary(nri.StopPodSandboxRequest.FromString, self._stop),  # type: ignore[arg-type]
+            "RemovePodSandbox": unary(nri.RemovePodSandboxRequest.FromString, self._remove),  # type: ignore[arg-type]
+        }
+
+    async def _configure(self, req: nri.ConfigureRequest) -> bytes:
+        self.runtime = f"{req.runtime_name} {req.runtime_version}".strip()
+        if req.request_timeout:
+            self.request_timeout = req.request_timeout / 1000
+        log.info(
+            "configured by %s (NRI %s), request timeout %.1fs",
+            self.runtime,
+            req.NRI_version or "?",
+            self.request_timeout,
+        )
+        return nri.ConfigureResponse(events=event_mask(SUBSCRIBED)).SerializeToString()
+
+    async def _synchronize(self, req: nri.SynchronizeRequest) -> bytes:
+        self._sync_pods.extend(req.pods)
+        if req.more:
+            return nri.SynchronizeResponse(more=True).SerializeToString()
+        pods, self._sync_pods = self._sync_pods, []
+        # reconciling may DEL and GC: it runs after the answer, never against the runtime's timeout
+        task = asyncio.create_task(self._reconcile(pods), name="nri-synchronize")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return nri.SynchronizeResponse(more=False).SerializeToString()
+
+    async def _reconcile(self, pods: list[nri.PodSandbox]) -> None:
+        try:
+            await self.hooks.synchronize(pods)
+        except Exception:
+            log.exception("reconciling with the runtime's %d pod(s) failed", len(pods))
+
+    async def _shutdown(self, _: object) -> bytes:
+        log.info("the runtime is shutting down")
+        return nri.Empty().SerializeToString()
+
+    async def _run(self, req: nri.RunPodSandboxRequest) -> bytes:
+        await self._hook(self.hooks.run_pod_sandbox, req.pod)
+        return nri.RunPodSandboxResponse().SerializeToString()
+
+    async def _stop(self, req: nri.StopPodSandboxRequest) -> bytes:
+        await self._hook(self.hooks.stop_pod_sandbox, req.pod)
+        return nri.StopPodSandboxResponse().SerializeToString()
+
+    async def _remove(self, req: nri.RemovePodSandboxRequest) -> bytes:
+        await self._hook(self.hooks.remove_pod_sandbox, req.pod)
+        return nri.RemovePodSandboxResponse().SerializeToString()
+
+    async def _hook(
+        self, fn: Callable[[nri.PodSandbox], Awaitable[None]], pod: nri.PodSandbox
+    ) -> None:
+        try:
+            await fn(pod)
+        except TTRPCError:
+            raise
+        except Exception as exc:
+            raise TTRPCError(UNKNOWN, str(exc)) from exc
+
+
+def netns_of(pod: nri.PodSandbox) -> str:
+    for ns in pod.linux.namespaces:
+        if ns.type == "network":
+            return ns.path
+    return ""

@@ -1,0 +1,121 @@
+"""What cnidra did to each pod sandbox, on disk. Written before an ADD starts (state `adding`)
+and before a DEL starts (`deleting`), so a crash at any point leaves a record that says what to
+undo; one atomic file per sandbox under <state>/sandboxes/."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from cnidra.cni.attach import Attachment
+from cnidra.util.files import write_atomically
+
+log = logging.getLogger(__name__)
+
+
+class State(StrEnum):
+    ADDING = "adding"
+    ADDED = "added"
+    DELETING = "deleting"
+
+
+@dataclass(frozen=True)
+class AttachmentRecord:
+    claim_uid: str
+    claim_namespace: str
+    claim_name: str
+    request: str
+    pool: str
+    device: str
+    if_name: str
+    network: Mapping[str, Any]
+    capability_args: Mapping[str, Any] = field(default_factory=dict)
+    cni_args: tuple[tuple[str, str], ...] = ()
+    share_id: str | None = None
+    result: Mapping[str, Any] | None = None
+
+    def attachment(self) -> Attachment:
+        return Attachment(
+            f"{self.claim_namespace}/{self.claim_name}",
+            self.request,
+            self.if_name,
+            self.network,
+            self.pool,
+            self.device,
+            self.capability_args,
+            self.cni_args,
+            self.share_id,
+        )
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AttachmentRecord:
+        return cls(**{**data, "cni_args": tuple(tuple(p) for p in data.get("cni_args") or [])})
+
+
+@dataclass(frozen=True)
+class SandboxRecord:
+    sandbox_id: str
+    pod_uid: str
+    pod_namespace: str
+    pod_name: str
+    netns: str
+    state: State
+    attachments: tuple[AttachmentRecord, ...]
+
+    def with_state(self, state: State, **changes: Any) -> SandboxRecord:
+        return replace(self, state=state, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SandboxRecord:
+        return cls(
+            data["sandbox_id"],
+            data["pod_uid"],
+            data["pod_namespace"],
+            data["pod_name"],
+            data["netns"],
+            State(data["state"]),
+            tuple(AttachmentRecord.from_json(a) for a in data["attachments"]),
+        )
+
+
+class SandboxStore:
+    def __init__(self, state_dir: str | Path) -> None:
+        self.dir = Path(state_dir) / "sandboxes"
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._records: dict[str, SandboxRecord] = {}
+        for path in sorted(self.dir.glob("*.json")):
+            try:
+                record = SandboxRecord.from_json(json.loads(path.read_bytes()))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.error("sandbox record %s is unreadable, moved aside: %s", path, exc)
+                path.rename(path.with_suffix(".corrupt"))
+                continue
+            self._records[record.sandbox_id] = record
+
+    def get(self, sandbox_id: str) -> SandboxRecord | None:
+        return self._records.get(sandbox_id)
+
+    def put(self, record: SandboxRecord) -> None:
+        write_atomically(
+            self.dir / f"{record.sandbox_id}.json",
+            json.dumps(record.to_json(), separators=(",", ":")).encode(),
+        )
+        self._records[record.sandbox_id] = record
+
+    def remove(self, sandbox_id: str) -> None:
+        (self.dir / f"{sandbox_id}.json").unlink(missing_ok=True)
+        self._records.pop(sandbox_id, None)
+
+    def all(self) -> Iterable[SandboxRecord]:
+        return list(self._records.values())
+
+    def __len__(self) -> int:
+        return len(self._records)

@@ -1,0 +1,199 @@
+"""Writes what the pods' attachments did into the apiserver, off the NRI hook's path.
+
+Producers only record the desired state (never block, never fail); one worker applies it with
+server-side apply and retries with backoff, so a down apiserver delays status, never a pod:
+- ResourceClaim `status.devices` entries of ours (field manager `cnidra`),
+- a finalizer on claims whose interfaces could not be removed yet,
+- Events on pods for failed attaches and detaches."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lightkube import AsyncClient
+from lightkube.core.exceptions import ApiError
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimStatus
+from lightkube.types import PatchType
+
+from cnidra.api.constants import DRIVER_NAME
+
+log = logging.getLogger(__name__)
+
+STATUS_MANAGER = "cnidra"
+FINALIZER_MANAGER = "cnidra-detach"
+FINALIZER = f"{DRIVER_NAME}/interfaces"
+
+
+@dataclass(frozen=True)
+class ClaimKey:
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+
+
+def entry_key(entry: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    return (entry["driver"], entry["pool"], entry["device"], entry.get("shareID") or "")
+
+
+class StatusWriter:
+    def __init__(self, client: AsyncClient | None, component: str = "cnidra") -> None:
+        self.client = client
+        self.component = component
+        self._devices: dict[ClaimKey, dict[tuple[str, str, str, str], dict[str, Any]]] = {}
+        self._finalizer: dict[ClaimKey, bool] = {}
+        self._events: list[tuple[PodRef, str, str]] = []
+        self._dirty: dict[ClaimKey, float] = {}
+        self._wake = asyncio.Event()
+        self.writes = 0
+        self.failures = 0
+
+    # -- producers: cheap, synchronous, never touch the network
+
+    def put(self, claim: ClaimKey, entry: dict[str, Any]) -> None:
+        self._devices.setdefault(claim, {})[entry_key(entry)] = entry
+        self._mark(claim)
+
+    def drop(self, claim: ClaimKey, keys: list[tuple[str, str, str, str]]) -> None:
+        devices = self._devices.get(claim, {})
+        for key in keys:
+            devices.pop(key, None)
+        self._mark(claim)
+
+    def finalizer(self, claim: ClaimKey, present: bool) -> None:
+        if self._finalizer.get(claim) != present:
+            self._finalizer[claim] = present
+            self._mark(claim)
+
+    def event(self, pod: PodRef, reason: str, message: str) -> None:
+        self._events.append((pod, reason, message))
+        self._wake.set()
+
+    def pending(self) -> int:
+        return len(self._dirty) + len(self._events)
+
+    def _mark(self, claim: ClaimKey) -> None:
+        self._dirty.setdefault(claim, 0.0)
+        self._wake.set()
+
+    # -- the worker
+
+    async def run(self) -> None:
+        backoff: dict[ClaimKey, float] = {}
+        while True:
+            now = time.monotonic()
+            due = [c for c, at in self._dirty.items() if at <= now]
+            for claim in due:
+                try:
+                    await self._apply(claim)
+                    self._dirty.pop(claim, None)
+                    backoff.pop(claim, None)
+                    self.writes += 1
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    self.failures += 1
+                    delay = min(backoff.get(claim, 0.25) * 2, 30.0)
+                    backoff[claim] = delay
+                    self._dirty[claim] = time.monotonic() + delay
+                    log.warning(
+                        "status of claim %s/%s not written (%s); retry in %.1fs",
+                        claim.namespace,
+                        claim.name,
+                        exc,
+                        delay,
+                    )
+            await self._send_events()
+            waits = [at - time.monotonic() for at in self._dirty.values()]
+            timeout = max(0.05, min(waits)) if waits else None
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def _apply(self, claim: ClaimKey) -> None:
+        if self.client is None:
+            return
+        devices = list(self._devices.get(claim, {}).values())
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
+            "status": {"devices": devices},
+        }
+        try:
+            await self.client.patch(
+                ResourceClaimStatus,
+                claim.name,
+                body,
+                namespace=claim.namespace,
+                patch_type=PatchType.APPLY,
+                field_manager=STATUS_MANAGER,
+                force=True,
+            )
+        except ApiError as exc:
+            if exc.status.code != 404:  # the claim is gone: nothing left to report
+                raise
+        if not devices:
+            self._devices.pop(claim, None)
+        wanted = self._finalizer.get(claim)
+        if wanted is not None:
+            meta: dict[str, Any] = {
+                "name": claim.name,
+                "namespace": claim.namespace,
+                "uid": claim.uid,
+                "finalizers": [FINALIZER] if wanted else [],
+            }
+            try:
+                await self.client.patch(
+                    ResourceClaim,
+                    claim.name,
+                    {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta},
+                    namespace=claim.namespace,
+                    patch_type=PatchType.APPLY,
+                    field_manager=FINALIZER_MANAGER,
+                    force=True,
+                )
+            except ApiError as exc:
+                if exc.status.code not in (404, 422):
+                    raise
+            if not wanted:
+                self._finalizer.pop(claim, None)
+
+    async def _send_events(self) -> None:
+        if self.client is None:
+            self._events.clear()
+            return
+        while self._events:
+            pod, reason, message = self._events[0]
+            event = Event(
+                metadata=ObjectMeta(generateName=f"{pod.name}.", namespace=pod.namespace),
+                involvedObject=ObjectReference(
+                    kind="Pod", apiVersion="v1", name=pod.name, namespace=pod.namespace, uid=pod.uid
+                ),
+                reason=reason,
+                message=message[:1024],
+                type="Warning",
+                source=EventSource(component=self.component),
+                count=1,
+            )
+            try:
+                await self.client.create(event)
+            except Exception as exc:
+                log.warning("event for pod %s/%s not written: %s", pod.namespace, pod.name, exc)
+                return  # retried on the next round
+            self._events.pop(0)
