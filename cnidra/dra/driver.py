@@ -135,6 +135,7 @@ class Driver:
         self._tasks = [
             asyncio.create_task(self.status.run(), name="status-writer"),
             asyncio.create_task(self.nri.run(), name="nri"),
+            asyncio.create_task(self.pods.run_sweeper(), name="sandbox-sweeper"),
             asyncio.create_task(self.claims.run(), name="claim-cache"),
             asyncio.create_task(self.publisher.run(), name="slice-publisher"),
             asyncio.create_task(http.serve_forever(), name="http"),

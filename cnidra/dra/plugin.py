@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -27,6 +27,7 @@ DRA_SERVICES = (
     "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
 )
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"  # the path kubelet 1.36 calls
 PLUGIN_TYPE = "DRAPlugin"
 
 
@@ -103,7 +104,26 @@ class DRAService:
                 response_serializer=dra.NodeUnprepareResourcesResponse.SerializeToString,
             ),
         }
-        return [grpc.method_handlers_generic_handler(name, methods) for name in DRA_SERVICES]
+        handlers = [grpc.method_handlers_generic_handler(name, methods) for name in DRA_SERVICES]
+        handlers.append(
+            grpc.method_handlers_generic_handler(
+                HEALTH_SERVICE,
+                {
+                    "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
+                        self.node_watch_resources,
+                        request_deserializer=bytes,
+                        response_serializer=bytes,
+                    )
+                },
+            )
+        )
+        return handlers
+
+    async def node_watch_resources(self, request: bytes, context: Any) -> AsyncIterator[bytes]:
+        """kubelet's optional device-health stream: held open, with no health to report
+        (a link's health shows in its ResourceSlice attributes instead)."""
+        await asyncio.Event().wait()
+        yield b""  # never reached
 
 
 class _measure:

@@ -157,6 +157,15 @@ class PodNetworks:
             self.store.put(record.with_state(State.ADDED, attachments=done))
             self._report(planned, outcomes)
 
+    async def create_container(self, pod: nri.PodSandbox) -> None:
+        """Attach now if the sandbox's own hook was missed (started while not registered)."""
+        record = self.store.get(pod.id)
+        if record is not None and record.state is State.ADDED:
+            return
+        if self.plan(pod):
+            log.info("late attach for pod %s/%s at container creation", pod.namespace, pod.name)
+            await self.run_pod_sandbox(pod)
+
     def _report(self, planned: list[AttachmentRecord], outcomes: list[Outcome]) -> None:
         for record, outcome in zip(planned, outcomes, strict=False):
             self.status.put(_claim_key(record), device_status(outcome))
@@ -251,7 +260,35 @@ class PodNetworks:
                 # the pod started while cnidra was not connected: attach now
                 with contextlib.suppress(AttachError):
                     await self.run_pod_sandbox(pod)
+        await self.sweep()
         await self.garbage_collect()
+
+    async def sweep(self) -> int:
+        """Undo attachments of sandboxes whose network namespace is gone: the runtime removed
+        them without a hook reaching cnidra (a runtime restart mid-creation, a missed event)."""
+        swept = 0
+        for record in self.store.all():
+            if record.sandbox_id in self._retries and not self._retries[record.sandbox_id].done():
+                continue
+            if not self.netns_exists(record.netns):
+                self._removed.add(record.sandbox_id)
+                log.info(
+                    "sandbox %s of pod %s/%s is gone without a hook; cleaning up",
+                    record.sandbox_id[:12],
+                    record.pod_namespace,
+                    record.pod_name,
+                )
+                await self._detach(record.sandbox_id, None)
+                swept += 1
+        return swept
+
+    async def run_sweeper(self, interval: float = 10.0) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("sweeping sandbox records failed")
 
     async def garbage_collect(self) -> None:
         networks: dict[str, NetworkConfigList] = {}

@@ -18,7 +18,14 @@ log = logging.getLogger(__name__)
 PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
-SUBSCRIBED = (nri.RUN_POD_SANDBOX, nri.STOP_POD_SANDBOX, nri.REMOVE_POD_SANDBOX)
+# CreateContainer is a safety net: a sandbox started while cnidra was not registered (a runtime
+# or driver restart) gets its interfaces before its first container is created.
+SUBSCRIBED = (
+    nri.RUN_POD_SANDBOX,
+    nri.STOP_POD_SANDBOX,
+    nri.REMOVE_POD_SANDBOX,
+    nri.CREATE_CONTAINER,
+)
 
 
 def event_mask(events: tuple[int, ...]) -> int:
@@ -33,6 +40,7 @@ class PodHooks(Protocol):
     async def stop_pod_sandbox(self, pod: nri.PodSandbox) -> None: ...
     async def remove_pod_sandbox(self, pod: nri.PodSandbox) -> None: ...
     async def synchronize(self, pods: list[nri.PodSandbox]) -> None: ...
+    async def create_container(self, pod: nri.PodSandbox) -> None: ...
 
 
 class NRIPlugin:
@@ -89,14 +97,14 @@ class NRIPlugin:
         mux = Mux(reader, writer)
         plugin_conn = mux.open(PLUGIN_SERVICE_CONN)
         runtime_conn = mux.open(RUNTIME_SERVICE_CONN)
-        mux.start()
         server = Server(
             plugin_conn,
             lambda data: mux.write(PLUGIN_SERVICE_CONN, data),
             {PLUGIN_SERVICE: self._handlers()},
         )
-        serving = asyncio.create_task(server.serve(), name="nri-plugin-service")
         client = Client(runtime_conn, lambda data: mux.write(RUNTIME_SERVICE_CONN, data))
+        mux.start()
+        serving = asyncio.create_task(server.serve(), name="nri-plugin-service")
         client.start()
         try:
             request = nri.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.index)
@@ -136,6 +144,7 @@ class NRIPlugin:
             "RunPodSandbox": unary(nri.RunPodSandboxRequest.FromString, self._run),  # type: ignore[arg-type]
             "StopPodSandbox": unary(nri.StopPodSandboxRequest.FromString, self._stop),  # type: ignore[arg-type]
             "RemovePodSandbox": unary(nri.RemovePodSandboxRequest.FromString, self._remove),  # type: ignore[arg-type]
+            "CreateContainer": unary(nri.CreateContainerRequest.FromString, self._create),  # type: ignore[arg-type]
         }
 
     async def _configure(self, req: nri.ConfigureRequest) -> bytes:
@@ -182,6 +191,10 @@ class NRIPlugin:
     async def _remove(self, req: nri.RemovePodSandboxRequest) -> bytes:
         await self._hook(self.hooks.remove_pod_sandbox, req.pod)
         return nri.RemovePodSandboxResponse().SerializeToString()
+
+    async def _create(self, req: nri.CreateContainerRequest) -> bytes:
+        await self._hook(self.hooks.create_container, req.pod)
+        return nri.CreateContainerResponse().SerializeToString()
 
     async def _hook(
         self, fn: Callable[[nri.PodSandbox], Awaitable[None]], pod: nri.PodSandbox

@@ -184,6 +184,9 @@ class Hooks:
         self.calls.append(("sync", ",".join(p.name for p in pods)))
         self.synced.set()
 
+    async def create_container(self, pod: nri.PodSandbox) -> None:
+        self.calls.append(("create", pod.name))
+
 
 class RuntimePeer:
     """Plays containerd: accepts the plugin, serves RegisterPlugin, calls the plugin."""
@@ -249,7 +252,7 @@ async def test_plugin_registers_configures_syncs_and_serves_hooks(tmp_path: Path
                 ).SerializeToString(),
             )
         )
-        assert configured.events == event_mask((1, 2, 3)) == 0b111
+        assert configured.events == event_mask((1, 2, 3, 4)) == 0b1111
         first = nri.SynchronizeResponse.FromString(
             await client.call(
                 PLUGIN_SERVICE,

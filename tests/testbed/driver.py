@@ -28,6 +28,7 @@ def free_port() -> int:
 
 class DriverProcess:
     def __init__(self, cluster: Cluster, state_dir: Path, **settings: str) -> None:
+        settings.setdefault("cni_cache_dir", str(state_dir / "cni-cache"))
         self.cluster = cluster
         self.state_dir = state_dir
         self.port = free_port()

@@ -1,0 +1,523 @@
+"""End to end on the test bed: kubelet prepares, containerd starts the sandbox, cnidra's NRI
+hook ADDs the claimed interfaces, and the claim's status says what they got."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.testbed.conftest import ROOT, Cluster, env_image, pod
+from tests.testbed.driver import DriverProcess
+
+pytestmark = pytest.mark.testbed
+DRIVER = "cni.dra.networking.x-k8s.io"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def device_classes(cluster: Cluster) -> None:
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
+
+
+@pytest.fixture
+def driver(cluster: Cluster, tmp_path: Path) -> Iterator[DriverProcess]:
+    proc = DriverProcess(cluster, tmp_path, cni_cache_dir=str(tmp_path / "cni-cache"))
+    proc.start()
+    cluster.wait("the NRI plugin to connect", lambda: proc.health().get("nriConnected"), 30)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def parent(cluster: Cluster) -> Iterator[str]:
+    """A test-made, host-only bridge standing in for a data NIC."""
+    name = f"tb{uuid.uuid4().hex[:6]}"
+    subprocess.run(["ip", "link", "add", name, "type", "bridge"], check=True)
+    subprocess.run(["ip", "link", "set", name, "up"], check=True)
+    yield name
+    subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
+
+
+def cni_config(name: str, parent: str, data_dir: Path, subnet: str, **ipam: Any) -> dict[str, Any]:
+    return {
+        "cniVersion": "1.1.0",
+        "name": name,
+        "plugins": [
+            {
+                "type": "macvlan",
+                "master": parent,
+                "mode": "bridge",
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": str(data_dir),
+                    "ranges": [[{"subnet": subnet, **ipam}]],
+                },
+            }
+        ],
+    }
+
+
+def template(name: str, requests: list[tuple[str, str, dict[str, Any], str]]) -> dict[str, Any]:
+    """requests: (request name, parent link, CNI config, ifName)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": req,
+                            "exactly": {
+                                "deviceClassName": "cni.networking.x-k8s.io",
+                                "selectors": [
+                                    {
+                                        "cel": {
+                                            "expression": f'device.attributes["{DRIVER}"].ifName == "{link}"'
+                                        }
+                                    }
+                                ],
+                            },
+                        }
+                        for req, link, _, _ in requests
+                    ],
+                    "config": [
+                        {
+                            "requests": [req],
+                            "opaque": {
+                                "driver": DRIVER,
+                                "parameters": {
+                                    "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+                                    "kind": "CNIConfig",
+                                    "ifName": if_name,
+                                    "config": conf,
+                                },
+                            },
+                        }
+                        for req, _, conf, if_name in requests
+                    ],
+                }
+            }
+        },
+    }
+
+
+def claiming_pod(name: str, *templates: str) -> dict[str, Any]:
+    spec = pod(
+        name,
+        env_image(),
+        resourceClaims=[{"name": t, "resourceClaimTemplateName": t} for t in templates],
+    )
+    spec["spec"]["containers"][0]["resources"] = {"claims": [{"name": t} for t in templates]}
+    return spec
+
+
+def apply(cluster: Cluster, namespace: str, *docs: dict[str, Any]) -> None:
+    cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", input_="\n---\n".join(json.dumps(d) for d in docs)
+    )
+
+
+def pod_addresses(cluster: Cluster, namespace: str, name: str, if_name: str) -> set[str]:
+    out = cluster.kubectl(
+        "exec", "-n", namespace, name, "--", "ip", "addr", "show", if_name, check=False
+    ).stdout
+    return set(re.findall(r"inet (\S+) ", out))
+
+
+def claims_of(cluster: Cluster, namespace: str, pod_name: str) -> list[dict[str, Any]]:
+    items = json.loads(
+        cluster.kubectl("get", "resourceclaims", "-n", namespace, "-o", "json").stdout
+    )["items"]
+    return [
+        c
+        for c in items
+        if any(o["name"] == pod_name for o in c["metadata"].get("ownerReferences", []))
+    ]
+
+
+def allocations(data_dir: Path, network: str) -> set[str]:
+    d = data_dir / network
+    return {p.name for p in d.iterdir() if p.name[0].isdigit()} if d.exists() else set()
+
+
+def ready(cluster: Cluster, namespace: str, name: str, timeout: str = "90s") -> None:
+    cluster.kubectl(
+        "wait",
+        "-n",
+        namespace,
+        "--for=condition=Ready",
+        f"pod/{name}",
+        f"--timeout={timeout}",
+        timeout=150,
+    )
+
+
+def test_the_seed_demo_for_real(
+    cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
+) -> None:
+    data = tmp_path / "ipam"
+    apply(
+        cluster,
+        namespace,
+        template(
+            "macvlan",
+            [("net", parent, cni_config("demo", parent, data, "198.18.201.0/24"), "net1")],
+        ),
+        claiming_pod("demo", "macvlan"),
+    )
+    ready(cluster, namespace, "demo")
+    [claim] = claims_of(cluster, namespace, "demo")
+
+    def ready_status() -> dict[str, Any] | None:
+        devices = (
+            cluster.get("resourceclaim", claim["metadata"]["name"], namespace)["status"].get(
+                "devices"
+            )
+            or []
+        )
+        return devices[0] if devices else None
+
+    status = cluster.wait("the claim status", ready_status, 30)
+    assert (status["driver"], status["pool"], status["device"]) == (DRIVER, "testbed-node", parent)
+    assert status["shareID"] == claim["status"]["allocation"]["devices"]["results"][0]["shareID"]
+    [cond] = status["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == (
+        "Ready",
+        "True",
+        "NetworkInterfaceReady",
+    )
+    net = status["networkData"]
+    assert net["interfaceName"] == "net1"
+    assert pod_addresses(cluster, namespace, "demo", "net1") == set(net["ips"])
+    assert net["hardwareAddress"] == status["data"]["interfaces"][0]["mac"]
+    assert status["data"]["cniVersion"] == "1.1.0"
+    [ip] = net["ips"]
+    assert allocations(data, "demo") == {ip.split("/")[0]}
+
+    cluster.kubectl("delete", "-n", namespace, "pod", "demo", "--timeout=60s")
+    cluster.wait("the address to be freed", lambda: not allocations(data, "demo"), 30)
+    cluster.wait("the sandbox record to go", lambda: driver.health().get("sandboxes") == 0, 30)
+    assert not list((tmp_path / "cni-cache" / "results").glob("*"))
+
+
+def test_two_claims_three_attachments_in_a_fixed_order(
+    cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
+) -> None:
+    data = tmp_path / "ipam"
+    first = template(
+        "a",
+        [
+            ("x", parent, cni_config("net-x", parent, data, "198.18.202.0/24"), "netx"),
+            ("y", parent, cni_config("net-y", parent, data, "198.18.203.0/24"), "nety"),
+        ],
+    )
+    second = template(
+        "b", [("z", parent, cni_config("net-z", parent, data, "198.18.204.0/24"), "netz")]
+    )
+    apply(cluster, namespace, first, second, claiming_pod("multi", "a", "b"))
+    ready(cluster, namespace, "multi")
+    for if_name, prefix in (
+        ("netx", "198.18.202."),
+        ("nety", "198.18.203."),
+        ("netz", "198.18.204."),
+    ):
+        [address] = pod_addresses(cluster, namespace, "multi", if_name)
+        assert address.startswith(prefix)
+    statuses = cluster.wait(
+        "three status entries",
+        lambda: (
+            [
+                d
+                for c in claims_of(cluster, namespace, "multi")
+                for d in cluster.get("resourceclaim", c["metadata"]["name"], namespace)[
+                    "status"
+                ].get("devices")
+                or []
+            ]
+            if sum(
+                len(
+                    cluster.get("resourceclaim", c["metadata"]["name"], namespace)["status"].get(
+                        "devices"
+                    )
+                    or []
+                )
+                for c in claims_of(cluster, namespace, "multi")
+            )
+            == 3
+            else None
+        ),
+        30,
+    )
+    assert sorted(s["networkData"]["interfaceName"] for s in statuses) == ["netx", "nety", "netz"]
+    [record] = [
+        json.loads(p.read_text()) for p in (driver.state_dir / "state" / "sandboxes").glob("*.json")
+    ]
+    order = [(a["claim_name"].split("-")[1], a["request"]) for a in record["attachments"]]
+    assert order == [("a", "x"), ("a", "y"), ("b", "z")]
+
+
+def test_a_template_gives_every_replica_its_own_address(
+    cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
+) -> None:
+    data = tmp_path / "ipam"
+    apply(
+        cluster,
+        namespace,
+        template(
+            "net",
+            [("net", parent, cni_config("replicas", parent, data, "198.18.205.0/24"), "net1")],
+        ),
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "web"},
+            "spec": {
+                "replicas": 3,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {
+                    "metadata": {"labels": {"app": "web"}},
+                    "spec": claiming_pod("x", "net")["spec"],
+                },
+            },
+        },
+    )
+    cluster.kubectl(
+        "rollout", "status", "-n", namespace, "deployment/web", "--timeout=120s", timeout=150
+    )
+    pods = json.loads(
+        cluster.kubectl("get", "pods", "-n", namespace, "-l", "app=web", "-o", "json").stdout
+    )["items"]
+    assert len(pods) == 3
+    addresses = [pod_addresses(cluster, namespace, p["metadata"]["name"], "net1") for p in pods]
+    flat = {a for s in addresses for a in s}
+    assert all(len(s) == 1 for s in addresses) and len(flat) == 3
+    assert {a.split("/")[0] for a in flat} == allocations(data, "replicas")
+
+
+def test_a_failing_plugin_fails_the_sandbox_and_leaves_nothing(
+    cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
+) -> None:
+    data = tmp_path / "ipam"
+    one_address = cni_config(
+        "tiny",
+        parent,
+        data,
+        "198.18.206.0/24",
+        rangeStart="198.18.206.10",
+        rangeEnd="198.18.206.10",
+    )
+    apply(
+        cluster,
+        namespace,
+        template("tiny", [("net", parent, one_address, "net1")]),
+        claiming_pod("first", "tiny"),
+    )
+    ready(cluster, namespace, "first")
+    apply(cluster, namespace, claiming_pod("second", "tiny"))
+
+    def sandbox_failed() -> list[str]:
+        return [
+            e["message"]
+            for e in cluster.events("second", namespace)
+            if e["reason"] in ("FailedCreatePodSandBox", "NetworkAttachFailed")
+        ]
+
+    messages = cluster.wait("the second sandbox to fail", sandbox_failed, 60)
+    assert any("no IP addresses available" in m and "macvlan" in m for m in messages), messages
+    [claim] = claims_of(cluster, namespace, "second")
+
+    def not_ready() -> dict[str, Any] | None:
+        devices = (
+            cluster.get("resourceclaim", claim["metadata"]["name"], namespace)["status"].get(
+                "devices"
+            )
+            or []
+        )
+        return devices[0]["conditions"][0] if devices else None
+
+    cond = cluster.wait("Ready=False on the claim", not_ready, 30)
+    assert (cond["status"], cond["reason"]) == ("False", "NetworkInterfaceNotReady")
+    assert "no IP addresses available" in cond["message"]
+    assert allocations(data, "tiny") == {"198.18.206.10"}
+    records = [
+        json.loads(p.read_text()) for p in (driver.state_dir / "state" / "sandboxes").glob("*.json")
+    ]
+    assert [r["pod_name"] for r in records] == ["first"]
+    cached = [p.name for p in (tmp_path / "cni-cache" / "results").glob("*")]
+    assert len(cached) == 1
+
+
+def burst(cluster: Cluster, namespace: str, parent: str, data: Path, count: int) -> list[str]:
+    names = [f"b{i:02d}" for i in range(count)]
+    apply(
+        cluster,
+        namespace,
+        template(
+            "net", [("net", parent, cni_config("burst", parent, data, "198.18.208.0/24"), "net1")]
+        ),
+        *(claiming_pod(n, "net") for n in names),
+    )
+    return names
+
+
+def assert_all_attached(
+    cluster: Cluster, namespace: str, names: list[str], data: Path, cache: Path
+) -> None:
+    for name in names:
+        ready(cluster, namespace, name, "180s")
+    seen = set()
+    for name in names:
+        addresses = pod_addresses(cluster, namespace, name, "net1")
+        assert len(addresses) == 1, (name, addresses)
+        seen |= addresses
+    assert len(seen) == len(names)
+    # no leak: once the runtime's dead sandboxes are cleaned up, exactly one allocation and one
+    # cache entry per pod remain
+    want = {a.split("/")[0] for a in seen}
+    cluster.wait(
+        "leftover allocations of dead sandboxes to be freed",
+        lambda: allocations(data, "burst") == want,
+        60,
+    )
+    cluster.wait(
+        "one cache entry per pod",
+        lambda: len(list((cache / "results").glob("burst-*"))) == len(names),
+        30,
+    )
+
+
+def test_kill_9_during_a_burst_of_20_pods(
+    cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
+) -> None:
+    data = tmp_path / "ipam"
+    names = burst(cluster, namespace, parent, data, 20)
+    cluster.wait("some sandboxes", lambda: driver.health().get("sandboxes", 0) >= 3, 60)
+    driver.stop(signal.SIGKILL)
+    time.sleep(1)
+    driver.start()
+    assert_all_attached(cluster, namespace, names, data, tmp_path / "cni-cache")
+
+
+def test_containerd_restart_during_a_burst(
+    cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
+) -> None:
+    import testbed as tb
+
+    data = tmp_path / "ipam"
+    names = burst(cluster, namespace, parent, data, 10)
+    cluster.wait("some sandboxes", lambda: driver.health().get("sandboxes", 0) >= 2, 60)
+    tb.stop("containerd")
+    cluster.wait("the NRI plugin to notice", lambda: not driver.health().get("nriConnected"), 15)
+    assert driver.health()["registeredWithKubelet"]  # the driver stays up for kubelet meanwhile
+    tb.start_containerd(cluster.bins)
+    cluster.wait("the NRI plugin to reconnect", lambda: driver.health().get("nriConnected"), 30)
+    assert_all_attached(cluster, namespace, names, data, tmp_path / "cni-cache")
+
+
+def test_apiserver_down_while_a_sandbox_starts(
+    cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
+) -> None:
+    """kubelet itself GETs a pod's ResourceClaims before it starts a sandbox, so with the
+    apiserver down it starts none; the sandbox is started here as kubelet would (same pod UID,
+    same runtime), which exercises containerd and cnidra's hook with no apiserver at all."""
+    import testbed as tb
+
+    data = tmp_path / "ipam"
+    apply(
+        cluster,
+        namespace,
+        template(
+            "net", [("net", parent, cni_config("offline", parent, data, "198.18.207.0/24"), "net1")]
+        ),
+        claiming_pod("p", "net"),
+    )
+    ready(cluster, namespace, "p")
+    uid = cluster.get("pod", "p", namespace)["metadata"]["uid"]
+    [claim] = claims_of(cluster, namespace, "p")
+    config = tmp_path / "sandbox.json"
+    config.write_text(
+        json.dumps(
+            {
+                "metadata": {"name": "p", "namespace": namespace, "uid": uid, "attempt": 7},
+                "log_directory": str(tmp_path / "logs"),
+                "linux": {},
+            }
+        )
+    )
+    tb.stop("kube-apiserver")
+    sandbox = ""
+    try:
+        start = time.monotonic()
+        sandbox = cluster.crictl("runp", str(config)).stdout.strip()
+        elapsed = time.monotonic() - start
+        info = json.loads(cluster.crictl("inspectp", sandbox).stdout)
+        [netns] = [
+            n["path"]
+            for n in info["info"]["runtimeSpec"]["linux"]["namespaces"]
+            if n["type"] == "network"
+        ]
+        shown = subprocess.run(
+            ["nsenter", f"--net={netns}", "ip", "-4", "addr", "show", "net1"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+        address = re.findall(r"inet (\S+) ", shown)
+        assert len(address) == 1, shown
+        assert elapsed < 10, elapsed
+        health = driver.health()
+        assert health.get("statusPending", 0) >= 1  # queued, waiting for the apiserver
+    finally:
+        tb.start_apiserver(cluster.bins)
+
+    def status_ips() -> list[str] | None:
+        devices = (
+            cluster.get("resourceclaim", claim["metadata"]["name"], namespace)["status"].get(
+                "devices"
+            )
+            or []
+        )
+        return devices[0]["networkData"]["ips"] if devices else None
+
+    def live_ips() -> list[str]:
+        """Addresses of net1 in the sandboxes cnidra has attached, as its records say."""
+        records = [
+            json.loads(p.read_text())
+            for p in (driver.state_dir / "state" / "sandboxes").glob("*.json")
+        ]
+        return sorted(
+            ip["address"]
+            for r in records
+            if r["state"] == "added"
+            for a in r["attachments"]
+            for ip in (a["result"] or {}).get("ips", [])
+        )
+
+    # once the apiserver is back the queued status lands; kubelet may meanwhile have replaced
+    # the pod's sandboxes, so the status must match whichever sandbox is live by then
+    cluster.wait(
+        "the queued status to be written", lambda: driver.health().get("statusPending") == 0, 60
+    )
+    cluster.wait(
+        "status to match the live sandbox",
+        lambda: status_ips() is not None and status_ips() == live_ips(),
+        60,
+    )
+    if sandbox in cluster.crictl("pods", "-q").stdout:
+        cluster.crictl("stopp", sandbox)
+        cluster.crictl("rmp", sandbox)
+    cluster.wait(
+        "the manual sandbox's address to be freed",
+        lambda: len(allocations(data, "offline")) == len(live_ips()),
+        30,
+    )
