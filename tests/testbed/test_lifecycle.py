@@ -65,6 +65,10 @@ def cni_config(name: str, parent: str, data_dir: Path, subnet: str, **ipam: Any)
     }
 
 
+def select_link(link: str) -> str:
+    return f'device.attributes["{DRIVER}"].ifName == "{link}"'
+
+
 def template(name: str, requests: list[tuple[str, str, dict[str, Any], str]]) -> dict[str, Any]:
     """requests: (request name, parent link, CNI config, ifName)."""
     return {
@@ -79,13 +83,7 @@ def template(name: str, requests: list[tuple[str, str, dict[str, Any], str]]) ->
                             "name": req,
                             "exactly": {
                                 "deviceClassName": "cni.networking.x-k8s.io",
-                                "selectors": [
-                                    {
-                                        "cel": {
-                                            "expression": f'device.attributes["{DRIVER}"].ifName == "{link}"'
-                                        }
-                                    }
-                                ],
+                                "selectors": [{"cel": {"expression": select_link(link)}}],
                             },
                         }
                         for req, link, _, _ in requests
