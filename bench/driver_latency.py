@@ -1,0 +1,323 @@
+"""The driver's latencies and memory on the real test bed (not a test: numbers, one run).
+
+    python -m bench.driver_latency [--json] [--pods 50] [--rounds 30]
+
+prepare   NodePrepareResources latency over gRPC, as kubelet calls it, with the claims already
+          in the driver's watch cache: 1 claim per call and 100 claims per call (p50/p99).
+memory    the driver's resident memory idle and with 1000 prepared claims.
+hook      time inside the RunPodSandbox hook per pod, 1 and 3 attachments (macvlan +
+          host-local), next to the raw CNI time of the same plugins exec'd directly.
+pod-ready creation-to-Ready latency of N pods created at once, with and without a cnidra
+          attachment (p50/p99/max).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from cnidra._proto.dra.v1 import api_pb2 as dra
+from cnidra._proto.dra.v1 import api_pb2_grpc as dra_grpc
+from cnidra.cni import netns
+
+ROOT = Path(__file__).parents[1]
+sys.path.insert(0, str(ROOT / "hack" / "testbed"))
+import testbed as tb  # noqa: E402
+
+DRIVER = "cni.dra.networking.x-k8s.io"
+NODE = tb.NODE
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"p50": round(pct(values, 0.5), 2), "p99": round(pct(values, 0.99), 2),
+            "max": round(max(values), 2), "n": len(values)}
+
+
+class Bed:
+    def __init__(self, bins: tb.Bins) -> None:
+        self.bins = bins
+        self.env = dict(line.removeprefix("export ").split("=", 1) for line in tb.env_lines())
+
+    def kubectl(self, *args: str, input_: str | None = None) -> str:
+        return tb.kubectl(self.bins, *args, input_=input_, timeout=300).stdout
+
+    def apply(self, docs: list[dict[str, Any]], namespace: str | None = None) -> None:
+        ns = ["-n", namespace] if namespace else []
+        for i in range(0, len(docs), 200):
+            self.kubectl("apply", *ns, "-f", "-", input_="\n---\n".join(json.dumps(d) for d in docs[i:i + 200]))
+
+
+class Driver:
+    def __init__(self, bed: Bed, workdir: Path) -> None:
+        self.bed = bed
+        self.workdir = workdir
+        self.log = workdir / "driver.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, **self.bed.env, "CNIDRA_STATE_DIR": str(self.workdir / "state"),
+               "CNIDRA_CNI_CACHE_DIR": str(self.workdir / "cni-cache"),
+               "CNIDRA_HTTP_ADDRESS": "127.0.0.1:19177", "CNIDRA_LOG_LEVEL": "info"}
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "cnidra", "driver"], env=env,
+                                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if "registered with the runtime over NRI" in self.log.read_text(errors="replace") and \
+                    "kubelet registered the plugin" in self.log.read_text(errors="replace"):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"driver did not come up; see {self.log}")
+
+    def stop(self) -> None:
+        if self.proc:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(20)
+
+    def rss_mib(self) -> float:
+        assert self.proc
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+        raise RuntimeError("no VmRSS")
+
+    @property
+    def socket(self) -> str:
+        return f"{self.bed.env['CNIDRA_PLUGINS_DIR']}/{DRIVER}/dra.sock"
+
+
+def fake_allocated_claims(namespace: str, count: int, parent: str) -> list[dict[str, Any]]:
+    """Claims with an allocation and a reserving pod, written as the scheduler would."""
+    claims = []
+    for i in range(count):
+        claims.append({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": f"c{i:04d}", "namespace": namespace},
+            "spec": {"devices": {
+                "requests": [{"name": "net", "exactly": {"deviceClassName": "cni.networking.x-k8s.io"}}],
+                "config": [{"requests": ["net"], "opaque": {"driver": DRIVER, "parameters": {
+                    "apiVersion": "cni.networking.x-k8s.io/v1alpha1", "kind": "CNIConfig",
+                    "ifName": "net1", "config": {"cniVersion": "1.1.0", "name": "bench", "plugins": [
+                        {"type": "macvlan", "master": parent,
+                         "ipam": {"type": "host-local", "ranges": [[{"subnet": "198.18.64.0/18"}]]}}]},
+                }}}]}},
+        })
+    return claims
+
+
+def allocate(bed: Bed, namespace: str, names: list[str], parent: str) -> None:
+    for name in names:
+        status = {"status": {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "net", "driver": DRIVER, "pool": NODE, "device": parent}],
+                    "config": [{"source": "FromClaim", "requests": ["net"], "opaque": json.loads(
+                        bed.kubectl("get", "resourceclaim", name, "-n", namespace, "-o",
+                                    "jsonpath={.spec.devices.config[0].opaque}"))}],
+                },
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]},
+            },
+            "reservedFor": [{"resource": "pods", "name": f"pod-{name}", "uid": str(uuid.uuid4())}],
+        }}
+        bed.kubectl("patch", "resourceclaim", name, "-n", namespace, "--subresource=status",
+                    "--type=merge", "-p", json.dumps(status))
+
+
+def prepare_latency(bed: Bed, driver: Driver, namespace: str, names: list[str], rounds: int) -> dict[str, Any]:
+    uids = json.loads(bed.kubectl("get", "resourceclaims", "-n", namespace, "-o", "json"))["items"]
+    refs = {c["metadata"]["name"]: c["metadata"]["uid"] for c in uids}
+    claims = [dra.Claim(namespace=namespace, name=n, uid=refs[n]) for n in names]
+    with grpc.insecure_channel(f"unix://{driver.socket}") as channel:
+        stub = dra_grpc.DRAPluginStub(channel)
+        stub.NodePrepareResources(dra.NodePrepareResourcesRequest(claims=claims[:100]), timeout=60)
+        stub.NodeUnprepareResources(dra.NodeUnprepareResourcesRequest(claims=claims[:100]), timeout=60)
+        one: list[float] = []
+        hundred: list[float] = []
+        for r in range(rounds):
+            claim = claims[r % len(claims)]
+            start = time.perf_counter()
+            reply = stub.NodePrepareResources(dra.NodePrepareResourcesRequest(claims=[claim]), timeout=30)
+            one.append((time.perf_counter() - start) * 1000)
+            assert not reply.claims[claim.uid].error, reply.claims[claim.uid].error
+            stub.NodeUnprepareResources(dra.NodeUnprepareResourcesRequest(claims=[claim]), timeout=30)
+        for _ in range(max(5, rounds // 3)):
+            batch = claims[:100]
+            start = time.perf_counter()
+            reply = stub.NodePrepareResources(dra.NodePrepareResourcesRequest(claims=batch), timeout=60)
+            hundred.append((time.perf_counter() - start) * 1000)
+            assert all(not reply.claims[c.uid].error for c in batch)
+            stub.NodeUnprepareResources(dra.NodeUnprepareResourcesRequest(claims=batch), timeout=60)
+        # finally prepare everything, to measure memory with all claims prepared
+        for i in range(0, len(claims), 100):
+            stub.NodePrepareResources(dra.NodePrepareResourcesRequest(claims=claims[i:i + 100]), timeout=120)
+    return {"prepare_1_claim_ms": summary(one), "prepare_100_claims_ms": summary(hundred)}
+
+
+def raw_cni_ms(plugins_dir: str, parent: str, attachments: int, rounds: int) -> dict[str, float]:
+    """ADD of the same macvlan + host-local conflist, the plugin binaries exec'd directly."""
+    times = []
+    with tempfile.TemporaryDirectory() as tmp:
+        with netns.temporary("cnidra-bench-pod") as pod:
+            for r in range(rounds):
+                start = time.perf_counter()
+                for a in range(attachments):
+                    conf = {"cniVersion": "1.1.0", "name": f"raw{a}", "type": "macvlan", "master": parent,
+                            "ipam": {"type": "host-local", "dataDir": tmp,
+                                     "ranges": [[{"subnet": f"198.18.{90 + a}.0/24"}]]}}
+                    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": f"raw{r}", "CNI_NETNS": str(pod),
+                           "CNI_IFNAME": f"net{a + 1}", "CNI_PATH": plugins_dir, "CNI_ARGS": "",
+                           "PATH": os.environ["PATH"]}
+                    subprocess.run([f"{plugins_dir}/macvlan"], input=json.dumps(conf).encode(),
+                                   env=env, capture_output=True, check=True)
+                times.append((time.perf_counter() - start) * 1000)
+                for a in range(attachments):
+                    conf = {"cniVersion": "1.1.0", "name": f"raw{a}", "type": "macvlan", "master": parent,
+                            "ipam": {"type": "host-local", "dataDir": tmp,
+                                     "ranges": [[{"subnet": f"198.18.{90 + a}.0/24"}]]}}
+                    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": f"raw{r}", "CNI_NETNS": str(pod),
+                           "CNI_IFNAME": f"net{a + 1}", "CNI_PATH": plugins_dir, "CNI_ARGS": "",
+                           "PATH": os.environ["PATH"]}
+                    subprocess.run([f"{plugins_dir}/macvlan"], input=json.dumps(conf).encode(),
+                                   env=env, capture_output=True, check=True)
+    return summary(times)
+
+
+def pods_ready(bed: Bed, namespace: str, parent: str | None, count: int, attachments: int) -> dict[str, Any]:
+    docs: list[dict[str, Any]] = []
+    claims: list[dict[str, Any]] = []
+    if parent:
+        requests = [{"name": f"n{a}", "exactly": {"deviceClassName": "cni.networking.x-k8s.io", "selectors": [
+            {"cel": {"expression": f'device.attributes["{DRIVER}"].ifName == "{parent}"'}}]}}
+            for a in range(attachments)]
+        config = [{"requests": [f"n{a}"], "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "cni.networking.x-k8s.io/v1alpha1", "kind": "CNIConfig", "ifName": f"net{a + 1}",
+            "config": {"cniVersion": "1.1.0", "name": f"ready{a}", "plugins": [
+                {"type": "macvlan", "master": parent,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": f"198.18.{100 + a}.0/24"}]]}}]}}}}
+            for a in range(attachments)]
+        docs.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                     "metadata": {"name": "net"}, "spec": {"spec": {"devices": {"requests": requests, "config": config}}}})
+        claims = [{"name": "net", "resourceClaimTemplateName": "net"}]
+    for i in range(count):
+        spec: dict[str, Any] = {"terminationGracePeriodSeconds": 1, "containers": [
+            {"name": "c", "image": tb.TEST_IMAGE, "command": ["sleep", "3600"]}]}
+        if claims:
+            spec["resourceClaims"] = claims
+            spec["containers"][0]["resources"] = {"claims": [{"name": "net"}]}
+        docs.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"p{i:03d}"}, "spec": spec})
+    bed.apply(docs, namespace)
+    deadline = time.monotonic() + 600
+    latencies: list[float] = []
+    while time.monotonic() < deadline:
+        items = json.loads(bed.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]
+        latencies = []
+        for pod in items:
+            conds = {c["type"]: c for c in pod["status"].get("conditions", [])}
+            if conds.get("Ready", {}).get("status") == "True":
+                created = datetime.fromisoformat(pod["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+                ready = datetime.fromisoformat(conds["Ready"]["lastTransitionTime"].replace("Z", "+00:00"))
+                latencies.append((ready - created).total_seconds())
+        if len(latencies) == count:
+            break
+        time.sleep(1)
+    if len(latencies) != count:
+        raise RuntimeError(f"only {len(latencies)}/{count} pods became Ready")
+    return {"p50_s": pct(latencies, 0.5), "p99_s": pct(latencies, 0.99), "max_s": max(latencies), "pods": count}
+
+
+def hook_times(driver: Driver) -> dict[int, list[float]]:
+    """The driver logs each attach: 'attached N interface(s) to pod ... in X ms'."""
+    by_count: dict[int, list[float]] = {}
+    for match in re.finditer(r"attached (\d+) interface\(s\) to pod \S+ in ([\d.]+) ms",
+                             driver.log.read_text(errors="replace")):
+        by_count.setdefault(int(match[1]), []).append(float(match[2]))
+    return by_count
+
+
+def namespace(bed: Bed) -> str:
+    name = f"bench-{uuid.uuid4().hex[:6]}"
+    bed.kubectl("create", "namespace", name)
+    return name
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--pods", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--claims", type=int, default=1000)
+    args = parser.parse_args()
+    results: dict[str, Any] = {}
+    parent = f"bench{uuid.uuid4().hex[:4]}"
+    with tb.session() as bins, tempfile.TemporaryDirectory() as tmp:
+        bed = Bed(bins)
+        bed.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
+        subprocess.run(["ip", "link", "add", parent, "type", "bridge"], check=True)
+        subprocess.run(["ip", "link", "set", parent, "up"], check=True)
+        driver = Driver(bed, Path(tmp))
+        try:
+            driver.start()
+            time.sleep(2)
+            results["rss_idle_mib"] = driver.rss_mib()
+            ns = namespace(bed)
+            claims = fake_allocated_claims(ns, args.claims, parent)
+            bed.apply(claims, ns)
+            names = [c["metadata"]["name"] for c in claims]
+            allocate(bed, ns, names, parent)
+            time.sleep(3)  # the watch delivers them to the driver's cache
+            results.update(prepare_latency(bed, driver, ns, names, args.rounds))
+            results[f"rss_{args.claims}_prepared_mib"] = driver.rss_mib()
+            bed.kubectl("delete", "namespace", ns, "--wait=false")
+
+            without = namespace(bed)
+            results["pod_ready_without_attachment"] = pods_ready(bed, without, None, args.pods, 0)
+            bed.kubectl("delete", "namespace", without, "--wait=false")
+            with_one = namespace(bed)
+            results["pod_ready_with_1_attachment"] = pods_ready(bed, with_one, parent, args.pods, 1)
+            bed.kubectl("delete", "namespace", with_one, "--wait=false")
+            with_three = namespace(bed)
+            pods_ready(bed, with_three, parent, max(10, args.pods // 5), 3)
+            bed.kubectl("delete", "namespace", with_three, "--wait=false")
+            hooks = hook_times(driver)
+            results["hook_1_attachment_ms"] = summary(hooks.get(1, [0.0]))
+            results["hook_3_attachments_ms"] = summary(hooks.get(3, [0.0]))
+            plugins = bed.env["CNIDRA_CNI_PATH"]
+            with netns.temporary("cnidra-bench-node") as node:
+                subprocess.run(["ip", "-n", node.name, "link", "add", "data0", "type", "veth", "peer", "name", "data0p"], check=True)
+                subprocess.run(["ip", "-n", node.name, "link", "set", "data0", "up"], check=True)
+                with netns.entered(node):
+                    results["raw_cni_1_attachment_ms"] = raw_cni_ms(plugins, "data0", 1, args.rounds)
+                    results["raw_cni_3_attachments_ms"] = raw_cni_ms(plugins, "data0", 3, args.rounds)
+        finally:
+            driver.stop()
+            subprocess.run(["ip", "link", "del", parent], check=False, capture_output=True)
+    if args.json:
+        print(json.dumps(results))
+    else:
+        print(json.dumps(results, indent=2))
+    del asyncio, statistics
+
+
+if __name__ == "__main__":
+    main()
