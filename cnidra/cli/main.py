@@ -222,6 +222,14 @@ def driver(
         float,
         typer.Option("--cni-timeout", envvar="CNIDRA_CNI_TIMEOUT", help="seconds per plugin call"),
     ] = 10.0,
+    concurrent_attach: Annotated[
+        bool,
+        typer.Option(
+            "--concurrent-attach",
+            envvar="CNIDRA_CONCURRENT_ATTACH",
+            help="ADD a pod's attachments at once instead of in order",
+        ),
+    ] = False,
     log_level: Annotated[str, typer.Option("--log-level", envvar="CNIDRA_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the node agent: kubelet DRA plugin, ResourceSlice publisher, health and metrics."""
@@ -251,6 +259,7 @@ def driver(
         nri_socket=nri_socket,
         nri_plugin_name=nri_plugin_name,
         nri_plugin_index=nri_plugin_index,
+        concurrent_attach=concurrent_attach,
         cni_timeout=cni_timeout,
     )
     asyncio.run(run(settings))

@@ -3,6 +3,7 @@ reverse. Used by `cnidra try` and by the NRI hook; needs nothing but the runtime
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,10 +96,20 @@ class AttachFailed(CNIRuntimeError):
 
 
 async def attach_all(
-    runtime: CNIRuntime, attachments: Sequence[Attachment], container_id: str, netns: str
+    runtime: CNIRuntime,
+    attachments: Sequence[Attachment],
+    container_id: str,
+    netns: str,
+    *,
+    concurrent: bool = False,
 ) -> list[Outcome]:
     """ADD each attachment in order. On the first failure DEL every attachment already added,
-    the failing one included, then raise AttachFailed carrying every outcome."""
+    the failing one included, then raise AttachFailed carrying every outcome.
+
+    `concurrent` ADDs them all at once instead (docs/cni-runtime.md says when that pays); if
+    any fails, all are DELed."""
+    if concurrent and len(attachments) > 1:
+        return await _attach_concurrently(runtime, attachments, container_id, netns)
     outcomes: list[Outcome] = []
     for attachment in attachments:
         outcome = Outcome(attachment)
@@ -117,6 +128,31 @@ async def attach_all(
                 earlier.error = f"rolled back because {attachment.label} failed"
             raise AttachFailed(outcomes, outcome, cleanup) from exc
     return outcomes
+
+
+async def _attach_concurrently(
+    runtime: CNIRuntime, attachments: Sequence[Attachment], container_id: str, netns: str
+) -> list[Outcome]:
+    outcomes = [Outcome(a) for a in attachments]
+
+    async def one(outcome: Outcome) -> None:
+        try:
+            outcome.result = await runtime.add(
+                outcome.attachment.netconf(), outcome.attachment.runtime_conf(container_id, netns)
+            )
+        except CNIRuntimeError as exc:
+            outcome.error = _reason(exc)
+
+    await asyncio.gather(*(one(o) for o in outcomes))
+    failed = next((o for o in outcomes if o.error), None)
+    if failed is None:
+        return outcomes
+    cleanup = await detach_all(runtime, attachments, container_id, netns)
+    for outcome in outcomes:
+        if outcome is not failed:
+            outcome.result = None
+            outcome.error = outcome.error or f"rolled back because {failed.attachment.label} failed"
+    raise AttachFailed(outcomes, failed, cleanup)
 
 
 async def detach_all(

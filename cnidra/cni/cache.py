@@ -62,7 +62,9 @@ class ResultCache:
         if rt.capability_args:
             entry["capabilityArgs"] = dict(rt.capability_args)
         entry["result"] = result.to_json()
-        write_atomically(self.path(network, rt), json.dumps(entry).encode())
+        # Atomic, not fsynced (as libcni): the entry must survive a restart of cnidra, which the
+        # page cache does; a node crash takes the pod namespaces with it.
+        write_atomically(self.path(network, rt), json.dumps(entry).encode(), durable=False)
 
     def load(self, network: str, rt: RuntimeConf) -> CachedAttachment | None:
         return self._read(self.path(network, rt))

@@ -91,7 +91,8 @@ class PluginExec:
             start_new_session=True,
         )
         try:
-            stdout, stderr = await asyncio.wait_for(proc.communicate(stdin), limit)
+            async with asyncio.timeout(limit):
+                stdout, stderr = await proc.communicate(stdin)
         except TimeoutError:
             await _kill_group(proc)
             raise PluginTimeout(plugin_type, invocation.command, limit) from None

@@ -56,6 +56,7 @@ class DriverSettings:
     nri_plugin_name: str = "cnidra"
     nri_plugin_index: str = "50"
     cni_timeout: float = 10.0
+    concurrent_attach: bool = False
 
     @property
     def registration_socket(self) -> Path:
@@ -78,7 +79,13 @@ class Driver:
         )
         self.status = StatusWriter(self.client)
         self.sandboxes = SandboxStore(settings.state_dir)
-        self.pods = PodNetworks(self.checkpoint, self.runtime, self.sandboxes, self.status)
+        self.pods = PodNetworks(
+            self.checkpoint,
+            self.runtime,
+            self.sandboxes,
+            self.status,
+            concurrent=settings.concurrent_attach,
+        )
         self.nri = NRIPlugin(
             self.pods, settings.nri_socket, settings.nri_plugin_name, settings.nri_plugin_index
         )

@@ -36,3 +36,19 @@ PUBLISHES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+HOOK_LATENCY = Histogram(
+    "cnidra_nri_hook_duration_seconds",
+    "Time inside NRI hooks by hook",
+    ["hook"],
+    registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2),
+)
+ATTACH_FAILURES = Counter(
+    "cnidra_attach_failures_total", "RunPodSandbox hooks that failed", registry=REGISTRY
+)
+CLAIM_CACHE = Counter(
+    "cnidra_claim_cache_lookups_total",
+    "Claim lookups at prepare by result",
+    ["result"],
+    registry=REGISTRY,
+)

@@ -12,6 +12,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from cnidra.api.constants import DRIVER_NAME
+from cnidra.dra import metrics
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,9 @@ class ClaimCache:
     async def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         cached = self._claims.get((namespace, name))
         if cached is not None and has_pods(cached):
+            metrics.CLAIM_CACHE.labels("hit").inc()
             return cached
+        metrics.CLAIM_CACHE.labels("miss" if cached is None else "stale").inc()
         self.gets += 1
         try:
             async with asyncio.timeout(self.timeout):

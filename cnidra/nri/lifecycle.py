@@ -23,6 +23,7 @@ from cnidra.cni.errors import CNIRuntimeError
 from cnidra.cni.result import Result
 from cnidra.cni.runtime import CNIRuntime
 from cnidra.cni.types import GCAttachment, NetworkConfigList
+from cnidra.dra import metrics
 from cnidra.dra.checkpoint import Checkpoint
 from cnidra.dra.prepare import ClaimRef
 from cnidra.nri.plugin import netns_of
@@ -67,6 +68,7 @@ class PodNetworks:
         retry_initial: float = 0.5,
         retry_max: float = 30.0,
         netns_exists: Callable[[str], bool] = os.path.exists,
+        concurrent: bool = False,
     ) -> None:
         self.checkpoint = checkpoint
         self.runtime = runtime
@@ -75,6 +77,7 @@ class PodNetworks:
         self.retry_initial = retry_initial
         self.retry_max = retry_max
         self.netns_exists = netns_exists
+        self.concurrent = concurrent
         self._locks: dict[str, asyncio.Lock] = {}
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._removed: set[str] = set()
@@ -111,14 +114,28 @@ class PodNetworks:
     async def run_pod_sandbox(self, pod: nri.PodSandbox) -> None:
         start = time.perf_counter()
         try:
-            await self._attach(pod)
+            count = await self._attach(pod)
+        except AttachError:
+            metrics.ATTACH_FAILURES.inc()
+            raise
         finally:
-            self.timings.run.append(time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
+            self.timings.run.append(elapsed)
+            metrics.HOOK_LATENCY.labels("RunPodSandbox").observe(elapsed)
+        if count:
+            log.info(
+                "attached %d interface(s) to pod %s/%s in %.1f ms",
+                count,
+                pod.namespace,
+                pod.name,
+                elapsed * 1000,
+            )
 
-    async def _attach(self, pod: nri.PodSandbox) -> None:
+    async def _attach(self, pod: nri.PodSandbox) -> int:
+        """ADD the pod's attachments; returns how many were added now."""
         planned = self.plan(pod)
         if not planned:
-            return
+            return 0
         netns = netns_of(pod)
         if not netns:
             raise AttachError(
@@ -128,14 +145,16 @@ class PodNetworks:
         async with self._lock(pod.id):
             existing = self.store.get(pod.id)
             if existing is not None and existing.state is State.ADDED:
-                return  # the hook ran already (reconnect, or Synchronize's late attach)
+                return 0  # the hook ran already (reconnect, or Synchronize's late attach)
             record = SandboxRecord(
                 pod.id, pod.uid, pod.namespace, pod.name, netns, State.ADDING, tuple(planned)
             )
             self.store.put(record)  # write-ahead: a crash from here on is undone on restart
             attachments = [a.attachment() for a in planned]
             try:
-                outcomes = await attach_all(self.runtime, attachments, pod.id, netns)
+                outcomes = await attach_all(
+                    self.runtime, attachments, pod.id, netns, concurrent=self.concurrent
+                )
             except AttachFailed as failed:
                 if failed.cleanup_errors:
                     self.store.put(record.with_state(State.DELETING))
@@ -156,6 +175,7 @@ class PodNetworks:
             )
             self.store.put(record.with_state(State.ADDED, attachments=done))
             self._report(planned, outcomes)
+            return len(done)
 
     async def create_container(self, pod: nri.PodSandbox) -> None:
         """Attach now if the sandbox's own hook was missed (started while not registered)."""
@@ -175,7 +195,9 @@ class PodNetworks:
         try:
             await self._detach(pod.id, PodRef(pod.namespace, pod.name, pod.uid))
         finally:
-            self.timings.stop.append(time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
+            self.timings.stop.append(elapsed)
+            metrics.HOOK_LATENCY.labels("StopPodSandbox").observe(elapsed)
 
     async def remove_pod_sandbox(self, pod: nri.PodSandbox) -> None:
         self._removed.add(pod.id)

@@ -8,22 +8,26 @@ import tempfile
 from pathlib import Path
 
 
-def write_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Write to a temp file in the same directory, fsync, rename over `path`, fsync the dir:
-    after a crash the file is either the old or the new content, never a mix."""
+def write_atomically(path: Path, data: bytes, mode: int = 0o600, *, durable: bool = True) -> None:
+    """Write to a temp file in the same directory and rename it over `path`: readers see the
+    old or the new content, never a mix. `durable` also fsyncs the file and the directory, so
+    that holds across a power loss too, not only across a process crash."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    if not durable:
+        return
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
