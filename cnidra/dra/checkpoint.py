@@ -6,15 +6,13 @@ one file per claim under <state>/claims/<uid>.json; a restart reloads them all."
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cnidra.util.files import write_atomically
+from cnidra.util.store import JsonDirStore
 
 log = logging.getLogger(__name__)
 VERSION = 1
@@ -79,45 +77,30 @@ class PreparedClaim:
 
 class Checkpoint:
     def __init__(self, state_dir: str | Path) -> None:
-        self.dir = Path(state_dir) / "claims"
-        self._claims: dict[str, PreparedClaim] = {}
-        self._lock = threading.Lock()
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._load()
-
-    def _load(self) -> None:
-        for path in sorted(self.dir.glob("*.json")):
-            try:
-                claim = PreparedClaim.from_json(json.loads(path.read_bytes()))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.error("checkpoint entry %s is unreadable, moved aside: %s", path, exc)
-                path.rename(path.with_suffix(".corrupt"))
-                continue
-            self._claims[claim.uid] = claim
+        self._store: JsonDirStore[PreparedClaim] = JsonDirStore(
+            Path(state_dir) / "claims",
+            PreparedClaim.from_json,
+            PreparedClaim.to_json,
+            lambda claim: claim.uid,
+        )
+        self.dir = self._store.dir
 
     def get(self, uid: str) -> PreparedClaim | None:
-        return self._claims.get(uid)
+        return self._store.get(uid)
 
     def put(self, claim: PreparedClaim) -> None:
-        with self._lock:
-            write_atomically(
-                self.dir / f"{claim.uid}.json",
-                json.dumps(claim.to_json(), separators=(",", ":")).encode(),
-            )
-            self._claims[claim.uid] = claim
+        self._store.put(claim)
 
     def remove(self, uid: str) -> bool:
-        with self._lock:
-            (self.dir / f"{uid}.json").unlink(missing_ok=True)
-            return self._claims.pop(uid, None) is not None
+        return self._store.remove(uid)
 
     def for_pod(self, pod_uid: str) -> list[PreparedClaim]:
         """The pod's claims in a fixed order (namespace/name), so attach order is reproducible."""
-        found = [c for c in self._claims.values() if pod_uid in c.pod_uids]
+        found = [c for c in self._store.values() if pod_uid in c.pod_uids]
         return sorted(found, key=lambda c: (c.namespace, c.name))
 
     def all(self) -> Iterable[PreparedClaim]:
-        return list(self._claims.values())
+        return self._store.values()
 
     def __len__(self) -> int:
-        return len(self._claims)
+        return len(self._store)

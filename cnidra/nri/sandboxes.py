@@ -4,7 +4,6 @@ undo; one atomic file per sandbox under <state>/sandboxes/."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cnidra.cni.attach import Attachment
-from cnidra.util.files import write_atomically
+from cnidra.util.store import JsonDirStore
 
 log = logging.getLogger(__name__)
 
@@ -88,34 +87,25 @@ class SandboxRecord:
 
 class SandboxStore:
     def __init__(self, state_dir: str | Path) -> None:
-        self.dir = Path(state_dir) / "sandboxes"
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._records: dict[str, SandboxRecord] = {}
-        for path in sorted(self.dir.glob("*.json")):
-            try:
-                record = SandboxRecord.from_json(json.loads(path.read_bytes()))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.error("sandbox record %s is unreadable, moved aside: %s", path, exc)
-                path.rename(path.with_suffix(".corrupt"))
-                continue
-            self._records[record.sandbox_id] = record
+        self._store: JsonDirStore[SandboxRecord] = JsonDirStore(
+            Path(state_dir) / "sandboxes",
+            SandboxRecord.from_json,
+            SandboxRecord.to_json,
+            lambda record: record.sandbox_id,
+        )
+        self.dir = self._store.dir
 
     def get(self, sandbox_id: str) -> SandboxRecord | None:
-        return self._records.get(sandbox_id)
+        return self._store.get(sandbox_id)
 
     def put(self, record: SandboxRecord) -> None:
-        write_atomically(
-            self.dir / f"{record.sandbox_id}.json",
-            json.dumps(record.to_json(), separators=(",", ":")).encode(),
-        )
-        self._records[record.sandbox_id] = record
+        self._store.put(record)
 
     def remove(self, sandbox_id: str) -> None:
-        (self.dir / f"{sandbox_id}.json").unlink(missing_ok=True)
-        self._records.pop(sandbox_id, None)
+        self._store.remove(sandbox_id)
 
     def all(self) -> Iterable[SandboxRecord]:
-        return list(self._records.values())
+        return self._store.values()
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self._store)

@@ -1,0 +1,210 @@
+"""resolve_claim (pure) and the checkpoint, without a cluster."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cnidra.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from cnidra.dra.prepare import ClaimRef, PrepareError, resolve_claim
+
+DRIVER = "cni.dra.networking.x-k8s.io"
+REF = ClaimRef("ns", "c", "uid-1")
+
+
+def params(**extra: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+        "kind": "CNIConfig",
+        "ifName": "net1",
+        "config": {
+            "cniVersion": "1.0.0",
+            "name": "n",
+            "plugins": [
+                {
+                    "type": "macvlan",
+                    "master": "eth1",
+                    "ipam": {"type": "host-local", "ranges": [[{"subnet": "198.18.0.0/24"}]]},
+                }
+            ],
+        },
+        **extra,
+    }
+
+
+def claim(
+    configs: list[dict[str, Any]] | None = None,
+    results: list[dict[str, Any]] | None = None,
+    node: str = "n1",
+) -> dict[str, Any]:
+    return {
+        "metadata": {"uid": "uid-1", "generation": 2},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": results
+                    if results is not None
+                    else [
+                        {
+                            "request": "net",
+                            "driver": DRIVER,
+                            "pool": "n1",
+                            "device": "eth1",
+                            "shareID": "s-1",
+                        }
+                    ],
+                    "config": configs
+                    if configs is not None
+                    else [
+                        {
+                            "source": "FromClaim",
+                            "requests": ["net"],
+                            "opaque": {"driver": DRIVER, "parameters": params()},
+                        }
+                    ],
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node]}
+                            ]
+                        }
+                    ]
+                },
+            },
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "pod-1"}],
+        },
+    }
+
+
+def test_a_valid_claim_resolves_to_its_attachment() -> None:
+    prepared = resolve_claim(claim(), REF, "n1")
+    assert prepared.pod_uids == ("pod-1",) and prepared.generation == 2
+    [dev] = prepared.devices
+    assert (dev.request, dev.pool, dev.device, dev.if_name, dev.share_id) == (
+        "net",
+        "n1",
+        "eth1",
+        "net1",
+        "s-1",
+    )
+    assert dev.network["plugins"][0]["master"] == "eth1"
+
+
+def test_class_config_then_claim_config() -> None:
+    configs = [
+        {"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": params(ifName="cls0")}},
+        {
+            "source": "FromClaim",
+            "requests": ["net"],
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+                    "kind": "CNIConfig",
+                    "ifName": "mine0",
+                    "args": {"A": "1"},
+                },
+            },
+        },
+    ]
+    [dev] = resolve_claim(claim(configs), REF, "n1").devices
+    assert dev.if_name == "mine0" and dev.cni_args == (("A", "1"),)
+    assert dev.network["name"] == "n"
+
+
+@pytest.mark.parametrize(
+    "change,fragment",
+    [
+        (lambda c: c["metadata"].update(uid="other"), "deleted and created again"),
+        (lambda c: c["status"].pop("allocation"), "not allocated"),
+        (
+            lambda c: c["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0][
+                "matchFields"
+            ][0].update(values=["n2"]),
+            "not to this node n1",
+        ),
+        (lambda c: c["status"]["allocation"]["devices"].update(results=[]), "no devices of driver"),
+        (lambda c: c["status"]["allocation"]["devices"].update(config=[]), "has no cni.dra"),
+        (
+            lambda c: c["status"]["allocation"]["devices"]["results"].append(
+                {"request": "net", "driver": DRIVER, "pool": "n1", "device": "eth2"}
+            ),
+            "count 1",
+        ),
+        (
+            lambda c: c["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"][
+                "config"
+            ]["plugins"][0].update(mode="bridged"),
+            "config.plugins[0].mode",
+        ),
+    ],
+)
+def test_problems_a_person_can_act_on(change: Any, fragment: str) -> None:
+    bad = copy.deepcopy(claim())
+    change(bad)
+    with pytest.raises(PrepareError, match="ns/c") as info:
+        resolve_claim(bad, REF, "n1")
+    assert fragment in str(info.value)
+
+
+def test_duplicate_ifnames_within_a_claim() -> None:
+    results = [{"request": r, "driver": DRIVER, "pool": "n1", "device": "eth1"} for r in ("a", "b")]
+    configs = [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params()}}]
+    with pytest.raises(PrepareError, match="both use ifName 'net1'"):
+        resolve_claim(claim(configs, results), REF, "n1")
+
+
+def test_other_drivers_devices_and_configs_are_ignored() -> None:
+    c = claim()
+    c["status"]["allocation"]["devices"]["results"].append(
+        {"request": "gpu", "driver": "gpu.example.com", "pool": "n1", "device": "g0"}
+    )
+    c["status"]["allocation"]["devices"]["config"].append(
+        {"source": "FromClaim", "opaque": {"driver": "gpu.example.com", "parameters": {"x": 1}}}
+    )
+    assert [d.request for d in resolve_claim(c, REF, "n1").devices] == ["net"]
+
+
+def prepared(uid: str, name: str, pods: tuple[str, ...]) -> PreparedClaim:
+    dev = PreparedDevice(
+        "net",
+        "n1",
+        "eth1",
+        "net1",
+        {"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "bridge"}]},
+        {"mac": "02:00:00:00:00:01"},
+        (("A", "1"),),
+        "s",
+    )
+    return PreparedClaim(uid, "ns", name, pods, (dev,), 1)
+
+
+def test_checkpoint_survives_a_restart_and_orders_a_pods_claims(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path)
+    cp.put(prepared("u2", "zeta", ("pod-a",)))
+    cp.put(prepared("u1", "alpha", ("pod-a", "pod-b")))
+    again = Checkpoint(tmp_path)
+    assert [c.name for c in again.for_pod("pod-a")] == ["alpha", "zeta"]
+    assert again.get("u1") == prepared("u1", "alpha", ("pod-a", "pod-b"))
+    assert again.remove("u1") and not again.remove("u1")
+    assert [c.name for c in Checkpoint(tmp_path).for_pod("pod-a")] == ["zeta"]
+    assert [p.name for p in (tmp_path / "claims").iterdir()] == ["u2.json"]
+
+
+def test_a_corrupt_checkpoint_entry_is_moved_aside(tmp_path: Path) -> None:
+    Checkpoint(tmp_path).put(prepared("u1", "a", ("p",)))
+    (tmp_path / "claims" / "bad.json").write_text("{not json")
+    (tmp_path / "claims" / "half.json").write_text(json.dumps({"uid": "x"}))
+    cp = Checkpoint(tmp_path)
+    assert len(cp) == 1
+    assert sorted(p.name for p in (tmp_path / "claims").iterdir()) == [
+        "bad.corrupt",
+        "half.corrupt",
+        "u1.json",
+    ]
