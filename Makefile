@@ -19,7 +19,7 @@ cni-plugins:
 	hack/install-cni.sh
 
 lint: install
-	$(BIN)/ruff check cnidra tests bench
+	$(BIN)/ruff check cnidra tests bench hack
 	$(BIN)/mypy
 
 test: install lint cni-plugins

@@ -21,8 +21,9 @@ BUSYBOX = "/bin/busybox"
 EPOCH = 0
 
 
-def _info(name: str, kind: bytes = tarfile.REGTYPE, mode: int = 0o755, size: int = 0,
-          link: str = "") -> tarfile.TarInfo:
+def _info(
+    name: str, kind: bytes = tarfile.REGTYPE, mode: int = 0o755, size: int = 0, link: str = ""
+) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.type, info.mode, info.size, info.linkname, info.mtime = kind, mode, size, link, EPOCH
     info.uid = info.gid = 0
@@ -30,8 +31,9 @@ def _info(name: str, kind: bytes = tarfile.REGTYPE, mode: int = 0o755, size: int
 
 
 def layer() -> bytes:
-    applets = subprocess.run([BUSYBOX, "--list"], check=True, capture_output=True,
-                             text=True).stdout.split()
+    applets = subprocess.run(
+        [BUSYBOX, "--list"], check=True, capture_output=True, text=True
+    ).stdout.split()
     with open(BUSYBOX, "rb") as f:
         binary = f.read()
     buf = io.BytesIO()
@@ -41,8 +43,10 @@ def layer() -> bytes:
         tar.addfile(_info("bin/busybox", size=len(binary)), io.BytesIO(binary))
         for applet in sorted(set(applets) - {"busybox"}):
             tar.addfile(_info(f"bin/{applet}", tarfile.SYMTYPE, 0o777, link="busybox"))
-        for name, text in (("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"),
-                           ("etc/group", "root:x:0:\n")):
+        for name, text in (
+            ("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"),
+            ("etc/group", "root:x:0:\n"),
+        ):
             data = text.encode()
             tar.addfile(_info(name, mode=0o644, size=len(data)), io.BytesIO(data))
     return buf.getvalue()
@@ -58,29 +62,59 @@ def write(out: str, ref: str, entrypoint: list[str]) -> None:
     rootfs = layer()
     with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
         layer_digest = blob(tar, rootfs)
-        config = json.dumps({
-            "architecture": "amd64", "os": "linux",
-            "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"], "WorkingDir": "/"},
-            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-        }, sort_keys=True).encode()
+        config = json.dumps(
+            {
+                "architecture": "amd64",
+                "os": "linux",
+                "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"], "WorkingDir": "/"},
+                "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+            },
+            sort_keys=True,
+        ).encode()
         config_digest = blob(tar, config)
-        manifest = json.dumps({
-            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                       "digest": config_digest, "size": len(config)},
-            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                        "digest": layer_digest, "size": len(rootfs)}],
-        }, sort_keys=True).encode()
+        manifest = json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {
+                    "mediaType": "application/vnd.oci.image.config.v1+json",
+                    "digest": config_digest,
+                    "size": len(config),
+                },
+                "layers": [
+                    {
+                        "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                        "digest": layer_digest,
+                        "size": len(rootfs),
+                    }
+                ],
+            },
+            sort_keys=True,
+        ).encode()
         manifest_digest = blob(tar, manifest)
-        index = json.dumps({
-            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
-            "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-                           "digest": manifest_digest, "size": len(manifest),
-                           "platform": {"architecture": "amd64", "os": "linux"},
-                           "annotations": {"io.containerd.image.name": ref,
-                                           "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[-1]}}],
-        }, sort_keys=True).encode()
-        for name, data in (("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'), ("index.json", index)):
+        index = json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.index.v1+json",
+                "manifests": [
+                    {
+                        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                        "digest": manifest_digest,
+                        "size": len(manifest),
+                        "platform": {"architecture": "amd64", "os": "linux"},
+                        "annotations": {
+                            "io.containerd.image.name": ref,
+                            "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[-1],
+                        },
+                    }
+                ],
+            },
+            sort_keys=True,
+        ).encode()
+        for name, data in (
+            ("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'),
+            ("index.json", index),
+        ):
             tar.addfile(_info(name, mode=0o644, size=len(data)), io.BytesIO(data))
 
 

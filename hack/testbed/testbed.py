@@ -55,7 +55,9 @@ GATES = {
     "DRADeviceTaints": True,
 }
 FEATURE_GATES = ",".join(f"{k}={str(v).lower()}" for k, v in GATES.items())
-RUNTIME_CONFIG = "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true"
+RUNTIME_CONFIG = (
+    "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true"
+)
 
 
 def log(message: str) -> None:
@@ -77,16 +79,23 @@ class Bins:
 
     @classmethod
     def locate(cls) -> Bins:
-        out = subprocess.run([HACK / "testbed" / "build.sh", "paths"], check=True, text=True,
-                             capture_output=True).stdout
+        out = subprocess.run(
+            [HACK / "testbed" / "build.sh", "paths"], check=True, text=True, capture_output=True
+        ).stdout
         paths = dict(line.split("=", 1) for line in out.split())
-        cni = subprocess.run([HACK / "install-cni.sh", "env"], check=True, text=True,
-                             capture_output=True).stdout
+        cni = subprocess.run(
+            [HACK / "install-cni.sh", "env"], check=True, text=True, capture_output=True
+        ).stdout
         cni_env = dict(line.removeprefix("export ").split("=", 1) for line in cni.splitlines())
-        return cls(Path(paths["K8S_BIN"]), Path(paths["ETCD_BIN"]), Path(paths["CONTAINERD_BIN"]),
-                   Path(paths["CRICTL_BIN"]), Path(paths["RUNC_BIN"]),
-                   Path(cni_env["CNIDRA_TEST_CNI_PATH"]),
-                   Path(cni_env["CNIDRA_TEST_CNITOOL"]))
+        return cls(
+            Path(paths["K8S_BIN"]),
+            Path(paths["ETCD_BIN"]),
+            Path(paths["CONTAINERD_BIN"]),
+            Path(paths["CRICTL_BIN"]),
+            Path(paths["RUNC_BIN"]),
+            Path(cni_env["CNIDRA_TEST_CNI_PATH"]),
+            Path(cni_env["CNIDRA_TEST_CNITOOL"]),
+        )
 
     def built(self) -> bool:
         dirs = (self.k8s, self.etcd, self.containerd, self.crictl, self.runc)
@@ -122,13 +131,32 @@ def _cert(name: str, subject: str, sans: Sequence[str] = (), server: bool = Fals
     _openssl("genrsa", "-out", str(key), "2048")
     _openssl("req", "-new", "-key", str(key), "-subj", subject, "-out", str(csr))
     usage = "serverAuth" if server else "clientAuth"
-    lines = ["basicConstraints=CA:FALSE", "keyUsage=critical,digitalSignature,keyEncipherment",
-             f"extendedKeyUsage={usage}"]
+    lines = [
+        "basicConstraints=CA:FALSE",
+        "keyUsage=critical,digitalSignature,keyEncipherment",
+        f"extendedKeyUsage={usage}",
+    ]
     if sans:
         lines.append("subjectAltName=" + ",".join(sans))
     ext.write_text("\n".join(lines) + "\n")
-    _openssl("x509", "-req", "-in", str(csr), "-CA", str(pki / "ca.crt"), "-CAkey", str(pki / "ca.key"),
-             "-CAcreateserial", "-days", "3650", "-sha256", "-extfile", str(ext), "-out", str(crt))
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(pki / "ca.crt"),
+        "-CAkey",
+        str(pki / "ca.key"),
+        "-CAcreateserial",
+        "-days",
+        "3650",
+        "-sha256",
+        "-extfile",
+        str(ext),
+        "-out",
+        str(crt),
+    )
     csr.unlink()
     ext.unlink()
 
@@ -139,16 +167,45 @@ def make_pki() -> None:
         return
     shutil.rmtree(pki, ignore_errors=True)
     pki.mkdir(parents=True, mode=0o700)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(pki / "ca.key"),
-             "-out", str(pki / "ca.crt"), "-days", "3650", "-subj", "/CN=cnidra-testbed-ca",
-             "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature")
-    _cert("apiserver", "/CN=kube-apiserver", server=True, sans=[
-        "IP:127.0.0.1", f"IP:{SERVICE_IP}", "DNS:localhost", "DNS:kubernetes",
-        "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
-        "DNS:kubernetes.default.svc.cluster.local"])
-    _cert("kubelet-serving", f"/CN={NODE}", server=True,
-          sans=["IP:127.0.0.1", f"IP:{NODE_IP}", f"DNS:{NODE}"])
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(pki / "ca.key"),
+        "-out",
+        str(pki / "ca.crt"),
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=cnidra-testbed-ca",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+    )
+    _cert(
+        "apiserver",
+        "/CN=kube-apiserver",
+        server=True,
+        sans=[
+            "IP:127.0.0.1",
+            f"IP:{SERVICE_IP}",
+            "DNS:localhost",
+            "DNS:kubernetes",
+            "DNS:kubernetes.default",
+            "DNS:kubernetes.default.svc",
+            "DNS:kubernetes.default.svc.cluster.local",
+        ],
+    )
+    _cert(
+        "kubelet-serving",
+        f"/CN={NODE}",
+        server=True,
+        sans=["IP:127.0.0.1", f"IP:{NODE_IP}", f"DNS:{NODE}"],
+    )
     _cert("admin", "/O=system:masters/CN=cnidra-testbed-admin")
     _cert("apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client")
     _cert("kubelet", f"/O=system:nodes/CN=system:node:{NODE}")
@@ -162,15 +219,35 @@ def make_pki() -> None:
 def kubeconfig(path: Path, user: str) -> None:
     pki = Paths.pki
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "testbed",
-        "clusters": [{"name": "testbed", "cluster": {
-            "server": f"https://127.0.0.1:{APISERVER_PORT}",
-            "certificate-authority": str(pki / "ca.crt")}}],
-        "users": [{"name": user, "user": {"client-certificate": str(pki / f"{user}.crt"),
-                                          "client-key": str(pki / f"{user}.key")}}],
-        "contexts": [{"name": "testbed", "context": {"cluster": "testbed", "user": user}}],
-    }, indent=2))
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "testbed",
+                "clusters": [
+                    {
+                        "name": "testbed",
+                        "cluster": {
+                            "server": f"https://127.0.0.1:{APISERVER_PORT}",
+                            "certificate-authority": str(pki / "ca.crt"),
+                        },
+                    }
+                ],
+                "users": [
+                    {
+                        "name": user,
+                        "user": {
+                            "client-certificate": str(pki / f"{user}.crt"),
+                            "client-key": str(pki / f"{user}.key"),
+                        },
+                    }
+                ],
+                "contexts": [{"name": "testbed", "context": {"cluster": "testbed", "user": user}}],
+            },
+            indent=2,
+        )
+    )
     path.chmod(0o600)
 
 
@@ -178,21 +255,46 @@ def kubeconfig(path: Path, user: str) -> None:
 
 
 def write_configs(bins: Bins) -> None:
-    for d in (Paths.logs, Paths.pids, Paths.etc, Paths.run, Paths.plugins_registry,
-              Paths.plugins, Paths.cni_conf, Paths.cni_data, ROOT / "nri" / "conf.d",
-              ROOT / "nri" / "plugins"):
+    for d in (
+        Paths.logs,
+        Paths.pids,
+        Paths.etc,
+        Paths.run,
+        Paths.plugins_registry,
+        Paths.plugins,
+        Paths.cni_conf,
+        Paths.cni_data,
+        ROOT / "nri" / "conf.d",
+        ROOT / "nri" / "plugins",
+    ):
         d.mkdir(parents=True, exist_ok=True)
     for user in ("admin", "kubelet", "controller-manager", "scheduler"):
         kubeconfig(Paths.etc / f"{user}.kubeconfig", user)
     kubeconfig(Paths.admin_kubeconfig, "admin")
-    (Paths.cni_conf / "10-testbed.conflist").write_text(json.dumps({
-        "cniVersion": "1.0.0", "name": "testbed-primary", "plugins": [
-            {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False,
-             "hairpinMode": True,
-             "ipam": {"type": "host-local", "dataDir": str(Paths.cni_data / "networks"),
-                      "ranges": [[{"subnet": POD_SUBNET, "gateway": POD_GATEWAY}]]}},
-            {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False},
-        ]}, indent=2))
+    (Paths.cni_conf / "10-testbed.conflist").write_text(
+        json.dumps(
+            {
+                "cniVersion": "1.0.0",
+                "name": "testbed-primary",
+                "plugins": [
+                    {
+                        "type": "bridge",
+                        "bridge": BRIDGE,
+                        "isGateway": True,
+                        "ipMasq": False,
+                        "hairpinMode": True,
+                        "ipam": {
+                            "type": "host-local",
+                            "dataDir": str(Paths.cni_data / "networks"),
+                            "ranges": [[{"subnet": POD_SUBNET, "gateway": POD_GATEWAY}]],
+                        },
+                    },
+                    {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False},
+                ],
+            },
+            indent=2,
+        )
+    )
     (Paths.etc / "containerd.toml").write_text(f"""\
 version = 3
 root = '{ROOT}/containerd'
@@ -240,36 +342,50 @@ state = '{Paths.run}/containerd'
     plugin_request_timeout = '2s'
 """)
     pki = Paths.pki
-    (Paths.etc / "kubelet.yaml").write_text(json.dumps({
-        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-        "address": NODE_IP, "port": 10250, "healthzBindAddress": "127.0.0.1",
-        "readOnlyPort": 0,
-        "authentication": {"x509": {"clientCAFile": str(pki / "ca.crt")},
-                           "webhook": {"enabled": True}, "anonymous": {"enabled": False}},
-        "authorization": {"mode": "Webhook"},
-        "tlsCertFile": str(pki / "kubelet-serving.crt"),
-        "tlsPrivateKeyFile": str(pki / "kubelet-serving.key"),
-        "cgroupDriver": "cgroupfs",
-        # this machine has cgroup v1, which kubelet refuses from 1.35 on unless told otherwise
-        "failCgroupV1": False,
-        "failSwapOn": False,
-        "containerRuntimeEndpoint": f"unix://{Paths.containerd_sock}",
-        "podLogsDir": str(ROOT / "var" / "log" / "pods"),
-        "volumePluginDir": str(ROOT / "volume-plugins"),
-        "staticPodPath": "",
-        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
-                         "imagefs.available": "1%"},
-        "imageGCHighThresholdPercent": 100,
-        "imageGCLowThresholdPercent": 99,
-        "featureGates": GATES,
-        "serializeImagePulls": False,
-        "maxPods": 250,
-        "registerNode": True,
-        "resolvConf": "/etc/resolv.conf",
-        "syncFrequency": "10s",
-        "fileCheckFrequency": "10s",
-        "nodeStatusUpdateFrequency": "5s",
-    }, indent=2))
+    (Paths.etc / "kubelet.yaml").write_text(
+        json.dumps(
+            {
+                "apiVersion": "kubelet.config.k8s.io/v1beta1",
+                "kind": "KubeletConfiguration",
+                "address": NODE_IP,
+                "port": 10250,
+                "healthzBindAddress": "127.0.0.1",
+                "readOnlyPort": 0,
+                "authentication": {
+                    "x509": {"clientCAFile": str(pki / "ca.crt")},
+                    "webhook": {"enabled": True},
+                    "anonymous": {"enabled": False},
+                },
+                "authorization": {"mode": "Webhook"},
+                "tlsCertFile": str(pki / "kubelet-serving.crt"),
+                "tlsPrivateKeyFile": str(pki / "kubelet-serving.key"),
+                "cgroupDriver": "cgroupfs",
+                # this machine has cgroup v1, which kubelet refuses from 1.35 on unless told so
+                "failCgroupV1": False,
+                "failSwapOn": False,
+                "containerRuntimeEndpoint": f"unix://{Paths.containerd_sock}",
+                "podLogsDir": str(ROOT / "var" / "log" / "pods"),
+                "volumePluginDir": str(ROOT / "volume-plugins"),
+                "staticPodPath": "",
+                "evictionHard": {
+                    "memory.available": "100Mi",
+                    "nodefs.available": "1%",
+                    "imagefs.available": "1%",
+                },
+                "imageGCHighThresholdPercent": 100,
+                "imageGCLowThresholdPercent": 99,
+                "featureGates": GATES,
+                "serializeImagePulls": False,
+                "maxPods": 250,
+                "registerNode": True,
+                "resolvConf": "/etc/resolv.conf",
+                "syncFrequency": "10s",
+                "fileCheckFrequency": "10s",
+                "nodeStatusUpdateFrequency": "5s",
+            },
+            indent=2,
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- processes
@@ -297,9 +413,15 @@ def start(name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> 
     if pid:
         return pid
     logfile = open(Paths.logs / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
-    proc = subprocess.Popen(list(argv), stdout=logfile, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
-                            start_new_session=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        list(argv),
+        stdout=logfile,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+        cwd=ROOT,
+    )
     logfile.close()
     _pidfile(name).write_text(str(proc.pid))
     log(f"started {name} (pid {proc.pid}), log {Paths.logs / (name + '.log')}")
@@ -344,94 +466,161 @@ def port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def kubectl(bins: Bins, *args: str, check: bool = True, timeout: float = 60,
-            input_: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(bins.k8s / "kubectl"), "--kubeconfig", str(Paths.admin_kubeconfig),
-                           *args], check=check, text=True, capture_output=True, timeout=timeout,
-                          input=input_)
+class KubectlError(RuntimeError):
+    pass
+
+
+def kubectl(
+    bins: Bins, *args: str, check: bool = True, timeout: float = 60, input_: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [str(bins.k8s / "kubectl"), "--kubeconfig", str(Paths.admin_kubeconfig), *args],
+        check=False,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        input=input_,
+    )
+    if check and proc.returncode != 0:
+        raise KubectlError(
+            f"kubectl {' '.join(args)} exited {proc.returncode}: "
+            f"{proc.stderr.strip() or proc.stdout.strip()}"
+        )
+    return proc
 
 
 def crictl(bins: Bins, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(bins.crictl / "crictl"), "--runtime-endpoint",
-                           f"unix://{Paths.containerd_sock}", "--image-endpoint",
-                           f"unix://{Paths.containerd_sock}", "--timeout", "20s", *args],
-                          check=check, text=True, capture_output=True, timeout=60)
+    return subprocess.run(
+        [
+            str(bins.crictl / "crictl"),
+            "--runtime-endpoint",
+            f"unix://{Paths.containerd_sock}",
+            "--image-endpoint",
+            f"unix://{Paths.containerd_sock}",
+            "--timeout",
+            "20s",
+            *args,
+        ],
+        check=check,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
 
 
 # ----------------------------------------------------------------------------- components
 
 
 def start_etcd(bins: Bins) -> None:
-    start("etcd", [str(bins.etcd / "etcd"), "--name", "testbed", "--data-dir", str(ROOT / "etcd"),
-                   "--listen-client-urls", f"http://{ETCD_CLIENT}",
-                   "--advertise-client-urls", f"http://{ETCD_CLIENT}",
-                   "--listen-peer-urls", f"http://{ETCD_PEER}",
-                   "--initial-advertise-peer-urls", f"http://{ETCD_PEER}",
-                   "--initial-cluster", f"testbed=http://{ETCD_PEER}",
-                   "--unsafe-no-fsync", "--quota-backend-bytes", str(4 << 30),
-                   "--log-level", "warn"])
+    start(
+        "etcd",
+        [
+            str(bins.etcd / "etcd"),
+            "--name",
+            "testbed",
+            "--data-dir",
+            str(ROOT / "etcd"),
+            "--listen-client-urls",
+            f"http://{ETCD_CLIENT}",
+            "--advertise-client-urls",
+            f"http://{ETCD_CLIENT}",
+            "--listen-peer-urls",
+            f"http://{ETCD_PEER}",
+            "--initial-advertise-peer-urls",
+            f"http://{ETCD_PEER}",
+            "--initial-cluster",
+            f"testbed=http://{ETCD_PEER}",
+            "--unsafe-no-fsync",
+            "--quota-backend-bytes",
+            str(4 << 30),
+            "--log-level",
+            "warn",
+        ],
+    )
     wait_for("etcd", lambda: port_open(int(ETCD_CLIENT.split(":")[1])), 60, "etcd")
 
 
 def start_apiserver(bins: Bins) -> None:
     pki = Paths.pki
-    start("kube-apiserver", [
-        str(bins.k8s / "kube-apiserver"),
-        f"--etcd-servers=http://{ETCD_CLIENT}",
-        "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-        f"--secure-port={APISERVER_PORT}",
-        f"--service-cluster-ip-range={SERVICE_CIDR}",
-        f"--client-ca-file={pki / 'ca.crt'}",
-        f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
-        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
-        f"--kubelet-certificate-authority={pki / 'ca.crt'}",
-        "--kubelet-preferred-address-types=InternalIP,Hostname",
-        f"--service-account-key-file={pki / 'sa.pub'}",
-        f"--service-account-signing-key-file={pki / 'sa.key'}",
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-        "--authorization-mode=Node,RBAC",
-        "--allow-privileged=true",
-        f"--feature-gates={FEATURE_GATES}",
-        f"--runtime-config={RUNTIME_CONFIG}",
-        "--endpoint-reconciler-type=none",
-        "--profiling=false", "--v=1",
-    ])
-    wait_for("kube-apiserver /readyz", lambda: kubectl(bins, "get", "--raw", "/readyz",
-                                                       timeout=5).stdout.strip() == "ok",
-             120, "kube-apiserver")
+    start(
+        "kube-apiserver",
+        [
+            str(bins.k8s / "kube-apiserver"),
+            f"--etcd-servers=http://{ETCD_CLIENT}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={APISERVER_PORT}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            "--authorization-mode=Node,RBAC",
+            "--allow-privileged=true",
+            f"--feature-gates={FEATURE_GATES}",
+            f"--runtime-config={RUNTIME_CONFIG}",
+            "--endpoint-reconciler-type=none",
+            "--profiling=false",
+            "--v=1",
+        ],
+    )
+    wait_for(
+        "kube-apiserver /readyz",
+        lambda: kubectl(bins, "get", "--raw", "/readyz", timeout=5).stdout.strip() == "ok",
+        120,
+        "kube-apiserver",
+    )
 
 
 def start_controllers(bins: Bins) -> None:
     pki = Paths.pki
-    start("kube-controller-manager", [
-        str(bins.k8s / "kube-controller-manager"),
-        f"--kubeconfig={Paths.etc / 'controller-manager.kubeconfig'}",
-        f"--authentication-kubeconfig={Paths.etc / 'controller-manager.kubeconfig'}",
-        f"--authorization-kubeconfig={Paths.etc / 'controller-manager.kubeconfig'}",
-        "--bind-address=127.0.0.1", "--leader-elect=false",
-        f"--service-account-private-key-file={pki / 'sa.key'}",
-        f"--root-ca-file={pki / 'ca.crt'}",
-        f"--cluster-signing-cert-file={pki / 'ca.crt'}",
-        f"--cluster-signing-key-file={pki / 'ca.key'}",
-        "--use-service-account-credentials=true",
-        "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
-        f"--feature-gates={FEATURE_GATES}", "--v=1",
-    ])
-    start("kube-scheduler", [
-        str(bins.k8s / "kube-scheduler"),
-        f"--kubeconfig={Paths.etc / 'scheduler.kubeconfig'}",
-        f"--authentication-kubeconfig={Paths.etc / 'scheduler.kubeconfig'}",
-        f"--authorization-kubeconfig={Paths.etc / 'scheduler.kubeconfig'}",
-        "--bind-address=127.0.0.1", "--leader-elect=false",
-        f"--feature-gates={FEATURE_GATES}", "--v=1",
-    ])
+    start(
+        "kube-controller-manager",
+        [
+            str(bins.k8s / "kube-controller-manager"),
+            f"--kubeconfig={Paths.etc / 'controller-manager.kubeconfig'}",
+            f"--authentication-kubeconfig={Paths.etc / 'controller-manager.kubeconfig'}",
+            f"--authorization-kubeconfig={Paths.etc / 'controller-manager.kubeconfig'}",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            "--use-service-account-credentials=true",
+            "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
+            f"--feature-gates={FEATURE_GATES}",
+            "--v=1",
+        ],
+    )
+    start(
+        "kube-scheduler",
+        [
+            str(bins.k8s / "kube-scheduler"),
+            f"--kubeconfig={Paths.etc / 'scheduler.kubeconfig'}",
+            f"--authentication-kubeconfig={Paths.etc / 'scheduler.kubeconfig'}",
+            f"--authorization-kubeconfig={Paths.etc / 'scheduler.kubeconfig'}",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+            f"--feature-gates={FEATURE_GATES}",
+            "--v=1",
+        ],
+    )
 
 
 def start_containerd(bins: Bins) -> None:
     path = f"{bins.containerd}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
-    start("containerd", [str(bins.containerd / "containerd"), "--config",
-                         str(Paths.etc / "containerd.toml")], env={"PATH": path})
+    start(
+        "containerd",
+        [str(bins.containerd / "containerd"), "--config", str(Paths.etc / "containerd.toml")],
+        env={"PATH": path},
+    )
     wait_for("containerd CRI", lambda: crictl(bins, "info").returncode == 0, 60, "containerd")
     import_images(bins)
 
@@ -441,25 +630,52 @@ def import_images(bins: Bins) -> None:
     images.mkdir(exist_ok=True)
     have = crictl(bins, "images", "-q", check=False).stdout
     listed = crictl(bins, "images", check=False).stdout
-    for ref, entrypoint in ((PAUSE_IMAGE, ["/bin/sh", "-c",
-                             "trap 'exit 0' TERM INT; while true; do sleep 3600 & wait $!; done"]),
-                            (TEST_IMAGE, ["/bin/sh"])):
+    for ref, entrypoint in (
+        (
+            PAUSE_IMAGE,
+            ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while true; do sleep 3600 & wait $!; done"],
+        ),
+        (TEST_IMAGE, ["/bin/sh"]),
+    ):
         repo, tag = ref.rsplit(":", 1)
         if any(line.split()[:2] == [repo, tag] for line in listed.splitlines()):
             continue
         archive = images / (ref.replace("/", "_").replace(":", "_") + ".tar")
-        subprocess.run([sys.executable, str(HACK / "testbed" / "mkimage.py"), str(archive), ref,
-                        "--entrypoint", json.dumps(entrypoint)], check=True)
-        subprocess.run([str(bins.containerd / "ctr"), "--address", str(Paths.containerd_sock),
-                        "-n", "k8s.io", "images", "import", "--no-unpack=false", str(archive)],
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                sys.executable,
+                str(HACK / "testbed" / "mkimage.py"),
+                str(archive),
+                ref,
+                "--entrypoint",
+                json.dumps(entrypoint),
+            ],
+            check=True,
+        )
+        subprocess.run(
+            [
+                str(bins.containerd / "ctr"),
+                "--address",
+                str(Paths.containerd_sock),
+                "-n",
+                "k8s.io",
+                "images",
+                "import",
+                "--no-unpack=false",
+                str(archive),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         log(f"imported {ref}")
     del have
 
 
 def make_bridge() -> None:
     """The primary network's bridge, made before kubelet so the node IP exists; host-only."""
-    if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode != 0:
+    shown = subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True, check=False)
+    if shown.returncode != 0:
         subprocess.run(["ip", "link", "add", BRIDGE, "type", "bridge"], check=True)
     subprocess.run(["ip", "addr", "replace", f"{NODE_IP}/24", "dev", BRIDGE], check=True)
     subprocess.run(["ip", "link", "set", BRIDGE, "up"], check=True)
@@ -467,15 +683,19 @@ def make_bridge() -> None:
 
 def start_kubelet(bins: Bins) -> None:
     make_bridge()
-    start("kubelet", [
-        str(bins.k8s / "kubelet"),
-        f"--config={Paths.etc / 'kubelet.yaml'}",
-        f"--kubeconfig={Paths.etc / 'kubelet.kubeconfig'}",
-        f"--root-dir={Paths.kubelet_dir}",
-        f"--hostname-override={NODE}",
-        f"--node-ip={NODE_IP}",
-        "--v=2",
-    ], env={"PATH": f"{bins.containerd}:{os.environ.get('PATH', '')}"})
+    start(
+        "kubelet",
+        [
+            str(bins.k8s / "kubelet"),
+            f"--config={Paths.etc / 'kubelet.yaml'}",
+            f"--kubeconfig={Paths.etc / 'kubelet.kubeconfig'}",
+            f"--root-dir={Paths.kubelet_dir}",
+            f"--hostname-override={NODE}",
+            f"--node-ip={NODE_IP}",
+            "--v=2",
+        ],
+        env={"PATH": f"{bins.containerd}:{os.environ.get('PATH', '')}"},
+    )
     wait_for(f"node {NODE} Ready", lambda: _node_ready(bins), 180, "kubelet")
 
 
@@ -487,8 +707,14 @@ def _node_ready(bins: Bins) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-              "containerd", "kubelet")
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "containerd",
+    "kubelet",
+)
 
 
 # ----------------------------------------------------------------------------- commands
@@ -513,10 +739,17 @@ def up() -> None:
     start_controllers(bins)
     start_containerd(bins)
     start_kubelet(bins)
-    wait_for("the default ServiceAccount (controller-manager working)",
-             lambda: kubectl(bins, "get", "serviceaccount", "default", "-n", "default",
-                             check=False, timeout=10).returncode == 0, 120,
-             "kube-controller-manager")
+    wait_for(
+        "the default ServiceAccount (controller-manager working)",
+        lambda: (
+            kubectl(
+                bins, "get", "serviceaccount", "default", "-n", "default", check=False, timeout=10
+            ).returncode
+            == 0
+        ),
+        120,
+        "kube-controller-manager",
+    )
     log(f"up in {time.monotonic() - started:.0f}s; KUBECONFIG={Paths.admin_kubeconfig}")
 
 
@@ -527,8 +760,11 @@ def _our_shims() -> list[int]:
             continue
         with contextlib.suppress(OSError):
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-            if argv and argv[0].endswith(b"containerd-shim-runc-v2") and \
-                    str(Paths.containerd_sock).encode() in b" ".join(argv):
+            if (
+                argv
+                and argv[0].endswith(b"containerd-shim-runc-v2")
+                and str(Paths.containerd_sock).encode() in b" ".join(argv)
+            ):
                 pids.append(int(proc.name))
     return pids
 
@@ -537,7 +773,9 @@ def _mounts_under_root() -> list[str]:
     out = Path("/proc/self/mountinfo").read_text().splitlines()
     targets = [line.split()[4] for line in out]
     root = str(ROOT)
-    return sorted({t for t in targets if t == root or t.startswith(root + "/")}, key=len, reverse=True)
+    return sorted(
+        {t for t in targets if t == root or t.startswith(root + "/")}, key=len, reverse=True
+    )
 
 
 def down() -> None:
