@@ -118,8 +118,10 @@ class Driver:
             "sandboxes": len(self.sandboxes),
             "statusPending": self.status.pending(),
         }
-        healthy = bool(self._servers) and self.registration.error is None
-        return healthy and self.nri.connected.is_set(), details
+        # Serving kubelet is what liveness is about; a disconnected runtime (containerd
+        # restarting) is reported as degraded, so a probe does not restart the driver for it.
+        details["degraded"] = not self.nri.connected.is_set()
+        return bool(self._servers) and self.registration.error is None, details
 
     async def start(self) -> None:
         s = self.settings

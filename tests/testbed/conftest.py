@@ -82,8 +82,14 @@ def namespace(cluster: Cluster) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
     # pods are refused until the controller-manager has made the namespace's ServiceAccount
-    cluster.wait(f"the default ServiceAccount in {name}", lambda: cluster.kubectl(
-        "get", "serviceaccount", "default", "-n", name, check=False).returncode == 0, 60)
+    cluster.wait(
+        f"the default ServiceAccount in {name}",
+        lambda: (
+            cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode
+            == 0
+        ),
+        60,
+    )
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 

@@ -416,7 +416,8 @@ def test_containerd_restart_during_a_burst(
     cluster.wait("some sandboxes", lambda: driver.health().get("sandboxes", 0) >= 2, 60)
     tb.stop("containerd")
     cluster.wait("the NRI plugin to notice", lambda: not driver.health().get("nriConnected"), 15)
-    assert driver.health()["registeredWithKubelet"]  # the driver stays up for kubelet meanwhile
+    health = driver.health()  # the driver stays up for kubelet meanwhile, and says it is degraded
+    assert health["ok"] and health["registeredWithKubelet"] and health["degraded"]
     tb.start_containerd(cluster.bins)
     cluster.wait("the NRI plugin to reconnect", lambda: driver.health().get("nriConnected"), 30)
     assert_all_attached(cluster, namespace, names, data, tmp_path / "cni-cache")
