@@ -58,7 +58,7 @@ def summary(values: list[float]) -> dict[str, float]:
 class Bed:
     def __init__(self, bins: tb.Bins) -> None:
         self.bins = bins
-        self.env = dict(line.removeprefix("export ").split("=", 1) for line in tb.env_lines())
+        self.env = tb.env_dict()
 
     def kubectl(self, *args: str, input_: str | None = None) -> str:
         return tb.kubectl(self.bins, *args, input_=input_, timeout=300).stdout

@@ -175,6 +175,9 @@ class PodNetworks:
             )
             self.store.put(record.with_state(State.ADDED, attachments=done))
             self._report(planned, outcomes)
+            # held until the last DEL succeeds: a claim must not vanish with interfaces set up
+            for claim in {_claim_key(a) for a in planned}:
+                self.status.finalizer(claim, True)
             return len(done)
 
     async def create_container(self, pod: nri.PodSandbox) -> None:
@@ -239,6 +242,7 @@ class PodNetworks:
 
     def _forget(self, record: SandboxRecord) -> None:
         self.store.remove(record.sandbox_id)
+        in_use = {_claim_key(a) for other in self.store.all() for a in other.attachments}
         for claim in {_claim_key(a) for a in record.attachments}:
             keys = [
                 (DRIVER_NAME, a.pool, a.device, a.share_id or "")
@@ -246,7 +250,8 @@ class PodNetworks:
                 if _claim_key(a) == claim
             ]
             self.status.drop(claim, keys)
-            self.status.finalizer(claim, False)
+            if claim not in in_use:  # another sandbox (a shared claim) may still use it
+                self.status.finalizer(claim, False)
         self._locks.pop(record.sandbox_id, None)
 
     def _retry_detach(self, sandbox_id: str) -> None:

@@ -829,6 +829,12 @@ def env_lines() -> list[str]:
     ]
 
 
+def env_dict() -> dict[str, str]:
+    """The `env` exports as a dict for Python callers, with $PATH expanded as a shell would."""
+    pairs = (line.removeprefix("export ").split("=", 1) for line in env_lines())
+    return {k: v.replace("$PATH", os.environ.get("PATH", "")) for k, v in pairs}
+
+
 @contextlib.contextmanager
 def session() -> Iterator[Bins]:
     """For pytest: bring the test bed up (reusing a running one), always bring it down after."""

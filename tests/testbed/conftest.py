@@ -73,8 +73,7 @@ class Cluster:
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     with tb.session() as bins:
-        env = dict(line.removeprefix("export ").split("=", 1) for line in tb.env_lines())
-        yield Cluster(bins, env)
+        yield Cluster(bins, tb.env_dict())
 
 
 @pytest.fixture

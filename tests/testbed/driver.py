@@ -27,7 +27,13 @@ def free_port() -> int:
 
 
 class DriverProcess:
-    def __init__(self, cluster: Cluster, state_dir: Path, **settings: str) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        state_dir: Path,
+        extra_env: dict[str, str] | None = None,
+        **settings: str,
+    ) -> None:
         settings.setdefault("cni_cache_dir", str(state_dir / "cni-cache"))
         self.cluster = cluster
         self.state_dir = state_dir
@@ -40,6 +46,7 @@ class DriverProcess:
             "CNIDRA_HTTP_ADDRESS": f"127.0.0.1:{self.port}",
             "CNIDRA_RESYNC_SECONDS": "30",
             **{f"CNIDRA_{k.upper()}": v for k, v in settings.items()},
+            **(extra_env or {}),
         }
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -520,3 +520,70 @@ def test_apiserver_down_while_a_sandbox_starts(
         lambda: len(allocations(data, "offline")) == len(live_ips()),
         30,
     )
+
+
+def test_a_failing_del_holds_the_claim_with_a_finalizer_until_it_succeeds(
+    cluster: Cluster, namespace: str, parent: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "del-fails"
+    marker.touch()
+    faults = str(ROOT / "tests" / "cni" / "faults")
+    driver = DriverProcess(
+        cluster,
+        tmp_path,
+        extra_env={"FAULT_DEL_MARKER": str(marker)},
+        cni_path=f"{cluster.env['CNIDRA_CNI_PATH']}:{faults}",
+    )
+    driver.start()
+    try:
+        cluster.wait("NRI", lambda: driver.health().get("nriConnected"), 30)
+        data = tmp_path / "ipam"
+        conf = cni_config("sticky", parent, data, "198.18.209.0/24")
+        conf["plugins"].append({"type": "fault-del-fails"})
+        apply(
+            cluster,
+            namespace,
+            template("net", [("net", parent, conf, "net1")]),
+            claiming_pod("p", "net"),
+        )
+        ready(cluster, namespace, "p")
+        [claim] = claims_of(cluster, namespace, "p")
+        name = claim["metadata"]["name"]
+        cluster.kubectl("delete", "-n", namespace, "pod", "p", "--wait=false")
+
+        def detach_failed() -> list[str]:
+            return [
+                e["message"]
+                for e in cluster.events("p", namespace)
+                if e["reason"] == "NetworkDetachFailed"
+            ]
+
+        messages = cluster.wait("the failed DEL to be reported", detach_failed, 60)
+        assert "injected DEL failure" in messages[0]
+
+        def held() -> dict[str, Any] | None:
+            meta = cluster.get("resourceclaim", name, namespace)["metadata"]
+            ours = "cni.dra.networking.x-k8s.io/interfaces" in (meta.get("finalizers") or [])
+            return meta if ours else None
+
+        # the claim stays (our finalizer; and kubelet cannot finish the pod while our
+        # NodeUnprepareResources says the interfaces are still being removed)
+        cluster.wait("the claim to be held by our finalizer", held, 30)
+        time.sleep(3)
+        assert held() is not None
+        assert allocations(data, "sticky")  # the address is still held: DEL did not finish
+        marker.unlink()  # the fault clears; the retry with backoff succeeds
+
+        def released() -> bool:
+            gone = (
+                cluster.kubectl(
+                    "get", "resourceclaim", name, "-n", namespace, check=False
+                ).returncode
+                != 0
+            )
+            return gone and not allocations(data, "sticky")
+
+        cluster.wait("the claim to go once DEL succeeds", released, 90)
+        assert driver.health()["sandboxes"] == 0
+    finally:
+        driver.stop()
