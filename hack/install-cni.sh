@@ -21,7 +21,8 @@ env_lines() {
 if [[ "${1:-}" == env ]]; then env_lines; exit 0; fi
 
 if [[ ! -x /usr/lib/cni/bridge ]]; then
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q containernetworking-plugins >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q containernetworking-plugins >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q containernetworking-plugins >/dev/null; }
 fi
 
 build() {  # build <dest-dir> <go install args...>

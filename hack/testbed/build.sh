@@ -117,7 +117,8 @@ debian_packages() {
   command -v mount >/dev/null || missing+=(mount)
   if ((${#missing[@]})); then
     log "apt-get install ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null; }
   fi
 }
 
