@@ -47,7 +47,6 @@ def attachments(count: int, data_dir: str) -> list[Attachment]:
             },
             "bench",
             f"data{i}",
-            cni_args=(("IgnoreUnknown", "1"),),
         )
         for i in range(count)
     ]

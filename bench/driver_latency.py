@@ -281,67 +281,45 @@ def prepare_latency(
 
 def raw_cni_ms(plugins_dir: str, parent: str, attachments: int, rounds: int) -> dict[str, float]:
     """ADD of the same macvlan + host-local conflist, the plugin binaries exec'd directly."""
+
+    def run(command: str, container: str, pod: str, index: int, data_dir: str) -> None:
+        conf = {
+            "cniVersion": "1.1.0",
+            "name": f"raw{index}",
+            "type": "macvlan",
+            "master": parent,
+            "ipam": {
+                "type": "host-local",
+                "dataDir": data_dir,
+                "ranges": [[{"subnet": f"198.18.{90 + index}.0/24"}]],
+            },
+        }
+        env = {
+            "CNI_COMMAND": command,
+            "CNI_CONTAINERID": container,
+            "CNI_NETNS": pod,
+            "CNI_IFNAME": f"net{index + 1}",
+            "CNI_PATH": plugins_dir,
+            "CNI_ARGS": "",
+            "PATH": os.environ["PATH"],
+        }
+        subprocess.run(
+            [f"{plugins_dir}/macvlan"],
+            input=json.dumps(conf).encode(),
+            env=env,
+            capture_output=True,
+            check=True,
+        )
+
     times = []
     with tempfile.TemporaryDirectory() as tmp, netns.temporary("cnidra-bench-pod") as pod:
         for r in range(rounds):
             start = time.perf_counter()
             for a in range(attachments):
-                conf = {
-                    "cniVersion": "1.1.0",
-                    "name": f"raw{a}",
-                    "type": "macvlan",
-                    "master": parent,
-                    "ipam": {
-                        "type": "host-local",
-                        "dataDir": tmp,
-                        "ranges": [[{"subnet": f"198.18.{90 + a}.0/24"}]],
-                    },
-                }
-                env = {
-                    "CNI_COMMAND": "ADD",
-                    "CNI_CONTAINERID": f"raw{r}",
-                    "CNI_NETNS": str(pod),
-                    "CNI_IFNAME": f"net{a + 1}",
-                    "CNI_PATH": plugins_dir,
-                    "CNI_ARGS": "",
-                    "PATH": os.environ["PATH"],
-                }
-                subprocess.run(
-                    [f"{plugins_dir}/macvlan"],
-                    input=json.dumps(conf).encode(),
-                    env=env,
-                    capture_output=True,
-                    check=True,
-                )
+                run("ADD", f"raw{r}", str(pod), a, tmp)
             times.append((time.perf_counter() - start) * 1000)
             for a in range(attachments):
-                conf = {
-                    "cniVersion": "1.1.0",
-                    "name": f"raw{a}",
-                    "type": "macvlan",
-                    "master": parent,
-                    "ipam": {
-                        "type": "host-local",
-                        "dataDir": tmp,
-                        "ranges": [[{"subnet": f"198.18.{90 + a}.0/24"}]],
-                    },
-                }
-                env = {
-                    "CNI_COMMAND": "DEL",
-                    "CNI_CONTAINERID": f"raw{r}",
-                    "CNI_NETNS": str(pod),
-                    "CNI_IFNAME": f"net{a + 1}",
-                    "CNI_PATH": plugins_dir,
-                    "CNI_ARGS": "",
-                    "PATH": os.environ["PATH"],
-                }
-                subprocess.run(
-                    [f"{plugins_dir}/macvlan"],
-                    input=json.dumps(conf).encode(),
-                    env=env,
-                    capture_output=True,
-                    check=True,
-                )
+                run("DEL", f"raw{r}", str(pod), a, tmp)
     return summary(times)
 
 

@@ -15,8 +15,9 @@ from cnidra.cni.result import Result
 from cnidra.cni.runtime import CNIRuntime, PluginFailed
 from cnidra.cni.types import NetworkConfigList, RuntimeConf
 
-# Plugins must ignore CNI_ARGS they do not know; kubelet and containerd send this too.
-BASE_ARGS: tuple[tuple[str, str], ...] = (("IgnoreUnknown", "1"),)
+# Plugins must ignore CNI_ARGS they do not know (K8S_POD_*, a user's args); containerd sends it
+# too. Added where the runtime config is made, so no way of building an Attachment can miss it.
+IGNORE_UNKNOWN = ("IgnoreUnknown", "1")
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Attachment:
         if config.if_name is None or config.config is None:
             raise CNIRuntimeError(f"claim {claim} request {request}: config is incomplete")
         caps = config.capabilities.runtime_values() if config.capabilities else {}
-        args = (*BASE_ARGS, *extra_args, *sorted((config.args or {}).items()))
+        args = (*extra_args, *sorted((config.args or {}).items()))
         return cls(
             claim,
             request,
@@ -64,9 +65,10 @@ class Attachment:
         return NetworkConfigList.from_dict(self.network)
 
     def runtime_conf(self, container_id: str, netns: str) -> RuntimeConf:
-        return RuntimeConf(
-            container_id, netns, self.if_name, self.cni_args, dict(self.capability_args)
+        args = (
+            self.cni_args if IGNORE_UNKNOWN in self.cni_args else (IGNORE_UNKNOWN, *self.cni_args)
         )
+        return RuntimeConf(container_id, netns, self.if_name, args, dict(self.capability_args))
 
     @property
     def label(self) -> str:

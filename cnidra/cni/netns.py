@@ -56,10 +56,6 @@ def temporary(prefix: str = "cnidra") -> Iterator[Path]:
         remove(path)
 
 
-def exists(path: str | os.PathLike[str]) -> bool:
-    return Path(path).exists()
-
-
 def _ip(*args: str) -> None:
     proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=False)
     if proc.returncode != 0:

@@ -7,7 +7,7 @@ one file per claim under <state>/claims/<uid>.json; a restart reloads them all."
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,32 +75,18 @@ class PreparedClaim:
         )
 
 
-class Checkpoint:
+class Checkpoint(JsonDirStore[PreparedClaim]):
+    """Prepared claims by UID, one file each under <state>/claims."""
+
     def __init__(self, state_dir: str | Path) -> None:
-        self._store: JsonDirStore[PreparedClaim] = JsonDirStore(
+        super().__init__(
             Path(state_dir) / "claims",
             PreparedClaim.from_json,
             PreparedClaim.to_json,
             lambda claim: claim.uid,
         )
-        self.dir = self._store.dir
-
-    def get(self, uid: str) -> PreparedClaim | None:
-        return self._store.get(uid)
-
-    def put(self, claim: PreparedClaim) -> None:
-        self._store.put(claim)
-
-    def remove(self, uid: str) -> bool:
-        return self._store.remove(uid)
 
     def for_pod(self, pod_uid: str) -> list[PreparedClaim]:
         """The pod's claims in a fixed order (namespace/name), so attach order is reproducible."""
-        found = [c for c in self._store.values() if pod_uid in c.pod_uids]
+        found = [c for c in self.all() if pod_uid in c.pod_uids]
         return sorted(found, key=lambda c: (c.namespace, c.name))
-
-    def all(self) -> Iterable[PreparedClaim]:
-        return self._store.values()
-
-    def __len__(self) -> int:
-        return len(self._store)

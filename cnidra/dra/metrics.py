@@ -46,6 +46,12 @@ HOOK_LATENCY = Histogram(
 ATTACH_FAILURES = Counter(
     "cnidra_attach_failures_total", "RunPodSandbox hooks that failed", registry=REGISTRY
 )
+STATUS_WRITES = Counter(
+    "cnidra_status_writes_total",
+    "ResourceClaim status/finalizer writes by outcome",
+    ["outcome"],
+    registry=REGISTRY,
+)
 CLAIM_CACHE = Counter(
     "cnidra_claim_cache_lookups_total",
     "Claim lookups at prepare by result",

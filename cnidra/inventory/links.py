@@ -5,31 +5,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from pyroute2 import IPRoute
 
 SYS_NET = Path("/sys/class/net")
-_VIRTUAL_KINDS = {
-    "veth",
-    "macvlan",
-    "macvtap",
-    "ipvlan",
-    "ipvtap",
-    "vxlan",
-    "geneve",
-    "tun",
-    "dummy",
-    "ifb",
-    "wireguard",
-    "vrf",
-    "gre",
-    "ipip",
-    "sit",
-    "team",
-    "nlmon",
-}
 _AF_INET, _AF_INET6 = 2, 10
 
 
@@ -51,7 +32,6 @@ class Link:
     ipv4: tuple[str, ...] = ()
     ipv6: tuple[str, ...] = ()
     loopback: bool = False
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 def classify(link_kind: str | None, has_device: bool) -> str:
@@ -161,7 +141,3 @@ def cni_plugins(cni_path: Iterable[str]) -> list[str]:
             if entry.is_file() and os.access(entry.path, os.X_OK):
                 found.add(entry.name)
     return sorted(found)
-
-
-def kind_known(kind: str | None) -> bool:
-    return kind is None or kind in _VIRTUAL_KINDS or kind in ("bridge", "bond", "vlan")

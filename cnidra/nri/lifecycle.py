@@ -14,11 +14,10 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from cnidra._proto.nri.v1alpha1 import api_pb2 as nri
 from cnidra.api.constants import DRIVER_NAME
-from cnidra.cni.attach import BASE_ARGS, AttachFailed, Outcome, attach_all, detach_all
+from cnidra.cni.attach import AttachFailed, Outcome, attach_all, detach_all
 from cnidra.cni.errors import CNIRuntimeError
 from cnidra.cni.result import Result
 from cnidra.cni.runtime import CNIRuntime
@@ -39,14 +38,6 @@ REASON_DETACH_FAILED = "NetworkDetachFailed"
 
 class AttachError(Exception):
     """Fails the RunPodSandbox hook, so the sandbox fails and kubelet retries."""
-
-
-@dataclass
-class HookTimings:
-    """Seconds spent in each hook, for metrics and the benchmark."""
-
-    run: list[float]
-    stop: list[float]
 
 
 def pod_args(pod: nri.PodSandbox) -> tuple[tuple[str, str], ...]:
@@ -81,7 +72,6 @@ class PodNetworks:
         self._locks: dict[str, asyncio.Lock] = {}
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._removed: set[str] = set()
-        self.timings = HookTimings([], [])
 
     def _lock(self, sandbox_id: str) -> asyncio.Lock:
         return self._locks.setdefault(sandbox_id, asyncio.Lock())
@@ -103,7 +93,7 @@ class PodNetworks:
                         dev.if_name,
                         dev.network,
                         dev.capability_args,
-                        (*BASE_ARGS, *pod_args(pod), *dev.cni_args),
+                        (*pod_args(pod), *dev.cni_args),
                         dev.share_id,
                     )
                 )
@@ -120,7 +110,6 @@ class PodNetworks:
             raise
         finally:
             elapsed = time.perf_counter() - start
-            self.timings.run.append(elapsed)
             metrics.HOOK_LATENCY.labels("RunPodSandbox").observe(elapsed)
         if count:
             log.info(
@@ -185,7 +174,7 @@ class PodNetworks:
         record = self.store.get(pod.id)
         if record is not None and record.state is State.ADDED:
             return
-        if self.plan(pod):
+        if self.checkpoint.for_pod(pod.uid):
             log.info("late attach for pod %s/%s at container creation", pod.namespace, pod.name)
             await self.run_pod_sandbox(pod)
 
@@ -199,7 +188,6 @@ class PodNetworks:
             await self._detach(pod.id, PodRef(pod.namespace, pod.name, pod.uid))
         finally:
             elapsed = time.perf_counter() - start
-            self.timings.stop.append(elapsed)
             metrics.HOOK_LATENCY.labels("StopPodSandbox").observe(elapsed)
 
     async def remove_pod_sandbox(self, pod: nri.PodSandbox) -> None:

@@ -5,7 +5,7 @@ undo; one atomic file per sandbox under <state>/sandboxes/."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -85,27 +85,13 @@ class SandboxRecord:
         )
 
 
-class SandboxStore:
+class SandboxStore(JsonDirStore[SandboxRecord]):
+    """Sandbox records by sandbox ID, one file each under <state>/sandboxes."""
+
     def __init__(self, state_dir: str | Path) -> None:
-        self._store: JsonDirStore[SandboxRecord] = JsonDirStore(
+        super().__init__(
             Path(state_dir) / "sandboxes",
             SandboxRecord.from_json,
             SandboxRecord.to_json,
             lambda record: record.sandbox_id,
         )
-        self.dir = self._store.dir
-
-    def get(self, sandbox_id: str) -> SandboxRecord | None:
-        return self._store.get(sandbox_id)
-
-    def put(self, record: SandboxRecord) -> None:
-        self._store.put(record)
-
-    def remove(self, sandbox_id: str) -> None:
-        self._store.remove(sandbox_id)
-
-    def all(self) -> Iterable[SandboxRecord]:
-        return self._store.values()
-
-    def __len__(self) -> int:
-        return len(self._store)

@@ -25,6 +25,7 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimStatus
 from lightkube.types import PatchType
 
 from cnidra.api.constants import DRIVER_NAME
+from cnidra.dra import metrics
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,6 @@ class StatusWriter:
         self._events: list[tuple[PodRef, str, str]] = []
         self._dirty: dict[ClaimKey, float] = {}
         self._wake = asyncio.Event()
-        self.writes = 0
-        self.failures = 0
 
     # -- producers: cheap, synchronous, never touch the network
 
@@ -103,11 +102,11 @@ class StatusWriter:
                     await self._apply(claim)
                     self._dirty.pop(claim, None)
                     backoff.pop(claim, None)
-                    self.writes += 1
+                    metrics.STATUS_WRITES.labels("ok").inc()
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    self.failures += 1
+                    metrics.STATUS_WRITES.labels("error").inc()
                     delay = min(backoff.get(claim, 0.25) * 2, 30.0)
                     backoff[claim] = delay
                     self._dirty[claim] = time.monotonic() + delay

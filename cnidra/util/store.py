@@ -57,7 +57,7 @@ class JsonDirStore(Generic[T]):
             (self.dir / f"{key}.json").unlink(missing_ok=True)
             return self._items.pop(key, None) is not None
 
-    def values(self) -> Iterable[T]:
+    def all(self) -> Iterable[T]:
         return list(self._items.values())
 
     def __len__(self) -> int:

@@ -42,7 +42,7 @@ def macvlan(
         conf,
         "pool",
         f"data{i}",
-        cni_args=(("IgnoreUnknown", "1"), ("FAULT_CODE", "7")),
+        cni_args=(("FAULT_CODE", "7"),),  # IgnoreUnknown is added by runtime_conf
     )
 
 
