@@ -12,6 +12,7 @@ from jsonschema import ValidationError
 
 from cnidra.api.constants import STATUS_DATA_MAX_BYTES, SUPPORTED_CNI_VERSIONS
 from cnidra.api.issues import FieldPath, Issues, describe, json_type
+from cnidra.api.ownership import state_field_problems
 from cnidra.api.plugin_schema import (
     FORMAT_HINTS,
     PluginSchema,
@@ -92,6 +93,7 @@ def validate_network_config(
             "must be a conflist (with a plugins list) or a single-plugin conf "
             "(with a type); found neither",
         )
+    state_field_problems(config, path, issues)
     size = len(json.dumps(config, separators=(",", ":")))
     if size > STATUS_DATA_MAX_BYTES:
         issues.warn(

@@ -89,6 +89,10 @@ def convert(
 
 
 DEFAULT_CNI_PATH = "/opt/cni/bin:/usr/lib/cni"
+# the driver's defaults, spelled here so `cnidra --help` needs no driver imports
+STATE_ROOT = Path("/var/lib/cnidra")
+LEGACY_DIR = Path("/var/lib/cni")
+MAX_ATTACHMENTS = 8
 
 
 @app.command("try")
@@ -109,8 +113,13 @@ def try_(
     cni_path: Annotated[
         str, typer.Option("--cni-path", envvar="CNIDRA_CNI_PATH", help="plugin directories")
     ] = DEFAULT_CNI_PATH,
-    cache_dir: Annotated[
-        str | None, typer.Option("--cache-dir", envvar="CNIDRA_CNI_CACHE_DIR", help="result cache")
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            envvar="CNIDRA_TRY_STATE_DIR",
+            help="with --host: where the CNI cache and IPAM pools go (default /var/lib/cnidra/try)",
+        ),
     ] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds per plugin call")] = 30.0,
 ) -> None:
@@ -133,7 +142,7 @@ def try_(
     plan = TryPlan(attachments, host=host, keep=keep, pod_netns=netns_path)
     where = "the host" if host else "a throwaway node namespace"
     err.print(f"[bold]ADD[/] {len(attachments)} attachment(s) in {where}", highlight=False)
-    outcome = execute(plan, [p for p in cni_path.split(":") if p], cache_dir, timeout)
+    outcome = execute(plan, [p for p in cni_path.split(":") if p], state_dir, timeout)
     status = {"status": {"devices": outcome.statuses}}
     if output == "json":
         typer.echo(json.dumps(status, indent=2))
@@ -168,12 +177,22 @@ def driver(
         "/var/lib/kubelet/plugins"
     ),
     state_dir: Annotated[
-        Path, typer.Option("--state-dir", envvar="CNIDRA_STATE_DIR", help="checkpoint")
-    ] = Path("/var/lib/cnidra"),
+        Path,
+        typer.Option(
+            "--state-dir",
+            envvar="CNIDRA_STATE_DIR",
+            help="cnidra's state root: checkpoint, sandbox records, CNI cache, IPAM pools",
+        ),
+    ] = STATE_ROOT,
+    legacy_cni_dir: Annotated[
+        Path,
+        typer.Option(
+            "--legacy-cni-dir",
+            envvar="CNIDRA_LEGACY_CNI_DIR",
+            help="where cnidra 0.1 kept CNI state; read once to migrate it",
+        ),
+    ] = LEGACY_DIR,
     cni_path: Annotated[str, typer.Option("--cni-path", envvar="CNIDRA_CNI_PATH")] = "/opt/cni/bin",
-    cni_cache_dir: Annotated[
-        Path, typer.Option("--cni-cache-dir", envvar="CNIDRA_CNI_CACHE_DIR")
-    ] = Path("/var/lib/cni"),
     http_address: Annotated[
         str,
         typer.Option(
@@ -230,6 +249,23 @@ def driver(
             help="ADD a pod's attachments at once instead of in order",
         ),
     ] = False,
+    attach_budget: Annotated[
+        float,
+        typer.Option(
+            "--attach-budget",
+            envvar="CNIDRA_ATTACH_BUDGET",
+            help="seconds all of a pod's ADDs may take; 0: 60%% of the runtime's NRI "
+            "request timeout (1.2 s with containerd's default 2 s)",
+        ),
+    ] = 0.0,
+    max_attachments: Annotated[
+        int,
+        typer.Option(
+            "--max-attachments-per-pod",
+            envvar="CNIDRA_MAX_ATTACHMENTS_PER_POD",
+            help="cnidra interfaces one pod may have; prepare refuses more",
+        ),
+    ] = MAX_ATTACHMENTS,
     log_level: Annotated[str, typer.Option("--log-level", envvar="CNIDRA_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the node agent: kubelet DRA plugin, ResourceSlice publisher, health and metrics."""
@@ -249,8 +285,8 @@ def driver(
         plugins_registry_dir=plugins_registry_dir,
         plugins_dir=plugins_dir,
         state_dir=state_dir,
+        legacy_cni_dir=legacy_cni_dir,
         cni_path=[p for p in cni_path.split(":") if p],
-        cni_cache_dir=cni_cache_dir,
         http_address=http_address,
         sub_interfaces=sub_interfaces,
         include_interfaces=include_interfaces,
@@ -261,8 +297,28 @@ def driver(
         nri_plugin_index=nri_plugin_index,
         concurrent_attach=concurrent_attach,
         cni_timeout=cni_timeout,
+        attach_budget=attach_budget,
+        max_attachments=max_attachments,
     )
     asyncio.run(run(settings))
+
+
+@app.command("migrate-state")
+def migrate_state(
+    state_dir: Annotated[Path, typer.Option("--state-dir", envvar="CNIDRA_STATE_DIR")] = STATE_ROOT,
+    legacy_cni_dir: Annotated[
+        Path, typer.Option("--legacy-cni-dir", envvar="CNIDRA_LEGACY_CNI_DIR")
+    ] = LEGACY_DIR,
+) -> None:
+    """Move what cnidra 0.1 kept in the shared CNI directory under cnidra's state root (only
+    attachments its sandbox records hold). Safe to run again; the driver also runs it."""
+    from cnidra.state.layout import StateLayout
+    from cnidra.state.migrate import migrate_legacy
+    from cnidra.state.sandboxes import SandboxStore
+
+    layout = StateLayout(state_dir)
+    report = migrate_legacy(layout, legacy_cni_dir, SandboxStore(layout))
+    typer.echo(str(report))
 
 
 def main() -> None:

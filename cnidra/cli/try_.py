@@ -19,12 +19,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cnidra.api.ownership import owned_network, owned_network_name
 from cnidra.api.validate import DocumentReport
 from cnidra.cni import netns
 from cnidra.cni.attach import AttachFailed, Attachment, Outcome, attach_all, detach_all
 from cnidra.cni.runtime import CNIRuntime
+from cnidra.state.layout import StateLayout
 from cnidra.status.devices import device_status
 
+TRY_NAMESPACE = "cnidra-try"
+# --host keeps its CNI cache and IPAM pools here, beside (never inside) the driver's state
+HOST_STATE = Path("/var/lib/cnidra/try")
 PARENT_FIELDS = {"macvlan": "master", "ipvlan": "master", "vlan": "master", "host-device": "device"}
 SAFE_POOL = "cnidra-try"
 
@@ -82,16 +87,12 @@ def parents(attachments: Sequence[Attachment]) -> list[str]:
     return names
 
 
-def with_scratch_ipam(attachment: Attachment, scratch: Path) -> Attachment:
-    """Point host-local at a scratch dataDir unless the config chose one."""
-    plugins = []
-    for plugin in attachment.network.get("plugins", []):
-        ipam = plugin.get("ipam")
-        if isinstance(ipam, dict) and ipam.get("type") == "host-local" and "dataDir" not in ipam:
-            plugins.append({**plugin, "ipam": {**ipam, "dataDir": str(scratch / "ipam")}})
-        else:
-            plugins.append(plugin)
-    return replace(attachment, network={**attachment.network, "plugins": plugins})
+def owned(attachment: Attachment, layout: StateLayout) -> Attachment:
+    """The network as the driver runs it: cnidra's name, state directories under `layout`."""
+    label = str(attachment.network.get("name", ""))
+    name = owned_network_name(label, TRY_NAMESPACE)
+    network = owned_network(attachment.network, name, layout.private_dirs())
+    return replace(attachment, network=network, network_label=label)
 
 
 @contextlib.contextmanager
@@ -143,18 +144,21 @@ async def run_attachments(
 
 
 def execute(
-    plan: TryPlan, cni_path: Sequence[str], cache_dir: str | None, timeout: float
+    plan: TryPlan, cni_path: Sequence[str], state_dir: Path | None, timeout: float
 ) -> TryResult:
     if plan.host:
-        runtime = CNIRuntime(cni_path, cache_dir or "/var/lib/cni", timeout)
+        layout = StateLayout(state_dir or HOST_STATE)
+        attachments = [owned(a, layout) for a in plan.attachments]
+        runtime = CNIRuntime(cni_path, str(layout.cni_cache), timeout)
         with _pod_namespace(plan.pod_netns, plan.keep) as pod:
-            result = asyncio.run(run_attachments(runtime, plan.attachments, str(pod), plan.keep))
+            result = asyncio.run(run_attachments(runtime, attachments, str(pod), plan.keep))
             if plan.keep and plan.pod_netns is None:
                 result.kept.append(f"pod namespace {pod}")
             return result
     with safe_node(plan.attachments, plan.keep) as (node, scratch):
-        attachments = [with_scratch_ipam(a, scratch) for a in plan.attachments]
-        runtime = CNIRuntime(cni_path, cache_dir or str(scratch / "cache"), timeout)
+        layout = StateLayout(scratch)
+        attachments = [owned(a, layout) for a in plan.attachments]
+        runtime = CNIRuntime(cni_path, str(layout.cni_cache), timeout)
         with netns.entered(node), _pod_namespace(plan.pod_netns, plan.keep) as pod:
             result = asyncio.run(run_attachments(runtime, attachments, str(pod), plan.keep))
             if plan.keep:

@@ -11,6 +11,7 @@ from typing import Any
 from cnidra.api.netconf import to_conflist
 from cnidra.api.types import CNIConfig
 from cnidra.cni.errors import CNIRuntimeError
+from cnidra.cni.invoke import Deadline
 from cnidra.cni.result import Result
 from cnidra.cni.runtime import CNIRuntime, PluginFailed
 from cnidra.cni.types import NetworkConfigList, RuntimeConf
@@ -33,6 +34,8 @@ class Attachment:
     capability_args: Mapping[str, Any] = field(default_factory=dict)
     cni_args: tuple[tuple[str, str], ...] = ()
     share_id: str | None = None
+    # the user's config.name, shown in status and events; `network` carries the name plugins see
+    network_label: str = ""
 
     @classmethod
     def from_config(
@@ -71,6 +74,10 @@ class Attachment:
         return RuntimeConf(container_id, netns, self.if_name, args, dict(self.capability_args))
 
     @property
+    def network_name(self) -> str:
+        return self.network_label or str(self.network.get("name", ""))
+
+    @property
     def label(self) -> str:
         return f"claim {self.claim} request {self.request} ({self.if_name})"
 
@@ -84,6 +91,16 @@ class Outcome:
     @property
     def ready(self) -> bool:
         return self.result is not None and self.error is None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Deadlines for a pod's attachments: ADDs must be done by `add`, and a rollback's DELs by
+    `rollback` (when the caller must answer, e.g. before the runtime's hook timeout). A DEL
+    that does not fit is reported as a cleanup error, for the caller to retry later."""
+
+    add: Deadline | None = None
+    rollback: Deadline | None = None
 
 
 class AttachFailed(CNIRuntimeError):
@@ -104,26 +121,29 @@ async def attach_all(
     netns: str,
     *,
     concurrent: bool = False,
+    budget: Budget = Budget(),
 ) -> list[Outcome]:
-    """ADD each attachment in order. On the first failure DEL every attachment already added,
-    the failing one included, then raise AttachFailed carrying every outcome.
+    """ADD each attachment in order. On the first failure (a plugin error, or the budget
+    running out) DEL every attachment already added, the failing one included, then raise
+    AttachFailed carrying every outcome. A cancelled caller owns the rollback: it knows
+    what it recorded (the NRI hook DELs from its write-ahead record).
 
     `concurrent` ADDs them all at once instead (docs/cni-runtime.md says when that pays); if
     any fails, all are DELed."""
     if concurrent and len(attachments) > 1:
-        return await _attach_concurrently(runtime, attachments, container_id, netns)
+        return await _attach_concurrently(runtime, attachments, container_id, netns, budget)
     outcomes: list[Outcome] = []
     for attachment in attachments:
         outcome = Outcome(attachment)
         outcomes.append(outcome)
         try:
             outcome.result = await runtime.add(
-                attachment.netconf(), attachment.runtime_conf(container_id, netns)
+                attachment.netconf(), attachment.runtime_conf(container_id, netns), budget.add
             )
         except CNIRuntimeError as exc:
             outcome.error = _reason(exc)
             cleanup = await detach_all(
-                runtime, [o.attachment for o in outcomes], container_id, netns
+                runtime, [o.attachment for o in outcomes], container_id, netns, budget.rollback
             )
             for earlier in outcomes[:-1]:
                 earlier.result = None
@@ -133,14 +153,20 @@ async def attach_all(
 
 
 async def _attach_concurrently(
-    runtime: CNIRuntime, attachments: Sequence[Attachment], container_id: str, netns: str
+    runtime: CNIRuntime,
+    attachments: Sequence[Attachment],
+    container_id: str,
+    netns: str,
+    budget: Budget,
 ) -> list[Outcome]:
     outcomes = [Outcome(a) for a in attachments]
 
     async def one(outcome: Outcome) -> None:
         try:
             outcome.result = await runtime.add(
-                outcome.attachment.netconf(), outcome.attachment.runtime_conf(container_id, netns)
+                outcome.attachment.netconf(),
+                outcome.attachment.runtime_conf(container_id, netns),
+                budget.add,
             )
         except CNIRuntimeError as exc:
             outcome.error = _reason(exc)
@@ -149,7 +175,7 @@ async def _attach_concurrently(
     failed = next((o for o in outcomes if o.error), None)
     if failed is None:
         return outcomes
-    cleanup = await detach_all(runtime, attachments, container_id, netns)
+    cleanup = await detach_all(runtime, attachments, container_id, netns, budget.rollback)
     for outcome in outcomes:
         if outcome is not failed:
             outcome.result = None
@@ -158,13 +184,19 @@ async def _attach_concurrently(
 
 
 async def detach_all(
-    runtime: CNIRuntime, attachments: Sequence[Attachment], container_id: str, netns: str
+    runtime: CNIRuntime,
+    attachments: Sequence[Attachment],
+    container_id: str,
+    netns: str,
+    deadline: Deadline | None = None,
 ) -> list[str]:
     """DEL every attachment in reverse order; try them all, return the errors."""
     errors: list[str] = []
     for attachment in reversed(attachments):
         try:
-            await runtime.delete(attachment.netconf(), attachment.runtime_conf(container_id, netns))
+            await runtime.delete(
+                attachment.netconf(), attachment.runtime_conf(container_id, netns), deadline
+            )
         except CNIRuntimeError as exc:
             errors.append(f"{attachment.label}: {_reason(exc)}")
     return errors

@@ -21,14 +21,24 @@ class PluginNotFound(CNIRuntimeError):
 
 
 class PluginTimeout(CNIRuntimeError):
-    def __init__(self, plugin: str, command: str, timeout: float) -> None:
-        super().__init__(
-            f"plugin {plugin!r} did not finish {command} within {timeout:g}s; "
-            "its process group was killed"
-        )
+    def __init__(self, plugin: str, command: str, timeout: float, budget: str = "") -> None:
+        if budget and timeout <= 0:
+            message = f"plugin {plugin!r} was not started for {command}: {budget} was used up"
+        elif budget:
+            message = (
+                f"plugin {plugin!r} did not finish {command} within {timeout:.2g}s, all that "
+                f"was left of {budget}; its process group was killed"
+            )
+        else:
+            message = (
+                f"plugin {plugin!r} did not finish {command} within {timeout:g}s; "
+                "its process group was killed"
+            )
+        super().__init__(message)
         self.plugin = plugin
         self.command = command
         self.timeout = timeout
+        self.budget = budget
 
 
 class PluginOutputError(CNIRuntimeError):

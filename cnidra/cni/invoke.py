@@ -49,6 +49,26 @@ class Invocation:
         return env
 
 
+@dataclass(frozen=True)
+class Deadline:
+    """When a group of plugin calls must be done, on the event loop's clock: a pod's ADDs must
+    fit in the runtime's hook timeout, so each plugin gets what is left, not a fixed timeout."""
+
+    at: float
+    budget: float
+    what: str = "the attach budget"
+
+    @classmethod
+    def after(cls, seconds: float, what: str = "the attach budget") -> Deadline:
+        return cls(asyncio.get_running_loop().time() + seconds, seconds, what)
+
+    def remaining(self) -> float:
+        return self.at - asyncio.get_running_loop().time()
+
+    def describe(self) -> str:
+        return f"{self.what} of {self.budget:g}s"
+
+
 class PluginExec:
     """Finds plugins on a CNI path and runs them with a timeout that kills the process group."""
 
@@ -77,10 +97,21 @@ class PluginExec:
                 return candidate
         raise PluginNotFound(plugin_type, self.cni_path)
 
-    async def run(self, plugin_type: str, invocation: Invocation, stdin: bytes) -> Any:
-        """Run the plugin; return its parsed stdout JSON (None when it printed nothing)."""
+    async def run(
+        self,
+        plugin_type: str,
+        invocation: Invocation,
+        stdin: bytes,
+        deadline: Deadline | None = None,
+    ) -> Any:
+        """Run the plugin; return its parsed stdout JSON (None when it printed nothing).
+        It gets the exec timeout, or what is left before `deadline` if that is less."""
         path = self.find(plugin_type)
-        limit = self.timeout
+        limit, budget = self.timeout, ""
+        if deadline is not None and deadline.remaining() < limit:
+            limit, budget = deadline.remaining(), deadline.describe()
+            if limit <= 0:
+                raise PluginTimeout(plugin_type, invocation.command, 0, budget)
         env = invocation.environment(self.cni_path, self.base_env)
         proc = await asyncio.create_subprocess_exec(
             path,
@@ -95,7 +126,7 @@ class PluginExec:
                 stdout, stderr = await proc.communicate(stdin)
         except TimeoutError:
             await _kill_group(proc)
-            raise PluginTimeout(plugin_type, invocation.command, limit) from None
+            raise PluginTimeout(plugin_type, invocation.command, limit, budget) from None
         except BaseException:
             await _kill_group(proc)  # cancelled: leave no plugin running behind us
             raise

@@ -17,7 +17,7 @@ from typing import Any
 
 from cnidra.cni.cache import DEFAULT_CACHE_DIR, ResultCache
 from cnidra.cni.errors import CNIRuntimeError, PluginOutputError
-from cnidra.cni.invoke import DEFAULT_TIMEOUT, Invocation, PluginExec
+from cnidra.cni.invoke import DEFAULT_TIMEOUT, Deadline, Invocation, PluginExec
 from cnidra.cni.result import Result, ResultError
 from cnidra.cni.types import GCAttachment, NetworkConfigList, RuntimeConf
 
@@ -98,14 +98,16 @@ class CNIRuntime:
 
     # ------------------------------------------------------------------ ADD / CHECK / DEL
 
-    async def add(self, net: NetworkConfigList, rt: RuntimeConf) -> Result:
+    async def add(
+        self, net: NetworkConfigList, rt: RuntimeConf, deadline: Deadline | None = None
+    ) -> Result:
         """ADD each plugin in order, chaining prevResult; cache the final result."""
         rt.check()
         async with self._locks.shared(net.name):
             result: Result | None = None
             for index, plugin in enumerate(net.plugins):
                 stdin = _plugin_stdin(net, plugin, result, rt)
-                out = await self._run(net, index, "ADD", _invocation("ADD", rt), stdin)
+                out = await self._run(net, index, "ADD", _invocation("ADD", rt), stdin, deadline)
                 try:
                     result = Result.parse(out, net.cni_version)
                 except ResultError as exc:
@@ -138,17 +140,21 @@ class CNIRuntime:
                 stdin = _plugin_stdin(net, plugin, cached, rt)
                 await self._run(net, index, "CHECK", _invocation("CHECK", rt), stdin)
 
-    async def delete(self, net: NetworkConfigList, rt: RuntimeConf) -> None:
+    async def delete(
+        self, net: NetworkConfigList, rt: RuntimeConf, deadline: Deadline | None = None
+    ) -> None:
         """DEL each plugin in reverse with the cached result as prevResult; then drop the cache."""
         rt.check()
         async with self._locks.shared(net.name):
-            await self._delete_locked(net, rt)
+            await self._delete_locked(net, rt, deadline)
 
-    async def _delete_locked(self, net: NetworkConfigList, rt: RuntimeConf) -> None:
+    async def _delete_locked(
+        self, net: NetworkConfigList, rt: RuntimeConf, deadline: Deadline | None = None
+    ) -> None:
         cached = self.cached_result(net, rt) if net.at_least("0.4.0") else None
         for index in reversed(range(len(net.plugins))):
             stdin = _plugin_stdin(net, net.plugins[index], cached, rt)
-            await self._run(net, index, "DEL", _invocation("DEL", rt), stdin)
+            await self._run(net, index, "DEL", _invocation("DEL", rt), stdin, deadline)
         self.cache.remove(net.name, rt)
 
     def cached_result(self, net: NetworkConfigList, rt: RuntimeConf) -> Result | None:
@@ -173,17 +179,22 @@ class CNIRuntime:
             stdin = _encode({**plugin, "name": net.name, "cniVersion": net.cni_version})
             await self._run(net, index, "STATUS", Invocation("STATUS"), stdin)
 
-    async def gc(self, net: NetworkConfigList, valid: Iterable[GCAttachment]) -> None:
-        """DEL cached attachments of this network not in `valid`, then GC each plugin (>= 1.1.0).
+    async def gc(
+        self, net: NetworkConfigList, valid: Iterable[GCAttachment], *, stale_cached: bool = True
+    ) -> None:
+        """libcni's GCNetworkList: DEL cached attachments of this network not in `valid`, then
+        GC each plugin (>= 1.1.0). `stale_cached=False` skips the first step, for a caller
+        whose own records, not a cache, say what it may delete (cnidra's driver).
 
         Errors are collected, not fatal, as the spec asks; they are raised together at the end.
         """
         if net.disable_gc:
             return
+        valid = list(valid)
         keep = {(a.container_id, a.if_name) for a in valid}
         errors: list[Exception] = []
         async with self._locks.exclusive(net.name):
-            for entry in list(self.cache.attachments()):
+            for entry in list(self.cache.attachments()) if stale_cached else []:
                 if entry.network != net.name or (entry.container_id, entry.if_name) in keep:
                     continue
                 try:
@@ -249,11 +260,17 @@ class CNIRuntime:
         return sorted(caps)
 
     async def _run(
-        self, net: NetworkConfigList, index: int, command: str, invocation: Invocation, stdin: bytes
+        self,
+        net: NetworkConfigList,
+        index: int,
+        command: str,
+        invocation: Invocation,
+        stdin: bytes,
+        deadline: Deadline | None = None,
     ) -> Any:
         plugin_type = net.plugins[index]["type"]
         try:
-            return await self.exec.run(plugin_type, invocation, stdin)
+            return await self.exec.run(plugin_type, invocation, stdin, deadline)
         except CNIRuntimeError as exc:
             raise PluginFailed(net.name, index, plugin_type, command, exc) from exc
 

@@ -20,18 +20,20 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cnidra._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.cni.runtime import CNIRuntime
-from cnidra.dra.checkpoint import Checkpoint
 from cnidra.dra.health import serve_http
 from cnidra.dra.plugin import DRAService, RegistrationService
-from cnidra.dra.prepare import Preparer
+from cnidra.dra.prepare import DEFAULT_MAX_ATTACHMENTS, Preparer
 from cnidra.inventory.links import LinkFilter
 from cnidra.inventory.publisher import SlicePublisher
 from cnidra.inventory.slices import SliceSettings
 from cnidra.kube.claims import ClaimCache
 from cnidra.kube.client import make_client
-from cnidra.nri.lifecycle import PodNetworks
+from cnidra.nri.lifecycle import HookBudget, PodNetworks
 from cnidra.nri.plugin import NRIPlugin
-from cnidra.nri.sandboxes import SandboxStore
+from cnidra.state.checkpoint import Checkpoint
+from cnidra.state.layout import DEFAULT_STATE_ROOT, LEGACY_CNI_DIR, StateLayout
+from cnidra.state.migrate import migrate_legacy
+from cnidra.state.sandboxes import SandboxStore
 from cnidra.status.writer import StatusWriter
 
 log = logging.getLogger(__name__)
@@ -43,9 +45,9 @@ class DriverSettings:
     kubeconfig: str | None = None
     plugins_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
-    state_dir: Path = Path("/var/lib/cnidra")
+    state_dir: Path = DEFAULT_STATE_ROOT
+    legacy_cni_dir: Path = LEGACY_CNI_DIR
     cni_path: list[str] = field(default_factory=lambda: ["/opt/cni/bin"])
-    cni_cache_dir: Path = Path("/var/lib/cni")
     http_address: str = "127.0.0.1:9177"
     sub_interfaces: int = 64
     include_interfaces: str = ".*"
@@ -57,6 +59,8 @@ class DriverSettings:
     nri_plugin_index: str = "50"
     cni_timeout: float = 10.0
     concurrent_attach: bool = False
+    attach_budget: float = 0.0
+    max_attachments: int = DEFAULT_MAX_ATTACHMENTS
 
     @property
     def registration_socket(self) -> Path:
@@ -71,20 +75,31 @@ class Driver:
     def __init__(self, settings: DriverSettings) -> None:
         self.settings = settings
         self.client = make_client(settings.kubeconfig, settings.api_timeout)
-        self.checkpoint = Checkpoint(settings.state_dir)
+        self.layout = StateLayout(settings.state_dir)
+        self.checkpoint = Checkpoint(self.layout)
         self.claims = ClaimCache(self.client, settings.node_name)
-        self.preparer = Preparer(settings.node_name, self.claims, self.checkpoint)
+        self.preparer = Preparer(
+            settings.node_name,
+            self.claims,
+            self.checkpoint,
+            self.layout.private_dirs(),
+            settings.max_attachments,
+        )
         self.runtime = CNIRuntime(
-            settings.cni_path, str(settings.cni_cache_dir), settings.cni_timeout
+            settings.cni_path, str(self.layout.cni_cache), settings.cni_timeout
         )
         self.status = StatusWriter(self.client)
-        self.sandboxes = SandboxStore(settings.state_dir)
+        self.sandboxes = SandboxStore(self.layout)
+        # before anything can DEL: records of cnidra 0.1 name networks in the shared directory
+        migrate_legacy(self.layout, settings.legacy_cni_dir, self.sandboxes)
         self.pods = PodNetworks(
             self.checkpoint,
             self.runtime,
             self.sandboxes,
             self.status,
             concurrent=settings.concurrent_attach,
+            budget=HookBudget(settings.attach_budget),
+            max_attachments=settings.max_attachments,
         )
         self.nri = NRIPlugin(
             self.pods, settings.nri_socket, settings.nri_plugin_name, settings.nri_plugin_index
@@ -182,6 +197,7 @@ async def run(settings: DriverSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    loop.add_signal_handler(signal.SIGHUP, driver.nri.reconnect)
     await stopping.wait()
     log.info("stopping (pid %d)", os.getpid())
     await driver.stop()

@@ -17,10 +17,12 @@ from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.issues import FieldPath, Issues
 from cnidra.api.merge import ConfigEntry, Source, applicable, merge_parameters
 from cnidra.api.netconf import to_conflist
+from cnidra.api.ownership import PrivateDirs, owned_network, owned_network_name
 from cnidra.api.validate import parse_parameters
-from cnidra.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from cnidra.state.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 
 log = logging.getLogger(__name__)
+DEFAULT_MAX_ATTACHMENTS = 8
 
 
 class PrepareError(Exception):
@@ -41,7 +43,9 @@ class ClaimSource(Protocol):
     async def get(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
 
 
-def resolve_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str) -> PreparedClaim:
+def resolve_claim(
+    claim: Mapping[str, Any], ref: ClaimRef, node: str, dirs: PrivateDirs
+) -> PreparedClaim:
     meta = claim.get("metadata") or {}
     if meta.get("uid") != ref.uid:
         raise PrepareError(
@@ -77,7 +81,7 @@ def resolve_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str) -> Prepare
                 "one CNIConfig gives one interface name; use count 1 per request"
             )
             continue
-        device, problem = _prepare_device(result, entries)
+        device, problem = _prepare_device(result, entries, ref.namespace, dirs)
         if problem:
             problems.append(problem)
             continue
@@ -130,7 +134,7 @@ def _config_entries(configs: Sequence[Mapping[str, Any]]) -> list[ConfigEntry]:
 
 
 def _prepare_device(
-    result: Mapping[str, Any], entries: Sequence[ConfigEntry]
+    result: Mapping[str, Any], entries: Sequence[ConfigEntry], namespace: str, dirs: PrivateDirs
 ) -> tuple[PreparedDevice | None, str | None]:
     request = result["request"]
     chosen = applicable(entries, request)
@@ -147,23 +151,38 @@ def _prepare_device(
         details = "; ".join(f"{i.path}: {i.message}" for i in issues.errors) or "incomplete config"
         return None, f"request {request!r} ({origin} config) is invalid: {details}"
     caps = model.capabilities.runtime_values() if model.capabilities else {}
+    conflist = to_conflist(model.config)
+    label = str(conflist["name"])
+    # a network the claim defines or changes is the tenant's; one wholly from the class is shared
+    tenant = any(e.source is Source.CLAIM and "config" in e.parameters for e in chosen)
+    name = owned_network_name(label, namespace if tenant else None)
     return PreparedDevice(
         request=request,
         pool=result["pool"],
         device=result["device"],
         if_name=model.if_name,
-        network=to_conflist(model.config),
+        network=owned_network(conflist, name, dirs),
         capability_args=caps,
         cni_args=tuple(sorted((model.args or {}).items())),
         share_id=result.get("shareID"),
+        network_label=label,
     ), None
 
 
 class Preparer:
-    def __init__(self, node: str, claims: ClaimSource, checkpoint: Checkpoint) -> None:
+    def __init__(
+        self,
+        node: str,
+        claims: ClaimSource,
+        checkpoint: Checkpoint,
+        dirs: PrivateDirs,
+        max_attachments: int = DEFAULT_MAX_ATTACHMENTS,
+    ) -> None:
         self.node = node
         self.claims = claims
         self.checkpoint = checkpoint
+        self.dirs = dirs
+        self.max_attachments = max_attachments
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def prepare(self, ref: ClaimRef) -> PreparedClaim:
@@ -182,10 +201,26 @@ class Preparer:
                 if known is not None:
                     return known  # apiserver unreachable or claim gone: what we prepared stands
                 raise PrepareError(f"claim {ref} not found")
-            prepared = resolve_claim(claim, ref, self.node)
+            prepared = resolve_claim(claim, ref, self.node, self.dirs)
+            self._check_pod_limit(prepared)
             if known != prepared:
                 self.checkpoint.put(prepared)
             return prepared
+
+    def _check_pod_limit(self, prepared: PreparedClaim) -> None:
+        """Every attachment of a pod is ADDed inside one NRI hook, whose time is bounded."""
+        for pod in prepared.pod_uids:
+            others = sum(
+                len(c.devices) for c in self.checkpoint.for_pod(pod) if c.uid != prepared.uid
+            )
+            total = others + len(prepared.devices)
+            if total > self.max_attachments:
+                raise PrepareError(
+                    f"claim {prepared.ref}: pod {pod} would get {total} cnidra interfaces; "
+                    f"at most {self.max_attachments} per pod are allowed "
+                    "(the driver's --max-attachments-per-pod), because all of them are set up "
+                    "within the runtime's hook timeout"
+                )
 
     async def unprepare(self, ref: ClaimRef) -> None:
         async with self._locks.setdefault(ref.uid, asyncio.Lock()):

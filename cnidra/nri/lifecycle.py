@@ -14,19 +14,22 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from cnidra._proto.nri.v1alpha1 import api_pb2 as nri
 from cnidra.api.constants import DRIVER_NAME
-from cnidra.cni.attach import AttachFailed, Outcome, attach_all, detach_all
+from cnidra.api.ownership import is_owned
+from cnidra.cni.attach import AttachFailed, Budget, Outcome, attach_all, detach_all
 from cnidra.cni.errors import CNIRuntimeError
+from cnidra.cni.invoke import Deadline
 from cnidra.cni.result import Result
 from cnidra.cni.runtime import CNIRuntime
 from cnidra.cni.types import GCAttachment, NetworkConfigList
 from cnidra.dra import metrics
-from cnidra.dra.checkpoint import Checkpoint
-from cnidra.dra.prepare import ClaimRef
+from cnidra.dra.prepare import DEFAULT_MAX_ATTACHMENTS, ClaimRef
 from cnidra.nri.plugin import netns_of
-from cnidra.nri.sandboxes import AttachmentRecord, SandboxRecord, SandboxStore, State
+from cnidra.state.checkpoint import Checkpoint
+from cnidra.state.sandboxes import AttachmentRecord, SandboxRecord, SandboxStore, State
 from cnidra.status.devices import device_status
 from cnidra.status.writer import ClaimKey, PodRef, StatusWriter
 
@@ -38,6 +41,39 @@ REASON_DETACH_FAILED = "NetworkDetachFailed"
 
 class AttachError(Exception):
     """Fails the RunPodSandbox hook, so the sandbox fails and kubelet retries."""
+
+
+# containerd's default NRI plugin_request_timeout; the runtime tells the real one in Configure.
+DEFAULT_REQUEST_TIMEOUT = 2.0
+# Of the runtime's hook timeout: ADDs may use 60 %, rollback DELs must be done by 90 %, so the
+# hook answers before containerd gives up on cnidra (it would start the sandbox without the
+# interfaces and drop the connection).
+ATTACH_SHARE = 0.6
+ANSWER_SHARE = 0.9
+
+
+@dataclass
+class HookBudget:
+    """How long one RunPodSandbox hook may take. `attach` 0 derives it from the runtime's
+    request timeout; a configured value above what fits is cut down to fit."""
+
+    attach: float = 0.0
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+
+    @property
+    def answer_seconds(self) -> float:
+        return self.request_timeout * ANSWER_SHARE
+
+    @property
+    def attach_seconds(self) -> float:
+        fits = self.request_timeout * ATTACH_SHARE
+        return min(self.attach, self.answer_seconds) if self.attach > 0 else fits
+
+    def deadlines(self) -> Budget:
+        return Budget(
+            add=Deadline.after(self.attach_seconds, "the pod's attach budget"),
+            rollback=Deadline.after(self.answer_seconds, "the runtime's hook timeout"),
+        )
 
 
 def pod_args(pod: nri.PodSandbox) -> tuple[tuple[str, str], ...]:
@@ -60,6 +96,8 @@ class PodNetworks:
         retry_max: float = 30.0,
         netns_exists: Callable[[str], bool] = os.path.exists,
         concurrent: bool = False,
+        budget: HookBudget | None = None,
+        max_attachments: int = DEFAULT_MAX_ATTACHMENTS,
     ) -> None:
         self.checkpoint = checkpoint
         self.runtime = runtime
@@ -69,6 +107,8 @@ class PodNetworks:
         self.retry_max = retry_max
         self.netns_exists = netns_exists
         self.concurrent = concurrent
+        self.budget = budget or HookBudget()
+        self.max_attachments = max_attachments
         self._locks: dict[str, asyncio.Lock] = {}
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._removed: set[str] = set()
@@ -95,9 +135,21 @@ class PodNetworks:
                         dev.capability_args,
                         (*pod_args(pod), *dev.cni_args),
                         dev.share_id,
+                        network_label=dev.network_label,
                     )
                 )
         return records
+
+    def set_request_timeout(self, seconds: float) -> None:
+        """The runtime's hook timeout, from NRI's Configure."""
+        self.budget.request_timeout = seconds
+        if self.budget.attach > self.budget.answer_seconds:
+            log.warning(
+                "--attach-budget %.2fs does not fit the runtime's %.2fs hook timeout; using %.2fs",
+                self.budget.attach,
+                seconds,
+                self.budget.attach_seconds,
+            )
 
     # ------------------------------------------------------------------ hooks
 
@@ -125,6 +177,11 @@ class PodNetworks:
         planned = self.plan(pod)
         if not planned:
             return 0
+        if len(planned) > self.max_attachments:  # prepare refuses this; a checkpoint may predate
+            raise AttachError(
+                f"pod {pod.namespace}/{pod.name} has {len(planned)} cnidra interfaces; "
+                f"at most {self.max_attachments} per pod (--max-attachments-per-pod)"
+            )
         netns = netns_of(pod)
         if not netns:
             raise AttachError(
@@ -142,8 +199,19 @@ class PodNetworks:
             attachments = [a.attachment() for a in planned]
             try:
                 outcomes = await attach_all(
-                    self.runtime, attachments, pod.id, netns, concurrent=self.concurrent
+                    self.runtime,
+                    attachments,
+                    pod.id,
+                    netns,
+                    concurrent=self.concurrent,
+                    budget=self.budget.deadlines(),
                 )
+            except asyncio.CancelledError:
+                # the runtime gave up on the hook or the connection dropped: undo from the record
+                log.warning("attach of %s/%s cancelled; rolling back", pod.namespace, pod.name)
+                self.store.put(record.with_state(State.DELETING))
+                self._retry_detach(pod.id, first_delay=0.0)
+                raise
             except AttachFailed as failed:
                 if failed.cleanup_errors:
                     self.store.put(record.with_state(State.DELETING))
@@ -185,16 +253,22 @@ class PodNetworks:
     async def stop_pod_sandbox(self, pod: nri.PodSandbox) -> None:
         start = time.perf_counter()
         try:
-            await self._detach(pod.id, PodRef(pod.namespace, pod.name, pod.uid))
+            await self._detach(pod.id, PodRef(pod.namespace, pod.name, pod.uid), self._answer_by())
         finally:
             elapsed = time.perf_counter() - start
             metrics.HOOK_LATENCY.labels("StopPodSandbox").observe(elapsed)
 
     async def remove_pod_sandbox(self, pod: nri.PodSandbox) -> None:
         self._removed.add(pod.id)
-        await self._detach(pod.id, PodRef(pod.namespace, pod.name, pod.uid))
+        await self._detach(pod.id, PodRef(pod.namespace, pod.name, pod.uid), self._answer_by())
 
-    async def _detach(self, sandbox_id: str, pod: PodRef | None) -> bool:
+    def _answer_by(self) -> Deadline:
+        """DELs in a hook must end before the runtime's timeout; what does not fit is retried."""
+        return Deadline.after(self.budget.answer_seconds, "the runtime's hook timeout")
+
+    async def _detach(
+        self, sandbox_id: str, pod: PodRef | None, deadline: Deadline | None = None
+    ) -> bool:
         """DEL everything of the sandbox; True when nothing is left. Failures retry later."""
         async with self._lock(sandbox_id):
             record = self.store.get(sandbox_id)
@@ -204,7 +278,11 @@ class PodNetworks:
                 record = record.with_state(State.DELETING)
                 self.store.put(record)
             errors = await detach_all(
-                self.runtime, [a.attachment() for a in record.attachments], sandbox_id, record.netns
+                self.runtime,
+                [a.attachment() for a in record.attachments],
+                sandbox_id,
+                record.netns,
+                deadline,
             )
             if errors and self._can_retry(record):
                 message = f"pod {record.pod_namespace}/{record.pod_name}: " + "; ".join(errors)
@@ -242,21 +320,21 @@ class PodNetworks:
                 self.status.finalizer(claim, False)
         self._locks.pop(record.sandbox_id, None)
 
-    def _retry_detach(self, sandbox_id: str) -> None:
+    def _retry_detach(self, sandbox_id: str, first_delay: float | None = None) -> None:
         if sandbox_id in self._retries and not self._retries[sandbox_id].done():
             return
         self._retries[sandbox_id] = asyncio.create_task(
-            self._retry_loop(sandbox_id), name=f"detach-{sandbox_id[:12]}"
+            self._retry_loop(sandbox_id, first_delay), name=f"detach-{sandbox_id[:12]}"
         )
 
-    async def _retry_loop(self, sandbox_id: str) -> None:
-        delay = self.retry_initial
+    async def _retry_loop(self, sandbox_id: str, first_delay: float | None) -> None:
+        delay = self.retry_initial if first_delay is None else first_delay
         while True:
             await asyncio.sleep(delay)
             if await self._detach(sandbox_id, None):
                 log.info("detached sandbox %s after retrying", sandbox_id[:12])
                 return
-            delay = min(delay * 2, self.retry_max)
+            delay = min(max(delay, self.retry_initial) * 2, self.retry_max)
 
     # ------------------------------------------------------------------ reconcile
 
@@ -306,22 +384,23 @@ class PodNetworks:
                 log.exception("sweeping sandbox records failed")
 
     async def garbage_collect(self) -> None:
+        """CNI GC (the plugins' own, e.g. host-local freeing leaked addresses) of the networks
+        cnidra owns, with every attachment its records hold as valid. Never a DEL from the
+        cache: what is stale was undone from the records by `synchronize` and `sweep`."""
         networks: dict[str, NetworkConfigList] = {}
-        for claim in self.checkpoint.all():
-            for dev in claim.devices:
-                with contextlib.suppress(CNIRuntimeError):
-                    net = NetworkConfigList.from_dict(dev.network)
-                    networks.setdefault(net.name, net)
-        for entry in self.runtime.cache.attachments():
+        configs = [d.network for c in self.checkpoint.all() for d in c.devices]
+        configs += [a.network for r in self.store.all() for a in r.attachments]
+        for config in configs:
             with contextlib.suppress(CNIRuntimeError):
-                net = NetworkConfigList.from_bytes(entry.config)
-                networks.setdefault(net.name, net)
+                net = NetworkConfigList.from_dict(config)
+                if is_owned(net.name):  # records of cnidra 0.1 may name a shared network
+                    networks.setdefault(net.name, net)
         valid = [
             GCAttachment(r.sandbox_id, a.if_name) for r in self.store.all() for a in r.attachments
         ]
         for net in networks.values():
             try:
-                await self.runtime.gc(net, valid)
+                await self.runtime.gc(net, valid, stale_cached=False)
             except Exception as exc:
                 log.warning("CNI GC of network %s: %s", net.name, exc)
 

@@ -41,6 +41,7 @@ class PodHooks(Protocol):
     async def remove_pod_sandbox(self, pod: nri.PodSandbox) -> None: ...
     async def synchronize(self, pods: list[nri.PodSandbox]) -> None: ...
     async def create_container(self, pod: nri.PodSandbox) -> None: ...
+    def set_request_timeout(self, seconds: float) -> None: ...
 
 
 class NRIPlugin:
@@ -64,6 +65,15 @@ class NRIPlugin:
         self._sync_pods: list[nri.PodSandbox] = []
         self._background: set[asyncio.Task[None]] = set()
         self.last_error: str | None = None
+        self._mux: Mux | None = None
+
+    def reconnect(self) -> None:
+        """Drop the connection; `run` connects again and the runtime synchronizes (SIGHUP)."""
+        if self._mux is not None:
+            log.info("dropping the NRI connection on request")
+            task = asyncio.get_running_loop().create_task(self._mux.close())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     async def run(self) -> None:
         """Stay connected forever; while disconnected the driver keeps serving kubelet."""
@@ -95,6 +105,7 @@ class NRIPlugin:
                 f"no NRI socket at {self.socket_path} (is NRI enabled?)"
             ) from None
         mux = Mux(reader, writer)
+        self._mux = mux
         plugin_conn = mux.open(PLUGIN_SERVICE_CONN)
         runtime_conn = mux.open(RUNTIME_SERVICE_CONN)
         server = Server(
@@ -121,6 +132,7 @@ class NRIPlugin:
             await mux.closed.wait()
             log.warning("the runtime closed the NRI connection")
         finally:
+            self._mux = None
             self.connected.clear()
             serving.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -151,6 +163,7 @@ class NRIPlugin:
         self.runtime = f"{req.runtime_name} {req.runtime_version}".strip()
         if req.request_timeout:
             self.request_timeout = req.request_timeout / 1000
+        self.hooks.set_request_timeout(self.request_timeout)
         log.info(
             "configured by %s (NRI %s), request timeout %.1fs",
             self.runtime,

@@ -33,7 +33,7 @@ def device_status(
     if att.share_id:
         entry["shareID"] = att.share_id
     if outcome.ready and outcome.result is not None:
-        message = f"{att.if_name} is configured by network {att.network.get('name')}"
+        message = f"{att.if_name} is configured by network {att.network_name}"
         data, data_note = fit_data(outcome.result.to_json())
         if data_note:
             notes.append(data_note)

@@ -41,12 +41,12 @@ def clean_machine() -> Iterator[None]:
 
 
 def cnidra_try(
-    tools: CNITools, *args: str, prefix: tuple[str, ...] = (), cache: Path | None = None
+    tools: CNITools, *args: str, prefix: tuple[str, ...] = (), state: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CNIDRA_CNI_PATH": tools.plugins}
     cmd = [*prefix, sys.executable, "-m", "cnidra", "try", *args]
-    if cache:
-        cmd += ["--cache-dir", str(cache)]
+    if state:
+        cmd += ["--state-dir", str(state)]
     return subprocess.run(
         cmd, env=env, capture_output=True, text=True, timeout=120, check=False, cwd=ROOT
     )
@@ -108,14 +108,12 @@ def test_second_attachment_failing_rolls_back_the_first(
     storage["config"] = json.dumps(conf)
     path = tmp_path / "claim.yaml"
     path.write_text(yaml.safe_dump(doc))
-    cache = tmp_path / "cache"
-    out = cnidra_try(cni_tools, str(path), cache=cache)
+    out = cnidra_try(cni_tools, str(path))
     assert out.returncode == 1
     first, second = yaml.safe_load(out.stdout)["status"]["devices"]
     assert first["conditions"][0]["status"] == "False"
     assert "rolled back because" in first["conditions"][0]["message"]
     assert "no IP addresses available" in second["conditions"][0]["message"]
-    assert not any((cache / "results").glob("*")) if (cache / "results").exists() else True
 
 
 def test_invalid_claim_is_refused_before_any_plugin_runs(
@@ -164,25 +162,22 @@ def test_host_mode_uses_the_machine_it_runs_on(
     # "the host" is a test-made namespace here: the command runs inside it with --host
     sh("ip", "-n", node_netns.name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
     sh("ip", "-n", node_netns.name, "link", "set", "eth0", "up")
-    doc = yaml.safe_load((EXAMPLES / "macvlan-claim.yaml").read_text())
-    ipam = doc["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["config"]["plugins"][
-        0
-    ]["ipam"]
-    ipam["dataDir"] = str(tmp_path / "ipam")
-    path = tmp_path / "claim.yaml"
-    path.write_text(yaml.safe_dump(doc))
     out = cnidra_try(
         cni_tools,
-        str(path),
+        str(EXAMPLES / "macvlan-claim.yaml"),
         "--host",
         prefix=("ip", "netns", "exec", node_netns.name),
-        cache=tmp_path / "cache",
+        state=tmp_path,
     )
     assert out.returncode == 0, out.stderr
     device = yaml.safe_load(out.stdout)["status"]["devices"][0]
     assert device["pool"] != "cnidra-try"
-    assert not list((tmp_path / "cache" / "results").iterdir())
-    assert not [p for p in (tmp_path / "ipam" / "macvlan-eth0").iterdir() if p.name[0].isdigit()]
+    assert "network macvlan-eth0" in device["conditions"][0]["message"]  # the user's name
+    assert not list((tmp_path / "cni" / "results").iterdir())
+    # host-local's pool is cnidra's own, under the state root, named by cnidra
+    [pool] = (tmp_path / "ipam").iterdir()
+    assert pool.name == "cnidra-ns.cnidra-try.macvlan-eth0"
+    assert not [p for p in pool.iterdir() if p.name[0].isdigit()]
 
 
 def test_usage_errors(cni_tools: CNITools, clean_machine: None) -> None:

@@ -9,11 +9,14 @@ from typing import Any
 
 import pytest
 
-from cnidra.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
-from cnidra.dra.prepare import ClaimRef, PrepareError, resolve_claim
+from cnidra.api.ownership import PrivateDirs
+from cnidra.dra.prepare import ClaimRef, PrepareError, Preparer, resolve_claim
+from cnidra.state.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from cnidra.state.layout import StateLayout
 
 DRIVER = "cni.dra.networking.x-k8s.io"
 REF = ClaimRef("ns", "c", "uid-1")
+DIRS = PrivateDirs(ipam="/state/ipam", tuning="/state/tuning")
 
 
 def params(**extra: Any) -> dict[str, Any]:
@@ -83,7 +86,7 @@ def claim(
 
 
 def test_a_valid_claim_resolves_to_its_attachment() -> None:
-    prepared = resolve_claim(claim(), REF, "n1")
+    prepared = resolve_claim(claim(), REF, "n1", DIRS)
     assert prepared.pod_uids == ("pod-1",) and prepared.generation == 2
     [dev] = prepared.devices
     assert (dev.request, dev.pool, dev.device, dev.if_name, dev.share_id) == (
@@ -113,9 +116,105 @@ def test_class_config_then_claim_config() -> None:
             },
         },
     ]
-    [dev] = resolve_claim(claim(configs), REF, "n1").devices
+    [dev] = resolve_claim(claim(configs), REF, "n1", DIRS).devices
     assert dev.if_name == "mine0" and dev.cni_args == (("A", "1"),)
-    assert dev.network["name"] == "n"
+    # the network is wholly the class's (the claim set no config): one cluster-wide name
+    assert dev.network["name"] == "cnidra-cluster.n" and dev.network_label == "n"
+
+
+def test_a_network_the_claim_defines_is_named_for_its_namespace() -> None:
+    [dev] = resolve_claim(claim(), REF, "n1", DIRS).devices
+    assert dev.network["name"] == "cnidra-ns.ns.n" and dev.network_label == "n"
+    assert dev.network["plugins"][0]["ipam"]["dataDir"] == "/state/ipam"
+
+
+def test_a_claim_that_changes_the_class_network_gets_its_own() -> None:
+    configs = [
+        {"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": params()}},
+        {
+            "source": "FromClaim",
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {"ifName": "net2", "config": {"plugins": [{"type": "macvlan"}]}},
+            },
+        },
+    ]
+    [dev] = resolve_claim(claim(configs), REF, "n1", DIRS).devices
+    assert dev.network["name"] == "cnidra-ns.ns.n"
+
+
+def test_the_primary_networks_name_is_only_a_label() -> None:
+    c = claim()
+    c["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["config"]["name"] = (
+        "k8s-pod-network"
+    )
+    [dev] = resolve_claim(c, REF, "n1", DIRS).devices
+    assert dev.network["name"] == "cnidra-ns.ns.k8s-pod-network"
+    assert dev.network_label == "k8s-pod-network"
+
+
+def test_a_state_directory_in_the_claim_is_refused() -> None:
+    c = claim()
+    plugin = c["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["config"][
+        "plugins"
+    ][0]
+    plugin["ipam"]["dataDir"] = "/etc"
+    with pytest.raises(PrepareError, match=r"plugins\[0\]\.ipam\.dataDir: is chosen by cnidra"):
+        resolve_claim(c, REF, "n1", DIRS)
+
+
+class Claims:
+    def __init__(self, *claims: dict[str, Any]) -> None:
+        self.claims = {c["metadata"]["name"]: c for c in claims}
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.claims.get(name)
+
+
+def named(name: str, uid: str, requests: int) -> dict[str, Any]:
+    results = [
+        {"request": f"r{i}", "driver": DRIVER, "pool": "n1", "device": "eth1"}
+        for i in range(requests)
+    ]
+    configs = [
+        {
+            "source": "FromClaim",
+            "requests": [f"r{i}"],
+            "opaque": {"driver": DRIVER, "parameters": params(ifName=f"{name}{i}")},
+        }
+        for i in range(requests)
+    ]
+    c = claim(configs, results)
+    c["metadata"].update(name=name, uid=uid)
+    return c
+
+
+async def test_prepare_refuses_more_interfaces_per_pod_than_the_limit(tmp_path: Path) -> None:
+    cp = Checkpoint(StateLayout(tmp_path))
+    preparer = Preparer(
+        "n1", Claims(named("a", "u-a", 2), named("b", "u-b", 2)), cp, DIRS, max_attachments=3
+    )
+    await preparer.prepare(ClaimRef("ns", "a", "u-a"))
+    with pytest.raises(PrepareError, match="would get 4 cnidra interfaces; at most 3 per pod"):
+        await preparer.prepare(ClaimRef("ns", "b", "u-b"))
+    assert cp.get("u-b") is None
+
+
+def test_a_checkpoint_of_cnidra_0_1_gets_owned_names_on_load(tmp_path: Path) -> None:
+    old = prepared("u1", "a", ("p",))
+    data = old.to_json()
+    data["version"] = 1
+    data["devices"][0]["network"] = {
+        "cniVersion": "1.0.0",
+        "name": "n",
+        "plugins": [{"type": "macvlan", "ipam": {"type": "host-local"}}],
+    }
+    del data["devices"][0]["network_label"]
+    (tmp_path / "claims").mkdir()
+    (tmp_path / "claims" / "u1.json").write_text(json.dumps(data))
+    [dev] = Checkpoint(StateLayout(tmp_path)).for_pod("p")[0].devices
+    assert dev.network["name"] == "cnidra-ns.ns.n" and dev.network_label == "n"
+    assert dev.network["plugins"][0]["ipam"]["dataDir"] == str(tmp_path / "ipam")
 
 
 @pytest.mark.parametrize(
@@ -149,7 +248,7 @@ def test_problems_a_person_can_act_on(change: Any, fragment: str) -> None:
     bad = copy.deepcopy(claim())
     change(bad)
     with pytest.raises(PrepareError, match="ns/c") as info:
-        resolve_claim(bad, REF, "n1")
+        resolve_claim(bad, REF, "n1", DIRS)
     assert fragment in str(info.value)
 
 
@@ -157,7 +256,7 @@ def test_duplicate_ifnames_within_a_claim() -> None:
     results = [{"request": r, "driver": DRIVER, "pool": "n1", "device": "eth1"} for r in ("a", "b")]
     configs = [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params()}}]
     with pytest.raises(PrepareError, match="both use ifName 'net1'"):
-        resolve_claim(claim(configs, results), REF, "n1")
+        resolve_claim(claim(configs, results), REF, "n1", DIRS)
 
 
 def test_other_drivers_devices_and_configs_are_ignored() -> None:
@@ -168,7 +267,7 @@ def test_other_drivers_devices_and_configs_are_ignored() -> None:
     c["status"]["allocation"]["devices"]["config"].append(
         {"source": "FromClaim", "opaque": {"driver": "gpu.example.com", "parameters": {"x": 1}}}
     )
-    assert [d.request for d in resolve_claim(c, REF, "n1").devices] == ["net"]
+    assert [d.request for d in resolve_claim(c, REF, "n1", DIRS).devices] == ["net"]
 
 
 def prepared(uid: str, name: str, pods: tuple[str, ...]) -> PreparedClaim:
@@ -177,31 +276,32 @@ def prepared(uid: str, name: str, pods: tuple[str, ...]) -> PreparedClaim:
         "n1",
         "eth1",
         "net1",
-        {"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "bridge"}]},
+        {"cniVersion": "1.0.0", "name": "cnidra-ns.ns.n", "plugins": [{"type": "bridge"}]},
         {"mac": "02:00:00:00:00:01"},
         (("A", "1"),),
         "s",
+        "n",
     )
     return PreparedClaim(uid, "ns", name, pods, (dev,), 1)
 
 
 def test_checkpoint_survives_a_restart_and_orders_a_pods_claims(tmp_path: Path) -> None:
-    cp = Checkpoint(tmp_path)
+    cp = Checkpoint(StateLayout(tmp_path))
     cp.put(prepared("u2", "zeta", ("pod-a",)))
     cp.put(prepared("u1", "alpha", ("pod-a", "pod-b")))
-    again = Checkpoint(tmp_path)
+    again = Checkpoint(StateLayout(tmp_path))
     assert [c.name for c in again.for_pod("pod-a")] == ["alpha", "zeta"]
     assert again.get("u1") == prepared("u1", "alpha", ("pod-a", "pod-b"))
     assert again.remove("u1") and not again.remove("u1")
-    assert [c.name for c in Checkpoint(tmp_path).for_pod("pod-a")] == ["zeta"]
+    assert [c.name for c in Checkpoint(StateLayout(tmp_path)).for_pod("pod-a")] == ["zeta"]
     assert [p.name for p in (tmp_path / "claims").iterdir()] == ["u2.json"]
 
 
 def test_a_corrupt_checkpoint_entry_is_moved_aside(tmp_path: Path) -> None:
-    Checkpoint(tmp_path).put(prepared("u1", "a", ("p",)))
+    Checkpoint(StateLayout(tmp_path)).put(prepared("u1", "a", ("p",)))
     (tmp_path / "claims" / "bad.json").write_text("{not json")
     (tmp_path / "claims" / "half.json").write_text(json.dumps({"uid": "x"}))
-    cp = Checkpoint(tmp_path)
+    cp = Checkpoint(StateLayout(tmp_path))
     assert len(cp) == 1
     assert sorted(p.name for p in (tmp_path / "claims").iterdir()) == [
         "bad.corrupt",

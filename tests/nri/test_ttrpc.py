@@ -187,6 +187,9 @@ class Hooks:
     async def create_container(self, pod: nri.PodSandbox) -> None:
         self.calls.append(("create", pod.name))
 
+    def set_request_timeout(self, seconds: float) -> None:
+        self.calls.append(("timeout", f"{seconds:g}"))
+
 
 class RuntimePeer:
     """Plays containerd: accepts the plugin, serves RegisterPlugin, calls the plugin."""
@@ -289,6 +292,7 @@ async def test_plugin_registers_configures_syncs_and_serves_hooks(tmp_path: Path
             nri.RemovePodSandboxRequest(pod=pod("good")).SerializeToString(),
         )
         assert hooks.calls == [
+            ("timeout", "2"),
             ("sync", "a,b"),
             ("run", "good"),
             ("run", "bad"),

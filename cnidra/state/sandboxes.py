@@ -8,11 +8,11 @@ import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
 from cnidra.cni.attach import Attachment
-from cnidra.util.store import JsonDirStore
+from cnidra.state.layout import StateLayout
+from cnidra.state.store import JsonDirStore
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class AttachmentRecord:
     cni_args: tuple[tuple[str, str], ...] = ()
     share_id: str | None = None
     result: Mapping[str, Any] | None = None
+    network_label: str = ""
 
     def attachment(self) -> Attachment:
         return Attachment(
@@ -49,11 +50,18 @@ class AttachmentRecord:
             self.capability_args,
             self.cni_args,
             self.share_id,
+            self.network_label,
         )
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AttachmentRecord:
-        return cls(**{**data, "cni_args": tuple(tuple(p) for p in data.get("cni_args") or [])})
+        return cls(
+            **{
+                **data,
+                "cni_args": tuple(tuple(p) for p in data.get("cni_args") or []),
+                "network_label": data.get("network_label") or data["network"].get("name", ""),
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -88,9 +96,9 @@ class SandboxRecord:
 class SandboxStore(JsonDirStore[SandboxRecord]):
     """Sandbox records by sandbox ID, one file each under <state>/sandboxes."""
 
-    def __init__(self, state_dir: str | Path) -> None:
+    def __init__(self, layout: StateLayout) -> None:
         super().__init__(
-            Path(state_dir) / "sandboxes",
+            layout.sandboxes,
             SandboxRecord.from_json,
             SandboxRecord.to_json,
             lambda record: record.sandbox_id,

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from cnidra.util.store import JsonDirStore
+from cnidra.api.ownership import is_owned, owned_network, owned_network_name
+from cnidra.state.layout import StateLayout
+from cnidra.state.store import JsonDirStore
 
 log = logging.getLogger(__name__)
-VERSION = 1
+# 2: networks carry cnidra's own name and state directories (`network_label` is the user's).
+VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class PreparedDevice:
     capability_args: Mapping[str, Any] = field(default_factory=dict)
     cni_args: tuple[tuple[str, str], ...] = ()
     share_id: str | None = None
+    network_label: str = ""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PreparedDevice:
@@ -42,6 +45,7 @@ class PreparedDevice:
             data.get("capability_args") or {},
             tuple((str(k), str(v)) for k, v in data.get("cni_args") or []),
             data.get("share_id"),
+            data.get("network_label") or str(data["network"].get("name", "")),
         )
 
 
@@ -75,13 +79,30 @@ class PreparedClaim:
         )
 
 
+def upgrade(claim: PreparedClaim, layout: StateLayout) -> PreparedClaim:
+    """A claim prepared by cnidra 0.1 named its networks as the user did and left plugin
+    state in the shared directory: give it the names and directories of today, so the next
+    sandbox of its pod (a sandbox restart, a node reboot) is cnidra's own."""
+    devices = []
+    for dev in claim.devices:
+        name = str(dev.network.get("name", ""))
+        if is_owned(name):
+            devices.append(dev)
+            continue
+        owned = owned_network(
+            dev.network, owned_network_name(name, claim.namespace), layout.private_dirs()
+        )
+        devices.append(replace(dev, network=owned, network_label=name))
+    return replace(claim, devices=tuple(devices))
+
+
 class Checkpoint(JsonDirStore[PreparedClaim]):
     """Prepared claims by UID, one file each under <state>/claims."""
 
-    def __init__(self, state_dir: str | Path) -> None:
+    def __init__(self, layout: StateLayout) -> None:
         super().__init__(
-            Path(state_dir) / "claims",
-            PreparedClaim.from_json,
+            layout.claims,
+            lambda data: upgrade(PreparedClaim.from_json(data), layout),
             PreparedClaim.to_json,
             lambda claim: claim.uid,
         )

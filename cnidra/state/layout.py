@@ -1,0 +1,45 @@
+"""Where each kind of state lives under cnidra's state root."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from cnidra.api.ownership import PrivateDirs
+
+DEFAULT_STATE_ROOT = Path("/var/lib/cnidra")
+# Where cnidra 0.1 kept its CNI result cache and host-local its pools: the node's shared CNI
+# directory, which the primary CNI uses too. Read once, by the migration, and never again.
+LEGACY_CNI_DIR = Path("/var/lib/cni")
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    root: Path = DEFAULT_STATE_ROOT
+
+    @property
+    def claims(self) -> Path:
+        """The prepared-claims checkpoint, one file per claim."""
+        return self.root / "claims"
+
+    @property
+    def sandboxes(self) -> Path:
+        """Write-ahead sandbox records: what cnidra added to which sandbox."""
+        return self.root / "sandboxes"
+
+    @property
+    def cni_cache(self) -> Path:
+        """The CNI result cache (libcni's format, under `results/`)."""
+        return self.root / "cni"
+
+    @property
+    def ipam(self) -> Path:
+        """host-local's dataDir: one pool directory per owned network name."""
+        return self.root / "ipam"
+
+    @property
+    def tuning(self) -> Path:
+        return self.root / "tuning"
+
+    def private_dirs(self) -> PrivateDirs:
+        return PrivateDirs(ipam=str(self.ipam), tuning=str(self.tuning))
