@@ -87,7 +87,6 @@ class Driver:
             **os.environ,
             **self.bed.env,
             "CNIDRA_STATE_DIR": str(self.workdir / "state"),
-            "CNIDRA_CNI_CACHE_DIR": str(self.workdir / "cni-cache"),
             "CNIDRA_HTTP_ADDRESS": "127.0.0.1:19177",
             "CNIDRA_LOG_LEVEL": "info",
             "CNIDRA_SUB_INTERFACES": "1000",  # many pods share one stand-in parent here

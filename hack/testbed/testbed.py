@@ -113,6 +113,10 @@ class Paths:
     plugins = kubelet_dir / "plugins"
     cni_conf = ROOT / "etc" / "cni" / "net.d"
     cni_data = ROOT / "var" / "lib" / "cni"
+    # the test bed's own plugins, on containerd's and the driver's CNI path: the primary
+    # network's recording bridge and a plugin slower than any hook budget
+    cni_bin = ROOT / "cni-bin"
+    primary_calls = ROOT / "logs" / "primary-cni.log"
     containerd_sock = run / "containerd" / "containerd.sock"
     nri_sock = run / "nri" / "nri.sock"
     admin_kubeconfig = WORK / "admin.kubeconfig"
@@ -254,6 +258,34 @@ def kubeconfig(path: Path, user: str) -> None:
 # ----------------------------------------------------------------------------- configs
 
 
+PRIMARY_PLUGIN = "tb-primary"
+SLOW_PLUGIN = "tb-sleepy"
+
+
+def write_test_plugins(bins: Bins) -> None:
+    """tb-primary: the primary network's bridge, recording every call (command, container,
+    ifName, and the caller's name), so tests can prove nobody but containerd DELs it.
+    tb-sleepy: ADD takes 30 s; every other command succeeds at once."""
+    Paths.cni_bin.mkdir(parents=True, exist_ok=True)
+    plugins = {
+        PRIMARY_PLUGIN: f"""#!/bin/sh
+echo "$CNI_COMMAND $CNI_CONTAINERID $CNI_IFNAME $(cat /proc/$PPID/comm)" >> {Paths.primary_calls}
+exec {bins.cni_plugins / "bridge"} "$@"
+""",
+        SLOW_PLUGIN: """#!/bin/sh
+case "$CNI_COMMAND" in
+  ADD) sleep 30; exit 1 ;;
+  VERSION) echo '{"cniVersion":"1.1.0","supportedVersions":["0.4.0","1.0.0","1.1.0"]}' ;;
+  *) cat >/dev/null ;;
+esac
+""",
+    }
+    for name, text in plugins.items():
+        path = Paths.cni_bin / name
+        path.write_text(text)
+        path.chmod(0o755)
+
+
 def write_configs(bins: Bins) -> None:
     for d in (
         Paths.logs,
@@ -271,6 +303,7 @@ def write_configs(bins: Bins) -> None:
     for user in ("admin", "kubelet", "controller-manager", "scheduler"):
         kubeconfig(Paths.etc / f"{user}.kubeconfig", user)
     kubeconfig(Paths.admin_kubeconfig, "admin")
+    write_test_plugins(bins)
     (Paths.cni_conf / "10-testbed.conflist").write_text(
         json.dumps(
             {
@@ -278,7 +311,7 @@ def write_configs(bins: Bins) -> None:
                 "name": "testbed-primary",
                 "plugins": [
                     {
-                        "type": "bridge",
+                        "type": PRIMARY_PLUGIN,
                         "bridge": BRIDGE,
                         "isGateway": True,
                         "ipMasq": False,
@@ -327,7 +360,7 @@ state = '{Paths.run}/containerd'
           BinaryName = '{bins.runc / "runc"}'
           SystemdCgroup = false
     [plugins.'io.containerd.cri.v1.runtime'.cni]
-      bin_dirs = ['{bins.cni_plugins}']
+      bin_dirs = ['{Paths.cni_bin}', '{bins.cni_plugins}']
       conf_dir = '{Paths.cni_conf}'
 
   [plugins.'io.containerd.grpc.v1.cri']
@@ -821,9 +854,7 @@ def env_lines() -> list[str]:
         f"export CNIDRA_PLUGINS_REGISTRY_DIR={Paths.plugins_registry}",
         f"export CNIDRA_PLUGINS_DIR={Paths.plugins}",
         f"export CNIDRA_NRI_SOCKET={Paths.nri_sock}",
-        f"export CNIDRA_CNI_PATH={bins.cni_plugins}",
-        f"export CNIDRA_CNI_CACHE_DIR={ROOT / 'var' / 'lib' / 'cni-cnidra'}",
-        f"export CNIDRA_STATE_DIR={ROOT / 'var' / 'lib' / 'cnidra'}",
+        f"export CNIDRA_CNI_PATH={Paths.cni_bin}:{bins.cni_plugins}",
         f"export TESTBED_IMAGE={TEST_IMAGE}",
         f"export TESTBED_ROOT={ROOT}",
     ]

@@ -17,6 +17,7 @@ import grpc
 
 from cnidra._proto.dra.v1 import api_pb2 as dra
 from cnidra._proto.dra.v1 import api_pb2_grpc as dra_grpc
+from cnidra.state.layout import DEFAULT_STATE_ROOT
 from tests.testbed.conftest import ROOT, Cluster
 
 
@@ -32,17 +33,20 @@ class DriverProcess:
         cluster: Cluster,
         state_dir: Path,
         extra_env: dict[str, str] | None = None,
+        *,
+        defaults: bool = False,
         **settings: str,
     ) -> None:
-        settings.setdefault("cni_cache_dir", str(state_dir / "cni-cache"))
+        """`state_dir` holds the log, and the driver's state root unless `defaults`: then the
+        driver keeps its state where deploy/ has it, /var/lib/cnidra."""
         self.cluster = cluster
-        self.state_dir = state_dir
+        self.state_root = DEFAULT_STATE_ROOT if defaults else state_dir / "state"
         self.port = free_port()
         self.log = state_dir / "driver.log"
         self.env = {
             **os.environ,
             **cluster.env,
-            "CNIDRA_STATE_DIR": str(state_dir / "state"),
+            **({} if defaults else {"CNIDRA_STATE_DIR": str(self.state_root)}),
             "CNIDRA_HTTP_ADDRESS": f"127.0.0.1:{self.port}",
             "CNIDRA_RESYNC_SECONDS": "30",
             **{f"CNIDRA_{k.upper()}": v for k, v in settings.items()},
@@ -96,7 +100,7 @@ class DriverProcess:
             return str(r.read().decode())
 
     def checkpoint(self) -> list[dict[str, Any]]:
-        claims = self.state_dir / "state" / "claims"
+        claims = self.state_root / "claims"
         return (
             [json.loads(p.read_text()) for p in sorted(claims.glob("*.json"))]
             if claims.exists()

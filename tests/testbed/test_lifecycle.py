@@ -29,7 +29,7 @@ def device_classes(cluster: Cluster) -> None:
 
 @pytest.fixture
 def driver(cluster: Cluster, tmp_path: Path) -> Iterator[DriverProcess]:
-    proc = DriverProcess(cluster, tmp_path, cni_cache_dir=str(tmp_path / "cni-cache"))
+    proc = DriverProcess(cluster, tmp_path, cni_cache_dir=str(driver.state_root / "cni"))
     proc.start()
     cluster.wait("the NRI plugin to connect", lambda: proc.health().get("nriConnected"), 30)
     yield proc
@@ -46,7 +46,7 @@ def parent(cluster: Cluster) -> Iterator[str]:
     subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
 
 
-def cni_config(name: str, parent: str, data_dir: Path, subnet: str, **ipam: Any) -> dict[str, Any]:
+def cni_config(name: str, parent: str, subnet: str, **ipam: Any) -> dict[str, Any]:
     return {
         "cniVersion": "1.1.0",
         "name": name,
@@ -57,7 +57,6 @@ def cni_config(name: str, parent: str, data_dir: Path, subnet: str, **ipam: Any)
                 "mode": "bridge",
                 "ipam": {
                     "type": "host-local",
-                    "dataDir": str(data_dir),
                     "ranges": [[{"subnet": subnet, **ipam}]],
                 },
             }
@@ -143,8 +142,9 @@ def claims_of(cluster: Cluster, namespace: str, pod_name: str) -> list[dict[str,
     ]
 
 
-def allocations(data_dir: Path, network: str) -> set[str]:
-    d = data_dir / network
+def allocations(driver: DriverProcess, namespace: str, network: str) -> set[str]:
+    """host-local's reservations in the pool cnidra owns for a namespace's network."""
+    d = driver.state_root / "ipam" / f"cnidra-ns.{namespace}.{network}"
     return {p.name for p in d.iterdir() if p.name[0].isdigit()} if d.exists() else set()
 
 
@@ -163,13 +163,12 @@ def ready(cluster: Cluster, namespace: str, name: str, timeout: str = "90s") -> 
 def test_the_seed_demo_for_real(
     cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
 ) -> None:
-    data = tmp_path / "ipam"
     apply(
         cluster,
         namespace,
         template(
             "macvlan",
-            [("net", parent, cni_config("demo", parent, data, "198.18.201.0/24"), "net1")],
+            [("net", parent, cni_config("demo", parent, "198.18.201.0/24"), "net1")],
         ),
         claiming_pod("demo", "macvlan"),
     )
@@ -200,28 +199,25 @@ def test_the_seed_demo_for_real(
     assert net["hardwareAddress"] == status["data"]["interfaces"][0]["mac"]
     assert status["data"]["cniVersion"] == "1.1.0"
     [ip] = net["ips"]
-    assert allocations(data, "demo") == {ip.split("/")[0]}
+    assert allocations(driver, namespace, "demo") == {ip.split("/")[0]}
 
     cluster.kubectl("delete", "-n", namespace, "pod", "demo", "--timeout=60s")
-    cluster.wait("the address to be freed", lambda: not allocations(data, "demo"), 30)
+    cluster.wait("the address to be freed", lambda: not allocations(driver, namespace, "demo"), 30)
     cluster.wait("the sandbox record to go", lambda: driver.health().get("sandboxes") == 0, 30)
-    assert not list((tmp_path / "cni-cache" / "results").glob("*"))
+    assert not list((driver.state_root / "cni" / "results").glob("*"))
 
 
 def test_two_claims_three_attachments_in_a_fixed_order(
     cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
 ) -> None:
-    data = tmp_path / "ipam"
     first = template(
         "a",
         [
-            ("x", parent, cni_config("net-x", parent, data, "198.18.202.0/24"), "netx"),
-            ("y", parent, cni_config("net-y", parent, data, "198.18.203.0/24"), "nety"),
+            ("x", parent, cni_config("net-x", parent, "198.18.202.0/24"), "netx"),
+            ("y", parent, cni_config("net-y", parent, "198.18.203.0/24"), "nety"),
         ],
     )
-    second = template(
-        "b", [("z", parent, cni_config("net-z", parent, data, "198.18.204.0/24"), "netz")]
-    )
+    second = template("b", [("z", parent, cni_config("net-z", parent, "198.18.204.0/24"), "netz")])
     apply(cluster, namespace, first, second, claiming_pod("multi", "a", "b"))
     ready(cluster, namespace, "multi")
     for if_name, prefix in (
@@ -257,9 +253,7 @@ def test_two_claims_three_attachments_in_a_fixed_order(
         30,
     )
     assert sorted(s["networkData"]["interfaceName"] for s in statuses) == ["netx", "nety", "netz"]
-    [record] = [
-        json.loads(p.read_text()) for p in (driver.state_dir / "state" / "sandboxes").glob("*.json")
-    ]
+    [record] = [json.loads(p.read_text()) for p in (driver.state_root / "sandboxes").glob("*.json")]
     order = [(a["claim_name"].split("-")[1], a["request"]) for a in record["attachments"]]
     assert order == [("a", "x"), ("a", "y"), ("b", "z")]
 
@@ -267,13 +261,12 @@ def test_two_claims_three_attachments_in_a_fixed_order(
 def test_a_template_gives_every_replica_its_own_address(
     cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
 ) -> None:
-    data = tmp_path / "ipam"
     apply(
         cluster,
         namespace,
         template(
             "net",
-            [("net", parent, cni_config("replicas", parent, data, "198.18.205.0/24"), "net1")],
+            [("net", parent, cni_config("replicas", parent, "198.18.205.0/24"), "net1")],
         ),
         {
             "apiVersion": "apps/v1",
@@ -299,17 +292,15 @@ def test_a_template_gives_every_replica_its_own_address(
     addresses = [pod_addresses(cluster, namespace, p["metadata"]["name"], "net1") for p in pods]
     flat = {a for s in addresses for a in s}
     assert all(len(s) == 1 for s in addresses) and len(flat) == 3
-    assert {a.split("/")[0] for a in flat} == allocations(data, "replicas")
+    assert {a.split("/")[0] for a in flat} == allocations(driver, namespace, "replicas")
 
 
 def test_a_failing_plugin_fails_the_sandbox_and_leaves_nothing(
     cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
 ) -> None:
-    data = tmp_path / "ipam"
     one_address = cni_config(
         "tiny",
         parent,
-        data,
         "198.18.206.0/24",
         rangeStart="198.18.206.10",
         rangeEnd="198.18.206.10",
@@ -346,30 +337,26 @@ def test_a_failing_plugin_fails_the_sandbox_and_leaves_nothing(
     cond = cluster.wait("Ready=False on the claim", not_ready, 30)
     assert (cond["status"], cond["reason"]) == ("False", "NetworkInterfaceNotReady")
     assert "no IP addresses available" in cond["message"]
-    assert allocations(data, "tiny") == {"198.18.206.10"}
-    records = [
-        json.loads(p.read_text()) for p in (driver.state_dir / "state" / "sandboxes").glob("*.json")
-    ]
+    assert allocations(driver, namespace, "tiny") == {"198.18.206.10"}
+    records = [json.loads(p.read_text()) for p in (driver.state_root / "sandboxes").glob("*.json")]
     assert [r["pod_name"] for r in records] == ["first"]
-    cached = [p.name for p in (tmp_path / "cni-cache" / "results").glob("*")]
+    cached = [p.name for p in (driver.state_root / "cni" / "results").glob("*")]
     assert len(cached) == 1
 
 
-def burst(cluster: Cluster, namespace: str, parent: str, data: Path, count: int) -> list[str]:
+def burst(cluster: Cluster, namespace: str, parent: str, count: int) -> list[str]:
     names = [f"b{i:02d}" for i in range(count)]
     apply(
         cluster,
         namespace,
-        template(
-            "net", [("net", parent, cni_config("burst", parent, data, "198.18.208.0/24"), "net1")]
-        ),
+        template("net", [("net", parent, cni_config("burst", parent, "198.18.208.0/24"), "net1")]),
         *(claiming_pod(n, "net") for n in names),
     )
     return names
 
 
 def assert_all_attached(
-    cluster: Cluster, namespace: str, names: list[str], data: Path, cache: Path
+    cluster: Cluster, namespace: str, names: list[str], driver: DriverProcess
 ) -> None:
     for name in names:
         ready(cluster, namespace, name, "180s")
@@ -381,15 +368,16 @@ def assert_all_attached(
     assert len(seen) == len(names)
     # no leak: once the runtime's dead sandboxes are cleaned up, exactly one allocation and one
     # cache entry per pod remain
+    cache = driver.state_root / "cni" / "results"
     want = {a.split("/")[0] for a in seen}
     cluster.wait(
         "leftover allocations of dead sandboxes to be freed",
-        lambda: allocations(data, "burst") == want,
+        lambda: allocations(driver, namespace, "burst") == want,
         60,
     )
     cluster.wait(
         "one cache entry per pod",
-        lambda: len(list((cache / "results").glob("burst-*"))) == len(names),
+        lambda: len(list(cache.glob(f"cnidra-ns.{namespace}.burst-*"))) == len(names),
         30,
     )
 
@@ -397,13 +385,12 @@ def assert_all_attached(
 def test_kill_9_during_a_burst_of_20_pods(
     cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
 ) -> None:
-    data = tmp_path / "ipam"
-    names = burst(cluster, namespace, parent, data, 20)
+    names = burst(cluster, namespace, parent, 20)
     cluster.wait("some sandboxes", lambda: driver.health().get("sandboxes", 0) >= 3, 60)
     driver.stop(signal.SIGKILL)
     time.sleep(1)
     driver.start()
-    assert_all_attached(cluster, namespace, names, data, tmp_path / "cni-cache")
+    assert_all_attached(cluster, namespace, names, driver)
 
 
 def test_containerd_restart_during_a_burst(
@@ -411,8 +398,7 @@ def test_containerd_restart_during_a_burst(
 ) -> None:
     import testbed as tb
 
-    data = tmp_path / "ipam"
-    names = burst(cluster, namespace, parent, data, 10)
+    names = burst(cluster, namespace, parent, 10)
     cluster.wait("some sandboxes", lambda: driver.health().get("sandboxes", 0) >= 2, 60)
     tb.stop("containerd")
     cluster.wait("the NRI plugin to notice", lambda: not driver.health().get("nriConnected"), 15)
@@ -420,7 +406,7 @@ def test_containerd_restart_during_a_burst(
     assert health["ok"] and health["registeredWithKubelet"] and health["degraded"]
     tb.start_containerd(cluster.bins)
     cluster.wait("the NRI plugin to reconnect", lambda: driver.health().get("nriConnected"), 30)
-    assert_all_attached(cluster, namespace, names, data, tmp_path / "cni-cache")
+    assert_all_attached(cluster, namespace, names, driver)
 
 
 def test_apiserver_down_while_a_sandbox_starts(
@@ -431,12 +417,11 @@ def test_apiserver_down_while_a_sandbox_starts(
     same runtime), which exercises containerd and cnidra's hook with no apiserver at all."""
     import testbed as tb
 
-    data = tmp_path / "ipam"
     apply(
         cluster,
         namespace,
         template(
-            "net", [("net", parent, cni_config("offline", parent, data, "198.18.207.0/24"), "net1")]
+            "net", [("net", parent, cni_config("offline", parent, "198.18.207.0/24"), "net1")]
         ),
         claiming_pod("p", "net"),
     )
@@ -491,8 +476,7 @@ def test_apiserver_down_while_a_sandbox_starts(
     def live_ips() -> list[str]:
         """Addresses of net1 in the sandboxes cnidra has attached, as its records say."""
         records = [
-            json.loads(p.read_text())
-            for p in (driver.state_dir / "state" / "sandboxes").glob("*.json")
+            json.loads(p.read_text()) for p in (driver.state_root / "sandboxes").glob("*.json")
         ]
         return sorted(
             ip["address"]
@@ -517,7 +501,7 @@ def test_apiserver_down_while_a_sandbox_starts(
         cluster.crictl("rmp", sandbox)
     cluster.wait(
         "the manual sandbox's address to be freed",
-        lambda: len(allocations(data, "offline")) == len(live_ips()),
+        lambda: len(allocations(driver, namespace, "offline")) == len(live_ips()),
         30,
     )
 
@@ -537,8 +521,7 @@ def test_a_failing_del_holds_the_claim_with_a_finalizer_until_it_succeeds(
     driver.start()
     try:
         cluster.wait("NRI", lambda: driver.health().get("nriConnected"), 30)
-        data = tmp_path / "ipam"
-        conf = cni_config("sticky", parent, data, "198.18.209.0/24")
+        conf = cni_config("sticky", parent, "198.18.209.0/24")
         conf["plugins"].append({"type": "fault-del-fails"})
         apply(
             cluster,
@@ -571,7 +554,9 @@ def test_a_failing_del_holds_the_claim_with_a_finalizer_until_it_succeeds(
         cluster.wait("the claim to be held by our finalizer", held, 30)
         time.sleep(3)
         assert held() is not None
-        assert allocations(data, "sticky")  # the address is still held: DEL did not finish
+        assert allocations(
+            driver, namespace, "sticky"
+        )  # the address is still held: DEL did not finish
         marker.unlink()  # the fault clears; the retry with backoff succeeds
 
         def released() -> bool:
@@ -581,7 +566,7 @@ def test_a_failing_del_holds_the_claim_with_a_finalizer_until_it_succeeds(
                 ).returncode
                 != 0
             )
-            return gone and not allocations(data, "sticky")
+            return gone and not allocations(driver, namespace, "sticky")
 
         cluster.wait("the claim to go once DEL succeeds", released, 90)
         assert driver.health()["sandboxes"] == 0
