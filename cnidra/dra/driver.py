@@ -128,6 +128,7 @@ class Driver:
             "lastSlicePublish": self.publisher.last_publish,
             "poolGeneration": self.publisher.generation,
             "nriConnected": self.nri.connected.is_set(),
+            "nriSessions": self.nri.sessions,
             "nriRuntime": self.nri.runtime,
             "nriError": self.nri.last_error,
             "sandboxes": len(self.sandboxes),

@@ -1,0 +1,231 @@
+"""cnidra is a guest on the node: with the driver configured as deploy/ ships it (state under
+/var/lib/cnidra, no cache override), restarts, crashes, a containerd restart and a dropped NRI
+connection never reach the primary network's plugin (recorded by the test bed's `tb-primary`
+wrapper), every pod keeps its primary and cnidra interfaces, two tenants with the same network
+name and range never share a pool, and a plugin slower than the hook budget fails its sandbox
+cleanly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cnidra.state.layout import DEFAULT_STATE_ROOT
+from tests.testbed.conftest import Cluster, env_image, pod
+from tests.testbed.driver import DriverProcess
+from tests.testbed.test_lifecycle import (
+    apply,
+    claiming_pod,
+    claims_of,
+    cni_config,
+    pod_addresses,
+    ready,
+    template,
+)
+
+pytestmark = pytest.mark.testbed
+
+
+@pytest.fixture(scope="module", autouse=True)
+def device_classes(cluster: Cluster) -> None:
+    from tests.testbed.conftest import ROOT
+
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
+
+
+@pytest.fixture
+def default_driver(cluster: Cluster, tmp_path: Path) -> Iterator[DriverProcess]:
+    """The driver with deploy/'s defaults: its state root is the real /var/lib/cnidra."""
+    assert not DEFAULT_STATE_ROOT.exists() or not any(DEFAULT_STATE_ROOT.iterdir()), (
+        f"{DEFAULT_STATE_ROOT} holds state of something else; this test owns it while it runs"
+    )
+    proc = DriverProcess(cluster, tmp_path, defaults=True)
+    proc.start()
+    cluster.wait("the NRI plugin to connect", lambda: proc.health().get("nriConnected"), 30)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
+
+
+@pytest.fixture
+def tenants(cluster: Cluster) -> Iterator[tuple[str, str]]:
+    names = (f"ta-{uuid.uuid4().hex[:6]}", f"tb-{uuid.uuid4().hex[:6]}")
+    for name in names:
+        cluster.kubectl("create", "namespace", name)
+    for name in names:
+        cluster.wait(
+            f"the default ServiceAccount in {name}",
+            lambda n=name: (
+                (
+                    cluster.kubectl("get", "serviceaccount", "default", "-n", n, check=False)
+                ).returncode
+                == 0
+            ),
+            60,
+        )
+    yield names
+    for name in names:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+class PrimaryCalls:
+    """Lines the recording primary plugin wrote since this object was made."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.path = Path(cluster.env["TESTBED_ROOT"]) / "logs" / "primary-cni.log"
+        self.start = self.path.stat().st_size if self.path.exists() else 0
+
+    def lines(self) -> list[list[str]]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.start)
+            return [line.split() for line in f.read().decode().splitlines() if line.strip()]
+
+
+def sandbox_ids(cluster: Cluster, *namespaces: str) -> dict[str, str]:
+    """Ready sandboxes of these namespaces: pod name -> sandbox ID."""
+    items = json.loads(cluster.crictl("pods", "-o", "json").stdout)["items"]
+    return {
+        p["metadata"]["name"]: p["id"]
+        for p in items
+        if p["metadata"]["namespace"] in namespaces and p["state"] == "SANDBOX_READY"
+    }
+
+
+def snapshot(cluster: Cluster, pods: list[tuple[str, str, str]]) -> dict[tuple[str, str], set[str]]:
+    """(namespace, pod) -> addresses of eth0 and of net1 where the pod has one."""
+    seen = {}
+    for ns, name, kind in pods:
+        addresses = pod_addresses(cluster, ns, name, "eth0")
+        if kind == "cnidra":
+            addresses |= pod_addresses(cluster, ns, name, "net1")
+        seen[(ns, name)] = addresses
+    return seen
+
+
+def tenant_pool(namespace: str, network: str) -> set[str]:
+    d = DEFAULT_STATE_ROOT / "ipam" / f"cnidra-ns.{namespace}.{network}"
+    return {p.name for p in d.iterdir() if p.name[0].isdigit()} if d.exists() else set()
+
+
+def test_restarts_and_reconnects_never_touch_the_primary_network(
+    cluster: Cluster, default_driver: DriverProcess, tenants: tuple[str, str], test_link: Any
+) -> None:
+    import testbed as tb
+
+    a, b = tenants
+    parent_a, parent_b = (
+        test_link(f"tba{uuid.uuid4().hex[:5]}"),
+        test_link(f"tbb{uuid.uuid4().hex[:5]}"),
+    )
+    calls = PrimaryCalls(cluster)
+    # both tenants name their network like the primary one, with the same range
+    for ns, parent in ((a, parent_a), (b, parent_b)):
+        conf = cni_config("testbed-primary", parent, "198.18.220.0/24")
+        apply(cluster, ns, template("net", [("net", parent, conf, "net1")]))
+        apply(cluster, ns, claiming_pod("guest", "net"))
+        apply(cluster, ns, pod("plain", env_image()))
+    pods = [
+        (ns, name, kind) for ns in (a, b) for name, kind in (("guest", "cnidra"), ("plain", ""))
+    ]
+    for ns, name, _ in pods:
+        ready(cluster, ns, name)
+    before = snapshot(cluster, pods)
+    assert all(len(v) == (2 if n == "guest" else 1) for (_, n), v in before.items()), before
+    live = set(sandbox_ids(cluster, a, b).values())
+    assert len(live) == 4
+
+    # separate pools, named by cnidra; the user's name is what status shows
+    [claim] = claims_of(cluster, a, "guest")
+    status = cluster.get("resourceclaim", claim["metadata"]["name"], a)["status"]["devices"][0]
+    assert "network testbed-primary" in status["conditions"][0]["message"]
+    assert len(tenant_pool(a, "testbed-primary")) == 1 == len(tenant_pool(b, "testbed-primary"))
+    assert not Path("/var/lib/cni/networks/testbed-primary").exists()
+    assert not list(Path("/var/lib/cni/results").glob("testbed-primary-*"))
+
+    def reconnected() -> None:
+        cluster.wait("NRI", lambda: default_driver.health().get("nriConnected"), 30)
+        time.sleep(2)  # Synchronize, its GC and the sweeper run after the answer
+
+    default_driver.stop(signal.SIGTERM)
+    default_driver.start()
+    reconnected()
+    default_driver.stop(signal.SIGKILL)
+    default_driver.start()
+    reconnected()
+    tb.stop("containerd")
+    tb.start_containerd(cluster.bins)
+    reconnected()
+    sessions = default_driver.health()["nriSessions"]
+    default_driver.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+    cluster.wait(
+        "the NRI connection to be dropped and made again",
+        lambda: (
+            default_driver.health().get("nriSessions", 0) > sessions
+            and default_driver.health().get("nriConnected")
+        ),
+        30,
+    )
+    reconnected()
+
+    assert snapshot(cluster, pods) == before
+    assert set(sandbox_ids(cluster, a, b).values()) == live
+    lines = calls.lines()
+    assert not [line for line in lines if "python" in line[-1]], lines  # cnidra never called it
+    assert not [line for line in lines if line[0] == "DEL" and line[1] in live], lines
+
+    # one tenant's pod goes: its address is freed, the other tenant's stays
+    cluster.kubectl("delete", "-n", b, "pod", "guest", "--timeout=60s")
+    cluster.wait("b's address to be freed", lambda: not tenant_pool(b, "testbed-primary"), 30)
+    assert len(tenant_pool(a, "testbed-primary")) == 1
+    assert snapshot(cluster, [(a, "guest", "cnidra")]) == {(a, "guest"): before[(a, "guest")]}
+    cluster.kubectl("delete", "-n", a, "pod", "guest", "--timeout=60s")
+    cluster.wait("a's address to be freed", lambda: not tenant_pool(a, "testbed-primary"), 30)
+    cluster.wait("no sandbox record", lambda: default_driver.health().get("sandboxes") == 0, 30)
+    assert not list((DEFAULT_STATE_ROOT / "cni" / "results").glob("*"))
+
+
+def test_a_plugin_slower_than_the_budget_fails_its_sandbox_and_leaves_nothing(
+    cluster: Cluster, default_driver: DriverProcess, namespace: str, test_link: Any
+) -> None:
+    parent = test_link(f"tbs{uuid.uuid4().hex[:5]}")
+    conf = cni_config("slow", parent, "198.18.221.0/24")
+    conf["plugins"].append({"type": "tb-sleepy"})
+    apply(cluster, namespace, template("slow", [("net", parent, conf, "net1")]))
+    apply(cluster, namespace, claiming_pod("late", "slow"))
+
+    def failed() -> list[str]:
+        return [
+            e["message"]
+            for e in cluster.events("late", namespace)
+            if e["reason"] == "NetworkAttachFailed"
+        ]
+
+    [message, *_] = cluster.wait("the sandbox to fail on the budget", failed, 90)
+    assert "'tb-sleepy'" in message and "attach budget of 1.2s" in message, message
+    cluster.kubectl("delete", "-n", namespace, "pod", "late", "--timeout=60s")
+    cluster.wait("no sandbox record", lambda: default_driver.health().get("sandboxes") == 0, 30)
+    assert not tenant_pool(namespace, "slow")
+    assert not list((DEFAULT_STATE_ROOT / "cni" / "results").glob("*"))
+    cluster.wait("no tb-sleepy process left", lambda: "tb-sleepy" not in command_lines(), 30)
+
+
+def command_lines() -> str:
+    lines = []
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            lines.append(path.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue  # the process ended meanwhile
+    return "\n".join(lines)
