@@ -93,11 +93,11 @@ class PrimaryCalls:
             return [line.split() for line in f.read().decode().splitlines() if line.strip()]
 
 
-def sandbox_ids(cluster: Cluster, *namespaces: str) -> dict[str, str]:
-    """Ready sandboxes of these namespaces: pod name -> sandbox ID."""
+def sandbox_ids(cluster: Cluster, *namespaces: str) -> dict[tuple[str, str], str]:
+    """Ready sandboxes of these namespaces: (namespace, pod name) -> sandbox ID."""
     items = json.loads(cluster.crictl("pods", "-o", "json").stdout)["items"]
     return {
-        p["metadata"]["name"]: p["id"]
+        (p["metadata"]["namespace"], p["metadata"]["name"]): p["id"]
         for p in items
         if p["metadata"]["namespace"] in namespaces and p["state"] == "SANDBOX_READY"
     }
@@ -151,8 +151,10 @@ def test_restarts_and_reconnects_never_touch_the_primary_network(
     status = cluster.get("resourceclaim", claim["metadata"]["name"], a)["status"]["devices"][0]
     assert "network testbed-primary" in status["conditions"][0]["message"]
     assert len(tenant_pool(a, "testbed-primary")) == 1 == len(tenant_pool(b, "testbed-primary"))
-    assert not Path("/var/lib/cni/networks/testbed-primary").exists()
-    assert not list(Path("/var/lib/cni/results").glob("testbed-primary-*"))
+    # the shared directory holds the primary network's entries (eth0), and nothing of cnidra's
+    shared = Path("/var/lib/cni/results")
+    assert all((shared / f"testbed-primary-{sid}-eth0").exists() for sid in live)
+    assert not list(shared.glob("*-net1")) and not Path("/var/lib/cni/networks").exists()
 
     def reconnected() -> None:
         cluster.wait("NRI", lambda: default_driver.health().get("nriConnected"), 30)
@@ -181,6 +183,7 @@ def test_restarts_and_reconnects_never_touch_the_primary_network(
 
     assert snapshot(cluster, pods) == before
     assert set(sandbox_ids(cluster, a, b).values()) == live
+    assert all((shared / f"testbed-primary-{sid}-eth0").exists() for sid in live)
     lines = calls.lines()
     assert not [line for line in lines if "python" in line[-1]], lines  # cnidra never called it
     assert not [line for line in lines if line[0] == "DEL" and line[1] in live], lines
