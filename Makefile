@@ -19,7 +19,7 @@ cni-plugins:
 	hack/install-cni.sh
 
 lint: install
-	$(BIN)/ruff check cnidra tests bench hack
+	$(BIN)/ruff check cnidra tests bench hack testbed
 	$(BIN)/mypy
 
 test: install lint cni-plugins

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cni_overhead import tool_paths
+from cnidra.api.refs import ObjectRef
 from cnidra.cni import CNIRuntime, netns
 from cnidra.cni.attach import Attachment, attach_all, detach_all
 
@@ -26,7 +27,7 @@ from cnidra.cni.attach import Attachment, attach_all, detach_all
 def attachments(count: int, data_dir: str) -> list[Attachment]:
     return [
         Attachment(
-            "bench/claim",
+            ObjectRef("bench", "claim", "uid"),
             f"r{i}",
             f"net{i + 1}",
             {

@@ -17,9 +17,7 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -32,10 +30,8 @@ import grpc
 from cnidra._proto.dra.v1 import api_pb2 as dra
 from cnidra._proto.dra.v1 import api_pb2_grpc as dra_grpc
 from cnidra.cni import netns
-
-ROOT = Path(__file__).parents[1]
-sys.path.insert(0, str(ROOT / "hack" / "testbed"))
-import testbed as tb  # noqa: E402
+from testbed import cluster as tb
+from testbed.harness import ROOT, Cluster, DriverProcess
 
 DRIVER = "cni.dra.networking.x-k8s.io"
 NODE = tb.NODE
@@ -55,85 +51,25 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
-class Bed:
-    def __init__(self, bins: tb.Bins) -> None:
-        self.bins = bins
-        self.env = tb.env_dict()
-
-    def kubectl(self, *args: str, input_: str | None = None) -> str:
-        return tb.kubectl(self.bins, *args, input_=input_, timeout=300).stdout
-
-    def apply(self, docs: list[dict[str, Any]], namespace: str | None = None) -> None:
-        ns = ["-n", namespace] if namespace else []
-        for i in range(0, len(docs), 200):
-            self.kubectl(
-                "apply",
-                *ns,
-                "-f",
-                "-",
-                input_="\n---\n".join(json.dumps(d) for d in docs[i : i + 200]),
-            )
-
-
-class Driver:
-    def __init__(self, bed: Bed, workdir: Path) -> None:
-        self.bed = bed
-        self.workdir = workdir
-        self.log = workdir / "driver.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {
-            **os.environ,
-            **self.bed.env,
-            "CNIDRA_STATE_DIR": str(self.workdir / "state"),
-            "CNIDRA_HTTP_ADDRESS": "127.0.0.1:19177",
-            "CNIDRA_LOG_LEVEL": "info",
-            "CNIDRA_SUB_INTERFACES": "1000",  # many pods share one stand-in parent here
-        }
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "cnidra", "driver"],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if "registered with the runtime over NRI" in self.log.read_text(
-                errors="replace"
-            ) and "kubelet registered the plugin" in self.log.read_text(errors="replace"):
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"driver did not come up; see {self.log}")
-
-    def stop(self) -> None:
-        if self.proc:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(20)
-
-    def rss_mib(self) -> float:
-        assert self.proc
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-        raise RuntimeError("no VmRSS")
-
-    def cache_misses(self) -> float:
-        import urllib.request
-
-        with urllib.request.urlopen("http://127.0.0.1:19177/metrics", timeout=5) as r:
-            text = r.read().decode()
-        return sum(
-            float(line.split()[-1])
-            for line in text.splitlines()
-            if line.startswith("cnidra_claim_cache_lookups_total") and 'result="hit"' not in line
+def apply_many(bed: Cluster, docs: list[dict[str, Any]], namespace: str | None = None) -> None:
+    ns = ["-n", namespace] if namespace else []
+    for i in range(0, len(docs), 200):
+        bed.kubectl(
+            "apply",
+            *ns,
+            "-f",
+            "-",
+            input_="\n---\n".join(json.dumps(d) for d in docs[i : i + 200]),
+            timeout=300,
         )
 
-    @property
-    def socket(self) -> str:
-        return f"{self.bed.env['CNIDRA_PLUGINS_DIR']}/{DRIVER}/dra.sock"
+
+def claim_gets(driver: DriverProcess) -> float:
+    return sum(
+        float(line.split()[-1])
+        for line in driver.metrics().splitlines()
+        if line.startswith("cnidra_claim_lookups_total")
+    )
 
 
 def fake_allocated_claims(namespace: str, count: int, parent: str) -> list[dict[str, Any]]:
@@ -187,7 +123,7 @@ def fake_allocated_claims(namespace: str, count: int, parent: str) -> list[dict[
     return claims
 
 
-def allocate(bed: Bed, namespace: str, names: list[str], parent: str) -> None:
+def allocate(bed: Cluster, namespace: str, names: list[str], parent: str) -> None:
     """Write allocation and reservedFor as the scheduler would (two patches: the apiserver
     drops reservedFor when it comes in the same patch as the allocation)."""
     from lightkube import Client
@@ -237,12 +173,14 @@ def allocate(bed: Bed, namespace: str, names: list[str], parent: str) -> None:
 
 
 def prepare_latency(
-    bed: Bed, driver: Driver, namespace: str, names: list[str], rounds: int
+    bed: Cluster, driver: DriverProcess, namespace: str, names: list[str], rounds: int
 ) -> dict[str, Any]:
-    uids = json.loads(bed.kubectl("get", "resourceclaims", "-n", namespace, "-o", "json"))["items"]
+    uids = json.loads(bed.kubectl("get", "resourceclaims", "-n", namespace, "-o", "json").stdout)[
+        "items"
+    ]
     refs = {c["metadata"]["name"]: c["metadata"]["uid"] for c in uids}
     claims = [dra.Claim(namespace=namespace, name=n, uid=refs[n]) for n in names]
-    with grpc.insecure_channel(f"unix://{driver.socket}") as channel:
+    with grpc.insecure_channel(f"unix://{driver.dra_socket}") as channel:
         stub = dra_grpc.DRAPluginStub(channel)
         stub.NodePrepareResources(dra.NodePrepareResourcesRequest(claims=claims[:100]), timeout=60)
         stub.NodeUnprepareResources(
@@ -323,7 +261,7 @@ def raw_cni_ms(plugins_dir: str, parent: str, attachments: int, rounds: int) -> 
 
 
 def pods_ready(
-    bed: Bed,
+    bed: Cluster,
     namespace: str,
     parent: str | None,
     count: int,
@@ -410,7 +348,9 @@ def pods_ready(
     while time.monotonic() < deadline:
         items = [
             p
-            for p in json.loads(bed.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]
+            for p in json.loads(bed.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)[
+                "items"
+            ]
             if p["metadata"]["name"].startswith(name_prefix)
         ]
         latencies = []
@@ -437,27 +377,27 @@ def pods_ready(
     }
 
 
-def hook_times(driver: Driver, namespace: str) -> list[float]:
+def hook_times(driver: DriverProcess, namespace: str) -> list[float]:
     """The driver logs each attach: 'attached N interface(s) to pod NS/NAME in X ms'."""
     pattern = rf"attached \d+ interface\(s\) to pod {re.escape(namespace)}/\S+ in ([\d.]+) ms"
     return [float(m[1]) for m in re.finditer(pattern, driver.log.read_text(errors="replace"))]
 
 
-def one_at_a_time(bed: Bed, namespace: str, parent: str, count: int, attachments: int) -> None:
+def one_at_a_time(bed: Cluster, namespace: str, parent: str, count: int, attachments: int) -> None:
     for i in range(count):
         pods_ready(
             bed, namespace, parent, 1, attachments, name_prefix=f"s{i:02d}-", with_template=i == 0
         )
 
 
-def namespace(bed: Bed) -> str:
+def namespace(bed: Cluster) -> str:
     name = f"bench-{uuid.uuid4().hex[:6]}"
     bed.kubectl("create", "namespace", name)
     return name
 
 
 def prepare_and_memory(
-    bed: Bed, driver: Driver, parent: str, args: argparse.Namespace
+    bed: Cluster, driver: DriverProcess, parent: str, args: argparse.Namespace
 ) -> dict[str, Any]:
     """The claims are reserved for pods that do not exist; kube-controller-manager would remove
     such reservations, so it is paused while they are measured."""
@@ -466,13 +406,12 @@ def prepare_and_memory(
     claims = fake_allocated_claims(ns, args.claims, parent)
     tb.stop("kube-controller-manager")
     try:
-        bed.apply(claims, ns)
+        apply_many(bed, claims, ns)
         names = [c["metadata"]["name"] for c in claims]
         allocate(bed, ns, names, parent)
-        time.sleep(3)  # the watch delivers them to the driver's cache
         out.update(prepare_latency(bed, driver, ns, names, args.rounds))
-        out[f"rss_{args.claims}_prepared_mib"] = driver.rss_mib()
-        out["claim_cache_misses"] = driver.cache_misses()
+        out[f"rss_{args.claims}_prepared_mib"] = round(driver.rss_kib() / 1024, 1)
+        out["claim_gets"] = claim_gets(driver)
     finally:
         tb.start_controllers(bed.bins)
     bed.kubectl("delete", "namespace", ns, "--wait=false")
@@ -496,15 +435,20 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
     results: dict[str, Any] = {}
     parent = f"bench{uuid.uuid4().hex[:4]}"
     with tb.session() as bins, tempfile.TemporaryDirectory() as tmp:
-        bed = Bed(bins)
+        bed = Cluster(bins, tb.env_dict())
         bed.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
         subprocess.run(["ip", "link", "add", parent, "type", "bridge"], check=True)
         subprocess.run(["ip", "link", "set", parent, "up"], check=True)
-        driver = Driver(bed, Path(tmp))
+        driver = DriverProcess(
+            bed,
+            Path(tmp),
+            extra_env={"CNIDRA_SUB_INTERFACES": "1000"},  # pods share one parent
+        )
         try:
             driver.start()
+            bed.wait("the NRI plugin to connect", lambda: driver.health().get("nriConnected"), 30)
             time.sleep(2)
-            results["rss_idle_mib"] = driver.rss_mib()
+            results["rss_idle_mib"] = round(driver.rss_kib() / 1024, 1)
             if args.only != "pods":
                 results.update(prepare_and_memory(bed, driver, parent, args))
             if args.only == "prepare":
@@ -528,7 +472,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
             results["hook_3_attachments_ms"] = summary(hook_times(driver, seq_three))
             for ns_ in (seq_one, seq_three):
                 bed.kubectl("delete", "namespace", ns_, "--wait=false")
-            plugins = bed.env["CNIDRA_CNI_PATH"]
+            plugins = str(bed.bins.cni_plugins)
             with netns.temporary("cnidra-bench-node") as node:
                 subprocess.run(
                     [

@@ -33,3 +33,6 @@ STATUS_HARDWARE_ADDRESS_MAX: Final = 128
 CONDITION_READY: Final = "Ready"
 REASON_READY: Final = "NetworkInterfaceReady"
 REASON_NOT_READY: Final = "NetworkInterfaceNotReady"
+
+# cnidra interfaces one pod may have: all are ADDed within one NRI hook, whose time is bounded.
+DEFAULT_MAX_ATTACHMENTS: Final = 8

@@ -12,6 +12,7 @@ import typer
 import yaml
 from rich.console import Console
 
+from cnidra.agent.settings import DEFAULTS, DriverSettings  # light: no driver imports
 from cnidra.api.convert import ConvertError, OutputKind, read_source, render_yaml, to_document
 from cnidra.api.validate import validate_documents
 from cnidra.cli.output import FileReport, as_json, print_text
@@ -89,10 +90,6 @@ def convert(
 
 
 DEFAULT_CNI_PATH = "/opt/cni/bin:/usr/lib/cni"
-# the driver's defaults, spelled here so `cnidra --help` needs no driver imports
-STATE_ROOT = Path("/var/lib/cnidra")
-LEGACY_DIR = Path("/var/lib/cni")
-MAX_ATTACHMENTS = 8
 
 
 @app.command("try")
@@ -172,10 +169,10 @@ def driver(
     ] = None,
     plugins_registry_dir: Annotated[
         Path, typer.Option("--plugins-registry-dir", envvar="CNIDRA_PLUGINS_REGISTRY_DIR")
-    ] = Path("/var/lib/kubelet/plugins_registry"),
-    plugins_dir: Annotated[Path, typer.Option("--plugins-dir", envvar="CNIDRA_PLUGINS_DIR")] = Path(
-        "/var/lib/kubelet/plugins"
-    ),
+    ] = DEFAULTS.plugins_registry_dir,
+    plugins_dir: Annotated[
+        Path, typer.Option("--plugins-dir", envvar="CNIDRA_PLUGINS_DIR")
+    ] = DEFAULTS.plugins_dir,
     state_dir: Annotated[
         Path,
         typer.Option(
@@ -183,7 +180,7 @@ def driver(
             envvar="CNIDRA_STATE_DIR",
             help="cnidra's state root: checkpoint, sandbox records, CNI cache, IPAM pools",
         ),
-    ] = STATE_ROOT,
+    ] = DEFAULTS.state_dir,
     legacy_cni_dir: Annotated[
         Path,
         typer.Option(
@@ -191,8 +188,10 @@ def driver(
             envvar="CNIDRA_LEGACY_CNI_DIR",
             help="where cnidra 0.1 kept CNI state; read once to migrate it",
         ),
-    ] = LEGACY_DIR,
-    cni_path: Annotated[str, typer.Option("--cni-path", envvar="CNIDRA_CNI_PATH")] = "/opt/cni/bin",
+    ] = DEFAULTS.legacy_cni_dir,
+    cni_path: Annotated[str, typer.Option("--cni-path", envvar="CNIDRA_CNI_PATH")] = ":".join(
+        DEFAULTS.cni_path
+    ),
     http_address: Annotated[
         str,
         typer.Option(
@@ -200,7 +199,7 @@ def driver(
             envvar="CNIDRA_HTTP_ADDRESS",
             help="host:port for /healthz and /metrics",
         ),
-    ] = "127.0.0.1:9177",
+    ] = DEFAULTS.http_address,
     sub_interfaces: Annotated[
         int,
         typer.Option(
@@ -208,7 +207,7 @@ def driver(
             envvar="CNIDRA_SUB_INTERFACES",
             help="pod interfaces one parent link may carry",
         ),
-    ] = 64,
+    ] = DEFAULTS.sub_interfaces,
     include_interfaces: Annotated[
         str,
         typer.Option(
@@ -216,7 +215,7 @@ def driver(
             envvar="CNIDRA_INCLUDE_INTERFACES",
             help="regex of link names to publish",
         ),
-    ] = ".*",
+    ] = DEFAULTS.include_interfaces,
     exclude_interfaces: Annotated[
         str | None,
         typer.Option(
@@ -227,20 +226,20 @@ def driver(
     ] = None,
     resync_seconds: Annotated[
         float, typer.Option("--resync-seconds", envvar="CNIDRA_RESYNC_SECONDS")
-    ] = 60.0,
+    ] = DEFAULTS.resync_seconds,
     nri_socket: Annotated[
         str, typer.Option("--nri-socket", envvar="CNIDRA_NRI_SOCKET")
-    ] = "/var/run/nri/nri.sock",
+    ] = DEFAULTS.nri_socket,
     nri_plugin_name: Annotated[
         str, typer.Option("--nri-plugin-name", envvar="CNIDRA_NRI_PLUGIN_NAME")
-    ] = "cnidra",
+    ] = DEFAULTS.nri_plugin_name,
     nri_plugin_index: Annotated[
         str, typer.Option("--nri-plugin-index", envvar="CNIDRA_NRI_PLUGIN_INDEX")
-    ] = "50",
+    ] = DEFAULTS.nri_plugin_index,
     cni_timeout: Annotated[
         float,
         typer.Option("--cni-timeout", envvar="CNIDRA_CNI_TIMEOUT", help="seconds per plugin call"),
-    ] = 10.0,
+    ] = DEFAULTS.cni_timeout,
     concurrent_attach: Annotated[
         bool,
         typer.Option(
@@ -257,7 +256,7 @@ def driver(
             help="seconds all of a pod's ADDs may take; 0: 60%% of the runtime's NRI "
             "request timeout (1.2 s with containerd's default 2 s)",
         ),
-    ] = 0.0,
+    ] = DEFAULTS.attach_budget,
     max_attachments: Annotated[
         int,
         typer.Option(
@@ -265,15 +264,14 @@ def driver(
             envvar="CNIDRA_MAX_ATTACHMENTS_PER_POD",
             help="cnidra interfaces one pod may have; prepare refuses more",
         ),
-    ] = MAX_ATTACHMENTS,
+    ] = DEFAULTS.max_attachments,
     log_level: Annotated[str, typer.Option("--log-level", envvar="CNIDRA_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the node agent: kubelet DRA plugin, ResourceSlice publisher, health and metrics."""
     import asyncio
     import logging
 
-    from cnidra.dra.driver import DriverSettings, run
-    from cnidra.inventory.links import LinkFilter
+    from cnidra.agent.driver import run
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -290,7 +288,7 @@ def driver(
         http_address=http_address,
         sub_interfaces=sub_interfaces,
         include_interfaces=include_interfaces,
-        exclude_interfaces=exclude_interfaces or LinkFilter.exclude,
+        exclude_interfaces=exclude_interfaces or DEFAULTS.exclude_interfaces,
         resync_seconds=resync_seconds,
         nri_socket=nri_socket,
         nri_plugin_name=nri_plugin_name,
@@ -305,10 +303,12 @@ def driver(
 
 @app.command("migrate-state")
 def migrate_state(
-    state_dir: Annotated[Path, typer.Option("--state-dir", envvar="CNIDRA_STATE_DIR")] = STATE_ROOT,
+    state_dir: Annotated[
+        Path, typer.Option("--state-dir", envvar="CNIDRA_STATE_DIR")
+    ] = DEFAULTS.state_dir,
     legacy_cni_dir: Annotated[
         Path, typer.Option("--legacy-cni-dir", envvar="CNIDRA_LEGACY_CNI_DIR")
-    ] = LEGACY_DIR,
+    ] = DEFAULTS.legacy_cni_dir,
 ) -> None:
     """Move what cnidra 0.1 kept in the shared CNI directory under cnidra's state root (only
     attachments its sandbox records hold). Safe to run again; the driver also runs it."""

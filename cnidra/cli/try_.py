@@ -19,17 +19,27 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cnidra.api.ownership import owned_network, owned_network_name
+from cnidra.api.ownership import owned_network
+from cnidra.api.refs import ObjectRef
 from cnidra.api.validate import DocumentReport
 from cnidra.cni import netns
-from cnidra.cni.attach import AttachFailed, Attachment, Outcome, attach_all, detach_all
+from cnidra.cni.attach import (
+    AttachFailed,
+    Attachment,
+    Device,
+    Outcome,
+    attach_all,
+    attachment_from,
+    detach_all,
+)
 from cnidra.cni.runtime import CNIRuntime
 from cnidra.state.layout import StateLayout
 from cnidra.status.devices import device_status
 
 TRY_NAMESPACE = "cnidra-try"
 # --host keeps its CNI cache and IPAM pools here, beside (never inside) the driver's state
-HOST_STATE = Path("/var/lib/cnidra/try")
+HOST_LAYOUT = StateLayout(Path("/var/lib/cnidra/try"))
+TRY_CONTAINER = "cnidra-try"
 PARENT_FIELDS = {"macvlan": "master", "ipvlan": "master", "vlan": "master", "host-device": "device"}
 SAFE_POOL = "cnidra-try"
 
@@ -53,17 +63,17 @@ class TryResult:
 
 
 def plan_attachments(reports: Sequence[DocumentReport], pool: str) -> list[Attachment]:
+    """What the driver would attach, made the driver's way (`attachment_from`), for a pod
+    `cnidra-try` in namespace `cnidra-try`, state under the --host state root."""
     out: list[Attachment] = []
+    pod = ObjectRef(TRY_NAMESPACE, TRY_NAMESPACE, str(uuid.uuid4()))
     for report in reports:
-        claim = f"{report.kind}/{report.name or report.index}"
+        claim = ObjectRef(TRY_NAMESPACE, report.name or f"{report.kind}-{report.index}", "")
         for resolved in report.resolved:
-            config = resolved.config
-            assert config.config is not None
-            out.append(
-                Attachment.from_config(
-                    claim, resolved.request, config, pool, device_name(config.config)
-                )
-            )
+            assert resolved.config.config is not None
+            device = Device(pool, device_name(resolved.config.config))
+            attachment = attachment_from(resolved, claim, device, HOST_LAYOUT.private_dirs())
+            out.append(attachment.for_pod(pod, TRY_CONTAINER))
     return out
 
 
@@ -87,12 +97,10 @@ def parents(attachments: Sequence[Attachment]) -> list[str]:
     return names
 
 
-def owned(attachment: Attachment, layout: StateLayout) -> Attachment:
-    """The network as the driver runs it: cnidra's name, state directories under `layout`."""
-    label = str(attachment.network.get("name", ""))
-    name = owned_network_name(label, TRY_NAMESPACE)
-    network = owned_network(attachment.network, name, layout.private_dirs())
-    return replace(attachment, network=network, network_label=label)
+def relocated(attachment: Attachment, layout: StateLayout) -> Attachment:
+    """The same attachment with its plugins' state under another state root."""
+    network = owned_network(attachment.network, attachment.netconf.name, layout.private_dirs())
+    return replace(attachment, network=network)
 
 
 @contextlib.contextmanager
@@ -130,7 +138,7 @@ def safe_node(attachments: Sequence[Attachment], keep: bool) -> Iterator[tuple[P
 async def run_attachments(
     runtime: CNIRuntime, attachments: Sequence[Attachment], pod: str, keep: bool
 ) -> TryResult:
-    container_id = f"cnidra-try-{uuid.uuid4().hex[:12]}"
+    container_id = TRY_CONTAINER
     try:
         outcomes = await attach_all(runtime, attachments, container_id, pod)
         ok = True
@@ -147,8 +155,8 @@ def execute(
     plan: TryPlan, cni_path: Sequence[str], state_dir: Path | None, timeout: float
 ) -> TryResult:
     if plan.host:
-        layout = StateLayout(state_dir or HOST_STATE)
-        attachments = [owned(a, layout) for a in plan.attachments]
+        layout = StateLayout(state_dir) if state_dir else HOST_LAYOUT
+        attachments = [relocated(a, layout) for a in plan.attachments]
         runtime = CNIRuntime(cni_path, str(layout.cni_cache), timeout)
         with _pod_namespace(plan.pod_netns, plan.keep) as pod:
             result = asyncio.run(run_attachments(runtime, attachments, str(pod), plan.keep))
@@ -157,7 +165,7 @@ def execute(
             return result
     with safe_node(plan.attachments, plan.keep) as (node, scratch):
         layout = StateLayout(scratch)
-        attachments = [owned(a, layout) for a in plan.attachments]
+        attachments = [relocated(a, layout) for a in plan.attachments]
         runtime = CNIRuntime(cni_path, str(layout.cni_cache), timeout)
         with netns.entered(node), _pod_namespace(plan.pod_netns, plan.keep) as pod:
             result = asyncio.run(run_attachments(runtime, attachments, str(pod), plan.keep))

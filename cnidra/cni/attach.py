@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
+from cnidra.api.constants import DRIVER_NAME
+from cnidra.api.issues import FieldPath, Issues
+from cnidra.api.merge import ConfigEntry, Source
 from cnidra.api.netconf import to_conflist
-from cnidra.api.types import CNIConfig
+from cnidra.api.ownership import PrivateDirs, owned_network, owned_network_name
+from cnidra.api.refs import ObjectRef
+from cnidra.api.validate import ResolvedRequest, resolve_request
 from cnidra.cni.errors import CNIRuntimeError
 from cnidra.cni.invoke import Deadline
 from cnidra.cni.result import Result
@@ -23,9 +29,11 @@ IGNORE_UNKNOWN = ("IgnoreUnknown", "1")
 
 @dataclass(frozen=True)
 class Attachment:
-    """One interface to set up in a pod, fully resolved."""
+    """One interface to set up in a pod, fully resolved: what prepare checkpoints, what a
+    sandbox record holds, what the runtime executes. `network` is the conflist as plugins see
+    it (the name and state directories cnidra owns); `network_label` is the user's name."""
 
-    claim: str
+    claim: ObjectRef
     request: str
     if_name: str
     network: Mapping[str, Any]
@@ -34,38 +42,17 @@ class Attachment:
     capability_args: Mapping[str, Any] = field(default_factory=dict)
     cni_args: tuple[tuple[str, str], ...] = ()
     share_id: str | None = None
-    # the user's config.name, shown in status and events; `network` carries the name plugins see
     network_label: str = ""
 
-    @classmethod
-    def from_config(
-        cls,
-        claim: str,
-        request: str,
-        config: CNIConfig,
-        pool: str,
-        device: str,
-        extra_args: Sequence[tuple[str, str]] = (),
-        share_id: str | None = None,
-    ) -> Attachment:
-        if config.if_name is None or config.config is None:
-            raise CNIRuntimeError(f"claim {claim} request {request}: config is incomplete")
-        caps = config.capabilities.runtime_values() if config.capabilities else {}
-        args = (*extra_args, *sorted((config.args or {}).items()))
-        return cls(
-            claim,
-            request,
-            config.if_name,
-            to_conflist(config.config),
-            pool,
-            device,
-            caps,
-            tuple(args),
-            share_id,
-        )
-
+    @cached_property
     def netconf(self) -> NetworkConfigList:
+        """Parsed once per attachment, not on every ADD and DEL."""
         return NetworkConfigList.from_dict(self.network)
+
+    def for_pod(self, pod: ObjectRef, sandbox_id: str) -> Attachment:
+        """With the CNI_ARGS containerd sends for a pod, after the user's, so they win (libcni
+        keeps the last value of a key)."""
+        return replace(self, cni_args=(*self.cni_args, *pod_args(pod, sandbox_id)))
 
     def runtime_conf(self, container_id: str, netns: str) -> RuntimeConf:
         args = (
@@ -80,6 +67,73 @@ class Attachment:
     @property
     def label(self) -> str:
         return f"claim {self.claim} request {self.request} ({self.if_name})"
+
+
+def pod_args(pod: ObjectRef, sandbox_id: str) -> tuple[tuple[str, str], ...]:
+    return (
+        ("K8S_POD_NAMESPACE", pod.namespace),
+        ("K8S_POD_NAME", pod.name),
+        ("K8S_POD_INFRA_CONTAINER_ID", sandbox_id),
+        ("K8S_POD_UID", pod.uid),
+    )
+
+
+def resolve_attachment(
+    entries: Sequence[ConfigEntry],
+    request: str,
+    claim: ObjectRef,
+    device: Device,
+    dirs: PrivateDirs,
+    issues: Issues,
+    where: FieldPath,
+) -> Attachment | None:
+    """The one path from a claim's configs to what the runtime executes: merge and validate
+    them as `cnidra validate` does, then name the network and place its state as cnidra owns
+    them. None (with the reasons in `issues`) when the request cannot be attached."""
+    resolved = resolve_request(entries, request, issues, where)
+    if resolved is None:
+        if not issues.errors:
+            issues.error(
+                where,
+                f"request {request!r} has no {DRIVER_NAME} config: add an opaque config "
+                "with a CNIConfig (ifName and config) to the claim or its DeviceClass",
+            )
+        return None
+    return attachment_from(resolved, claim, device, dirs)
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where the scheduler put a request: the allocated device."""
+
+    pool: str
+    name: str
+    share_id: str | None = None
+
+
+def attachment_from(
+    resolved: ResolvedRequest, claim: ObjectRef, device: Device, dirs: PrivateDirs
+) -> Attachment:
+    config = resolved.config
+    assert config.config is not None and config.if_name is not None  # complete when resolved
+    conflist = to_conflist(config.config)
+    label = str(conflist["name"])
+    # a network the claim defines or changes is its namespace's; one wholly from the class is
+    # the admin's, shared by every namespace using the class (docs/state.md)
+    tenant = any(e.source is Source.CLAIM and "config" in e.parameters for e in resolved.entries)
+    name = owned_network_name(label, claim.namespace if tenant else None)
+    return Attachment(
+        claim=claim,
+        request=resolved.request,
+        if_name=config.if_name,
+        network=owned_network(conflist, name, dirs),
+        pool=device.pool,
+        device=device.name,
+        capability_args=config.capabilities.runtime_values() if config.capabilities else {},
+        cni_args=tuple(sorted((config.args or {}).items())),
+        share_id=device.share_id,
+        network_label=label,
+    )
 
 
 @dataclass
@@ -138,7 +192,7 @@ async def attach_all(
         outcomes.append(outcome)
         try:
             outcome.result = await runtime.add(
-                attachment.netconf(), attachment.runtime_conf(container_id, netns), budget.add
+                attachment.netconf, attachment.runtime_conf(container_id, netns), budget.add
             )
         except CNIRuntimeError as exc:
             outcome.error = _reason(exc)
@@ -164,7 +218,7 @@ async def _attach_concurrently(
     async def one(outcome: Outcome) -> None:
         try:
             outcome.result = await runtime.add(
-                outcome.attachment.netconf(),
+                outcome.attachment.netconf,
                 outcome.attachment.runtime_conf(container_id, netns),
                 budget.add,
             )
@@ -195,7 +249,7 @@ async def detach_all(
     for attachment in reversed(attachments):
         try:
             await runtime.delete(
-                attachment.netconf(), attachment.runtime_conf(container_id, netns), deadline
+                attachment.netconf, attachment.runtime_conf(container_id, netns), deadline
             )
         except CNIRuntimeError as exc:
             errors.append(f"{attachment.label}: {_reason(exc)}")

@@ -1,7 +1,8 @@
 """The kubelet-facing gRPC services: plugin registration and the DRA plugin (v1 and v1beta1).
 
 v1 and v1beta1 of the DRA API have the same messages with the same field numbers, so one
-implementation serves both service names, decoding either with the v1 message types."""
+implementation serves both service names, decoding either with the v1 message types (only the
+v1 proto is kept: cnidra/_proto/README.md)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from cnidra._proto.dra.v1 import api_pb2 as dra
 from cnidra._proto.pluginregistration.v1 import api_pb2 as reg
 from cnidra._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from cnidra.api.constants import DRIVER_NAME
-from cnidra.dra import metrics
-from cnidra.dra.prepare import ClaimRef, PrepareError, Preparer
+from cnidra.api.refs import ObjectRef
+from cnidra.dra.prepare import PrepareError, Preparer
+from cnidra.observe import metrics
 
 log = logging.getLogger(__name__)
 
@@ -35,23 +37,23 @@ class DRAService:
     def __init__(
         self,
         preparer: Preparer,
-        after_unprepare: Callable[[ClaimRef], Awaitable[None]] | None = None,
+        before_unprepare: Callable[[ObjectRef], Awaitable[None]] | None = None,
     ) -> None:
         self.preparer = preparer
-        self.after_unprepare = after_unprepare
+        self.before_unprepare = before_unprepare
 
     async def node_prepare_resources(
         self, request: dra.NodePrepareResourcesRequest, context: Any
     ) -> dra.NodePrepareResourcesResponse:
         with _measure("NodePrepareResources"):
-            refs = [ClaimRef(c.namespace, c.name, c.uid) for c in request.claims]
+            refs = [ObjectRef(c.namespace, c.name, c.uid) for c in request.claims]
             answers = await asyncio.gather(*(self._prepare_one(r) for r in refs))
             response = dra.NodePrepareResourcesResponse()
             for ref, answer in zip(refs, answers, strict=True):
                 response.claims[ref.uid].CopyFrom(answer)
             return response
 
-    async def _prepare_one(self, ref: ClaimRef) -> dra.NodePrepareResourceResponse:
+    async def _prepare_one(self, ref: ObjectRef) -> dra.NodePrepareResourceResponse:
         try:
             prepared = await self.preparer.prepare(ref)
         except PrepareError as exc:
@@ -77,10 +79,10 @@ class DRAService:
         with _measure("NodeUnprepareResources"):
             response = dra.NodeUnprepareResourcesResponse()
             for claim in request.claims:
-                ref = ClaimRef(claim.namespace, claim.name, claim.uid)
+                ref = ObjectRef(claim.namespace, claim.name, claim.uid)
                 try:
-                    if self.after_unprepare is not None:
-                        await self.after_unprepare(ref)
+                    if self.before_unprepare is not None:
+                        await self.before_unprepare(ref)
                     await self.preparer.unprepare(ref)
                     response.claims[claim.uid].CopyFrom(dra.NodeUnprepareResourceResponse())
                 except Exception as exc:

@@ -2,41 +2,32 @@
 
 `resolve_claim` is pure: an allocated ResourceClaim (as JSON) in, a PreparedClaim out, or a
 PrepareError saying what a person should fix. DRA copied the DeviceClass configs into the
-allocation (source FromClass), so no DeviceClass lookup is needed; they merge with the claim's
-the foundation's way (cnidra.api.merge)."""
+allocation (source FromClass), so no DeviceClass lookup is needed; each request becomes an
+attachment through the one path `cnidra validate` and `cnidra try` use too
+(`cnidra.cni.attach.resolve_attachment`)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cnidra.api.constants import DRIVER_NAME
+from cnidra.api.constants import DEFAULT_MAX_ATTACHMENTS, DRIVER_NAME
 from cnidra.api.issues import FieldPath, Issues
-from cnidra.api.merge import ConfigEntry, Source, applicable, merge_parameters
-from cnidra.api.netconf import to_conflist
-from cnidra.api.ownership import PrivateDirs, owned_network, owned_network_name
-from cnidra.api.validate import parse_parameters
-from cnidra.state.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from cnidra.api.merge import ConfigEntry, Source
+from cnidra.api.nodes import named_nodes, selects
+from cnidra.api.ownership import PrivateDirs
+from cnidra.api.refs import ObjectRef
+from cnidra.cni.attach import Attachment, Device, resolve_attachment
+from cnidra.state.checkpoint import Checkpoint, PreparedClaim
+from cnidra.util.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
-DEFAULT_MAX_ATTACHMENTS = 8
+ALLOCATION_CONFIG = FieldPath(("status", "allocation", "devices", "config"))
 
 
 class PrepareError(Exception):
     """A per-claim failure kubelet shows in the pod's events: it must say what to fix."""
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    name: str
-    uid: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
 
 
 class ClaimSource(Protocol):
@@ -44,7 +35,11 @@ class ClaimSource(Protocol):
 
 
 def resolve_claim(
-    claim: Mapping[str, Any], ref: ClaimRef, node: str, dirs: PrivateDirs
+    claim: Mapping[str, Any],
+    ref: ObjectRef,
+    node: str,
+    dirs: PrivateDirs,
+    node_labels: Mapping[str, str] | None = None,
 ) -> PreparedClaim:
     meta = claim.get("metadata") or {}
     if meta.get("uid") != ref.uid:
@@ -56,12 +51,10 @@ def resolve_claim(
     allocation = status.get("allocation")
     if not allocation:
         raise PrepareError(f"claim {ref} is not allocated")
-    nodes = _allocated_nodes(allocation)
-    if nodes is not None and node not in nodes:
-        raise PrepareError(
-            f"claim {ref} is allocated to node(s) {', '.join(sorted(nodes))}, "
-            f"not to this node {node}"
-        )
+    selector = allocation.get("nodeSelector")
+    if not selects(selector, node, node_labels):
+        nodes = ", ".join(sorted(named_nodes(selector))) or "other nodes"
+        raise PrepareError(f"claim {ref} is allocated to {nodes}, not to this node {node}")
     devices = allocation.get("devices") or {}
     results = [r for r in devices.get("results") or [] if r.get("driver") == DRIVER_NAME]
     if not results:
@@ -71,7 +64,7 @@ def resolve_claim(
     for result in results:
         per_request[result["request"]] = per_request.get(result["request"], 0) + 1
     problems: list[str] = []
-    prepared: list[PreparedDevice] = []
+    prepared: list[Attachment] = []
     if_names: dict[str, str] = {}
     for result in results:
         request = result["request"]
@@ -81,18 +74,21 @@ def resolve_claim(
                 "one CNIConfig gives one interface name; use count 1 per request"
             )
             continue
-        device, problem = _prepare_device(result, entries, ref.namespace, dirs)
-        if problem:
-            problems.append(problem)
+        issues = Issues()
+        device = Device(result["pool"], result["device"], result.get("shareID"))
+        attachment = resolve_attachment(
+            entries, request, ref, device, dirs, issues, ALLOCATION_CONFIG
+        )
+        if attachment is None:
+            problems.append(_describe(request, entries, issues))
             continue
-        assert device is not None
-        if device.if_name in if_names:
+        if attachment.if_name in if_names:
             problems.append(
-                f"requests {if_names[device.if_name]!r} and {request!r} both use "
-                f"ifName {device.if_name!r}"
+                f"requests {if_names[attachment.if_name]!r} and {request!r} both use "
+                f"ifName {attachment.if_name!r}"
             )
-        if_names[device.if_name] = request
-        prepared.append(device)
+        if_names[attachment.if_name] = request
+        prepared.append(attachment)
     if problems:
         raise PrepareError(f"claim {ref}: " + "; ".join(dict.fromkeys(problems)))
     pods = tuple(
@@ -100,21 +96,16 @@ def resolve_claim(
         for r in status.get("reservedFor") or []
         if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("uid")
     )
-    return PreparedClaim(
-        ref.uid, ref.namespace, ref.name, pods, tuple(prepared), int(meta.get("generation") or 0)
-    )
+    return PreparedClaim(ref, pods, tuple(prepared), int(meta.get("generation") or 0))
 
 
-def _allocated_nodes(allocation: Mapping[str, Any]) -> set[str] | None:
-    selector = allocation.get("nodeSelector")
-    if not selector:
-        return None
-    names: set[str] = set()
-    for term in selector.get("nodeSelectorTerms") or []:
-        for field in term.get("matchFields") or []:
-            if field.get("key") == "metadata.name" and field.get("operator") == "In":
-                names.update(field.get("values") or [])
-    return names or None
+def _describe(request: str, entries: Sequence[ConfigEntry], issues: Issues) -> str:
+    chosen = [e for e in entries if e.applies_to(request)]
+    if not chosen:
+        return "; ".join(i.message for i in issues.errors)
+    origin = "DeviceClass" if all(e.source is Source.CLASS for e in chosen) else "claim"
+    details = "; ".join(f"{i.path}: {i.message}" for i in issues.errors) or "incomplete config"
+    return f"request {request!r} ({origin} config) is invalid: {details}"
 
 
 def _config_entries(configs: Sequence[Mapping[str, Any]]) -> list[ConfigEntry]:
@@ -124,49 +115,15 @@ def _config_entries(configs: Sequence[Mapping[str, Any]]) -> list[ConfigEntry]:
         if opaque.get("driver") != DRIVER_NAME:
             continue
         source = Source.CLASS if cfg.get("source") == Source.CLASS else Source.CLAIM
-        path = FieldPath(("status", "allocation", "devices", "config", i, "opaque", "parameters"))
         entries.append(
             ConfigEntry(
-                source, opaque.get("parameters") or {}, tuple(cfg.get("requests") or ()), path
+                source,
+                opaque.get("parameters") or {},
+                tuple(cfg.get("requests") or ()),
+                ALLOCATION_CONFIG / i / "opaque" / "parameters",
             )
         )
     return entries
-
-
-def _prepare_device(
-    result: Mapping[str, Any], entries: Sequence[ConfigEntry], namespace: str, dirs: PrivateDirs
-) -> tuple[PreparedDevice | None, str | None]:
-    request = result["request"]
-    chosen = applicable(entries, request)
-    if not chosen:
-        return None, (
-            f"request {request!r} has no {DRIVER_NAME} config: add an opaque config "
-            "with a CNIConfig (ifName and config) to the claim or its DeviceClass"
-        )
-    merged = merge_parameters(chosen)
-    issues = Issues()
-    model = parse_parameters(merged, FieldPath(), issues, complete=True)
-    if model is None or model.config is None or model.if_name is None:
-        origin = "DeviceClass" if all(e.source is Source.CLASS for e in chosen) else "claim"
-        details = "; ".join(f"{i.path}: {i.message}" for i in issues.errors) or "incomplete config"
-        return None, f"request {request!r} ({origin} config) is invalid: {details}"
-    caps = model.capabilities.runtime_values() if model.capabilities else {}
-    conflist = to_conflist(model.config)
-    label = str(conflist["name"])
-    # a network the claim defines or changes is the tenant's; one wholly from the class is shared
-    tenant = any(e.source is Source.CLAIM and "config" in e.parameters for e in chosen)
-    name = owned_network_name(label, namespace if tenant else None)
-    return PreparedDevice(
-        request=request,
-        pool=result["pool"],
-        device=result["device"],
-        if_name=model.if_name,
-        network=owned_network(conflist, name, dirs),
-        capability_args=caps,
-        cni_args=tuple(sorted((model.args or {}).items())),
-        share_id=result.get("shareID"),
-        network_label=label,
-    ), None
 
 
 class Preparer:
@@ -177,35 +134,40 @@ class Preparer:
         checkpoint: Checkpoint,
         dirs: PrivateDirs,
         max_attachments: int = DEFAULT_MAX_ATTACHMENTS,
+        node_labels: Mapping[str, str] | None = None,
     ) -> None:
         self.node = node
         self.claims = claims
         self.checkpoint = checkpoint
         self.dirs = dirs
         self.max_attachments = max_attachments
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.node_labels = node_labels
+        self._locks = KeyedLocks()
 
-    async def prepare(self, ref: ClaimRef) -> PreparedClaim:
-        async with self._locks.setdefault(ref.uid, asyncio.Lock()):
-            known = self.checkpoint.get(ref.uid)
-            try:
-                claim = await self.claims.get(ref.namespace, ref.name)
-            except Exception as exc:
-                if known is not None:
-                    return known
-                raise PrepareError(
-                    f"claim {ref} is not cached on this node and the apiserver "
-                    f"could not be asked: {exc}"
-                ) from None
-            if claim is None:
-                if known is not None:
-                    return known  # apiserver unreachable or claim gone: what we prepared stands
-                raise PrepareError(f"claim {ref} not found")
-            prepared = resolve_claim(claim, ref, self.node, self.dirs)
-            self._check_pod_limit(prepared)
-            if known != prepared:
-                self.checkpoint.put(prepared)
-            return prepared
+    async def prepare(self, ref: ObjectRef) -> PreparedClaim:
+        async with self._locks.hold(ref.uid):
+            return await self._prepare(ref)
+
+    async def _prepare(self, ref: ObjectRef) -> PreparedClaim:
+        known = self.checkpoint.get(ref.uid)
+        try:
+            claim = await self.claims.get(ref.namespace, ref.name)
+        except Exception as exc:
+            if known is not None:
+                return known  # what was prepared stands while the apiserver cannot be asked
+            raise PrepareError(
+                f"claim {ref} was never prepared on this node and the apiserver "
+                f"could not be asked: {exc}"
+            ) from None
+        if claim is None:
+            if known is not None:
+                return known
+            raise PrepareError(f"claim {ref} not found")
+        prepared = resolve_claim(claim, ref, self.node, self.dirs, self.node_labels)
+        self._check_pod_limit(prepared)
+        if known != prepared:
+            await self.checkpoint.put(prepared)
+        return prepared
 
     def _check_pod_limit(self, prepared: PreparedClaim) -> None:
         """Every attachment of a pod is ADDed inside one NRI hook, whose time is bounded."""
@@ -222,8 +184,7 @@ class Preparer:
                     "within the runtime's hook timeout"
                 )
 
-    async def unprepare(self, ref: ClaimRef) -> None:
-        async with self._locks.setdefault(ref.uid, asyncio.Lock()):
-            if self.checkpoint.remove(ref.uid):
+    async def unprepare(self, ref: ObjectRef) -> None:
+        async with self._locks.hold(ref.uid):
+            if await self.checkpoint.remove(ref.uid):
                 log.info("unprepared claim %s (%s)", ref, ref.uid)
-        self._locks.pop(ref.uid, None)

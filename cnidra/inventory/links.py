@@ -10,6 +10,8 @@ from pathlib import Path
 
 from pyroute2 import IPRoute
 
+from cnidra.inventory import DEFAULT_EXCLUDE
+
 SYS_NET = Path("/sys/class/net")
 _AF_INET, _AF_INET6 = 2, 10
 
@@ -120,7 +122,7 @@ class LinkFilter:
     """Which links become devices. Loopback and the kinds pods and runtimes create are out."""
 
     include: str = ".*"
-    exclude: str = r"^(veth.*|cni[0-9]+|docker[0-9]+|flannel.*|cali.*|cilium.*|kube-.*)$"
+    exclude: str = DEFAULT_EXCLUDE
     exclude_kinds: frozenset[str] = frozenset({"veth", "tun", "ifb", "macvtap", "ipvtap", "nlmon"})
 
     def eligible(self, link: Link) -> bool:

@@ -16,9 +16,9 @@ from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
 
 from cnidra.api.constants import DRIVER_NAME
-from cnidra.dra import metrics
 from cnidra.inventory.links import Link, LinkFilter, cni_plugins, read_links
 from cnidra.inventory.slices import SliceSettings, build_slices, content
+from cnidra.observe import metrics
 
 log = logging.getLogger(__name__)
 

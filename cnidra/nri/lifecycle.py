@@ -1,48 +1,45 @@
-"""The pod network lifecycle behind the NRI hooks: attach on RunPodSandbox, detach on
-StopPodSandbox/RemovePodSandbox, reconcile on Synchronize.
+"""A pod sandbox's secondary interfaces: attach on RunPodSandbox (or, as a safety net, at its
+first CreateContainer), detach on StopPodSandbox/RemovePodSandbox, retry a failed detach.
 
 Nothing here talks to the apiserver: claims come from the checkpoint NodePrepareResources
-wrote, and status, events and finalizers are handed to the StatusWriter, which writes them
-later. Attachments of one pod are ADDed in a fixed order: claims by namespace/name, then each
-claim's devices in allocation order; DEL runs in the reverse order."""
+wrote, and status, events and finalizers go to a StatusSink that writes them later. The
+write-ahead sandbox record is the state machine:
+
+    none --adding--> ADDING --ADDs ok--> ADDED --deleting--> DELETING --DELs ok--> none
+                       |                                        ^
+                       +--ADD failed, rolled back--> none       |
+                       +--rollback failed, or cancelled --------+ (retried with backoff)
+
+Attachments of one pod are ADDed in a fixed order: claims by namespace/name, then each claim's
+devices in allocation order; DEL runs in the reverse order. Reconciling the records with the
+runtime (Synchronize, the sweeper, GC) is in `reconcile.py`."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from cnidra._proto.nri.v1alpha1 import api_pb2 as nri
-from cnidra.api.constants import DRIVER_NAME
-from cnidra.api.ownership import is_owned
+from cnidra.api.constants import DEFAULT_MAX_ATTACHMENTS, DRIVER_NAME
+from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import AttachFailed, Budget, Outcome, attach_all, detach_all
-from cnidra.cni.errors import CNIRuntimeError
 from cnidra.cni.invoke import Deadline
 from cnidra.cni.result import Result
 from cnidra.cni.runtime import CNIRuntime
-from cnidra.cni.types import GCAttachment, NetworkConfigList
-from cnidra.dra import metrics
-from cnidra.dra.prepare import DEFAULT_MAX_ATTACHMENTS, ClaimRef
-from cnidra.nri.plugin import netns_of
 from cnidra.state.checkpoint import Checkpoint
-from cnidra.state.sandboxes import AttachmentRecord, SandboxRecord, SandboxStore, State
+from cnidra.state.sandboxes import Attached, SandboxRecord, SandboxStore, State
 from cnidra.status.devices import device_status
-from cnidra.status.writer import ClaimKey, PodRef, StatusWriter
+from cnidra.status.writer import StatusSink
+from cnidra.util.backoff import Backoff
+from cnidra.util.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
 
 REASON_ATTACH_FAILED = "NetworkAttachFailed"
 REASON_DETACH_FAILED = "NetworkDetachFailed"
-
-
-class AttachError(Exception):
-    """Fails the RunPodSandbox hook, so the sandbox fails and kubelet retries."""
-
-
 # containerd's default NRI plugin_request_timeout; the runtime tells the real one in Configure.
 DEFAULT_REQUEST_TIMEOUT = 2.0
 # Of the runtime's hook timeout: ADDs may use 60 %, rollback DELs must be done by 90 %, so the
@@ -52,10 +49,14 @@ ATTACH_SHARE = 0.6
 ANSWER_SHARE = 0.9
 
 
+class AttachError(Exception):
+    """Fails the RunPodSandbox hook, so the sandbox fails and kubelet retries."""
+
+
 @dataclass
 class HookBudget:
-    """How long one RunPodSandbox hook may take. `attach` 0 derives it from the runtime's
-    request timeout; a configured value above what fits is cut down to fit."""
+    """How long one hook may take. `attach` 0 derives the ADD budget from the runtime's request
+    timeout; a configured value above what fits is cut down to fit."""
 
     attach: float = 0.0
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
@@ -72,28 +73,33 @@ class HookBudget:
     def deadlines(self) -> Budget:
         return Budget(
             add=Deadline.after(self.attach_seconds, "the pod's attach budget"),
-            rollback=Deadline.after(self.answer_seconds, "the runtime's hook timeout"),
+            rollback=self.answer_by(),
         )
 
-
-def pod_args(pod: nri.PodSandbox) -> tuple[tuple[str, str], ...]:
-    return (
-        ("K8S_POD_NAMESPACE", pod.namespace),
-        ("K8S_POD_NAME", pod.name),
-        ("K8S_POD_INFRA_CONTAINER_ID", pod.id),
-        ("K8S_POD_UID", pod.uid),
-    )
+    def answer_by(self) -> Deadline:
+        return Deadline.after(self.answer_seconds, "the runtime's hook timeout")
 
 
-class PodNetworks:
+def netns_of(pod: nri.PodSandbox) -> str:
+    for ns in pod.linux.namespaces:
+        if ns.type == "network":
+            return ns.path
+    return ""
+
+
+def pod_ref(pod: nri.PodSandbox) -> ObjectRef:
+    return ObjectRef(pod.namespace, pod.name, pod.uid)
+
+
+class PodLifecycle:
     def __init__(
         self,
         checkpoint: Checkpoint,
         runtime: CNIRuntime,
         store: SandboxStore,
-        status: StatusWriter,
-        retry_initial: float = 0.5,
-        retry_max: float = 30.0,
+        status: StatusSink,
+        *,
+        retry: Callable[[], Backoff] = lambda: Backoff(0.5, 30.0),
         netns_exists: Callable[[str], bool] = os.path.exists,
         concurrent: bool = False,
         budget: HookBudget | None = None,
@@ -103,42 +109,28 @@ class PodNetworks:
         self.runtime = runtime
         self.store = store
         self.status = status
-        self.retry_initial = retry_initial
-        self.retry_max = retry_max
+        self.retry = retry
         self.netns_exists = netns_exists
         self.concurrent = concurrent
         self.budget = budget or HookBudget()
         self.max_attachments = max_attachments
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._retries: dict[str, asyncio.Task[None]] = {}
-        self._removed: set[str] = set()
-
-    def _lock(self, sandbox_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(sandbox_id, asyncio.Lock())
+        self.locks = KeyedLocks()
+        # detach retries in flight, by sandbox; each removes itself when it ends
+        self.retries: dict[str, asyncio.Task[None]] = {}
+        # sandboxes the runtime removed (or that vanished) while cnidra still holds a record;
+        # dropped with the record
+        self.removed: set[str] = set()
 
     # ------------------------------------------------------------------ planning
 
-    def plan(self, pod: nri.PodSandbox) -> list[AttachmentRecord]:
-        records = []
-        for claim in self.checkpoint.for_pod(pod.uid):
-            for dev in claim.devices:
-                records.append(
-                    AttachmentRecord(
-                        claim.uid,
-                        claim.namespace,
-                        claim.name,
-                        dev.request,
-                        dev.pool,
-                        dev.device,
-                        dev.if_name,
-                        dev.network,
-                        dev.capability_args,
-                        (*pod_args(pod), *dev.cni_args),
-                        dev.share_id,
-                        network_label=dev.network_label,
-                    )
-                )
-        return records
+    def plan(self, pod: nri.PodSandbox) -> list[Attached]:
+        """The pod's attachments from the checkpoint, with the pod's CNI_ARGS."""
+        ref = pod_ref(pod)
+        return [
+            Attached(device.for_pod(ref, pod.id))
+            for claim in self.checkpoint.for_pod(pod.uid)
+            for device in claim.devices
+        ]
 
     def set_request_timeout(self, seconds: float) -> None:
         """The runtime's hook timeout, from NRI's Configure."""
@@ -151,29 +143,10 @@ class PodNetworks:
                 self.budget.attach_seconds,
             )
 
-    # ------------------------------------------------------------------ hooks
+    # ------------------------------------------------------------------ attach
 
-    async def run_pod_sandbox(self, pod: nri.PodSandbox) -> None:
-        start = time.perf_counter()
-        try:
-            count = await self._attach(pod)
-        except AttachError:
-            metrics.ATTACH_FAILURES.inc()
-            raise
-        finally:
-            elapsed = time.perf_counter() - start
-            metrics.HOOK_LATENCY.labels("RunPodSandbox").observe(elapsed)
-        if count:
-            log.info(
-                "attached %d interface(s) to pod %s/%s in %.1f ms",
-                count,
-                pod.namespace,
-                pod.name,
-                elapsed * 1000,
-            )
-
-    async def _attach(self, pod: nri.PodSandbox) -> int:
-        """ADD the pod's attachments; returns how many were added now."""
+    async def attach(self, pod: nri.PodSandbox) -> int:
+        """ADD the pod's attachments; returns how many were added now (0: nothing to do)."""
         planned = self.plan(pod)
         if not planned:
             return 0
@@ -188,110 +161,101 @@ class PodNetworks:
                 f"pod {pod.namespace}/{pod.name}: the runtime gave no network "
                 "namespace for the sandbox"
             )
-        async with self._lock(pod.id):
+        async with self.locks.hold(pod.id):
             existing = self.store.get(pod.id)
             if existing is not None and existing.state is State.ADDED:
-                return 0  # the hook ran already (reconnect, or Synchronize's late attach)
-            record = SandboxRecord(
-                pod.id, pod.uid, pod.namespace, pod.name, netns, State.ADDING, tuple(planned)
-            )
-            self.store.put(record)  # write-ahead: a crash from here on is undone on restart
-            attachments = [a.attachment() for a in planned]
-            try:
-                outcomes = await attach_all(
-                    self.runtime,
-                    attachments,
-                    pod.id,
-                    netns,
-                    concurrent=self.concurrent,
-                    budget=self.budget.deadlines(),
-                )
-            except asyncio.CancelledError:
-                # the runtime gave up on the hook or the connection dropped: undo from the record
-                log.warning("attach of %s/%s cancelled; rolling back", pod.namespace, pod.name)
-                self.store.put(record.with_state(State.DELETING))
-                self._retry_detach(pod.id, first_delay=0.0)
-                raise
-            except AttachFailed as failed:
-                if failed.cleanup_errors:
-                    self.store.put(record.with_state(State.DELETING))
-                    self._retry_detach(pod.id)
-                else:
-                    self.store.remove(pod.id)
-                self._report(planned, failed.outcomes)
-                message = f"pod {pod.namespace}/{pod.name}: {failed}"
-                self.status.event(
-                    PodRef(pod.namespace, pod.name, pod.uid), REASON_ATTACH_FAILED, message
-                )
-                raise AttachError(message) from None
-            done = tuple(
-                AttachmentRecord(
-                    **{**a.__dict__, "result": o.result.to_json() if o.result else None}
-                )
-                for a, o in zip(planned, outcomes, strict=True)
-            )
-            self.store.put(record.with_state(State.ADDED, attachments=done))
-            self._report(planned, outcomes)
-            # held until the last DEL succeeds: a claim must not vanish with interfaces set up
-            for claim in {_claim_key(a) for a in planned}:
-                self.status.finalizer(claim, True)
-            return len(done)
+                return 0  # the hook ran already (reconnect, or a late attach)
+            record = SandboxRecord(pod.id, pod_ref(pod), netns, State.ADDING, tuple(planned))
+            await self.store.put(record)  # write-ahead: a crash from here on is undone
+            return await self._add(pod, record)
 
-    async def create_container(self, pod: nri.PodSandbox) -> None:
-        """Attach now if the sandbox's own hook was missed (started while not registered)."""
-        record = self.store.get(pod.id)
-        if record is not None and record.state is State.ADDED:
-            return
-        if self.checkpoint.for_pod(pod.uid):
-            log.info("late attach for pod %s/%s at container creation", pod.namespace, pod.name)
-            await self.run_pod_sandbox(pod)
-
-    def _report(self, planned: list[AttachmentRecord], outcomes: list[Outcome]) -> None:
-        for record, outcome in zip(planned, outcomes, strict=False):
-            self.status.put(_claim_key(record), device_status(outcome))
-
-    async def stop_pod_sandbox(self, pod: nri.PodSandbox) -> None:
-        start = time.perf_counter()
+    async def _add(self, pod: nri.PodSandbox, record: SandboxRecord) -> int:
+        attachments = [a.attachment for a in record.attachments]
         try:
-            await self._detach(pod.id, PodRef(pod.namespace, pod.name, pod.uid), self._answer_by())
-        finally:
-            elapsed = time.perf_counter() - start
-            metrics.HOOK_LATENCY.labels("StopPodSandbox").observe(elapsed)
+            outcomes = await attach_all(
+                self.runtime,
+                attachments,
+                pod.id,
+                record.netns,
+                concurrent=self.concurrent,
+                budget=self.budget.deadlines(),
+            )
+        except asyncio.CancelledError:
+            # the runtime gave up on the hook, or the connection dropped: a background detach
+            # undoes whatever the record lists (a crash before it runs leaves `adding`, which
+            # the next Synchronize undoes)
+            log.warning("attach of %s/%s cancelled; rolling back", pod.namespace, pod.name)
+            self.retry_detach(pod.id, first_delay=0.0)
+            raise
+        except AttachFailed as failed:
+            if failed.cleanup_errors:
+                await self.store.put(record.with_state(State.DELETING))
+                self.retry_detach(pod.id)
+            else:
+                await self.store.remove(pod.id)
+            self._report(failed.outcomes)
+            message = f"pod {pod.namespace}/{pod.name}: {failed}"
+            self.status.event(pod_ref(pod), REASON_ATTACH_FAILED, message)
+            raise AttachError(message) from None
+        done = tuple(
+            Attached(o.attachment, o.result.to_json() if o.result else None) for o in outcomes
+        )
+        await self.store.put(record.with_state(State.ADDED, attachments=done))
+        self._report(outcomes)
+        # held until the last DEL succeeds: a claim must not vanish with interfaces set up
+        for claim in record.claims():
+            self.status.finalizer(claim, True)
+        return len(done)
 
-    async def remove_pod_sandbox(self, pod: nri.PodSandbox) -> None:
-        self._removed.add(pod.id)
-        await self._detach(pod.id, PodRef(pod.namespace, pod.name, pod.uid), self._answer_by())
+    def _report(self, outcomes: list[Outcome]) -> None:
+        for outcome in outcomes:
+            self.status.put(outcome.attachment.claim, device_status(outcome))
 
-    def _answer_by(self) -> Deadline:
-        """DELs in a hook must end before the runtime's timeout; what does not fit is retried."""
-        return Deadline.after(self.budget.answer_seconds, "the runtime's hook timeout")
+    def restore_status(self) -> None:
+        """After a restart: re-derive the status of every attachment that is set up."""
+        for record in self.store.all():
+            if record.state is not State.ADDED:
+                continue
+            for attached in record.attachments:
+                if attached.result is not None:
+                    outcome = Outcome(attached.attachment, Result(attached.result))
+                    self.status.put(attached.attachment.claim, device_status(outcome))
 
-    async def _detach(
-        self, sandbox_id: str, pod: PodRef | None, deadline: Deadline | None = None
+    # ------------------------------------------------------------------ detach
+
+    def forget_sandbox(self, sandbox_id: str) -> None:
+        """The runtime removed the sandbox: a failing DEL stops retrying once its netns is gone."""
+        if self.store.get(sandbox_id) is not None:
+            self.removed.add(sandbox_id)
+
+    async def detach(
+        self, sandbox_id: str, pod: ObjectRef | None, deadline: Deadline | None = None
     ) -> bool:
         """DEL everything of the sandbox; True when nothing is left. Failures retry later."""
-        async with self._lock(sandbox_id):
+        if self.store.get(sandbox_id) is None:
+            return True  # not cnidra's: no lock, no state for other owners' pods
+        async with self.locks.hold(sandbox_id):
             record = self.store.get(sandbox_id)
             if record is None:
                 return True
             if record.state is not State.DELETING:
                 record = record.with_state(State.DELETING)
-                self.store.put(record)
+                await self.store.put(record)
             errors = await detach_all(
                 self.runtime,
-                [a.attachment() for a in record.attachments],
+                [a.attachment for a in record.attachments],
                 sandbox_id,
                 record.netns,
                 deadline,
             )
             if errors and self._can_retry(record):
-                message = f"pod {record.pod_namespace}/{record.pod_name}: " + "; ".join(errors)
+                message = f"pod {record.pod}: " + "; ".join(errors)
                 log.warning("detach failed, will retry: %s", message)
                 if pod is not None:
                     self.status.event(pod, REASON_DETACH_FAILED, message)
-                for claim in {_claim_key(a) for a in record.attachments}:
+                for claim in record.claims():
                     self.status.finalizer(claim, True)
-                self._retry_detach(sandbox_id)
+                self.retry_detach(sandbox_id)
                 return False
             if errors:
                 log.error(
@@ -299,132 +263,48 @@ class PodNetworks:
                     sandbox_id,
                     "; ".join(errors),
                 )
-            self._forget(record)
+            await self._forget(record)
             return True
 
     def _can_retry(self, record: SandboxRecord) -> bool:
         """Retry while the sandbox lives or its namespace still exists."""
-        return record.sandbox_id not in self._removed or self.netns_exists(record.netns)
+        return record.sandbox_id not in self.removed or self.netns_exists(record.netns)
 
-    def _forget(self, record: SandboxRecord) -> None:
-        self.store.remove(record.sandbox_id)
-        in_use = {_claim_key(a) for other in self.store.all() for a in other.attachments}
-        for claim in {_claim_key(a) for a in record.attachments}:
+    async def _forget(self, record: SandboxRecord) -> None:
+        await self.store.remove(record.sandbox_id)
+        self.removed.discard(record.sandbox_id)
+        in_use = {claim for other in self.store.all() for claim in other.claims()}
+        for claim in record.claims():
             keys = [
-                (DRIVER_NAME, a.pool, a.device, a.share_id or "")
+                (DRIVER_NAME, a.attachment.pool, a.attachment.device, a.attachment.share_id or "")
                 for a in record.attachments
-                if _claim_key(a) == claim
+                if a.attachment.claim == claim
             ]
             self.status.drop(claim, keys)
             if claim not in in_use:  # another sandbox (a shared claim) may still use it
                 self.status.finalizer(claim, False)
-        self._locks.pop(record.sandbox_id, None)
 
-    def _retry_detach(self, sandbox_id: str, first_delay: float | None = None) -> None:
-        if sandbox_id in self._retries and not self._retries[sandbox_id].done():
+    def retry_detach(self, sandbox_id: str, first_delay: float | None = None) -> None:
+        if sandbox_id in self.retries:
             return
-        self._retries[sandbox_id] = asyncio.create_task(
+        task = asyncio.create_task(
             self._retry_loop(sandbox_id, first_delay), name=f"detach-{sandbox_id[:12]}"
         )
+        self.retries[sandbox_id] = task
+        task.add_done_callback(lambda _: self.retries.pop(sandbox_id, None))
+
+    def retrying(self, sandbox_id: str) -> bool:
+        return sandbox_id in self.retries
 
     async def _retry_loop(self, sandbox_id: str, first_delay: float | None) -> None:
-        delay = self.retry_initial if first_delay is None else first_delay
+        backoff = self.retry()
+        delay = backoff.next() if first_delay is None else first_delay
         while True:
             await asyncio.sleep(delay)
-            if await self._detach(sandbox_id, None):
-                log.info("detached sandbox %s after retrying", sandbox_id[:12])
-                return
-            delay = min(max(delay, self.retry_initial) * 2, self.retry_max)
-
-    # ------------------------------------------------------------------ reconcile
-
-    async def synchronize(self, pods: list[nri.PodSandbox]) -> None:
-        """Make the records match the sandboxes the runtime has."""
-        live = {p.id: p for p in pods}
-        for record in self.store.all():
-            pod = live.get(record.sandbox_id)
-            if pod is None:
-                self._removed.add(record.sandbox_id)
-            if pod is None or record.state is not State.ADDED:
-                # gone, or interrupted mid-ADD/DEL by a restart: undo it
-                await self._detach(record.sandbox_id, None)
-        for pod in pods:
-            if self.store.get(pod.id) is None and self.plan(pod) and netns_of(pod):
-                # the pod started while cnidra was not connected: attach now
-                with contextlib.suppress(AttachError):
-                    await self.run_pod_sandbox(pod)
-        await self.sweep()
-        await self.garbage_collect()
-
-    async def sweep(self) -> int:
-        """Undo attachments of sandboxes whose network namespace is gone: the runtime removed
-        them without a hook reaching cnidra (a runtime restart mid-creation, a missed event)."""
-        swept = 0
-        for record in self.store.all():
-            if record.sandbox_id in self._retries and not self._retries[record.sandbox_id].done():
-                continue
-            if not self.netns_exists(record.netns):
-                self._removed.add(record.sandbox_id)
-                log.info(
-                    "sandbox %s of pod %s/%s is gone without a hook; cleaning up",
-                    record.sandbox_id[:12],
-                    record.pod_namespace,
-                    record.pod_name,
-                )
-                await self._detach(record.sandbox_id, None)
-                swept += 1
-        return swept
-
-    async def run_sweeper(self, interval: float = 10.0) -> None:
-        while True:
-            await asyncio.sleep(interval)
             try:
-                await self.sweep()
+                if await self.detach(sandbox_id, None):
+                    log.info("detached sandbox %s after retrying", sandbox_id[:12])
+                    return
             except Exception:
-                log.exception("sweeping sandbox records failed")
-
-    async def garbage_collect(self) -> None:
-        """CNI GC (the plugins' own, e.g. host-local freeing leaked addresses) of the networks
-        cnidra owns, with every attachment its records hold as valid. Never a DEL from the
-        cache: what is stale was undone from the records by `synchronize` and `sweep`."""
-        networks: dict[str, NetworkConfigList] = {}
-        configs = [d.network for c in self.checkpoint.all() for d in c.devices]
-        configs += [a.network for r in self.store.all() for a in r.attachments]
-        for config in configs:
-            with contextlib.suppress(CNIRuntimeError):
-                net = NetworkConfigList.from_dict(config)
-                if is_owned(net.name):  # records of cnidra 0.1 may name a shared network
-                    networks.setdefault(net.name, net)
-        valid = [
-            GCAttachment(r.sandbox_id, a.if_name) for r in self.store.all() for a in r.attachments
-        ]
-        for net in networks.values():
-            try:
-                await self.runtime.gc(net, valid, stale_cached=False)
-            except Exception as exc:
-                log.warning("CNI GC of network %s: %s", net.name, exc)
-
-    def restore_status(self) -> None:
-        """After a restart: re-derive the status of every attachment that is set up."""
-        for record in self.store.all():
-            if record.state is not State.ADDED:
-                continue
-            for att in record.attachments:
-                if att.result is None:
-                    continue
-                outcome = Outcome(att.attachment(), Result(att.result))
-                self.status.put(_claim_key(att), device_status(outcome))
-
-    async def unprepare_claim(self, ref: ClaimRef) -> None:
-        """Called before a claim is forgotten: its interfaces must be gone first."""
-        for record in self.store.all():
-            uses_claim = any(a.claim_uid == ref.uid for a in record.attachments)
-            if uses_claim and not await self._detach(record.sandbox_id, None):
-                raise RuntimeError(
-                    f"interfaces of claim {ref} in sandbox "
-                    f"{record.sandbox_id[:12]} are still being removed"
-                )
-
-
-def _claim_key(record: AttachmentRecord) -> ClaimKey:
-    return ClaimKey(record.claim_namespace, record.claim_name, record.claim_uid)
+                log.exception("retrying the detach of sandbox %s", sandbox_id[:12])
+            delay = backoff.next()

@@ -12,6 +12,7 @@ from typing import Protocol
 from cnidra._proto.nri.v1alpha1 import api_pb2 as nri
 from cnidra.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux
 from cnidra.nri.ttrpc import UNKNOWN, Client, Handler, Server, TTRPCError
+from cnidra.util.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -77,25 +78,23 @@ class NRIPlugin:
 
     async def run(self) -> None:
         """Stay connected forever; while disconnected the driver keeps serving kubelet."""
-        backoff = 0.5
+        backoff = Backoff(0.5, 10.0)
         while True:
             try:
                 await self._session()
-                backoff = 0.5
+                backoff.reset()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 log.warning(
-                    "NRI connection to %s failed: %s; retrying in %.1fs",
+                    "NRI connection to %s failed: %s; connecting again",
                     self.socket_path,
                     self.last_error,
-                    backoff,
                 )
             finally:
                 self.connected.clear()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 10.0)
+            await asyncio.sleep(backoff.next())
 
     async def _session(self) -> None:
         try:
@@ -218,10 +217,3 @@ class NRIPlugin:
             raise
         except Exception as exc:
             raise TTRPCError(UNKNOWN, str(exc)) from exc
-
-
-def netns_of(pod: nri.PodSandbox) -> str:
-    for ns in pod.linux.namespaces:
-        if ns.type == "network":
-            return ns.path
-    return ""

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cnidra.api.ownership import is_owned, owned_network, owned_network_name
+from cnidra.api.refs import ObjectRef
+from cnidra.cni.attach import Attachment
 from cnidra.state.layout import StateLayout
 from cnidra.state.store import JsonDirStore
 
@@ -20,61 +22,65 @@ log = logging.getLogger(__name__)
 VERSION = 2
 
 
-@dataclass(frozen=True)
-class PreparedDevice:
-    """One allocated device of ours and the attachment it becomes in the pod."""
+def attachment_to_json(att: Attachment) -> dict[str, Any]:
+    """An attachment's fields but its claim, which the enclosing record names."""
+    return {
+        "request": att.request,
+        "pool": att.pool,
+        "device": att.device,
+        "if_name": att.if_name,
+        "network": att.network,
+        "capability_args": att.capability_args,
+        "cni_args": [list(pair) for pair in att.cni_args],
+        "share_id": att.share_id,
+        "network_label": att.network_label,
+    }
 
-    request: str
-    pool: str
-    device: str
-    if_name: str
-    network: Mapping[str, Any]
-    capability_args: Mapping[str, Any] = field(default_factory=dict)
-    cni_args: tuple[tuple[str, str], ...] = ()
-    share_id: str | None = None
-    network_label: str = ""
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PreparedDevice:
-        return cls(
-            data["request"],
-            data["pool"],
-            data["device"],
-            data["if_name"],
-            data["network"],
-            data.get("capability_args") or {},
-            tuple((str(k), str(v)) for k, v in data.get("cni_args") or []),
-            data.get("share_id"),
-            data.get("network_label") or str(data["network"].get("name", "")),
-        )
+def attachment_from_json(data: Mapping[str, Any], claim: ObjectRef) -> Attachment:
+    return Attachment(
+        claim=claim,
+        request=data["request"],
+        if_name=data["if_name"],
+        network=data["network"],
+        pool=data["pool"],
+        device=data["device"],
+        capability_args=data.get("capability_args") or {},
+        cni_args=tuple((str(k), str(v)) for k, v in data.get("cni_args") or []),
+        share_id=data.get("share_id"),
+        network_label=data.get("network_label") or str(data["network"].get("name", "")),
+    )
 
 
 @dataclass(frozen=True)
 class PreparedClaim:
-    uid: str
-    namespace: str
-    name: str
+    ref: ObjectRef
     pod_uids: tuple[str, ...]
-    devices: tuple[PreparedDevice, ...]
+    devices: tuple[Attachment, ...]
     generation: int = 0
 
     @property
-    def ref(self) -> str:
-        return f"{self.namespace}/{self.name}"
+    def uid(self) -> str:
+        return self.ref.uid
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["version"] = VERSION
-        return data
+        return {
+            "version": VERSION,
+            "uid": self.ref.uid,
+            "namespace": self.ref.namespace,
+            "name": self.ref.name,
+            "pod_uids": list(self.pod_uids),
+            "devices": [attachment_to_json(d) for d in self.devices],
+            "generation": self.generation,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PreparedClaim:
+        ref = ObjectRef(data["namespace"], data["name"], data["uid"])
         return cls(
-            data["uid"],
-            data["namespace"],
-            data["name"],
+            ref,
             tuple(data["pod_uids"]),
-            tuple(PreparedDevice.from_json(d) for d in data["devices"]),
+            tuple(attachment_from_json(d, ref) for d in data["devices"]),
             int(data.get("generation", 0)),
         )
 
@@ -90,7 +96,7 @@ def upgrade(claim: PreparedClaim, layout: StateLayout) -> PreparedClaim:
             devices.append(dev)
             continue
         owned = owned_network(
-            dev.network, owned_network_name(name, claim.namespace), layout.private_dirs()
+            dev.network, owned_network_name(name, claim.ref.namespace), layout.private_dirs()
         )
         devices.append(replace(dev, network=owned, network_label=name))
     return replace(claim, devices=tuple(devices))
@@ -110,4 +116,4 @@ class Checkpoint(JsonDirStore[PreparedClaim]):
     def for_pod(self, pod_uid: str) -> list[PreparedClaim]:
         """The pod's claims in a fixed order (namespace/name), so attach order is reproducible."""
         found = [c for c in self.all() if pod_uid in c.pod_uids]
-        return sorted(found, key=lambda c: (c.namespace, c.name))
+        return sorted(found, key=lambda c: (c.ref.namespace, c.ref.name))

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from cnidra.api.ownership import is_owned, owned_network, owned_network_name
+from cnidra.cni.attach import Attachment
 from cnidra.state.layout import StateLayout
-from cnidra.state.sandboxes import AttachmentRecord, SandboxRecord, SandboxStore
+from cnidra.state.sandboxes import Attached, SandboxRecord, SandboxStore
 from cnidra.util.files import write_atomically
 
 log = logging.getLogger(__name__)
@@ -56,10 +57,10 @@ class MigrationReport:
 def migrate_legacy(layout: StateLayout, legacy: Path, store: SandboxStore) -> MigrationReport:
     report = MigrationReport()
     for record in store.all():
-        if all(is_owned(str(a.network.get("name", ""))) for a in record.attachments):
+        if all(is_owned(str(a.attachment.network.get("name", ""))) for a in record.attachments):
             continue
         moved = tuple(_migrate(record, a, layout, legacy, report) for a in record.attachments)
-        store.put(replace(record, attachments=moved))
+        store.put_blocking(replace(record, attachments=moved))
     if report.attachments:
         log.info("%s", report)
     return report
@@ -67,15 +68,16 @@ def migrate_legacy(layout: StateLayout, legacy: Path, store: SandboxStore) -> Mi
 
 def _migrate(
     record: SandboxRecord,
-    att: AttachmentRecord,
+    attached: Attached,
     layout: StateLayout,
     legacy: Path,
     report: MigrationReport,
-) -> AttachmentRecord:
+) -> Attached:
+    att = attached.attachment
     old_name = str(att.network.get("name", ""))
     if is_owned(old_name):
-        return att
-    new_name = owned_network_name(old_name, att.claim_namespace)
+        return attached
+    new_name = owned_network_name(old_name, att.claim.namespace)
     network = owned_network(att.network, new_name, layout.private_dirs())
     what = f"{record.sandbox_id[:12]}/{att.if_name}"
     if _move_cache_entry(legacy, layout, old_name, new_name, record.sandbox_id, att, network):
@@ -87,7 +89,8 @@ def _migrate(
             data_dir / old_name, layout.ipam / new_name, record.sandbox_id, att.if_name
         )
     report.attachments += 1
-    return replace(att, network=network, network_label=att.network_label or old_name)
+    moved = replace(att, network=network, network_label=att.network_label or old_name)
+    return replace(attached, attachment=moved)
 
 
 def _move_cache_entry(
@@ -96,7 +99,7 @@ def _move_cache_entry(
     old_name: str,
     new_name: str,
     container_id: str,
-    att: AttachmentRecord,
+    att: Attachment,
     network: Mapping[str, Any],
 ) -> bool:
     source = legacy / "results" / f"{old_name}-{container_id}-{att.if_name}"

@@ -1,16 +1,19 @@
 """What cnidra did to each pod sandbox, on disk. Written before an ADD starts (state `adding`)
 and before a DEL starts (`deleting`), so a crash at any point leaves a record that says what to
-undo; one atomic file per sandbox under <state>/sandboxes/."""
+undo; one atomic file per sandbox under <state>/sandboxes/. These records, and nothing else,
+are cnidra's proof that it added an interface (docs/state.md)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment
+from cnidra.state.checkpoint import attachment_from_json, attachment_to_json
 from cnidra.state.layout import StateLayout
 from cnidra.state.store import JsonDirStore
 
@@ -24,72 +27,61 @@ class State(StrEnum):
 
 
 @dataclass(frozen=True)
-class AttachmentRecord:
-    claim_uid: str
-    claim_namespace: str
-    claim_name: str
-    request: str
-    pool: str
-    device: str
-    if_name: str
-    network: Mapping[str, Any]
-    capability_args: Mapping[str, Any] = field(default_factory=dict)
-    cni_args: tuple[tuple[str, str], ...] = ()
-    share_id: str | None = None
-    result: Mapping[str, Any] | None = None
-    network_label: str = ""
+class Attached:
+    """An attachment of a sandbox and, once ADD succeeded, its CNI result."""
 
-    def attachment(self) -> Attachment:
-        return Attachment(
-            f"{self.claim_namespace}/{self.claim_name}",
-            self.request,
-            self.if_name,
-            self.network,
-            self.pool,
-            self.device,
-            self.capability_args,
-            self.cni_args,
-            self.share_id,
-            self.network_label,
-        )
+    attachment: Attachment
+    result: Mapping[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        claim = self.attachment.claim
+        return {
+            "claim_uid": claim.uid,
+            "claim_namespace": claim.namespace,
+            "claim_name": claim.name,
+            **attachment_to_json(self.attachment),
+            "result": self.result,
+        }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> AttachmentRecord:
-        return cls(
-            **{
-                **data,
-                "cni_args": tuple(tuple(p) for p in data.get("cni_args") or []),
-                "network_label": data.get("network_label") or data["network"].get("name", ""),
-            }
-        )
+    def from_json(cls, data: Mapping[str, Any]) -> Attached:
+        claim = ObjectRef(data["claim_namespace"], data["claim_name"], data["claim_uid"])
+        return cls(attachment_from_json(data, claim), data.get("result"))
 
 
 @dataclass(frozen=True)
 class SandboxRecord:
     sandbox_id: str
-    pod_uid: str
-    pod_namespace: str
-    pod_name: str
+    pod: ObjectRef
     netns: str
     state: State
-    attachments: tuple[AttachmentRecord, ...]
+    attachments: tuple[Attached, ...]
 
     def with_state(self, state: State, **changes: Any) -> SandboxRecord:
         return replace(self, state=state, **changes)
 
+    def claims(self) -> set[ObjectRef]:
+        return {a.attachment.claim for a in self.attachments}
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {
+            "sandbox_id": self.sandbox_id,
+            "pod_uid": self.pod.uid,
+            "pod_namespace": self.pod.namespace,
+            "pod_name": self.pod.name,
+            "netns": self.netns,
+            "state": str(self.state),
+            "attachments": [a.to_json() for a in self.attachments],
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SandboxRecord:
         return cls(
             data["sandbox_id"],
-            data["pod_uid"],
-            data["pod_namespace"],
-            data["pod_name"],
+            ObjectRef(data["pod_namespace"], data["pod_name"], data["pod_uid"]),
             data["netns"],
             State(data["state"]),
-            tuple(AttachmentRecord.from_json(a) for a in data["attachments"]),
+            tuple(Attached.from_json(a) for a in data["attachments"]),
         )
 
 

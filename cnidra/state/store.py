@@ -1,11 +1,15 @@
 """A directory of JSON records, one atomic, fsynced file each, mirrored in memory: the shape of
-both the prepared-claims checkpoint and the sandbox records."""
+both the prepared-claims checkpoint and the sandbox records.
+
+Writes are durable before they are visible. `put`/`remove` do the file work (an fsync of file
+and directory, milliseconds) in a worker thread, so the event loop keeps serving other hooks;
+`put_blocking` is for code that runs before the loop does (start-up, migration, tools)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -28,12 +32,11 @@ class JsonDirStore(Generic[T]):
         self._encode = encode
         self._key = key
         self._items: dict[str, T] = {}
-        self._lock = threading.Lock()
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         for path in sorted(self.dir.glob("*.json")):
             try:
                 item = decode(json.loads(path.read_bytes()))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 log.error("record %s is unreadable, moved aside: %s", path, exc)
                 path.rename(path.with_suffix(".corrupt"))
                 continue
@@ -42,23 +45,25 @@ class JsonDirStore(Generic[T]):
     def get(self, key: str) -> T | None:
         return self._items.get(key)
 
-    def put(self, item: T) -> None:
-        """Written (atomically, fsynced) before it becomes visible in memory."""
-        key = self._key(item)
-        with self._lock:
-            write_atomically(
-                self.dir / f"{key}.json",
-                json.dumps(self._encode(item), separators=(",", ":")).encode(),
-            )
-            self._items[key] = item
+    async def put(self, item: T) -> None:
+        key, data = self._serialize(item)
+        await asyncio.to_thread(write_atomically, self.dir / f"{key}.json", data)
+        self._items[key] = item
 
-    def remove(self, key: str) -> bool:
-        with self._lock:
-            (self.dir / f"{key}.json").unlink(missing_ok=True)
-            return self._items.pop(key, None) is not None
+    def put_blocking(self, item: T) -> None:
+        key, data = self._serialize(item)
+        write_atomically(self.dir / f"{key}.json", data)
+        self._items[key] = item
+
+    async def remove(self, key: str) -> bool:
+        await asyncio.to_thread((self.dir / f"{key}.json").unlink, True)
+        return self._items.pop(key, None) is not None
 
     def all(self) -> Iterable[T]:
         return list(self._items.values())
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def _serialize(self, item: T) -> tuple[str, bytes]:
+        return self._key(item), json.dumps(self._encode(item), separators=(",", ":")).encode()

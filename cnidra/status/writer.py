@@ -13,8 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
@@ -25,7 +24,9 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimStatus
 from lightkube.types import PatchType
 
 from cnidra.api.constants import DRIVER_NAME
-from cnidra.dra import metrics
+from cnidra.api.refs import ObjectRef
+from cnidra.observe import metrics
+from cnidra.util.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -34,21 +35,19 @@ FINALIZER_MANAGER = "cnidra-detach"
 FINALIZER = f"{DRIVER_NAME}/interfaces"
 
 
-@dataclass(frozen=True)
-class ClaimKey:
-    namespace: str
-    name: str
-    uid: str
+DeviceKey = tuple[str, str, str, str]  # driver, pool, device, shareID
 
 
-@dataclass(frozen=True)
-class PodRef:
-    namespace: str
-    name: str
-    uid: str
+class StatusSink(Protocol):
+    """What the pod lifecycle reports, without waiting: implemented by StatusWriter."""
+
+    def put(self, claim: ObjectRef, entry: dict[str, Any]) -> None: ...
+    def drop(self, claim: ObjectRef, keys: list[DeviceKey]) -> None: ...
+    def finalizer(self, claim: ObjectRef, present: bool) -> None: ...
+    def event(self, pod: ObjectRef, reason: str, message: str) -> None: ...
 
 
-def entry_key(entry: Mapping[str, Any]) -> tuple[str, str, str, str]:
+def entry_key(entry: Mapping[str, Any]) -> DeviceKey:
     return (entry["driver"], entry["pool"], entry["device"], entry.get("shareID") or "")
 
 
@@ -56,44 +55,44 @@ class StatusWriter:
     def __init__(self, client: AsyncClient | None, component: str = "cnidra") -> None:
         self.client = client
         self.component = component
-        self._devices: dict[ClaimKey, dict[tuple[str, str, str, str], dict[str, Any]]] = {}
-        self._finalizer: dict[ClaimKey, bool] = {}
-        self._events: list[tuple[PodRef, str, str]] = []
-        self._dirty: dict[ClaimKey, float] = {}
+        self._devices: dict[ObjectRef, dict[DeviceKey, dict[str, Any]]] = {}
+        self._finalizer: dict[ObjectRef, bool] = {}
+        self._events: list[tuple[ObjectRef, str, str]] = []
+        self._dirty: dict[ObjectRef, float] = {}
         self._wake = asyncio.Event()
 
     # -- producers: cheap, synchronous, never touch the network
 
-    def put(self, claim: ClaimKey, entry: dict[str, Any]) -> None:
+    def put(self, claim: ObjectRef, entry: dict[str, Any]) -> None:
         self._devices.setdefault(claim, {})[entry_key(entry)] = entry
         self._mark(claim)
 
-    def drop(self, claim: ClaimKey, keys: list[tuple[str, str, str, str]]) -> None:
+    def drop(self, claim: ObjectRef, keys: list[DeviceKey]) -> None:
         devices = self._devices.get(claim, {})
         for key in keys:
             devices.pop(key, None)
         self._mark(claim)
 
-    def finalizer(self, claim: ClaimKey, present: bool) -> None:
+    def finalizer(self, claim: ObjectRef, present: bool) -> None:
         if self._finalizer.get(claim) != present:
             self._finalizer[claim] = present
             self._mark(claim)
 
-    def event(self, pod: PodRef, reason: str, message: str) -> None:
+    def event(self, pod: ObjectRef, reason: str, message: str) -> None:
         self._events.append((pod, reason, message))
         self._wake.set()
 
     def pending(self) -> int:
         return len(self._dirty) + len(self._events)
 
-    def _mark(self, claim: ClaimKey) -> None:
+    def _mark(self, claim: ObjectRef) -> None:
         self._dirty.setdefault(claim, 0.0)
         self._wake.set()
 
     # -- the worker
 
     async def run(self) -> None:
-        backoff: dict[ClaimKey, float] = {}
+        backoff: dict[ObjectRef, Backoff] = {}
         while True:
             now = time.monotonic()
             due = [c for c, at in self._dirty.items() if at <= now]
@@ -107,8 +106,7 @@ class StatusWriter:
                     raise
                 except Exception as exc:
                     metrics.STATUS_WRITES.labels("error").inc()
-                    delay = min(backoff.get(claim, 0.25) * 2, 30.0)
-                    backoff[claim] = delay
+                    delay = backoff.setdefault(claim, Backoff(0.5, 30.0)).next()
                     self._dirty[claim] = time.monotonic() + delay
                     log.warning(
                         "status of claim %s/%s not written (%s); retry in %.1fs",
@@ -124,7 +122,7 @@ class StatusWriter:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
 
-    async def _apply(self, claim: ClaimKey) -> None:
+    async def _apply(self, claim: ObjectRef) -> None:
         if self.client is None:
             return
         devices = list(self._devices.get(claim, {}).values())

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from cnidra.api.refs import ObjectRef
 from cnidra.cni import CNIRuntime
 from cnidra.cni.attach import AttachFailed, Attachment, attach_all, detach_all
 from tests.cni.helpers import FAULTS, allocations, links, sh
@@ -36,7 +37,7 @@ def macvlan(
     if plugin != "macvlan":
         conf["plugins"] = [{"type": plugin}]
     return Attachment(
-        "ns/claim",
+        ObjectRef("ns", "claim", "uid"),
         f"r{i}",
         f"net{i + 1}",
         conf,

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from cnidra.api.refs import ObjectRef
 from cnidra.cni import CNIRuntime
 from cnidra.cni.attach import Attachment, attach_all, detach_all
 from cnidra.state.layout import StateLayout
 from cnidra.state.migrate import migrate_legacy
-from cnidra.state.sandboxes import AttachmentRecord, SandboxRecord, SandboxStore, State
+from cnidra.state.sandboxes import Attached, SandboxRecord, SandboxStore, State
 from tests.cni.helpers import addresses, sh
 from tests.conftest import CNITools
 
@@ -51,23 +52,26 @@ async def test_an_attachment_of_cnidra_0_1_survives_the_upgrade_and_is_deleted_l
     (legacy / "networks" / "data").mkdir(parents=True)
     (legacy / "networks" / "data" / "198.18.60.99").write_text("other-pod\r\nnet1")
 
-    old = AttachmentRecord("cu", "ns", "claim", "r", "pool", "data0", "net1", old_network(legacy))
+    claim = ObjectRef("ns", "claim", "cu")
+    old = Attached(Attachment(claim, "r", "net1", old_network(legacy), "pool", "data0"))
     await attach_all(
         CNIRuntime([cni_tools.plugins], cache_dir=str(legacy)),
-        [old.attachment()],
+        [old.attachment],
         "old",
         str(pod_netns),
     )
     [address] = addresses(pod_netns, "net1")
     store = SandboxStore(layout)
-    store.put(SandboxRecord("old", "pu", "ns", "p", str(pod_netns), State.ADDED, (old,)))
+    pod = ObjectRef("ns", "p", "pu")
+    store.put_blocking(SandboxRecord("old", pod, str(pod_netns), State.ADDED, (old,)))
 
     report = migrate_legacy(layout, legacy, SandboxStore(layout))
     assert (report.attachments, report.cache_entries, report.reservations) == (1, 1, 1)
     assert migrate_legacy(layout, legacy, SandboxStore(layout)).attachments == 0  # idempotent
 
     [record] = SandboxStore(layout).all()
-    [att] = record.attachments
+    [attached] = record.attachments
+    att = attached.attachment
     assert att.network["name"] == "cnidra-ns.ns.data" and att.network_label == "data"
     assert addresses(pod_netns, "net1") == {address}
     assert [p.name for p in (legacy / "results").iterdir()] == ["k8s-pod-network-primary-eth0"]
@@ -78,13 +82,13 @@ async def test_an_attachment_of_cnidra_0_1_survives_the_upgrade_and_is_deleted_l
 
     # the next pod of that network draws from the migrated pool: another address
     runtime = CNIRuntime([cni_tools.plugins], cache_dir=str(layout.cni_cache))
-    with_net = Attachment("ns/claim", "r", "net2", att.network, "pool", "data0")
+    with_net = Attachment(claim, "r", "net2", att.network, "pool", "data0")
     [outcome] = await attach_all(runtime, [with_net], "new", str(pod_netns))
     assert outcome.result is not None
     assert addresses(pod_netns, "net2") and addresses(pod_netns, "net2") != {address}
 
     # DEL of the old pod works from the record and cnidra's own cache, and frees the address
-    assert not await detach_all(runtime, [att.attachment()], "old", str(pod_netns))
+    assert not await detach_all(runtime, [att], "old", str(pod_netns))
     assert not await detach_all(runtime, [with_net], "new", str(pod_netns))
     assert "net1" not in sh("ip", "-n", pod_netns.name, "link")
     assert not [p for p in pool.iterdir() if p.name[0].isdigit()]

@@ -10,12 +10,14 @@ from typing import Any
 import pytest
 
 from cnidra.api.ownership import PrivateDirs
-from cnidra.dra.prepare import ClaimRef, PrepareError, Preparer, resolve_claim
-from cnidra.state.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from cnidra.api.refs import ObjectRef
+from cnidra.cni.attach import Attachment
+from cnidra.dra.prepare import PrepareError, Preparer, resolve_claim
+from cnidra.state.checkpoint import Checkpoint, PreparedClaim
 from cnidra.state.layout import StateLayout
 
 DRIVER = "cni.dra.networking.x-k8s.io"
-REF = ClaimRef("ns", "c", "uid-1")
+REF = ObjectRef("ns", "c", "uid-1")
 DIRS = PrivateDirs(ipam="/state/ipam", tuning="/state/tuning")
 
 
@@ -194,9 +196,9 @@ async def test_prepare_refuses_more_interfaces_per_pod_than_the_limit(tmp_path: 
     preparer = Preparer(
         "n1", Claims(named("a", "u-a", 2), named("b", "u-b", 2)), cp, DIRS, max_attachments=3
     )
-    await preparer.prepare(ClaimRef("ns", "a", "u-a"))
+    await preparer.prepare(ObjectRef("ns", "a", "u-a"))
     with pytest.raises(PrepareError, match="would get 4 cnidra interfaces; at most 3 per pod"):
-        await preparer.prepare(ClaimRef("ns", "b", "u-b"))
+        await preparer.prepare(ObjectRef("ns", "b", "u-b"))
     assert cp.get("u-b") is None
 
 
@@ -271,34 +273,36 @@ def test_other_drivers_devices_and_configs_are_ignored() -> None:
 
 
 def prepared(uid: str, name: str, pods: tuple[str, ...]) -> PreparedClaim:
-    dev = PreparedDevice(
-        "net",
-        "n1",
-        "eth1",
-        "net1",
-        {"cniVersion": "1.0.0", "name": "cnidra-ns.ns.n", "plugins": [{"type": "bridge"}]},
-        {"mac": "02:00:00:00:00:01"},
-        (("A", "1"),),
-        "s",
-        "n",
+    ref = ObjectRef("ns", name, uid)
+    dev = Attachment(
+        claim=ref,
+        request="net",
+        if_name="net1",
+        network={"cniVersion": "1.0.0", "name": "cnidra-ns.ns.n", "plugins": [{"type": "bridge"}]},
+        pool="n1",
+        device="eth1",
+        capability_args={"mac": "02:00:00:00:00:01"},
+        cni_args=(("A", "1"),),
+        share_id="s",
+        network_label="n",
     )
-    return PreparedClaim(uid, "ns", name, pods, (dev,), 1)
+    return PreparedClaim(ref, pods, (dev,), 1)
 
 
-def test_checkpoint_survives_a_restart_and_orders_a_pods_claims(tmp_path: Path) -> None:
+async def test_checkpoint_survives_a_restart_and_orders_a_pods_claims(tmp_path: Path) -> None:
     cp = Checkpoint(StateLayout(tmp_path))
-    cp.put(prepared("u2", "zeta", ("pod-a",)))
-    cp.put(prepared("u1", "alpha", ("pod-a", "pod-b")))
+    await cp.put(prepared("u2", "zeta", ("pod-a",)))
+    await cp.put(prepared("u1", "alpha", ("pod-a", "pod-b")))
     again = Checkpoint(StateLayout(tmp_path))
-    assert [c.name for c in again.for_pod("pod-a")] == ["alpha", "zeta"]
+    assert [c.ref.name for c in again.for_pod("pod-a")] == ["alpha", "zeta"]
     assert again.get("u1") == prepared("u1", "alpha", ("pod-a", "pod-b"))
-    assert again.remove("u1") and not again.remove("u1")
-    assert [c.name for c in Checkpoint(StateLayout(tmp_path)).for_pod("pod-a")] == ["zeta"]
+    assert await again.remove("u1") and not await again.remove("u1")
+    assert [c.ref.name for c in Checkpoint(StateLayout(tmp_path)).for_pod("pod-a")] == ["zeta"]
     assert [p.name for p in (tmp_path / "claims").iterdir()] == ["u2.json"]
 
 
 def test_a_corrupt_checkpoint_entry_is_moved_aside(tmp_path: Path) -> None:
-    Checkpoint(StateLayout(tmp_path)).put(prepared("u1", "a", ("p",)))
+    Checkpoint(StateLayout(tmp_path)).put_blocking(prepared("u1", "a", ("p",)))
     (tmp_path / "claims" / "bad.json").write_text("{not json")
     (tmp_path / "claims" / "half.json").write_text(json.dumps({"uid": "x"}))
     cp = Checkpoint(StateLayout(tmp_path))

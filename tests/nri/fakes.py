@@ -11,11 +11,18 @@ from typing import Any
 
 from cnidra._proto.nri.v1alpha1 import api_pb2 as nri
 from cnidra.api.ownership import owned_network, owned_network_name
+from cnidra.api.refs import ObjectRef
+from cnidra.cni.attach import Attachment
 from cnidra.cni.errors import PluginError, PluginTimeout
 from cnidra.cni.invoke import Deadline, Invocation, PluginExec
 from cnidra.cni.runtime import CNIRuntime
-from cnidra.state.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from cnidra.nri.hooks import PodHooks
+from cnidra.nri.lifecycle import HookBudget, PodLifecycle
+from cnidra.nri.reconcile import Reconciler
+from cnidra.state.checkpoint import Checkpoint, PreparedClaim
 from cnidra.state.layout import StateLayout
+from cnidra.state.sandboxes import SandboxStore
+from cnidra.util.backoff import Backoff
 
 
 @dataclass(frozen=True)
@@ -27,14 +34,21 @@ class Call:
     network: str
 
 
+class Crash(BaseException):
+    """The driver process dying at this point: nothing after it runs."""
+
+
 @dataclass
 class FakePlugins(PluginExec):
     """Plays every plugin: records each call, answers ADD with one address. `slow` plugins
-    sleep that long on ADD (and honour the deadline as the real exec does); `failing` fail."""
+    sleep that long on ADD (and honour the deadline as the real exec does); `failing` fail
+    the commands named (e.g. {"macvlan": "DEL"}); `crash_at` (command, n) makes the n-th call
+    of that command kill the "process" before the plugin runs."""
 
     calls: list[Call] = field(default_factory=list)
     slow: dict[str, float] = field(default_factory=dict)
     failing: dict[str, str] = field(default_factory=dict)
+    crash_at: tuple[str, int] | None = None
     timeout: float = 10.0
 
     def __post_init__(self) -> None:
@@ -50,6 +64,11 @@ class FakePlugins(PluginExec):
         deadline: Deadline | None = None,
     ) -> Any:
         conf = json.loads(stdin)
+        if self.crash_at and self.crash_at[0] == invocation.command:
+            seen = len(self.commands(invocation.command))
+            if seen + 1 == self.crash_at[1]:
+                self.crash_at = None
+                raise Crash(f"crashed before {invocation.command} #{seen + 1}")
         self.calls.append(
             Call(
                 plugin_type,
@@ -103,25 +122,102 @@ def network(label: str, *plugins: str, namespace: str = "ns") -> Mapping[str, An
 
 
 def prepare(
-    checkpoint: Checkpoint, claim: str, pod_uid: str, *devices: tuple[str, Mapping[str, Any]]
+    checkpoint: Checkpoint,
+    claim: str,
+    pod_uids: str | tuple[str, ...],
+    *devices: tuple[str, Mapping[str, Any]],
 ) -> PreparedClaim:
-    """Checkpoint a claim for a pod: devices are (ifName, network)."""
+    """Checkpoint a claim for one pod or several (a shared claim): devices are (ifName,
+    network)."""
+    ref = ObjectRef("ns", claim, f"{claim}-uid")
     prepared = PreparedClaim(
-        f"{claim}-uid",
-        "ns",
-        claim,
-        (pod_uid,),
+        ref,
+        (pod_uids,) if isinstance(pod_uids, str) else pod_uids,
         tuple(
-            PreparedDevice(
+            Attachment(
+                ref,
                 f"req{i}",
-                "node",
-                f"dev{i}",
                 if_name,
                 net,
+                "node",
+                f"dev{i}",
                 network_label=str(net["name"]).rsplit(".", 1)[-1],
             )
             for i, (if_name, net) in enumerate(devices)
         ),
     )
-    checkpoint.put(prepared)
+    checkpoint.put_blocking(prepared)
     return prepared
+
+
+class RecordingStatus:
+    """A StatusSink that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.entries: dict[ObjectRef, dict[tuple[str, ...], dict[str, Any]]] = {}
+        self.finalizers: dict[ObjectRef, bool] = {}
+        self.events: list[tuple[ObjectRef, str, str]] = []
+
+    def put(self, claim: ObjectRef, entry: dict[str, Any]) -> None:
+        key = (entry["pool"], entry["device"], entry.get("shareID") or "")
+        self.entries.setdefault(claim, {})[key] = entry
+
+    def drop(self, claim: ObjectRef, keys: list[tuple[str, str, str, str]]) -> None:
+        for _, pool, device, share in keys:
+            self.entries.get(claim, {}).pop((pool, device, share), None)
+
+    def finalizer(self, claim: ObjectRef, present: bool) -> None:
+        self.finalizers[claim] = present
+
+    def event(self, pod: ObjectRef, reason: str, message: str) -> None:
+        self.events.append((pod, reason, message))
+
+
+@dataclass
+class Node:
+    """The node side of cnidra over one state root, as the driver wires it."""
+
+    lifecycle: PodLifecycle
+    reconciler: Reconciler
+    hooks: PodHooks
+    plugins: FakePlugins
+    status: RecordingStatus
+    gone: set[str]  # network namespaces that no longer exist
+
+    @classmethod
+    def start(
+        cls, root: Path, plugins: FakePlugins | None = None, gone: set[str] | None = None
+    ) -> Node:
+        """A fresh process over `root`: what is on disk is all it knows."""
+        plugins = plugins or FakePlugins()
+        gone = set() if gone is None else gone
+        layout = StateLayout(root)
+        status = RecordingStatus()
+        lifecycle = PodLifecycle(
+            Checkpoint(layout),
+            runtime(root, plugins),
+            SandboxStore(layout),
+            status,
+            retry=lambda: Backoff(0.01, 0.05, jitter=0),
+            netns_exists=lambda path: path not in gone,
+            budget=HookBudget(attach=0.3, request_timeout=1.0),
+            max_attachments=3,
+        )
+        reconciler = Reconciler(lifecycle)
+        return cls(lifecycle, reconciler, PodHooks(lifecycle, reconciler), plugins, status, gone)
+
+    @property
+    def store(self) -> SandboxStore:
+        return self.lifecycle.store
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        return self.lifecycle.checkpoint
+
+    async def settle(self) -> None:
+        """Wait until no detach retry is in flight."""
+        for _ in range(500):
+            if not self.lifecycle.retries:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"retries still running: {list(self.lifecycle.retries)}")

@@ -11,38 +11,25 @@ import pytest
 
 from cnidra.cni.result import Result
 from cnidra.cni.types import RuntimeConf
-from cnidra.nri.lifecycle import AttachError, HookBudget, PodNetworks
-from cnidra.state.checkpoint import Checkpoint
-from cnidra.state.layout import StateLayout
-from cnidra.state.sandboxes import SandboxStore, State
-from cnidra.status.writer import StatusWriter
-from tests.nri.fakes import FakePlugins, network, pod, prepare, runtime
+from cnidra.nri.lifecycle import AttachError, HookBudget
+from cnidra.state.sandboxes import State
+from tests.nri.fakes import FakePlugins, Node, network, pod, prepare
 
 
 @pytest.fixture
-def plugins() -> FakePlugins:
-    return FakePlugins()
+def node(tmp_path: Path) -> Node:
+    return Node.start(tmp_path)
 
 
 @pytest.fixture
-def pods(tmp_path: Path, plugins: FakePlugins) -> PodNetworks:
-    layout = StateLayout(tmp_path)
-    return PodNetworks(
-        Checkpoint(layout),
-        runtime(tmp_path, plugins),
-        SandboxStore(layout),
-        StatusWriter(None),
-        retry_initial=0.01,
-        netns_exists=lambda path: True,
-        budget=HookBudget(attach=0.3, request_timeout=1.0),
-        max_attachments=3,
-    )
+def plugins(node: Node) -> FakePlugins:
+    return node.plugins
 
 
-def foreign_cache_entry(pods: PodNetworks, network: str, container: str, if_name: str) -> None:
+def foreign_cache_entry(node: Node, network: str, container: str, if_name: str) -> None:
     """What another CNI user (containerd's primary network, cnitool) leaves in a cache."""
     conf = {"cniVersion": "1.1.0", "name": network, "plugins": [{"type": "bridge"}]}
-    pods.runtime.cache.store(
+    node.lifecycle.runtime.cache.store(
         network,
         RuntimeConf(container, f"/run/netns/{container}", if_name),
         json.dumps(conf).encode(),
@@ -51,23 +38,23 @@ def foreign_cache_entry(pods: PodNetworks, network: str, container: str, if_name
 
 
 async def test_synchronize_never_deletes_what_only_a_cache_knows(
-    pods: PodNetworks, plugins: FakePlugins
+    node: Node, plugins: FakePlugins
 ) -> None:
     # the primary network's entries, and even one named like an owned network, with no record
-    foreign_cache_entry(pods, "k8s-pod-network", "primary-pod", "eth0")
-    foreign_cache_entry(pods, "cnidra-ns.ns.data", "orphan", "net1")
-    prepare(pods.checkpoint, "c", "a-uid", ("net1", network("data", "macvlan")))
-    await pods.run_pod_sandbox(pod("a"))
+    foreign_cache_entry(node, "k8s-pod-network", "primary-pod", "eth0")
+    foreign_cache_entry(node, "cnidra-ns.ns.data", "orphan", "net1")
+    prepare(node.checkpoint, "c", "a-uid", ("net1", network("data", "macvlan")))
+    await node.hooks.run_pod_sandbox(pod("a"))
     plugins.calls.clear()
 
-    await pods.synchronize([pod("a")])
+    await node.hooks.synchronize([pod("a")])
 
     assert plugins.commands("DEL") == []
     # GC is the plugins' own, for the owned network only, with the recorded attachment valid
     assert [(c.plugin, c.network) for c in plugins.commands("GC")] == [
         ("macvlan", "cnidra-ns.ns.data")
     ]
-    cached = {(e.network, e.container_id) for e in pods.runtime.cache.attachments()}
+    cached = {(e.network, e.container_id) for e in node.lifecycle.runtime.cache.attachments()}
     assert ("k8s-pod-network", "primary-pod") in cached and (
         "cnidra-ns.ns.data",
         "orphan",
@@ -75,27 +62,27 @@ async def test_synchronize_never_deletes_what_only_a_cache_knows(
 
 
 async def test_a_vanished_sandbox_is_undone_from_its_record_with_its_own_config(
-    pods: PodNetworks, plugins: FakePlugins
+    node: Node, plugins: FakePlugins
 ) -> None:
-    prepare(pods.checkpoint, "c", "a-uid", ("net1", network("data", "macvlan", "tuning")))
-    await pods.run_pod_sandbox(pod("a"))
+    prepare(node.checkpoint, "c", "a-uid", ("net1", network("data", "macvlan", "tuning")))
+    await node.hooks.run_pod_sandbox(pod("a"))
     plugins.calls.clear()
 
-    await pods.synchronize([])  # the runtime no longer has the sandbox
+    await node.hooks.synchronize([])  # the runtime no longer has the sandbox
 
     assert [(c.plugin, c.container_id, c.if_name, c.network) for c in plugins.commands("DEL")] == [
         ("tuning", "a-sandbox", "net1", "cnidra-ns.ns.data"),
         ("macvlan", "a-sandbox", "net1", "cnidra-ns.ns.data"),
     ]
-    assert len(pods.store) == 0 and not list(pods.runtime.cache.attachments())
+    assert len(node.store) == 0 and not list(node.lifecycle.runtime.cache.attachments())
 
 
 async def test_a_slow_plugin_fails_the_sandbox_inside_the_budget_and_leaves_nothing(
-    pods: PodNetworks, plugins: FakePlugins
+    node: Node, plugins: FakePlugins
 ) -> None:
     plugins.slow["sleepy"] = 5.0
     prepare(
-        pods.checkpoint,
+        node.checkpoint,
         "c",
         "a-uid",
         ("net1", network("fast", "macvlan")),
@@ -104,7 +91,7 @@ async def test_a_slow_plugin_fails_the_sandbox_inside_the_budget_and_leaves_noth
     loop = asyncio.get_running_loop()
     start = loop.time()
     with pytest.raises(AttachError) as info:
-        await pods.run_pod_sandbox(pod("a"))
+        await node.hooks.run_pod_sandbox(pod("a"))
     assert loop.time() - start < 0.9  # the runtime's timeout is 1.0 s
     message = str(info.value)
     assert "'sleepy'" in message and "the pod's attach budget of 0.3s" in message
@@ -115,32 +102,32 @@ async def test_a_slow_plugin_fails_the_sandbox_inside_the_budget_and_leaves_noth
         ("net2", "macvlan"),
         ("net1", "macvlan"),
     ]
-    assert len(pods.store) == 0 and not list(pods.runtime.cache.attachments())
+    assert len(node.store) == 0 and not list(node.lifecycle.runtime.cache.attachments())
 
 
 async def test_a_cancelled_hook_is_rolled_back_from_its_record(
-    pods: PodNetworks, plugins: FakePlugins
+    node: Node, plugins: FakePlugins
 ) -> None:
-    pods.budget = HookBudget(attach=5.0, request_timeout=10.0)
+    node.lifecycle.budget = HookBudget(attach=5.0, request_timeout=10.0)
     plugins.slow["sleepy"] = 5.0
     prepare(
-        pods.checkpoint,
+        node.checkpoint,
         "c",
         "a-uid",
         ("net1", network("fast", "macvlan")),
         ("net2", network("slow", "sleepy")),
     )
-    hook = asyncio.create_task(pods.run_pod_sandbox(pod("a")))
+    hook = asyncio.create_task(node.hooks.run_pod_sandbox(pod("a")))
     await asyncio.sleep(0.05)
-    assert pods.store.get("a-sandbox").state is State.ADDING  # type: ignore[union-attr]
+    assert node.store.get("a-sandbox").state is State.ADDING  # type: ignore[union-attr]
     hook.cancel()
     with pytest.raises(asyncio.CancelledError):
         await hook
     for _ in range(100):
-        if len(pods.store) == 0:
+        if len(node.store) == 0:
             break
         await asyncio.sleep(0.01)
-    assert len(pods.store) == 0 and not list(pods.runtime.cache.attachments())
+    assert len(node.store) == 0 and not list(node.lifecycle.runtime.cache.attachments())
     assert {(c.if_name, c.plugin) for c in plugins.commands("DEL")} == {
         ("net1", "macvlan"),
         ("net2", "sleepy"),
@@ -148,13 +135,13 @@ async def test_a_cancelled_hook_is_rolled_back_from_its_record(
 
 
 async def test_more_attachments_than_the_limit_fail_before_any_plugin_runs(
-    pods: PodNetworks, plugins: FakePlugins
+    node: Node, plugins: FakePlugins
 ) -> None:
     nets = [(f"net{i}", network(f"n{i}", "macvlan")) for i in range(4)]
-    prepare(pods.checkpoint, "c", "a-uid", *nets)
+    prepare(node.checkpoint, "c", "a-uid", *nets)
     with pytest.raises(AttachError, match="4 cnidra interfaces; at most 3 per pod"):
-        await pods.run_pod_sandbox(pod("a"))
-    assert plugins.calls == [] and len(pods.store) == 0
+        await node.hooks.run_pod_sandbox(pod("a"))
+    assert plugins.calls == [] and len(node.store) == 0
 
 
 def test_the_budget_fits_the_runtimes_timeout() -> None:

@@ -5,13 +5,20 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment, Outcome
 from cnidra.cni.result import Result
 from cnidra.status.devices import device_status
 
 NOW = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 ATT = Attachment(
-    "ns/c", "net", "net1", {"name": "data", "plugins": []}, "node-1", "eth1", share_id="s-1"
+    ObjectRef("ns", "c", "u"),
+    "net",
+    "net1",
+    {"name": "data", "plugins": []},
+    "node-1",
+    "eth1",
+    share_id="s-1",
 )
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.testbed.conftest import ROOT, Cluster, env_image, pod
-from tests.testbed.driver import DriverProcess
+from testbed.harness import ROOT, Cluster, DriverProcess
+from tests.testbed.conftest import env_image, pod
 
 pytestmark = pytest.mark.testbed
 DRIVER = "cni.dra.networking.x-k8s.io"
@@ -29,7 +29,7 @@ def device_classes(cluster: Cluster) -> None:
 
 @pytest.fixture
 def driver(cluster: Cluster, tmp_path: Path) -> Iterator[DriverProcess]:
-    proc = DriverProcess(cluster, tmp_path, cni_cache_dir=str(driver.state_root / "cni"))
+    proc = DriverProcess(cluster, tmp_path)
     proc.start()
     cluster.wait("the NRI plugin to connect", lambda: proc.health().get("nriConnected"), 30)
     yield proc
@@ -396,7 +396,7 @@ def test_kill_9_during_a_burst_of_20_pods(
 def test_containerd_restart_during_a_burst(
     cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
 ) -> None:
-    import testbed as tb
+    from testbed import cluster as tb
 
     names = burst(cluster, namespace, parent, 10)
     cluster.wait("some sandboxes", lambda: driver.health().get("sandboxes", 0) >= 2, 60)
@@ -415,7 +415,7 @@ def test_apiserver_down_while_a_sandbox_starts(
     """kubelet itself GETs a pod's ResourceClaims before it starts a sandbox, so with the
     apiserver down it starts none; the sandbox is started here as kubelet would (same pod UID,
     same runtime), which exercises containerd and cnidra's hook with no apiserver at all."""
-    import testbed as tb
+    from testbed import cluster as tb
 
     apply(
         cluster,

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from cnidra.state.layout import DEFAULT_STATE_ROOT
-from tests.testbed.conftest import Cluster, env_image, pod
-from tests.testbed.driver import DriverProcess
+from testbed.harness import Cluster, DriverProcess
+from tests.testbed.conftest import env_image, pod
 from tests.testbed.test_lifecycle import (
     apply,
     claiming_pod,
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.testbed
 
 @pytest.fixture(scope="module", autouse=True)
 def device_classes(cluster: Cluster) -> None:
-    from tests.testbed.conftest import ROOT
+    from testbed.harness import ROOT
 
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
 
@@ -119,10 +119,39 @@ def tenant_pool(namespace: str, network: str) -> set[str]:
     return {p.name for p in d.iterdir() if p.name[0].isdigit()} if d.exists() else set()
 
 
+def disrupt(cluster: Cluster, driver: DriverProcess) -> None:
+    """Restart the driver, kill -9 it, restart containerd, drop the NRI connection (SIGHUP);
+    after each, wait for the reconnect and the reconcile behind it."""
+    from testbed import cluster as tb
+
+    def reconnected() -> None:
+        cluster.wait("NRI", lambda: driver.health().get("nriConnected"), 30)
+        time.sleep(2)  # Synchronize, its GC and the sweeper run after the answer
+
+    driver.stop(signal.SIGTERM)
+    driver.start()
+    reconnected()
+    driver.stop(signal.SIGKILL)
+    driver.start()
+    reconnected()
+    tb.stop("containerd")
+    tb.start_containerd(cluster.bins)
+    reconnected()
+    sessions = driver.health()["nriSessions"]
+    driver.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+    cluster.wait(
+        "the NRI connection to be dropped and made again",
+        lambda: (
+            driver.health().get("nriSessions", 0) > sessions and driver.health().get("nriConnected")
+        ),
+        30,
+    )
+    reconnected()
+
+
 def test_restarts_and_reconnects_never_touch_the_primary_network(
     cluster: Cluster, default_driver: DriverProcess, tenants: tuple[str, str], test_link: Any
 ) -> None:
-    import testbed as tb
 
     a, b = tenants
     parent_a, parent_b = (
@@ -156,30 +185,7 @@ def test_restarts_and_reconnects_never_touch_the_primary_network(
     assert all((shared / f"testbed-primary-{sid}-eth0").exists() for sid in live)
     assert not list(shared.glob("*-net1")) and not Path("/var/lib/cni/networks").exists()
 
-    def reconnected() -> None:
-        cluster.wait("NRI", lambda: default_driver.health().get("nriConnected"), 30)
-        time.sleep(2)  # Synchronize, its GC and the sweeper run after the answer
-
-    default_driver.stop(signal.SIGTERM)
-    default_driver.start()
-    reconnected()
-    default_driver.stop(signal.SIGKILL)
-    default_driver.start()
-    reconnected()
-    tb.stop("containerd")
-    tb.start_containerd(cluster.bins)
-    reconnected()
-    sessions = default_driver.health()["nriSessions"]
-    default_driver.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
-    cluster.wait(
-        "the NRI connection to be dropped and made again",
-        lambda: (
-            default_driver.health().get("nriSessions", 0) > sessions
-            and default_driver.health().get("nriConnected")
-        ),
-        30,
-    )
-    reconnected()
+    disrupt(cluster, default_driver)
 
     assert snapshot(cluster, pods) == before
     assert set(sandbox_ids(cluster, a, b).values()) == live

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.testbed.conftest import Cluster, env_image, pod
+from testbed.harness import Cluster
+from tests.testbed.conftest import env_image, pod
 
 pytestmark = pytest.mark.testbed
 FAKE_DRIVER = "testbed.cnidra.local"  # no driver of ours: the DRA path alone

@@ -125,7 +125,7 @@ debian_packages() {
 main() {
   local start=$SECONDS
   debian_packages
-  "$(dirname "$0")/../install-cni.sh"
+  "$(dirname "$0")/../hack/install-cni.sh"
   done_or_build "$CACHE/etcd-$ETCD_VERSION" build_etcd
   done_or_build "$CACHE/containerd-$CONTAINERD_VERSION" build_containerd
   done_or_build "$CACHE/crictl-$CRITOOLS_VERSION" build_crictl

@@ -27,8 +27,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 HACK = REPO / "hack"
+HERE = Path(__file__).resolve().parent
 ROOT = Path(os.environ.get("CNIDRA_TESTBED_ROOT", "/var/lib/cnidra-testbed"))
 WORK = REPO / ".testbed"  # in the work tree, ignored by git: the admin kubeconfig
 NODE = "testbed-node"
@@ -80,7 +81,7 @@ class Bins:
     @classmethod
     def locate(cls) -> Bins:
         out = subprocess.run(
-            [HACK / "testbed" / "build.sh", "paths"], check=True, text=True, capture_output=True
+            [HERE / "build.sh", "paths"], check=True, text=True, capture_output=True
         ).stdout
         paths = dict(line.split("=", 1) for line in out.split())
         cni = subprocess.run(
@@ -677,7 +678,7 @@ def import_images(bins: Bins) -> None:
         subprocess.run(
             [
                 sys.executable,
-                str(HACK / "testbed" / "mkimage.py"),
+                str(HERE / "mkimage.py"),
                 str(archive),
                 ref,
                 "--entrypoint",
@@ -754,7 +755,7 @@ COMPONENTS = (
 
 
 def build() -> Bins:
-    subprocess.run([HACK / "testbed" / "build.sh"], check=True)
+    subprocess.run([HERE / "build.sh"], check=True)
     return Bins.locate()
 
 

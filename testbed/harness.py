@@ -1,4 +1,6 @@
-"""Running `cnidra driver` as a real process against the test bed."""
+"""Driving the test bed from Python: `Cluster` (kubectl, crictl, waiting) and `DriverProcess`
+(`cnidra driver` as a real process, on a free port, ready when /healthz says so). Used by the
+tests and the benchmarks alike."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +22,58 @@ import grpc
 from cnidra._proto.dra.v1 import api_pb2 as dra
 from cnidra._proto.dra.v1 import api_pb2_grpc as dra_grpc
 from cnidra.state.layout import DEFAULT_STATE_ROOT
-from tests.testbed.conftest import ROOT, Cluster
+from testbed import cluster as tb
+
+ROOT = Path(__file__).parents[1]
+
+
+@dataclass
+class Cluster:
+    bins: tb.Bins
+    env: dict[str, str]
+
+    def kubectl(
+        self, *args: str, check: bool = True, input_: str | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        return tb.kubectl(self.bins, *args, check=check, input_=input_, timeout=timeout)
+
+    def apply(self, *docs: dict[str, Any]) -> None:
+        self.kubectl("apply", "-f", "-", input_="\n---\n".join(json.dumps(d) for d in docs))
+
+    def get(self, kind: str, name: str, namespace: str | None = "default") -> dict[str, Any]:
+        ns = ["-n", namespace] if namespace else []
+        out: dict[str, Any] = json.loads(self.kubectl("get", kind, name, *ns, "-o", "json").stdout)
+        return out
+
+    def events(self, name: str, namespace: str = "default") -> list[dict[str, Any]]:
+        out = self.kubectl(
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            f"involvedObject.name={name}",
+            "-o",
+            "json",
+        ).stdout
+        items: list[dict[str, Any]] = json.loads(out)["items"]
+        return items
+
+    def crictl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return tb.crictl(self.bins, *args)
+
+    def wait(self, what: str, check: Callable[[], object], timeout: float = 60) -> Any:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                last = check()
+                if last:
+                    return last
+            except Exception as exc:
+                last = exc
+            time.sleep(0.3)
+        raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 def free_port() -> int:
@@ -41,7 +96,7 @@ class DriverProcess:
         driver keeps its state where deploy/ has it, /var/lib/cnidra."""
         self.cluster = cluster
         self.state_root = DEFAULT_STATE_ROOT if defaults else state_dir / "state"
-        self.port = free_port()
+        self.port = free_port()  # a free port per process: drivers never collide
         self.log = state_dir / "driver.log"
         self.env = {
             **os.environ,

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the driver (served on /metrics by cnidra.dra.health)."""
+"""Prometheus metrics of the driver (served on /metrics by cnidra.observe.http)."""
 
 from __future__ import annotations
 
@@ -52,9 +52,15 @@ STATUS_WRITES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
-CLAIM_CACHE = Counter(
-    "cnidra_claim_cache_lookups_total",
-    "Claim lookups at prepare by result",
+CLAIM_LOOKUPS = Counter(
+    "cnidra_claim_lookups_total",
+    "ResourceClaim GETs at prepare by result",
     ["result"],
+    registry=REGISTRY,
+)
+TASK_RESTARTS = Counter(
+    "cnidra_task_restarts_total",
+    "Background tasks restarted after they died, by task",
+    ["task"],
     registry=REGISTRY,
 )

@@ -1,0 +1,100 @@
+"""Making cnidra's sandbox records agree with the runtime, from the records alone: on every
+Synchronize (driver start, runtime restart, reconnect), periodically (the sweeper), and before
+a claim is unprepared. Only what a record says cnidra added is ever DELed (docs/state.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from cnidra._proto.nri.v1alpha1 import api_pb2 as nri
+from cnidra.api.ownership import is_owned
+from cnidra.api.refs import ObjectRef
+from cnidra.cni.errors import CNIRuntimeError
+from cnidra.cni.types import GCAttachment, NetworkConfigList
+from cnidra.nri.lifecycle import AttachError, PodLifecycle, netns_of
+from cnidra.state.sandboxes import State
+
+log = logging.getLogger(__name__)
+
+
+class Reconciler:
+    def __init__(self, lifecycle: PodLifecycle) -> None:
+        self.lifecycle = lifecycle
+
+    async def synchronize(self, pods: list[nri.PodSandbox]) -> None:
+        """Undo records of sandboxes the runtime no longer has, and records a crash left
+        half-done; attach pods that started while cnidra was away; then GC."""
+        life = self.lifecycle
+        live = {p.id: p for p in pods}
+        for record in life.store.all():
+            pod = live.get(record.sandbox_id)
+            if pod is None:
+                life.forget_sandbox(record.sandbox_id)
+            if pod is None or record.state is not State.ADDED:
+                await life.detach(record.sandbox_id, None)
+        for pod in pods:
+            if life.store.get(pod.id) is None and netns_of(pod) and life.plan(pod):
+                with contextlib.suppress(AttachError):
+                    await life.attach(pod)
+        await self.sweep()
+        await self.garbage_collect()
+
+    async def sweep(self) -> int:
+        """Undo attachments of sandboxes whose network namespace is gone: the runtime removed
+        them without a hook reaching cnidra (a runtime restart mid-creation, a missed event)."""
+        life = self.lifecycle
+        swept = 0
+        for record in life.store.all():
+            if life.retrying(record.sandbox_id) or life.netns_exists(record.netns):
+                continue
+            life.forget_sandbox(record.sandbox_id)
+            log.info(
+                "sandbox %s of pod %s is gone without a hook; cleaning up",
+                record.sandbox_id[:12],
+                record.pod,
+            )
+            await life.detach(record.sandbox_id, None)
+            swept += 1
+        return swept
+
+    async def run_sweeper(self, interval: float = 10.0) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            await self.sweep()
+
+    async def garbage_collect(self) -> None:
+        """CNI GC (the plugins' own, e.g. host-local freeing leaked addresses) of the networks
+        cnidra owns, with every attachment its records hold as valid. Never a DEL from the
+        cache: what is stale was undone from the records above."""
+        life = self.lifecycle
+        networks: dict[str, NetworkConfigList] = {}
+        attachments = [d for c in life.checkpoint.all() for d in c.devices]
+        attachments += [a.attachment for r in life.store.all() for a in r.attachments]
+        for attachment in attachments:
+            with contextlib.suppress(CNIRuntimeError):
+                net = attachment.netconf
+                if is_owned(net.name):  # records of cnidra 0.1 may name a shared network
+                    networks.setdefault(net.name, net)
+        valid = [
+            GCAttachment(r.sandbox_id, a.attachment.if_name)
+            for r in life.store.all()
+            for a in r.attachments
+        ]
+        for net in networks.values():
+            try:
+                await life.runtime.gc(net, valid, stale_cached=False)
+            except Exception as exc:
+                log.warning("CNI GC of network %s: %s", net.name, exc)
+
+    async def unprepare_claim(self, ref: ObjectRef) -> None:
+        """Called before a claim is forgotten: its interfaces must be gone first."""
+        for record in self.lifecycle.store.all():
+            if ref.uid in {c.uid for c in record.claims()} and not await self.lifecycle.detach(
+                record.sandbox_id, None
+            ):
+                raise RuntimeError(
+                    f"interfaces of claim {ref} in sandbox "
+                    f"{record.sandbox_id[:12]} are still being removed"
+                )

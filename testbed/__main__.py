@@ -1,0 +1,5 @@
+import sys
+
+from testbed.cluster import main
+
+raise SystemExit(main(sys.argv))

@@ -1,0 +1,155 @@
+"""The pod state machine in milliseconds: a fake runtime and the real record store, a crash
+after every write-ahead state, retries with backoff, shared claims, the sweeper, and state that
+stays bounded however many pods come and go."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cnidra.state.sandboxes import State
+from tests.nri.fakes import Crash, FakePlugins, Node, network, pod, prepare
+
+
+def two_networks(node: Node, pod_uid: str = "a-uid", claim: str = "c") -> None:
+    prepare(
+        node.checkpoint,
+        claim,
+        pod_uid,
+        ("net1", network("one", "macvlan")),
+        ("net2", network("two", "bridge", "tuning")),
+    )
+
+
+@pytest.mark.parametrize(
+    "crash_at,left",
+    [
+        (("ADD", 1), State.ADDING),  # record written, nothing added
+        (("ADD", 3), State.ADDING),  # first attachment added, second half-way
+    ],
+)
+async def test_a_crash_mid_add_is_undone_and_the_pod_attached_again(
+    tmp_path: Path, crash_at: tuple[str, int], left: State
+) -> None:
+    node = Node.start(tmp_path, FakePlugins(crash_at=crash_at))
+    two_networks(node)
+    with pytest.raises(Crash):
+        await node.hooks.run_pod_sandbox(pod("a"))
+    assert node.store.get("a-sandbox").state is left  # type: ignore[union-attr]
+
+    again = Node.start(tmp_path)  # the restarted driver knows only the disk
+    await again.hooks.synchronize([pod("a")])
+
+    dels = [(c.if_name, c.plugin) for c in again.plugins.commands("DEL")]
+    assert dels == [("net2", "tuning"), ("net2", "bridge"), ("net1", "macvlan")]
+    record = again.store.get("a-sandbox")
+    assert record is not None and record.state is State.ADDED
+    assert len(again.plugins.commands("ADD")) == 3  # attached again, all of it
+
+
+async def test_a_crash_after_added_keeps_the_interfaces_of_a_live_pod(tmp_path: Path) -> None:
+    node = Node.start(tmp_path)
+    two_networks(node)
+    await node.hooks.run_pod_sandbox(pod("a"))
+
+    again = Node.start(tmp_path)
+    await again.hooks.synchronize([pod("a")])
+
+    assert again.plugins.commands("DEL") == [] and again.plugins.commands("ADD") == []
+    again.lifecycle.restore_status()
+    [claim] = again.status.entries
+    assert len(again.status.entries[claim]) == 2  # status re-derived from the records
+
+
+async def test_a_crash_mid_del_is_finished_after_the_restart(tmp_path: Path) -> None:
+    node = Node.start(tmp_path, FakePlugins(crash_at=("DEL", 2)))
+    two_networks(node)
+    await node.hooks.run_pod_sandbox(pod("a"))
+    with pytest.raises(Crash):
+        await node.hooks.stop_pod_sandbox(pod("a"))
+    assert node.store.get("a-sandbox").state is State.DELETING  # type: ignore[union-attr]
+
+    again = Node.start(tmp_path)
+    await again.hooks.synchronize([])
+    assert len(again.store) == 0
+    assert [c.if_name for c in again.plugins.commands("DEL")] == ["net2", "net2", "net1"]
+
+
+async def test_a_failing_del_is_retried_with_backoff_and_holds_the_finalizer(
+    tmp_path: Path,
+) -> None:
+    node = Node.start(tmp_path, FakePlugins(failing={"macvlan": "DEL"}))
+    two_networks(node)
+    await node.hooks.run_pod_sandbox(pod("a"))
+    [claim] = node.status.finalizers
+    await node.hooks.stop_pod_sandbox(pod("a"))
+    assert node.status.finalizers[claim] is True
+    assert node.status.events[-1][1] == "NetworkDetachFailed"
+    assert node.lifecycle.retrying("a-sandbox")
+    node.plugins.failing.clear()  # the fault clears
+    await node.settle()
+    assert len(node.store) == 0 and node.status.finalizers[claim] is False
+    assert not node.lifecycle.retries
+
+
+async def test_a_removed_sandbox_whose_namespace_is_gone_stops_retrying(tmp_path: Path) -> None:
+    node = Node.start(tmp_path, FakePlugins(failing={"macvlan": "DEL"}))
+    two_networks(node)
+    await node.hooks.run_pod_sandbox(pod("a"))
+    node.gone.add("/run/netns/a-sandbox")
+    await node.hooks.remove_pod_sandbox(pod("a"))
+    assert len(node.store) == 0 and not node.lifecycle.retries and not node.lifecycle.removed
+
+
+async def test_a_shared_claim_keeps_its_finalizer_until_its_last_sandbox_is_gone(
+    tmp_path: Path,
+) -> None:
+    node = Node.start(tmp_path)
+    prepare(node.checkpoint, "shared", ("a-uid", "b-uid"), ("net1", network("s", "macvlan")))
+    await node.hooks.run_pod_sandbox(pod("a"))
+    await node.hooks.run_pod_sandbox(pod("b"))
+    [claim] = node.status.finalizers
+    await node.hooks.stop_pod_sandbox(pod("a"))
+    assert node.status.finalizers[claim] is True
+    await node.hooks.stop_pod_sandbox(pod("b"))
+    assert node.status.finalizers[claim] is False
+
+
+async def test_the_sweeper_undoes_sandboxes_that_vanished_without_a_hook(tmp_path: Path) -> None:
+    node = Node.start(tmp_path)
+    two_networks(node)
+    two_networks(node, "b-uid", "d")
+    await node.hooks.run_pod_sandbox(pod("a"))
+    await node.hooks.run_pod_sandbox(pod("b"))
+    node.gone.add("/run/netns/a-sandbox")
+    assert await node.reconciler.sweep() == 1
+    assert [r.sandbox_id for r in node.store.all()] == ["b-sandbox"]
+
+
+async def test_a_claim_is_unprepared_only_after_its_interfaces_are_gone(tmp_path: Path) -> None:
+    node = Node.start(tmp_path, FakePlugins(failing={"macvlan": "DEL"}))
+    claim = prepare(node.checkpoint, "c", "a-uid", ("net1", network("one", "macvlan")))
+    await node.hooks.run_pod_sandbox(pod("a"))
+    with pytest.raises(RuntimeError, match="still being removed"):
+        await node.reconciler.unprepare_claim(claim.ref)
+    node.plugins.failing.clear()
+    await node.reconciler.unprepare_claim(claim.ref)
+    assert len(node.store) == 0
+    await node.settle()
+
+
+async def test_state_stays_bounded_after_10000_pods(tmp_path: Path) -> None:
+    node = Node.start(tmp_path)
+    prepare(node.checkpoint, "c", "p0-uid", ("net1", network("one", "macvlan")))
+    await node.hooks.run_pod_sandbox(pod("p0"))
+    for i in range(1, 10_001):  # pods of other owners: no claim of cnidra's
+        other = pod(f"p{i}")
+        await node.hooks.run_pod_sandbox(other)
+        await node.hooks.stop_pod_sandbox(other)
+        await node.hooks.remove_pod_sandbox(other)
+    await node.hooks.stop_pod_sandbox(pod("p0"))
+    await node.hooks.remove_pod_sandbox(pod("p0"))
+    life = node.lifecycle
+    assert (len(life.locks), len(life.retries), len(life.removed), len(node.store)) == (0, 0, 0, 0)
+    assert len(node.plugins.calls) == 2  # one ADD and one DEL, for the one pod of cnidra's
