@@ -90,10 +90,13 @@ class DriverProcess:
         extra_env: dict[str, str] | None = None,
         *,
         defaults: bool = False,
+        source: Path | None = None,
         **settings: str,
     ) -> None:
         """`state_dir` holds the log, and the driver's state root unless `defaults`: then the
-        driver keeps its state where deploy/ has it, /var/lib/cnidra."""
+        driver keeps its state where deploy/ has it, /var/lib/cnidra. `source`: run the driver
+        from another checkout (benchmarks of an older commit)."""
+        self.source = source or ROOT
         self.cluster = cluster
         self.state_root = DEFAULT_STATE_ROOT if defaults else state_dir / "state"
         self.port = free_port()  # a free port per process: drivers never collide
@@ -120,7 +123,7 @@ class DriverProcess:
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                cwd=ROOT,
+                cwd=self.source,
             )
         if wait_registered:
             self.cluster.wait(
