@@ -21,6 +21,7 @@ from cnidra._proto.ttrpc import ttrpc_pb2
 from cnidra.nri.mux import HEADER, MAX_FRAME_PAYLOAD, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux
 from cnidra.nri.plugin import PLUGIN_SERVICE, RUNTIME_SERVICE, NRIPlugin, event_mask
 from cnidra.nri.ttrpc import (
+    DEADLINE_EXCEEDED,
     TYPE_REQUEST,
     TYPE_RESPONSE,
     UNIMPLEMENTED,
@@ -143,11 +144,21 @@ async def test_errors_unknown_methods_and_deadlines() -> None:
         assert info.value.code == UNIMPLEMENTED
         with pytest.raises(TimeoutError):  # the caller's deadline
             await client.call("svc", "Echo", b"2", deadline=0.2)
-        # the server enforces the timeout_nano it receives, too
+        # the server enforces the timeout_nano it receives, too: a raw request whose caller
+        # waits longer than the deadline it sent gets DEADLINE_EXCEEDED at 0.1 s, not the echo
         request = ttrpc_pb2.Request(
             service="svc", method="Echo", payload=b"2", timeout_nano=100_000_000
         )
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[ttrpc_pb2.Response] = loop.create_future()
+        client._pending[101] = answer  # the client's own table: the reply is matched by stream
+        start = loop.time()
         await client.write(encode(101, TYPE_REQUEST, request.SerializeToString()))
+        response = await asyncio.wait_for(answer, 1.5)
+        assert loop.time() - start < 1.0
+        assert response.status.code == DEADLINE_EXCEEDED
+        assert response.status.message == "Echo did not finish within 0.1s"
+        assert response.payload == b""
 
 
 async def test_the_peer_closing_fails_pending_calls() -> None:
