@@ -1,7 +1,8 @@
 """Does a node's driver grow with claims allocated to other nodes? On the test bed, N
 ResourceClaims with devices of cnidra's driver, allocated to nodes that are not this one; then
-the driver starts (its RSS and the bytes it read from the apiserver are measured), and every
-claim changes once (a label), as claims do in a busy cluster (the bytes read meanwhile).
+the driver starts (its RSS and the bytes it received from the apiserver are measured), and
+every claim changes once (a label), as claims do in a busy cluster (the bytes received
+meanwhile).
 
     python -m bench.claims_scale --json [--claims 10000] [--source DIR]
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
+import subprocess
 import tempfile
 import time
 import uuid
@@ -137,12 +140,22 @@ async def touch_claims(kubeconfig: str, namespace: str, names: list[str]) -> Non
 
 
 def read_bytes(driver: DriverProcess) -> int:
-    """All bytes the driver process read (sockets included): /proc/PID/io rchar."""
+    """Bytes the driver received from the apiserver over its open connections (ss's TCP
+    bytes_received): its list and watch traffic."""
     assert driver.proc is not None
-    for line in Path(f"/proc/{driver.proc.pid}/io").read_text().splitlines():
-        if line.startswith("rchar:"):
-            return int(line.split()[1])
-    raise RuntimeError("no rchar")
+    out = subprocess.run(
+        ["ss", "-tinpH", f"dport = :{tb.APISERVER_PORT}"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.splitlines()
+    total = 0
+    for head, info in zip(out[::2], out[1::2], strict=False):
+        if f"pid={driver.proc.pid}," in head:
+            match = re.search(r"bytes_received:(\d+)", info)
+            total += int(match[1]) if match else 0
+    return total
 
 
 def main() -> None:
@@ -168,11 +181,11 @@ def main() -> None:
             try:
                 time.sleep(10)  # a watch-backed cache has listed everything by now
                 out["rss_mib"] = round(driver.rss_kib() / 1024, 1)
-                out["read_at_start_mib"] = round(read_bytes(driver) / 2**20, 2)
+                out["received_at_start_mib"] = round(read_bytes(driver) / 2**20, 2)
                 before = read_bytes(driver)
                 asyncio.run(touch_claims(kubeconfig, namespace, names))
                 time.sleep(5)
-                out["read_during_churn_mib"] = round((read_bytes(driver) - before) / 2**20, 2)
+                out["received_during_churn_mib"] = round((read_bytes(driver) - before) / 2**20, 2)
                 out["rss_after_churn_mib"] = round(driver.rss_kib() / 1024, 1)
             finally:
                 driver.stop()
