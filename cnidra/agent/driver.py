@@ -24,7 +24,7 @@ from cnidra.dra.prepare import Preparer
 from cnidra.inventory.links import LinkFilter
 from cnidra.inventory.publisher import SlicePublisher
 from cnidra.inventory.slices import SliceSettings
-from cnidra.kube.claims import ClaimGetter, node_labels
+from cnidra.kube.claims import ClaimGetter, NamespaceGetter
 from cnidra.kube.client import make_client
 from cnidra.nri.hooks import PodHooks
 from cnidra.nri.lifecycle import HookBudget, PodLifecycle
@@ -47,12 +47,22 @@ class Driver:
         self.client = make_client(settings.kubeconfig, settings.api_timeout)
         self.layout = StateLayout(settings.state_dir)
         self.checkpoint = Checkpoint(self.layout)
+        self.publisher = SlicePublisher(
+            self.client,
+            SliceSettings(settings.node_name, settings.sub_interfaces),
+            settings.cni_path,
+            LinkFilter(settings.include_interfaces, settings.exclude_interfaces),
+            resync=settings.resync_seconds,
+            publish_node_links=settings.publish_node_links,
+        )
         self.preparer = Preparer(
             settings.node_name,
             ClaimGetter(self.client, settings.api_timeout),
             self.checkpoint,
             self.layout.private_dirs(),
             settings.max_attachments,
+            view=self.publisher.view,
+            namespaces=NamespaceGetter(self.client, settings.api_timeout),
         )
         self.runtime = CNIRuntime(
             settings.cni_path, str(self.layout.cni_cache), settings.cni_timeout
@@ -69,6 +79,7 @@ class Driver:
             concurrent=settings.concurrent_attach,
             budget=HookBudget(settings.attach_budget),
             max_attachments=settings.max_attachments,
+            protected_links=lambda: self.publisher.view().protected,
         )
         self.reconciler = Reconciler(self.lifecycle)
         self.nri = NRIPlugin(
@@ -79,13 +90,6 @@ class Driver:
         )
         self.dra = DRAService(self.preparer, before_unprepare=self.reconciler.unprepare_claim)
         self.registration = RegistrationService(str(settings.dra_socket))
-        self.publisher = SlicePublisher(
-            self.client,
-            SliceSettings(settings.node_name, settings.sub_interfaces),
-            settings.cni_path,
-            LinkFilter(settings.include_interfaces, settings.exclude_interfaces),
-            resync=settings.resync_seconds,
-        )
         self.tasks = Supervisor()
         self.health = grpc_health.aio.HealthServicer()  # type: ignore[attr-defined]
         self.http = HTTPEndpoint(settings.http_address, self.healthz)
@@ -118,7 +122,6 @@ class Driver:
 
     async def start(self) -> None:
         s = self.settings
-        self.preparer.node_labels = await node_labels(self.client, s.node_name)
         for sock in (s.registration_socket, s.dra_socket):
             sock.parent.mkdir(parents=True, exist_ok=True)
             sock.unlink(missing_ok=True)

@@ -34,6 +34,9 @@ class DriverSettings:
     attach_budget: float = 0.0
     max_attachments: int = DEFAULT_MAX_ATTACHMENTS
     sweep_seconds: float = 10.0
+    # links that carry the node (default route, node address) published anyway, for admin
+    # classes whose CNIPolicy names them in nodeLinks
+    publish_node_links: list[str] = field(default_factory=list)
 
     @property
     def registration_socket(self) -> Path:

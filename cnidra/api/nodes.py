@@ -5,7 +5,18 @@ terms are ORed; within a term every matchExpression (labels) and matchField (onl
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What prepare and the hook need to know of this node: the host link behind each device the
+    inventory publishes, the links that carry the node itself, the node's labels."""
+
+    links: Mapping[str, str] = field(default_factory=dict)
+    protected: frozenset[str] = frozenset()
+    labels: Mapping[str, str] | None = None
 
 
 def selects(

@@ -22,6 +22,7 @@ from cnidra.api.issues import ROOT, FieldPath, Issue, Issues, Severity, describe
 from cnidra.api.merge import ConfigEntry, Source, applicable, merge_parameters, provenance
 from cnidra.api.netconf import to_conflist, validate_network_config
 from cnidra.api.plugin_schema import ifname_problem
+from cnidra.api.policy import check_claim, is_policy, parse_policy
 from cnidra.api.types import CNICONFIG_FIELDS, CNIConfig
 
 KNOWN_CAPABILITIES = ("portMappings", "bandwidth", "ips", "mac", "dns", "infinibandGUID")
@@ -166,11 +167,39 @@ def _report_pydantic(exc: ValidationError, path: FieldPath, issues: Issues) -> N
 # ---------------------------------------------------------------- requests and merging
 
 
+def check_request(
+    entries: Sequence[ConfigEntry],
+    request: str,
+    namespace: str,
+    labels: Mapping[str, str] | None,
+    issues: Issues,
+    where: FieldPath,
+    *,
+    class_known: bool = True,
+) -> ResolvedRequest | None:
+    """What the claim asks, checked against its class's CNIPolicy (cnidra.api.policy), then
+    merged and validated as complete. `class_known` False (offline, the DeviceClass not given)
+    skips the policy with a warning."""
+    chosen = applicable(entries, request)
+    before = len(issues.errors)
+    if class_known:
+        networks = [e for e in chosen if not is_policy(e.parameters)]
+        check_claim(chosen, merge_parameters(networks), namespace, labels, issues)
+    elif any(e.source is Source.CLAIM for e in chosen):
+        issues.warn(
+            where,
+            f"request {request!r}: its DeviceClass is not in the input, so what the class's "
+            "CNIPolicy allows is not checked (give the class with --policy FILE)",
+        )
+    resolved = resolve_request(entries, request, issues, where)
+    return resolved if len(issues.errors) == before else None
+
+
 def resolve_request(
     entries: Sequence[ConfigEntry], request: str, issues: Issues, where: FieldPath
 ) -> ResolvedRequest | None:
     """Merge the configs that apply to `request` and validate the result as complete."""
-    chosen = applicable(entries, request)
+    chosen = [e for e in applicable(entries, request) if not is_policy(e.parameters)]
     if not chosen:
         return None
     merged = merge_parameters(chosen)
@@ -254,6 +283,13 @@ def claim_entries(
             continue
         ppath = cpath / "opaque" / "parameters"
         params = opaque.get("parameters")
+        if isinstance(params, dict) and is_policy(params):
+            if source is Source.CLASS:
+                parse_policy(params, ppath, issues)
+                entries.append(ConfigEntry(source, params, tuple(requests), ppath))
+            else:
+                issues.error(ppath / "kind", "a CNIPolicy comes from a DeviceClass, not a claim")
+            continue
         if parse_parameters(params, ppath, issues, complete=False) is not None or isinstance(
             params, dict
         ):
@@ -304,9 +340,17 @@ def _requests(devices: Mapping[str, Any], base: FieldPath, issues: Issues) -> li
 # ---------------------------------------------------------------- documents
 
 
-def validate_documents(docs: Sequence[Any]) -> list[DocumentReport]:
-    classes = _collect_classes(docs)
-    return [validate_document(doc, i, classes) for i, doc in enumerate(docs)]
+def validate_documents(
+    docs: Sequence[Any],
+    policy_docs: Sequence[Any] = (),
+    namespace_labels: Mapping[str, str] | None = None,
+) -> list[DocumentReport]:
+    """Reports for `docs`. DeviceClasses among them or in `policy_docs` (an admin's classes,
+    `cnidra validate --policy`) supply their configs and CNIPolicy to the claims that use them,
+    as DRA does at allocation; `namespace_labels` are the labels a namespace selector sees."""
+    classes = {**_collect_classes(policy_docs), **_collect_classes(docs)}
+    labels = namespace_labels or {}
+    return [validate_document(doc, i, classes, labels) for i, doc in enumerate(docs)]
 
 
 def _collect_classes(docs: Iterable[Any]) -> dict[str, list[ConfigEntry]]:
@@ -321,7 +365,10 @@ def _collect_classes(docs: Iterable[Any]) -> dict[str, list[ConfigEntry]]:
 
 
 def validate_document(
-    doc: Any, index: int, classes: Mapping[str, list[ConfigEntry]] | None = None
+    doc: Any,
+    index: int,
+    classes: Mapping[str, list[ConfigEntry]] | None = None,
+    namespace_labels: Mapping[str, str] | None = None,
 ) -> DocumentReport:
     classes = classes or {}
     if not isinstance(doc, dict):
@@ -353,7 +400,7 @@ def validate_document(
             if isinstance(spec, dict):
                 claim_entries(spec, ROOT / "spec", issues, set(), Source.CLASS)
         else:
-            report.resolved = _validate_claim(doc, kind, issues, classes)
+            report.resolved = _validate_claim(doc, kind, issues, classes, namespace_labels or {})
     else:
         issues.error(
             ROOT / "kind",
@@ -365,7 +412,11 @@ def validate_document(
 
 
 def _validate_claim(
-    doc: Mapping[str, Any], kind: str, issues: Issues, classes: Mapping[str, list[ConfigEntry]]
+    doc: Mapping[str, Any],
+    kind: str,
+    issues: Issues,
+    classes: Mapping[str, list[ConfigEntry]],
+    labels: Mapping[str, str],
 ) -> list[ResolvedRequest]:
     base = ROOT / "spec"
     spec: Any = doc.get("spec")
@@ -381,9 +432,14 @@ def _validate_claim(
     own = claim_entries(devices, dpath, issues, {r.name for r in requests})
     if_names: dict[str, str] = {}
     out: list[ResolvedRequest] = []
+    meta = doc.get("metadata")
+    namespace = str((meta.get("namespace") if isinstance(meta, dict) else None) or "default")
     for req in requests:
+        known = (req.device_class or "") in classes
         from_class = classes.get(req.device_class or "", [])
-        resolved = resolve_request([*from_class, *own], req.name, issues, req.path)
+        resolved = check_request(
+            [*from_class, *own], req.name, namespace, labels, issues, req.path, class_known=known
+        )
         if resolved is None or resolved.config.if_name is None:
             continue
         out.append(resolved)

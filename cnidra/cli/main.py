@@ -265,6 +265,15 @@ def driver(
             help="cnidra interfaces one pod may have; prepare refuses more",
         ),
     ] = DEFAULTS.max_attachments,
+    publish_node_links: Annotated[
+        str,
+        typer.Option(
+            "--publish-node-links",
+            envvar="CNIDRA_PUBLISH_NODE_LINKS",
+            help="comma-separated links that carry the node (default route, node address) to "
+            "publish anyway, marked nodeLink, for classes whose CNIPolicy names them",
+        ),
+    ] = "",
     log_level: Annotated[str, typer.Option("--log-level", envvar="CNIDRA_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the node agent: kubelet DRA plugin, ResourceSlice publisher, health and metrics."""
@@ -297,6 +306,7 @@ def driver(
         cni_timeout=cni_timeout,
         attach_budget=attach_budget,
         max_attachments=max_attachments,
+        publish_node_links=[n for n in publish_node_links.split(",") if n],
     )
     asyncio.run(run(settings))
 

@@ -73,6 +73,7 @@ def plan_attachments(reports: Sequence[DocumentReport], pool: str) -> list[Attac
             assert resolved.config.config is not None
             device = Device(pool, device_name(resolved.config.config))
             attachment = attachment_from(resolved, claim, device, HOST_LAYOUT.private_dirs())
+            assert attachment is not None  # nothing to bind to: `try` has no allocation
             out.append(attachment.for_pod(pod, TRY_CONTAINER))
     return out
 

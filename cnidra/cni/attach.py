@@ -11,11 +11,12 @@ from typing import Any
 
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.issues import FieldPath, Issues
-from cnidra.api.merge import ConfigEntry, Source
+from cnidra.api.merge import ConfigEntry, Source, applicable
 from cnidra.api.netconf import to_conflist
 from cnidra.api.ownership import PrivateDirs, owned_network, owned_network_name
+from cnidra.api.policy import bind_to_device, governing_policy
 from cnidra.api.refs import ObjectRef
-from cnidra.api.validate import ResolvedRequest, resolve_request
+from cnidra.api.validate import ResolvedRequest, check_request
 from cnidra.cni.errors import CNIRuntimeError
 from cnidra.cni.invoke import Deadline
 from cnidra.cni.result import Result
@@ -43,6 +44,10 @@ class Attachment:
     cni_args: tuple[tuple[str, str], ...] = ()
     share_id: str | None = None
     network_label: str = ""
+    # the host link the scheduler allocated and the network is bound to ("" for `try`), and
+    # whether the DeviceClass's CNIPolicy lets it be a link that carries the node
+    parent: str = ""
+    node_link_allowed: bool = False
 
     @cached_property
     def netconf(self) -> NetworkConfigList:
@@ -86,37 +91,67 @@ def resolve_attachment(
     dirs: PrivateDirs,
     issues: Issues,
     where: FieldPath,
+    *,
+    namespace_labels: Mapping[str, str] | None = None,
 ) -> Attachment | None:
-    """The one path from a claim's configs to what the runtime executes: merge and validate
-    them as `cnidra validate` does, then name the network and place its state as cnidra owns
-    them. None (with the reasons in `issues`) when the request cannot be attached."""
-    resolved = resolve_request(entries, request, issues, where)
+    """The one path from a claim's configs to what the runtime executes: checked against the
+    class's CNIPolicy, merged and validated as `cnidra validate` does, bound to the allocated
+    link, named and given state directories as cnidra owns them. None (with the reasons in
+    `issues`) when the request cannot be attached."""
+    before = len(issues.errors)
+    resolved = check_request(
+        entries, request, claim.namespace, namespace_labels, issues, where, class_known=True
+    )
     if resolved is None:
-        if not issues.errors:
+        if len(issues.errors) == before:
             issues.error(
                 where,
                 f"request {request!r} has no {DRIVER_NAME} config: add an opaque config "
                 "with a CNIConfig (ifName and config) to the claim or its DeviceClass",
             )
         return None
-    return attachment_from(resolved, claim, device, dirs)
+    chosen = applicable(entries, request)
+    verdict = governing_policy([e for e in chosen if e.source is Source.CLASS], "", {}, Issues())
+    node_links = verdict.policy.node_links if verdict.policy else []
+    attachment = attachment_from(resolved, claim, device, dirs, issues, where)
+    if attachment is None:
+        return None
+    return replace(attachment, node_link_allowed=attachment.parent in node_links)
 
 
 @dataclass(frozen=True)
 class Device:
-    """Where the scheduler put a request: the allocated device."""
+    """Where the scheduler put a request: the allocated device, and the host link it is
+    (None: no link to bind to, as in `cnidra try`)."""
 
     pool: str
     name: str
     share_id: str | None = None
+    link: str | None = None
 
 
 def attachment_from(
-    resolved: ResolvedRequest, claim: ObjectRef, device: Device, dirs: PrivateDirs
-) -> Attachment:
+    resolved: ResolvedRequest,
+    claim: ObjectRef,
+    device: Device,
+    dirs: PrivateDirs,
+    issues: Issues | None = None,
+    where: FieldPath | None = None,
+) -> Attachment | None:
+    """None only when binding to the allocated link fails (the reasons in `issues`)."""
     config = resolved.config
     assert config.config is not None and config.if_name is not None  # complete when resolved
     conflist = to_conflist(config.config)
+    if device.link is not None:
+        issues = issues if issues is not None else Issues()
+        before = len(issues.errors)
+        anchor = next(
+            (e.path / "config" for e in reversed(resolved.entries) if "config" in e.parameters),
+            where or FieldPath(),
+        )
+        conflist = bind_to_device(conflist, device.link, anchor, issues)
+        if len(issues.errors) > before:
+            return None
     label = str(conflist["name"])
     # a network the claim defines or changes is its namespace's; one wholly from the class is
     # the admin's, shared by every namespace using the class (docs/state.md)
@@ -133,6 +168,7 @@ def attachment_from(
         cni_args=tuple(sorted((config.args or {}).items())),
         share_id=device.share_id,
         network_label=label,
+        parent=device.link or "",
     )
 
 

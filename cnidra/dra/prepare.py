@@ -8,14 +8,15 @@ attachment through the one path `cnidra validate` and `cnidra try` use too
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from cnidra.api.constants import DEFAULT_MAX_ATTACHMENTS, DRIVER_NAME
 from cnidra.api.issues import FieldPath, Issues
 from cnidra.api.merge import ConfigEntry, Source
-from cnidra.api.nodes import named_nodes, selects
+from cnidra.api.nodes import NodeView, named_nodes, selects
 from cnidra.api.ownership import PrivateDirs
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment, Device, resolve_attachment
@@ -26,6 +27,29 @@ log = logging.getLogger(__name__)
 ALLOCATION_CONFIG = FieldPath(("status", "allocation", "devices", "config"))
 
 
+# What one opaque config may be: real CNIConfigs are a few KiB and a dozen levels deep.
+MAX_PARAMETERS_DEPTH = 32
+MAX_PARAMETERS_BYTES = 64 * 1024
+
+
+def too_big(value: Any) -> str | None:
+    """Why a config is refused before it is parsed any further (depth first, iteratively, so a
+    config nested thousands of levels deep cannot exhaust the stack)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_PARAMETERS_DEPTH:
+            return f"is nested more than {MAX_PARAMETERS_DEPTH} levels deep"
+        if isinstance(item, Mapping):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    size = len(json.dumps(value, separators=(",", ":")))
+    if size > MAX_PARAMETERS_BYTES:
+        return f"is {size} bytes; at most {MAX_PARAMETERS_BYTES} are allowed"
+    return None
+
+
 class PrepareError(Exception):
     """A per-claim failure kubelet shows in the pod's events: it must say what to fix."""
 
@@ -34,12 +58,17 @@ class ClaimSource(Protocol):
     async def get(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
 
 
+class NamespaceLabels(Protocol):
+    async def labels(self, namespace: str) -> Mapping[str, str] | None: ...
+
+
 def resolve_claim(
     claim: Mapping[str, Any],
     ref: ObjectRef,
     node: str,
     dirs: PrivateDirs,
-    node_labels: Mapping[str, str] | None = None,
+    view: NodeView,
+    namespace_labels: Mapping[str, str] | None = None,
 ) -> PreparedClaim:
     meta = claim.get("metadata") or {}
     if meta.get("uid") != ref.uid:
@@ -52,7 +81,7 @@ def resolve_claim(
     if not allocation:
         raise PrepareError(f"claim {ref} is not allocated")
     selector = allocation.get("nodeSelector")
-    if not selects(selector, node, node_labels):
+    if not selects(selector, node, view.labels):
         nodes = ", ".join(sorted(named_nodes(selector))) or "other nodes"
         raise PrepareError(f"claim {ref} is allocated to {nodes}, not to this node {node}")
     devices = allocation.get("devices") or {}
@@ -75,12 +104,33 @@ def resolve_claim(
             )
             continue
         issues = Issues()
-        device = Device(result["pool"], result["device"], result.get("shareID"))
+        link = view.links.get(result["device"])
+        if link is None:
+            problems.append(
+                f"request {request!r} was allocated device {result['device']!r}, which is not "
+                "a link of this node (any more); the pod must be scheduled again"
+            )
+            continue
+        device = Device(result["pool"], result["device"], result.get("shareID"), link)
         attachment = resolve_attachment(
-            entries, request, ref, device, dirs, issues, ALLOCATION_CONFIG
+            entries,
+            request,
+            ref,
+            device,
+            dirs,
+            issues,
+            ALLOCATION_CONFIG,
+            namespace_labels=namespace_labels,
         )
         if attachment is None:
             problems.append(_describe(request, entries, issues))
+            continue
+        if link in view.protected and not attachment.node_link_allowed:
+            problems.append(
+                f"request {request!r} was allocated link {link!r}, which carries the node itself "
+                "(its default route or address); only a DeviceClass whose CNIPolicy lists it in "
+                "nodeLinks may use it"
+            )
             continue
         if attachment.if_name in if_names:
             problems.append(
@@ -114,6 +164,9 @@ def _config_entries(configs: Sequence[Mapping[str, Any]]) -> list[ConfigEntry]:
         opaque = cfg.get("opaque") or {}
         if opaque.get("driver") != DRIVER_NAME:
             continue
+        problem = too_big(opaque.get("parameters"))
+        if problem:
+            raise PrepareError(f"{ALLOCATION_CONFIG / i}.opaque.parameters {problem}")
         source = Source.CLASS if cfg.get("source") == Source.CLASS else Source.CLAIM
         entries.append(
             ConfigEntry(
@@ -134,14 +187,16 @@ class Preparer:
         checkpoint: Checkpoint,
         dirs: PrivateDirs,
         max_attachments: int = DEFAULT_MAX_ATTACHMENTS,
-        node_labels: Mapping[str, str] | None = None,
+        view: Callable[[], NodeView] = NodeView,
+        namespaces: NamespaceLabels | None = None,
     ) -> None:
         self.node = node
         self.claims = claims
         self.checkpoint = checkpoint
         self.dirs = dirs
         self.max_attachments = max_attachments
-        self.node_labels = node_labels
+        self.view = view
+        self.namespaces = namespaces
         self._locks = KeyedLocks()
 
     async def prepare(self, ref: ObjectRef) -> PreparedClaim:
@@ -163,7 +218,8 @@ class Preparer:
             if known is not None:
                 return known
             raise PrepareError(f"claim {ref} not found")
-        prepared = resolve_claim(claim, ref, self.node, self.dirs, self.node_labels)
+        labels = await self.namespaces.labels(ref.namespace) if self.namespaces else None
+        prepared = resolve_claim(claim, ref, self.node, self.dirs, self.view(), labels)
         self._check_pod_limit(prepared)
         if known != prepared:
             await self.checkpoint.put(prepared)

@@ -34,6 +34,9 @@ class Link:
     ipv4: tuple[str, ...] = ()
     ipv6: tuple[str, ...] = ()
     loopback: bool = False
+    master: int | None = None  # the bridge or bond it is a port of
+    lower: int | None = None  # the link a vlan/macvlan sits on
+    default_route: bool = False  # a default route (IPv4 or IPv6) leaves through it
 
 
 def classify(link_kind: str | None, has_device: bool) -> str:
@@ -80,6 +83,12 @@ def read_links() -> list[Link]:
     with IPRoute() as ipr:
         raw_links = ipr.get_links()
         raw_addrs = ipr.get_addr()
+        defaults = {
+            route.get_attr("RTA_OIF")
+            for family in (_AF_INET, _AF_INET6)
+            for route in ipr.get_routes(family=family, table=254)
+            if route["dst_len"] == 0
+        }
     v4: dict[int, list[str]] = {}
     v6: dict[int, list[str]] = {}
     for addr in raw_addrs:
@@ -112,9 +121,38 @@ def read_links() -> list[Link]:
                 ipv4=tuple(v4.get(msg["index"], ())),
                 ipv6=tuple(v6.get(msg["index"], ())),
                 loopback=bool(flags & 0x8),
+                master=msg.get("IFLA_MASTER") or None,
+                lower=msg.get("IFLA_LINK") or None,
+                default_route=msg["index"] in defaults,
             )
         )
     return links
+
+
+def carrying_node(links: Iterable[Link], node_ips: Iterable[str] = ()) -> frozenset[str]:
+    """Links that carry the node itself: loopback, links with a default route or one of the
+    node's addresses (its InternalIP), and every link bound to one of those (the bridge or bond
+    it is a port of, its ports, the link a vlan sits on). A pod must not get them."""
+    links = list(links)
+    by_index = {link.index: link for link in links}
+    ips = {ip.split("/")[0] for ip in node_ips}
+    carrying = {
+        link.index
+        for link in links
+        if link.loopback
+        or link.default_route
+        or ips & {a.split("/")[0] for a in (*link.ipv4, *link.ipv6)}
+    }
+    grew = True
+    while grew:
+        before = len(carrying)
+        for link in links:
+            if link.master in carrying or link.lower in carrying:
+                carrying.add(link.index)  # a port of, or a vlan on, a node link
+            if link.index in carrying:
+                carrying.update(i for i in (link.master, link.lower) if i in by_index)
+        grew = len(carrying) > before
+    return frozenset(by_index[i].name for i in carrying)
 
 
 @dataclass(frozen=True)

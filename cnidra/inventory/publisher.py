@@ -16,8 +16,9 @@ from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
 
 from cnidra.api.constants import DRIVER_NAME
-from cnidra.inventory.links import Link, LinkFilter, cni_plugins, read_links
-from cnidra.inventory.slices import SliceSettings, build_slices, content
+from cnidra.api.nodes import NodeView
+from cnidra.inventory.links import Link, LinkFilter, carrying_node, cni_plugins, read_links
+from cnidra.inventory.slices import SliceSettings, build_slices, content, device_names
 from cnidra.observe import metrics
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class SlicePublisher:
         resync: float = 60.0,
         min_interval: float = 1.0,
         links: Callable[[], list[Link]] = read_links,
+        publish_node_links: Sequence[str] = (),
     ) -> None:
         self.client = client
         self.settings = settings
@@ -46,6 +48,28 @@ class SlicePublisher:
         self._published_names: set[str] = set()
         self._trigger = asyncio.Event()
         self.last_publish: float | None = None
+        self.publish_node_links = frozenset(publish_node_links)
+        self.node_ips: tuple[str, ...] = ()
+        self._view: NodeView | None = None
+        self.node_labels: dict[str, str] | None = None
+
+    def view(self) -> NodeView:
+        """The node as prepare and the hook see it: each published device's link, the links
+        that carry the node. Kept current by every round; read from netlink if none ran yet."""
+        if self._view is None:
+            self._view = self._make_view(self.read_links())
+        return self._view
+
+    def _make_view(self, links: list[Link]) -> NodeView:
+        protected = carrying_node(links, self.node_ips)
+        published = [link for link in links if self._publishable(link, protected)]
+        names = {name: link.name for name, link in device_names(published).items()}
+        return NodeView(names, protected, self.node_labels)
+
+    def _publishable(self, link: Link, protected: frozenset[str]) -> bool:
+        if not self.filter.eligible(link):
+            return False
+        return link.name not in protected or link.name in self.publish_node_links
 
     def poke(self) -> None:
         self._trigger.set()
@@ -72,11 +96,14 @@ class SlicePublisher:
             watcher.cancel()
 
     async def publish_if_changed(self, owner: dict[str, Any] | None) -> bool:
-        links = [
-            link for link in await asyncio.to_thread(self.read_links) if self.filter.eligible(link)
-        ]
+        every = await asyncio.to_thread(self.read_links)
+        view = self._make_view(every)
+        self._view = view
+        links = [link for link in every if link.name in set(view.links.values())]
         plugins = cni_plugins(self.cni_path)
-        slices = build_slices(links, plugins, self.settings, self.generation + 1, owner)
+        slices = build_slices(
+            links, plugins, self.settings, self.generation + 1, owner, view.protected
+        )
         if content(slices) == self._published:
             return False
         self.generation += 1
@@ -107,6 +134,11 @@ class SlicePublisher:
             try:
                 node = await self.client.get(Node, self.settings.node)
                 assert node.metadata is not None
+                self.node_labels = dict(node.metadata.labels or {})
+                addresses = node.status.addresses if node.status else None
+                self.node_ips = tuple(
+                    a.address for a in addresses or [] if a.type in ("InternalIP", "ExternalIP")
+                )
                 return {
                     "apiVersion": "v1",
                     "kind": "Node",

@@ -64,10 +64,15 @@ def device_name(link: Link, taken: set[str]) -> str:
 
 
 def device(
-    link: Link, name: str, plugins: Sequence[str], settings: SliceSettings
+    link: Link,
+    name: str,
+    plugins: Sequence[str],
+    settings: SliceSettings,
+    node_link: bool = False,
 ) -> dict[str, Any]:
     attrs: dict[str, dict[str, Any]] = {
         "ifName": {"string": link.name},
+        "nodeLink": {"bool": node_link},
         "type": {"string": link.kind},
         "state": {"string": link.state},
         "mtu": {"int": link.mtu},
@@ -123,17 +128,25 @@ def _pcie_root(pci_address: str) -> str:
     return f"pci{domain}:{bus}"
 
 
+def device_names(links: Iterable[Link]) -> dict[str, Link]:
+    """The device name each link is published under (stable: by link name)."""
+    taken: set[str] = set()
+    return {device_name(link, taken): link for link in sorted(links, key=lambda link: link.name)}
+
+
 def build_slices(
     links: Iterable[Link],
     plugins: Sequence[str],
     settings: SliceSettings,
     generation: int,
     owner: Mapping[str, Any] | None = None,
+    node_links: frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
-    taken: set[str] = set()
+    """`node_links`: links among `links` that carry the node (published only because the admin
+    opted in), marked with the `nodeLink` attribute for classes to select or avoid."""
     devices = [
-        device(link, device_name(link, taken), plugins, settings)
-        for link in sorted(links, key=lambda link: link.name)
+        device(link, name, plugins, settings, link.name in node_links)
+        for name, link in device_names(links).items()
     ]
     chunks = [
         devices[i : i + MAX_DEVICES_PER_SLICE]

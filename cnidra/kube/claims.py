@@ -14,7 +14,7 @@ from typing import Any
 
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from cnidra.observe import metrics
@@ -51,14 +51,19 @@ class ClaimGetter:
         return claim
 
 
-async def node_labels(client: AsyncClient, node: str) -> dict[str, str] | None:
-    """The node's labels, for allocation node selectors; None when they cannot be read."""
-    try:
-        async with asyncio.timeout(5.0):
-            obj = await client.get(Node, node)
-    except Exception as exc:
-        log.warning(
-            "labels of node %s not read (%s); selectors are checked by name only", node, exc
-        )
-        return None
-    return dict(obj.metadata.labels or {}) if obj.metadata else {}
+class NamespaceGetter:
+    """A namespace's labels, for CNIPolicy namespace selectors; None when they cannot be read
+    (the policy then does not cover the claim: nothing is allowed on a guess)."""
+
+    def __init__(self, client: AsyncClient, timeout: float = 5.0) -> None:
+        self.client = client
+        self.timeout = timeout
+
+    async def labels(self, namespace: str) -> Mapping[str, str] | None:
+        try:
+            async with asyncio.timeout(self.timeout):
+                obj = await self.client.get(Namespace, namespace)
+        except Exception as exc:
+            log.warning("labels of namespace %s not read: %s", namespace, exc)
+            return None
+        return dict(obj.metadata.labels or {}) if obj.metadata else {}

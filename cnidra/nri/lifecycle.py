@@ -104,6 +104,7 @@ class PodLifecycle:
         concurrent: bool = False,
         budget: HookBudget | None = None,
         max_attachments: int = DEFAULT_MAX_ATTACHMENTS,
+        protected_links: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
         self.checkpoint = checkpoint
         self.runtime = runtime
@@ -114,6 +115,7 @@ class PodLifecycle:
         self.concurrent = concurrent
         self.budget = budget or HookBudget()
         self.max_attachments = max_attachments
+        self.protected_links = protected_links
         self.locks = KeyedLocks()
         # detach retries in flight, by sandbox; each removes itself when it ends
         self.retries: dict[str, asyncio.Task[None]] = {}
@@ -155,6 +157,15 @@ class PodLifecycle:
                 f"pod {pod.namespace}/{pod.name} has {len(planned)} cnidra interfaces; "
                 f"at most {self.max_attachments} per pod (--max-attachments-per-pod)"
             )
+        protected = self.protected_links()  # routes change: checked again at every attach
+        for attached in planned:
+            att = attached.attachment
+            if att.parent in protected and not att.node_link_allowed:
+                raise AttachError(
+                    f"pod {pod.namespace}/{pod.name}: claim {att.claim} request {att.request} "
+                    f"would use link {att.parent!r}, which now carries the node itself (its "
+                    "default route or address); refused"
+                )
         netns = netns_of(pod)
         if not netns:
             raise AttachError(

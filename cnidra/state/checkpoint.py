@@ -34,6 +34,8 @@ def attachment_to_json(att: Attachment) -> dict[str, Any]:
         "cni_args": [list(pair) for pair in att.cni_args],
         "share_id": att.share_id,
         "network_label": att.network_label,
+        "parent": att.parent,
+        "node_link_allowed": att.node_link_allowed,
     }
 
 
@@ -49,6 +51,8 @@ def attachment_from_json(data: Mapping[str, Any], claim: ObjectRef) -> Attachmen
         cni_args=tuple((str(k), str(v)) for k, v in data.get("cni_args") or []),
         share_id=data.get("share_id"),
         network_label=data.get("network_label") or str(data["network"].get("name", "")),
+        parent=str(data.get("parent") or ""),
+        node_link_allowed=bool(data.get("node_link_allowed")),
     )
 
 

@@ -1,0 +1,423 @@
+"""What a claim may ask of the root driver: the admin's CNIPolicy and the rules no policy lifts.
+Pure: no I/O. docs/security.md has the threat model.
+
+DRA tags every config it hands the driver: `FromClass` came from a DeviceClass (only an admin
+writes those), `FromClaim` from the claim (any tenant who may create claims in a namespace).
+So:
+
+- **The class decides, the claim chooses within it.** A claim may set `ifName` and nothing
+  else, unless the class carries a `CNIPolicy` that opens more (its own network `config`
+  within listed plugin types, IP ranges and VLAN IDs; `args`; named capabilities), optionally
+  only for some namespaces.
+- **Class values are locked.** Whatever a FromClass config sets, a claim can neither change
+  nor remove (`null`); not even a policy lifts that.
+- **Dangerous by nature is never the claim's**: paths the root driver would write or connect
+  to, host-side addressing, routing and NAT, raw runtimeConfig, port mappings, firewall
+  chains, prevResult, the CNI_ARGS the driver sets, `ifName: lo`. A class may set them.
+- **The config is bound to the allocation**: the link the scheduler allocated is the one
+  configured (`bind_to_device`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cnidra.api.constants import API_VERSION
+from cnidra.api.issues import FieldPath, Issues
+from cnidra.api.merge import ConfigEntry, Source
+from cnidra.api.netconf import to_conflist
+
+POLICY_KIND = "CNIPolicy"
+
+# Plugin fields no claim may set, whatever the policy: (plugin type, field) or ("*", field).
+# Each names what it would let a tenant do to the node as root.
+DANGEROUS: Mapping[tuple[str, str], str] = {
+    ("*", "runtimeConfig"): "raw runtimeConfig goes to the plugin as the runtime's own input",
+    ("*", "prevResult"): "prevResult is the runtime's to pass",
+    ("bridge", "forceAddress"): "replaces the host bridge's address",
+    ("bridge", "isGateway"): "adds addresses and routes on the host",
+    ("bridge", "isDefaultGateway"): "adds addresses and routes on the host",
+    ("bridge", "ipMasq"): "adds NAT rules on the host",
+    ("bridge", "ipMasqBackend"): "chooses how NAT is added on the host",
+    ("ptp", "ipMasq"): "adds NAT rules on the host",
+    ("ptp", "ipMasqBackend"): "chooses how NAT is added on the host",
+    ("host-device", "kernelpath"): "a host path the root driver reads",
+    ("host-device", "pciBusID"): "moves any PCI device of the node",
+    ("tuning", "dataDir"): "a host path the root driver writes",
+    ("tap", "selinuxcontext"): "a host security label",
+    ("portmap", "externalSetMarkChain"): "host iptables chains",
+    ("portmap", "masqAll"): "adds NAT rules on the host",
+    ("portmap", "snat"): "adds NAT rules on the host",
+    ("portmap", "conditionsV4"): "host iptables rules",
+    ("portmap", "conditionsV6"): "host iptables rules",
+    ("firewall", "iptablesAdminChainName"): "host iptables chains",
+    ("firewall", "firewalldZone"): "host firewall zones",
+    ("firewall", "backend"): "the host firewall",
+}
+DANGEROUS_IPAM: Mapping[tuple[str, str], str] = {
+    ("host-local", "dataDir"): "a host path the root driver writes",
+    ("dhcp", "daemonSocketPath"): "a host socket the root driver connects to",
+}
+# CNIConfig.capabilities no claim may ask for: portMappings DNATs node ports.
+DANGEROUS_CAPABILITIES = {"portMappings": "DNATs node ports to the pod, past the hostPort rules"}
+# CNI_ARGS the driver sets for the pod; a claim's would come after and win.
+DRIVER_ARGS_PREFIX = "K8S_POD_"
+DRIVER_ARGS = {"IgnoreUnknown"}
+# The parent link each plugin names; the driver fills it from the allocated device.
+PARENT_FIELDS: Mapping[str, str] = {
+    "macvlan": "master",
+    "ipvlan": "master",
+    "vlan": "master",
+    "host-device": "device",
+    "bridge": "bridge",
+}
+CNICONFIG_KEYS = ("apiVersion", "kind")
+
+
+class LabelRequirement(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    key: str
+    operator: str
+    values: list[str] = []
+
+
+class LabelSelector(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    match_labels: dict[str, str] = Field(default_factory=dict, alias="matchLabels")
+    match_expressions: list[LabelRequirement] = Field(
+        default_factory=list, alias="matchExpressions"
+    )
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if any(labels.get(k) != v for k, v in self.match_labels.items()):
+            return False
+        for req in self.match_expressions:
+            value = labels.get(req.key)
+            ok = {
+                "In": value in req.values,
+                "NotIn": value not in req.values,
+                "Exists": value is not None,
+                "DoesNotExist": value is None,
+            }.get(req.operator, False)
+            if not ok:
+                return False
+        return True
+
+
+class ClaimRules(BaseModel):
+    """What claims using the class may set besides ifName."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    define_networks: bool = Field(False, alias="defineNetworks")
+    plugins: list[str] = Field(default_factory=list)
+    fields: list[str] = Field(default_factory=list)
+    ip_ranges: list[ipaddress.IPv4Network | ipaddress.IPv6Network] | None = Field(
+        None, alias="ipRanges"
+    )
+    vlan_ids: list[str] | None = Field(None, alias="vlanIDs")
+
+    def vlan_allowed(self, vlan: int) -> bool:
+        if self.vlan_ids is None:
+            return True
+        for item in self.vlan_ids:
+            low, _, high = item.partition("-")
+            if int(low) <= vlan <= int(high or low):
+                return True
+        return False
+
+
+# without a policy (or outside its namespaces) a claim may set ifName and nothing else
+NO_RULES = ClaimRules.model_validate({})
+
+
+class CNIPolicy(BaseModel):
+    """Carried in a DeviceClass's config (an opaque config of the driver, kind CNIPolicy)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    api_version: str = Field(API_VERSION, alias="apiVersion")
+    kind: str = POLICY_KIND
+    claims: ClaimRules = Field(default_factory=lambda: NO_RULES)
+    namespaces: list[str] | None = None
+    namespace_selector: LabelSelector | None = Field(None, alias="namespaceSelector")
+    node_links: list[str] = Field(default_factory=list, alias="nodeLinks")
+
+    def applies_to(self, namespace: str, labels: Mapping[str, str] | None) -> bool | None:
+        """Whether the claim rules cover this namespace; None: its labels are not known."""
+        if self.namespaces is not None and namespace not in self.namespaces:
+            return False
+        if self.namespace_selector is None:
+            return True
+        if labels is None:
+            return None
+        return self.namespace_selector.matches(labels)
+
+
+def is_policy(parameters: Any) -> bool:
+    return isinstance(parameters, Mapping) and parameters.get("kind") == POLICY_KIND
+
+
+def parse_policy(
+    parameters: Mapping[str, Any], path: FieldPath, issues: Issues
+) -> CNIPolicy | None:
+    try:
+        policy = CNIPolicy.model_validate(dict(parameters))
+    except ValidationError as exc:
+        for err in exc.errors():
+            loc = path
+            for part in err["loc"]:
+                loc = loc / part
+            issues.error(loc, str(err["msg"]))
+        return None
+    if policy.api_version != API_VERSION:
+        issues.error(path / "apiVersion", f"must be {API_VERSION}")
+        return None
+    for i, item in enumerate(policy.claims.vlan_ids or []):
+        low, _, high = item.partition("-")
+        if not (low.isdigit() and (not high or high.isdigit())):
+            issues.error(path / "claims" / "vlanIDs" / i, f"{item!r} must be an ID or LOW-HIGH")
+    return policy
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The policy that governs a request, and whether its claim rules cover the namespace."""
+
+    policy: CNIPolicy | None
+    covered: bool
+    reason: str = ""
+
+
+def governing_policy(
+    class_entries: Sequence[ConfigEntry],
+    namespace: str,
+    labels: Mapping[str, str] | None,
+    issues: Issues,
+) -> Verdict:
+    policies = [e for e in class_entries if is_policy(e.parameters)]
+    if not policies:
+        return Verdict(None, False, "the DeviceClass has no CNIPolicy")
+    if len(policies) > 1:
+        for extra in policies[1:]:
+            issues.error(extra.path / "kind", "a DeviceClass may carry one CNIPolicy")
+    policy = parse_policy(policies[0].parameters, policies[0].path, issues)
+    if policy is None:
+        return Verdict(None, False, "the DeviceClass's CNIPolicy is invalid")
+    covered = policy.applies_to(namespace, labels)
+    if covered is None:
+        return Verdict(policy, False, f"the labels of namespace {namespace} could not be read")
+    if not covered:
+        return Verdict(policy, False, f"the class's CNIPolicy does not cover namespace {namespace}")
+    return Verdict(policy, True)
+
+
+Path = tuple[str | int, ...]
+
+
+def leaves(value: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
+    """Paths a merge patch writes: objects recurse, anything else (lists, scalars, null)
+    replaces what is there."""
+    if isinstance(value, Mapping) and value:
+        for key, item in value.items():
+            yield from leaves(item, (*path, key))
+    else:
+        yield path, value
+
+
+def _overlaps(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
+
+
+def check_claim(
+    entries: Sequence[ConfigEntry],
+    merged: Mapping[str, Any],
+    namespace: str,
+    labels: Mapping[str, str] | None,
+    issues: Issues,
+) -> None:
+    """Errors for everything the claim's configs (FromClaim) ask that its class does not allow.
+    `entries` apply to one request, in DRA order; `merged` is their merge."""
+    class_entries = [e for e in entries if e.source is Source.CLASS]
+    claim_entries = [e for e in entries if e.source is Source.CLAIM]
+    for entry in claim_entries:
+        if is_policy(entry.parameters):
+            issues.error(entry.path / "kind", "a CNIPolicy comes from a DeviceClass, not a claim")
+    claim_entries = [e for e in claim_entries if not is_policy(e.parameters)]
+    if not claim_entries:
+        return
+    verdict = governing_policy(class_entries, namespace, labels, issues)
+    rules = verdict.policy.claims if verdict.covered and verdict.policy else NO_RULES
+    why = f" ({verdict.reason})" if verdict.reason else ""
+    locked = [
+        (p, e.path)
+        for e in class_entries
+        if not is_policy(e.parameters)
+        for p, _ in leaves({k: v for k, v in e.parameters.items() if k not in CNICONFIG_KEYS})
+    ]
+    for entry in claim_entries:
+        params = {k: v for k, v in entry.parameters.items() if k not in CNICONFIG_KEYS}
+        if "config" in params and not rules.define_networks:
+            issues.error(
+                entry.path / "config",
+                "a claim may not define its network with this DeviceClass: the network comes "
+                f"from the class{why}; ask the admin for a class whose CNIPolicy allows "
+                "defineNetworks",
+            )
+            params.pop("config")
+        for path, value in leaves(params):
+            where = entry.path.join(path)
+            clash = next((cls for lp, cls in locked if _overlaps(lp, path)), None)
+            if clash is not None:
+                issues.error(
+                    where,
+                    "is set by the DeviceClass (" + str(clash) + "); a claim may not change "
+                    "or remove it",
+                )
+                continue
+            _check_field(path, value, where, rules, why, issues)
+    if any("config" in e.parameters for e in claim_entries) and rules.define_networks:
+        _check_network(merged.get("config"), claim_entries, rules, issues)
+
+
+def _check_field(
+    path: Path,
+    value: Any,
+    where: FieldPath,
+    rules: ClaimRules,
+    why: str,
+    issues: Issues,
+) -> None:
+    head = path[0] if path else ""
+    if head == "ifName":
+        if value == "lo":
+            issues.error(where, "'lo' is the pod's loopback; a claim may not configure it")
+        return
+    if head == "config":
+        return  # allowed by the policy; the network itself is checked as a whole
+    if head == "args" and len(path) > 1:
+        key = str(path[1])
+        if key.startswith(DRIVER_ARGS_PREFIX) or key in DRIVER_ARGS:
+            issues.error(where, f"{key} is a CNI_ARG the driver sets for the pod")
+            return
+    if head == "capabilities" and len(path) > 1 and str(path[1]) in DANGEROUS_CAPABILITIES:
+        issues.error(where, f"never claim-settable: {DANGEROUS_CAPABILITIES[str(path[1])]}")
+        return
+    name = ".".join(str(p) for p in path[:2])
+    if head in ("args", "capabilities", "ipamClaimReference") and (
+        head in rules.fields or name in rules.fields
+    ):
+        return
+    issues.error(
+        where,
+        f"a claim may not set this with this DeviceClass{why}; its CNIPolicy must list "
+        f"{name!r} in claims.fields",
+    )
+
+
+def _check_network(
+    config: Any, claim_entries: Sequence[ConfigEntry], rules: ClaimRules, issues: Issues
+) -> None:
+    """The claim's own network: plugin types, dangerous fields, IP ranges and VLAN IDs."""
+    if not isinstance(config, Mapping):
+        return
+    anchor = next(e.path / "config" for e in reversed(claim_entries) if "config" in e.parameters)
+    conflist = to_conflist(config)
+    plugins = conflist.get("plugins")
+    if not isinstance(plugins, list):
+        return
+    single = "plugins" not in config
+    for i, plugin in enumerate(plugins):
+        if not isinstance(plugin, Mapping):
+            continue
+        ppath = anchor if single else anchor / "plugins" / i
+        ptype = str(plugin.get("type", ""))
+        if ptype not in rules.plugins:
+            issues.error(
+                ppath / "type",
+                f"plugin {ptype!r} is not allowed for claims of this DeviceClass; allowed: "
+                + (", ".join(rules.plugins) or "none"),
+            )
+        for key in plugin:
+            reason = DANGEROUS.get((ptype, key)) or DANGEROUS.get(("*", key))
+            if reason:
+                issues.error(ppath / key, f"never claim-settable: {reason}")
+        vlan = plugin.get("vlanId")
+        if ptype == "vlan" and isinstance(vlan, int) and not rules.vlan_allowed(vlan):
+            allowed = ", ".join(rules.vlan_ids or [])
+            issues.error(ppath / "vlanId", f"VLAN {vlan} is not allowed; allowed: {allowed}")
+        ipam = plugin.get("ipam")
+        if isinstance(ipam, Mapping) and ipam:
+            _check_ipam(ipam, ppath / "ipam", rules, issues)
+
+
+def _check_ipam(
+    ipam: Mapping[str, Any], path: FieldPath, rules: ClaimRules, issues: Issues
+) -> None:
+    itype = str(ipam.get("type", ""))
+    if itype not in rules.plugins:
+        issues.error(
+            path / "type",
+            f"IPAM plugin {itype!r} is not allowed for claims of this DeviceClass; allowed: "
+            + (", ".join(rules.plugins) or "none"),
+        )
+    for key in ipam:
+        reason = DANGEROUS_IPAM.get((itype, key))
+        if reason:
+            issues.error(path / key, f"never claim-settable: {reason}")
+    if rules.ip_ranges is None:
+        return
+    for where, text in _addresses(ipam, path):
+        try:
+            net = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            continue  # the validator reports malformed addresses
+        if not any(
+            net.version == allowed.version and net.subnet_of(allowed)  # type: ignore[arg-type]
+            for allowed in rules.ip_ranges
+        ):
+            issues.error(
+                where,
+                f"{text} is outside the ranges this DeviceClass allows: "
+                + ", ".join(str(r) for r in rules.ip_ranges),
+            )
+
+
+def _addresses(ipam: Mapping[str, Any], path: FieldPath) -> Iterator[tuple[FieldPath, str]]:
+    """Every subnet and address an IPAM config would hand out or route."""
+    if isinstance(ipam.get("subnet"), str):
+        yield path / "subnet", ipam["subnet"]
+    for i, rset in enumerate(ipam.get("ranges") or []):
+        for j, rng in enumerate(rset if isinstance(rset, list) else []):
+            if isinstance(rng, Mapping) and isinstance(rng.get("subnet"), str):
+                yield path / "ranges" / i / j / "subnet", rng["subnet"]
+    for i, addr in enumerate(ipam.get("addresses") or []):
+        if isinstance(addr, Mapping) and isinstance(addr.get("address"), str):
+            yield path / "addresses" / i / "address", addr["address"]
+
+
+def bind_to_device(
+    conflist: Mapping[str, Any], link: str, path: FieldPath, issues: Issues
+) -> dict[str, Any]:
+    """The network with its parent filled from the allocated link (`link`): a plugin that takes
+    a parent gets `link` where none is set, and one naming another link is refused."""
+    plugins = []
+    for i, original in enumerate(conflist.get("plugins") or []):
+        plugin = dict(original)
+        field = PARENT_FIELDS.get(str(plugin.get("type")))
+        if field is not None:
+            named = plugin.get(field)
+            if named in (None, ""):
+                plugin[field] = link
+            elif named != link:
+                issues.error(
+                    path / "plugins" / i / field,
+                    f"names {named!r}, but the scheduler allocated {link!r}: the link configured "
+                    "is the one allocated; remove the field or name that link",
+                )
+        plugins.append(plugin)
+    return {**conflist, "plugins": plugins}
