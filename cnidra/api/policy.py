@@ -261,25 +261,26 @@ def check_claim(
     ]
     for entry in claim_entries:
         params = {k: v for k, v in entry.parameters.items() if k not in CNICONFIG_KEYS}
-        if "config" in params and not rules.define_networks:
-            issues.error(
-                entry.path / "config",
-                "a claim may not define its network with this DeviceClass: the network comes "
-                f"from the class{why}; ask the admin for a class whose CNIPolicy allows "
-                "defineNetworks",
-            )
-            params.pop("config")
+        defines = False
         for path, value in leaves(params):
             where = entry.path.join(path)
             clash = next((cls for lp, cls in locked if _overlaps(lp, path)), None)
             if clash is not None:
                 issues.error(
                     where,
-                    "is set by the DeviceClass (" + str(clash) + "); a claim may not change "
-                    "or remove it",
+                    f"is set by the DeviceClass ({clash}); a claim may not change or remove it",
                 )
-                continue
-            _check_field(path, value, where, rules, why, issues)
+            elif path[:1] == ("config",):
+                defines = True
+            else:
+                _check_field(path, value, where, rules, why, issues)
+        if defines and not rules.define_networks:
+            issues.error(
+                entry.path / "config",
+                "a claim may not define its network with this DeviceClass: the network comes "
+                f"from the class{why}; ask the admin for a class whose CNIPolicy allows "
+                "defineNetworks",
+            )
     if any("config" in e.parameters for e in claim_entries) and rules.define_networks:
         _check_network(merged.get("config"), claim_entries, rules, issues)
 
@@ -297,8 +298,6 @@ def _check_field(
         if value == "lo":
             issues.error(where, "'lo' is the pod's loopback; a claim may not configure it")
         return
-    if head == "config":
-        return  # allowed by the policy; the network itself is checked as a whole
     if head == "args" and len(path) > 1:
         key = str(path[1])
         if key.startswith(DRIVER_ARGS_PREFIX) or key in DRIVER_ARGS:

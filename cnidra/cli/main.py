@@ -53,9 +53,35 @@ def load_yaml_documents(path: Path) -> list[object]:
 def validate(
     files: Annotated[list[Path], typer.Argument(help="YAML files (multi-document); - for stdin")],
     output: Annotated[Format, typer.Option("-o", "--output", help="text or json")] = Format.TEXT,
+    policy: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--policy",
+            help="DeviceClasses (with their CNIPolicy) the claims are checked against, as "
+            "prepare and the webhook check them; DeviceClasses in FILES count too",
+        ),
+    ] = None,
+    namespace_labels: Annotated[
+        str,
+        typer.Option(
+            "--namespace-labels",
+            help="k=v,...: the labels a CNIPolicy namespaceSelector sees for the claims' namespace",
+        ),
+    ] = "",
 ) -> None:
     """Check ResourceClaims, ResourceClaimTemplates, DeviceClasses and CNIConfigs."""
-    reports = [FileReport(str(f), validate_documents(load_yaml_documents(f))) for f in files]
+    labels = dict(pair.split("=", 1) for pair in namespace_labels.split(",") if "=" in pair)
+    loaded = {f: load_yaml_documents(f) for f in files}
+    admin = [d for p in policy or [] for d in load_yaml_documents(p)]
+    reports = [
+        FileReport(
+            str(f),
+            validate_documents(
+                docs, [*admin, *(d for g, o in loaded.items() if g != f for d in o)], labels
+            ),
+        )
+        for f, docs in loaded.items()
+    ]
     result = as_json(reports)
     if output is Format.JSON:
         typer.echo(json.dumps(result, indent=2))

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from cnidra.api.nodes import NodeView
 from cnidra.api.ownership import PrivateDirs
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment
@@ -19,10 +20,29 @@ from cnidra.state.layout import StateLayout
 DRIVER = "cni.dra.networking.x-k8s.io"
 REF = ObjectRef("ns", "c", "uid-1")
 DIRS = PrivateDirs(ipam="/state/ipam", tuning="/state/tuning")
+VIEW = NodeView(links={"eth1": "eth1", "eth2": "eth2"}, protected=frozenset({"eth0"}))
+# the admin's policy, as DRA copies it from the DeviceClass into the allocation
+POLICY = {
+    "source": "FromClass",
+    "opaque": {
+        "driver": DRIVER,
+        "parameters": {
+            "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+            "kind": "CNIPolicy",
+            "claims": {
+                "defineNetworks": True,
+                "plugins": ["macvlan", "host-local"],
+                "fields": ["args"],
+                "ipRanges": ["198.18.0.0/15"],
+            },
+        },
+    },
+}
 
 
 def params(**extra: Any) -> dict[str, Any]:
-    return {
+    """A claim's CNIConfig; a keyword set to None leaves that field out."""
+    full = {
         "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
         "kind": "CNIConfig",
         "ifName": "net1",
@@ -39,6 +59,7 @@ def params(**extra: Any) -> dict[str, Any]:
         },
         **extra,
     }
+    return {k: v for k, v in full.items() if v is not None}
 
 
 def claim(
@@ -62,14 +83,15 @@ def claim(
                             "shareID": "s-1",
                         }
                     ],
-                    "config": configs
+                    "config": [POLICY, *configs]
                     if configs is not None
                     else [
+                        POLICY,
                         {
                             "source": "FromClaim",
                             "requests": ["net"],
                             "opaque": {"driver": DRIVER, "parameters": params()},
-                        }
+                        },
                     ],
                 },
                 "nodeSelector": {
@@ -88,7 +110,7 @@ def claim(
 
 
 def test_a_valid_claim_resolves_to_its_attachment() -> None:
-    prepared = resolve_claim(claim(), REF, "n1", DIRS)
+    prepared = resolve_claim(claim(), REF, "n1", DIRS, VIEW)
     assert prepared.pod_uids == ("pod-1",) and prepared.generation == 2
     [dev] = prepared.devices
     assert (dev.request, dev.pool, dev.device, dev.if_name, dev.share_id) == (
@@ -103,7 +125,7 @@ def test_a_valid_claim_resolves_to_its_attachment() -> None:
 
 def test_class_config_then_claim_config() -> None:
     configs = [
-        {"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": params(ifName="cls0")}},
+        {"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": params(ifName=None)}},
         {
             "source": "FromClaim",
             "requests": ["net"],
@@ -118,51 +140,64 @@ def test_class_config_then_claim_config() -> None:
             },
         },
     ]
-    [dev] = resolve_claim(claim(configs), REF, "n1", DIRS).devices
+    [dev] = resolve_claim(claim(configs), REF, "n1", DIRS, VIEW).devices
     assert dev.if_name == "mine0" and dev.cni_args == (("A", "1"),)
     # the network is wholly the class's (the claim set no config): one cluster-wide name
     assert dev.network["name"] == "cnidra-cluster.n" and dev.network_label == "n"
 
 
 def test_a_network_the_claim_defines_is_named_for_its_namespace() -> None:
-    [dev] = resolve_claim(claim(), REF, "n1", DIRS).devices
+    [dev] = resolve_claim(claim(), REF, "n1", DIRS, VIEW).devices
     assert dev.network["name"] == "cnidra-ns.ns.n" and dev.network_label == "n"
     assert dev.network["plugins"][0]["ipam"]["dataDir"] == "/state/ipam"
 
 
-def test_a_claim_that_changes_the_class_network_gets_its_own() -> None:
-    configs = [
-        {"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": params()}},
-        {
-            "source": "FromClaim",
-            "opaque": {
-                "driver": DRIVER,
-                "parameters": {"ifName": "net2", "config": {"plugins": [{"type": "macvlan"}]}},
-            },
-        },
+def class_then_claim(claim_params: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": params(ifName=None)}},
+        {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": claim_params}},
     ]
-    [dev] = resolve_claim(claim(configs), REF, "n1", DIRS).devices
-    assert dev.network["name"] == "cnidra-ns.ns.n"
+
+
+def test_a_claim_that_adds_to_the_class_network_gets_its_own() -> None:
+    configs = class_then_claim({"ifName": "net2", "config": {"disableCheck": True}})
+    [dev] = resolve_claim(claim(configs), REF, "n1", DIRS, VIEW).devices
+    assert dev.network["name"] == "cnidra-ns.ns.n" and dev.network["disableCheck"] is True
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"config": {"plugins": [{"type": "macvlan", "master": "eth0"}]}},  # override
+        {"config": {"plugins": None}},  # remove
+        {"config": {"name": "mine"}},
+    ],
+)
+def test_what_the_class_sets_a_claim_can_neither_change_nor_remove(change: Any) -> None:
+    configs = class_then_claim({"ifName": "net2", **change})
+    with pytest.raises(PrepareError, match="is set by the DeviceClass") as info:
+        resolve_claim(claim(configs), REF, "n1", DIRS, VIEW)
+    assert "config[2].opaque.parameters.config" in str(info.value)
 
 
 def test_the_primary_networks_name_is_only_a_label() -> None:
     c = claim()
-    c["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["config"]["name"] = (
+    c["status"]["allocation"]["devices"]["config"][1]["opaque"]["parameters"]["config"]["name"] = (
         "k8s-pod-network"
     )
-    [dev] = resolve_claim(c, REF, "n1", DIRS).devices
+    [dev] = resolve_claim(c, REF, "n1", DIRS, VIEW).devices
     assert dev.network["name"] == "cnidra-ns.ns.k8s-pod-network"
     assert dev.network_label == "k8s-pod-network"
 
 
 def test_a_state_directory_in_the_claim_is_refused() -> None:
     c = claim()
-    plugin = c["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["config"][
+    plugin = c["status"]["allocation"]["devices"]["config"][1]["opaque"]["parameters"]["config"][
         "plugins"
     ][0]
     plugin["ipam"]["dataDir"] = "/etc"
     with pytest.raises(PrepareError, match=r"plugins\[0\]\.ipam\.dataDir: is chosen by cnidra"):
-        resolve_claim(c, REF, "n1", DIRS)
+        resolve_claim(c, REF, "n1", DIRS, VIEW)
 
 
 class Claims:
@@ -194,7 +229,12 @@ def named(name: str, uid: str, requests: int) -> dict[str, Any]:
 async def test_prepare_refuses_more_interfaces_per_pod_than_the_limit(tmp_path: Path) -> None:
     cp = Checkpoint(StateLayout(tmp_path))
     preparer = Preparer(
-        "n1", Claims(named("a", "u-a", 2), named("b", "u-b", 2)), cp, DIRS, max_attachments=3
+        "n1",
+        Claims(named("a", "u-a", 2), named("b", "u-b", 2)),
+        cp,
+        DIRS,
+        max_attachments=3,
+        view=lambda: VIEW,
     )
     await preparer.prepare(ObjectRef("ns", "a", "u-a"))
     with pytest.raises(PrepareError, match="would get 4 cnidra interfaces; at most 3 per pod"):
@@ -239,7 +279,7 @@ def test_a_checkpoint_of_cnidra_0_1_gets_owned_names_on_load(tmp_path: Path) -> 
             "count 1",
         ),
         (
-            lambda c: c["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"][
+            lambda c: c["status"]["allocation"]["devices"]["config"][1]["opaque"]["parameters"][
                 "config"
             ]["plugins"][0].update(mode="bridged"),
             "config.plugins[0].mode",
@@ -250,7 +290,7 @@ def test_problems_a_person_can_act_on(change: Any, fragment: str) -> None:
     bad = copy.deepcopy(claim())
     change(bad)
     with pytest.raises(PrepareError, match="ns/c") as info:
-        resolve_claim(bad, REF, "n1", DIRS)
+        resolve_claim(bad, REF, "n1", DIRS, VIEW)
     assert fragment in str(info.value)
 
 
@@ -258,7 +298,7 @@ def test_duplicate_ifnames_within_a_claim() -> None:
     results = [{"request": r, "driver": DRIVER, "pool": "n1", "device": "eth1"} for r in ("a", "b")]
     configs = [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params()}}]
     with pytest.raises(PrepareError, match="both use ifName 'net1'"):
-        resolve_claim(claim(configs, results), REF, "n1", DIRS)
+        resolve_claim(claim(configs, results), REF, "n1", DIRS, VIEW)
 
 
 def test_other_drivers_devices_and_configs_are_ignored() -> None:
@@ -269,7 +309,7 @@ def test_other_drivers_devices_and_configs_are_ignored() -> None:
     c["status"]["allocation"]["devices"]["config"].append(
         {"source": "FromClaim", "opaque": {"driver": "gpu.example.com", "parameters": {"x": 1}}}
     )
-    assert [d.request for d in resolve_claim(c, REF, "n1", DIRS).devices] == ["net"]
+    assert [d.request for d in resolve_claim(c, REF, "n1", DIRS, VIEW).devices] == ["net"]
 
 
 def prepared(uid: str, name: str, pods: tuple[str, ...]) -> PreparedClaim:
@@ -312,3 +352,70 @@ def test_a_corrupt_checkpoint_entry_is_moved_aside(tmp_path: Path) -> None:
         "half.corrupt",
         "u1.json",
     ]
+
+
+def test_the_network_is_bound_to_the_allocated_link() -> None:
+    c = claim()
+    plugin = c["status"]["allocation"]["devices"]["config"][1]["opaque"]["parameters"]["config"][
+        "plugins"
+    ][0]
+    del plugin["master"]
+    [dev] = resolve_claim(c, REF, "n1", DIRS, VIEW).devices
+    assert dev.network["plugins"][0]["master"] == "eth1" and dev.parent == "eth1"
+    plugin["master"] = "eth0"  # the node's uplink, while the scheduler allocated eth1
+    with pytest.raises(PrepareError, match=r"names 'eth0', but the scheduler allocated 'eth1'"):
+        resolve_claim(c, REF, "n1", DIRS, VIEW)
+
+
+def test_a_link_that_carries_the_node_needs_a_class_that_names_it() -> None:
+    view = NodeView(links={"eth1": "eth1"}, protected=frozenset({"eth1"}))
+    with pytest.raises(PrepareError, match="carries the node itself"):
+        resolve_claim(claim(), REF, "n1", DIRS, view)
+    c = claim()
+    c["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["nodeLinks"] = [
+        "eth1"
+    ]
+    [dev] = resolve_claim(c, REF, "n1", DIRS, view).devices
+    assert dev.node_link_allowed
+
+
+def test_a_device_that_is_no_link_of_this_node_is_refused() -> None:
+    with pytest.raises(PrepareError, match="not a link of this node"):
+        resolve_claim(claim(), REF, "n1", DIRS, NodeView())
+
+
+def test_a_config_nested_thousands_deep_is_refused_without_recursion() -> None:
+    deep: dict[str, Any] = {}
+    for _ in range(5000):
+        deep = {"x": deep}
+    c = claim()
+    c["status"]["allocation"]["devices"]["config"][1]["opaque"]["parameters"]["config"] = deep
+    with pytest.raises(PrepareError, match="nested more than 32 levels"):
+        resolve_claim(c, REF, "n1", DIRS, VIEW)
+
+
+class Labels:
+    def __init__(self, labels: dict[str, str] | None) -> None:
+        self.value = labels
+
+    async def labels(self, namespace: str) -> dict[str, str] | None:
+        return self.value
+
+
+async def test_a_namespace_selector_is_checked_against_the_namespace_labels(
+    tmp_path: Path,
+) -> None:
+    c = claim()
+    c["metadata"]["name"] = "c"
+    c["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"][
+        "namespaceSelector"
+    ] = {"matchLabels": {"networks": "self-service"}}
+    cp = Checkpoint(StateLayout(tmp_path))
+    allowed = Labels({"networks": "self-service"})
+    preparer = Preparer("n1", Claims(c), cp, DIRS, view=lambda: VIEW, namespaces=allowed)
+    assert (await preparer.prepare(REF)).devices
+    await preparer.unprepare(REF)
+    for unknown in (Labels({}), Labels(None)):
+        preparer = Preparer("n1", Claims(c), cp, DIRS, view=lambda: VIEW, namespaces=unknown)
+        with pytest.raises(PrepareError, match="may not define its network"):
+            await preparer.prepare(REF)
