@@ -22,9 +22,46 @@ pytestmark = pytest.mark.testbed
 DRIVER = "cni.dra.networking.x-k8s.io"
 
 
+# An admin's class for the tests' own fault plugins, which the default class's policy does not
+# list (a claim may use a plugin only by a policy's leave).
+TEST_CLASS = "testplugins.cni.networking.x-k8s.io"
+
+
+def plugins_class() -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": TEST_CLASS},
+        "spec": {
+            "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}],
+            "config": [
+                {
+                    "opaque": {
+                        "driver": DRIVER,
+                        "parameters": {
+                            "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+                            "kind": "CNIPolicy",
+                            "claims": {
+                                "defineNetworks": True,
+                                "plugins": [
+                                    "macvlan",
+                                    "host-local",
+                                    "fault-del-fails",
+                                    "tb-sleepy",
+                                ],
+                            },
+                        },
+                    }
+                }
+            ],
+        },
+    }
+
+
 @pytest.fixture(scope="module", autouse=True)
 def device_classes(cluster: Cluster) -> None:
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
+    cluster.apply(plugins_class())
 
 
 @pytest.fixture
@@ -68,7 +105,11 @@ def select_link(link: str) -> str:
     return f'device.attributes["{DRIVER}"].ifName == "{link}"'
 
 
-def template(name: str, requests: list[tuple[str, str, dict[str, Any], str]]) -> dict[str, Any]:
+def template(
+    name: str,
+    requests: list[tuple[str, str, dict[str, Any], str]],
+    device_class: str = "cni.networking.x-k8s.io",
+) -> dict[str, Any]:
     """requests: (request name, parent link, CNI config, ifName)."""
     return {
         "apiVersion": "resource.k8s.io/v1",
@@ -81,7 +122,7 @@ def template(name: str, requests: list[tuple[str, str, dict[str, Any], str]]) ->
                         {
                             "name": req,
                             "exactly": {
-                                "deviceClassName": "cni.networking.x-k8s.io",
+                                "deviceClassName": device_class,
                                 "selectors": [{"cel": {"expression": select_link(link)}}],
                             },
                         }
@@ -526,7 +567,7 @@ def test_a_failing_del_holds_the_claim_with_a_finalizer_until_it_succeeds(
         apply(
             cluster,
             namespace,
-            template("net", [("net", parent, conf, "net1")]),
+            template("net", [("net", parent, conf, "net1")], TEST_CLASS),
             claiming_pod("p", "net"),
         )
         ready(cluster, namespace, "p")

@@ -22,10 +22,12 @@ from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed.harness import Cluster, DriverProcess
 from tests.testbed.conftest import env_image, pod
 from tests.testbed.test_lifecycle import (
+    TEST_CLASS,
     apply,
     claiming_pod,
     claims_of,
     cni_config,
+    plugins_class,
     pod_addresses,
     ready,
     template,
@@ -39,6 +41,7 @@ def device_classes(cluster: Cluster) -> None:
     from testbed.harness import ROOT
 
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
+    cluster.apply(plugins_class())
 
 
 @pytest.fixture
@@ -211,7 +214,7 @@ def test_a_plugin_slower_than_the_budget_fails_its_sandbox_and_leaves_nothing(
     parent = test_link(f"tbs{uuid.uuid4().hex[:5]}")
     conf = cni_config("slow", parent, "198.18.221.0/24")
     conf["plugins"].append({"type": "tb-sleepy"})
-    apply(cluster, namespace, template("slow", [("net", parent, conf, "net1")]))
+    apply(cluster, namespace, template("slow", [("net", parent, conf, "net1")], TEST_CLASS))
     apply(cluster, namespace, claiming_pod("late", "slow"))
 
     def failed() -> list[str]:
