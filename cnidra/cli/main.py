@@ -337,6 +337,44 @@ def driver(
     asyncio.run(run(settings))
 
 
+@app.command()
+def webhook(
+    tls_cert: Annotated[Path, typer.Option("--tls-cert", envvar="CNIDRA_WEBHOOK_TLS_CERT")],
+    tls_key: Annotated[Path, typer.Option("--tls-key", envvar="CNIDRA_WEBHOOK_TLS_KEY")],
+    address: Annotated[
+        str, typer.Option("--address", envvar="CNIDRA_WEBHOOK_ADDRESS")
+    ] = "0.0.0.0:9443",
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option(
+            "--kubeconfig", envvar="CNIDRA_KUBECONFIG", help="default: in-cluster service account"
+        ),
+    ] = None,
+    log_level: Annotated[str, typer.Option("--log-level", envvar="CNIDRA_LOG_LEVEL")] = "info",
+) -> None:
+    """Serve the validating admission webhook for ResourceClaims and ResourceClaimTemplates
+    (POST /validate, HTTPS): the same verdict as prepare, before any pod uses the claim."""
+    import logging
+
+    from cnidra.admission.webhook import TTLCache, WebhookServer
+    from cnidra.kube.client import device_class_reader, make_sync_client, namespace_labels_reader
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    client = make_sync_client(kubeconfig)
+    server = WebhookServer(
+        address,
+        str(tls_cert),
+        str(tls_key),
+        TTLCache(device_class_reader(client)),
+        TTLCache(namespace_labels_reader(client)),
+    )
+    logging.getLogger(__name__).info("webhook serving on %s", address)
+    server.serve_forever()
+
+
 @app.command("migrate-state")
 def migrate_state(
     state_dir: Annotated[

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 import httpx2
-from lightkube import AsyncClient
+from lightkube import AsyncClient, Client
 from lightkube.config.kubeconfig import KubeConfig
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import Namespace
+from lightkube.resources.resource_v1 import DeviceClass
 
 FIELD_MANAGER = "cnidra"
 
@@ -13,3 +19,34 @@ def make_client(kubeconfig: str | None, timeout: float = 10.0) -> AsyncClient:
     """From a kubeconfig file, or the in-cluster service account when none is given."""
     config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_service_account()
     return AsyncClient(config=config, timeout=httpx2.Timeout(timeout), field_manager=FIELD_MANAGER)
+
+
+def make_sync_client(kubeconfig: str | None, timeout: float = 5.0) -> Client:
+    """For the webhook's worker threads."""
+    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_service_account()
+    return Client(config=config, timeout=httpx2.Timeout(timeout), field_manager=FIELD_MANAGER)
+
+
+def device_class_reader(client: Client) -> Callable[[str], Mapping[str, Any] | None]:
+    """name -> the DeviceClass as a dict, None when there is none."""
+
+    def read(name: str) -> Mapping[str, Any] | None:
+        try:
+            obj: dict[str, Any] = client.get(DeviceClass, name).to_dict()
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+        return obj
+
+    return read
+
+
+def namespace_labels_reader(client: Client) -> Callable[[str], Mapping[str, Any] | None]:
+    """name -> the namespace's labels ({} when it has none)."""
+
+    def read(name: str) -> Mapping[str, Any] | None:
+        obj = client.get(Namespace, name)
+        return dict(obj.metadata.labels or {}) if obj.metadata else {}
+
+    return read

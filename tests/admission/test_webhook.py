@@ -1,0 +1,119 @@
+"""The admission webhook over real HTTPS: AdmissionReviews in, verdicts with field paths out."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cnidra.admission.webhook import WebhookServer
+from tests.api.test_policy import DEFAULT_CLASSES, MACVLAN, claim, network
+
+CLASSES = {c["metadata"]["name"]: c for c in DEFAULT_CLASSES}
+
+
+def self_signed(tmp: Path) -> tuple[Path, Path]:
+    cert, key = tmp / "tls.crt", tmp / "tls.key"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+            "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+            "-addext", "subjectAltName=IP:127.0.0.1",
+            "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture
+def webhook(tmp_path: Path) -> Iterator[tuple[str, ssl.SSLContext]]:
+    cert, key = self_signed(tmp_path)
+    server = WebhookServer(
+        "127.0.0.1:0",
+        str(cert),
+        str(key),
+        CLASSES.get,
+        lambda ns: {"team": ns},
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    context = ssl.create_default_context(cafile=str(cert))
+    yield f"https://127.0.0.1:{server.port}/validate", context
+    server.shutdown()
+
+
+def post(url: str, context: ssl.SSLContext, body: Any) -> dict[str, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, context=context, timeout=10) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+        return answer
+
+
+def admission(obj: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "u-1", "operation": "CREATE", "namespace": "team-a", "object": obj},
+    }
+
+
+def test_a_claim_within_the_policy_is_admitted(webhook: tuple[str, ssl.SSLContext]) -> None:
+    answer = post(*webhook, admission(claim(network(MACVLAN))))["response"]
+    assert answer == {"uid": "u-1", "allowed": True}
+
+
+def test_a_claim_the_driver_would_refuse_is_refused_naming_the_field(
+    webhook: tuple[str, ssl.SSLContext],
+) -> None:
+    bad = claim(network({"type": "bridge", "ipMasq": True, "isGateway": True}))
+    answer = post(*webhook, admission(bad))["response"]
+    assert answer["allowed"] is False and answer["uid"] == "u-1"
+    message = answer["status"]["message"]
+    assert "spec.devices.config[0].opaque.parameters.config.plugins[0].ipMasq: never" in message
+    assert "plugins[0].isGateway" in message
+
+
+def test_a_template_is_checked_like_a_claim(webhook: tuple[str, ssl.SSLContext]) -> None:
+    inner = claim(network({"type": "host-device", "device": "eth0"}))
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t"},
+        "spec": {"spec": inner["spec"]},
+    }
+    answer = post(*webhook, admission(template))["response"]
+    assert not answer["allowed"]
+    assert "spec.spec.devices.config[0]" in answer["status"]["message"]
+
+
+def test_deep_nesting_is_refused_without_a_crash(webhook: tuple[str, ssl.SSLContext]) -> None:
+    deep = "[" * 5000 + "]" * 5000
+    body = (
+        '{"request": {"uid": "u-2", "operation": "CREATE", "object": {"kind": "ResourceClaim", '
+        f'"spec": {{"x": {deep}}}}}}}}}'
+    ).encode()
+    answer = post(*webhook, body)["response"]
+    assert answer["allowed"] is False and "nested" in answer["status"]["message"]
+
+
+def test_deletes_are_admitted(webhook: tuple[str, ssl.SSLContext]) -> None:
+    body = admission(claim(network({"type": "evil"})))
+    body["request"]["operation"] = "DELETE"
+    assert post(*webhook, body)["response"]["allowed"] is True
+
+
+def test_the_shipped_classes_parse() -> None:
+    assert [c["kind"] for c in DEFAULT_CLASSES] == ["DeviceClass", "DeviceClass"]
+    assert yaml.safe_dump(DEFAULT_CLASSES[0])
