@@ -20,3 +20,36 @@ def test_default_route_node_address_and_what_hangs_off_them() -> None:
         link("eth2.5", 7, lower=6),
     ]
     assert carrying_node(links, ["198.51.100.7"]) == {"lo", "eth0", "br0", "eth2", "eth2.5"}
+
+
+def test_a_veths_peer_index_in_another_namespace_is_not_a_link_here() -> None:
+    from unittest import mock
+
+    from cnidra.inventory import links as module
+
+    class Msg(dict):  # type: ignore[type-arg]
+        def get_nested(self, *keys: str) -> None:
+            return None
+
+    raw = [
+        Msg(index=3, flags=0, IFLA_IFNAME="tbdata", IFLA_LINK=None),
+        Msg(index=9, flags=0, IFLA_IFNAME="veth1", IFLA_MASTER=7, IFLA_LINK=3, IFLA_LINK_NETNSID=0),
+        Msg(index=7, flags=0, IFLA_IFNAME="cni0", IFLA_LINK=None),
+    ]
+    ipr = mock.MagicMock()
+    ipr.__enter__.return_value = ipr
+    ipr.get_links.return_value = raw
+    ipr.get_addr.return_value = [
+        {"index": 7, "family": 2, "prefixlen": 24, "IFA_ADDRESS": "198.51.100.1"}
+    ]
+    ipr.get_routes.return_value = []
+    with (
+        mock.patch.object(module, "IPRoute", return_value=ipr),
+        mock.patch.object(module, "_sysfs", return_value={}),
+    ):
+        links = module.read_links()
+    veth = next(link for link in links if link.name == "veth1")
+    assert veth.lower is None and veth.master == 7
+    # the node bridge and its port carry the node; the data link whose index the peer shares
+    # in the pod's namespace does not
+    assert carrying_node(links, ["198.51.100.1"]) == {"cni0", "veth1"}

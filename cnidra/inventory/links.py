@@ -122,7 +122,11 @@ def read_links() -> list[Link]:
                 ipv6=tuple(v6.get(msg["index"], ())),
                 loopback=bool(flags & 0x8),
                 master=msg.get("IFLA_MASTER") or None,
-                lower=msg.get("IFLA_LINK") or None,
+                # IFLA_LINK of a veth names its peer in another namespace when
+                # IFLA_LINK_NETNSID is set: an index there, not here
+                lower=None
+                if msg.get("IFLA_LINK_NETNSID") is not None
+                else (msg.get("IFLA_LINK") or None),
                 default_route=msg["index"] in defaults,
             )
         )

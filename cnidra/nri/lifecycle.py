@@ -161,11 +161,13 @@ class PodLifecycle:
         for attached in planned:
             att = attached.attachment
             if att.parent in protected and not att.node_link_allowed:
-                raise AttachError(
+                message = (
                     f"pod {pod.namespace}/{pod.name}: claim {att.claim} request {att.request} "
                     f"would use link {att.parent!r}, which now carries the node itself (its "
                     "default route or address); refused"
                 )
+                self.status.event(pod_ref(pod), REASON_ATTACH_FAILED, message)
+                raise AttachError(message)
         netns = netns_of(pod)
         if not netns:
             raise AttachError(

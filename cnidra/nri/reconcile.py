@@ -36,8 +36,10 @@ class Reconciler:
                 await life.detach(record.sandbox_id, None)
         for pod in pods:
             if life.store.get(pod.id) is None and netns_of(pod) and life.plan(pod):
-                with contextlib.suppress(AttachError):
+                try:
                     await life.attach(pod)
+                except AttachError as exc:  # its Event is written; the pod runs without it
+                    log.error("late attach of pod %s/%s failed: %s", pod.namespace, pod.name, exc)
         await self.sweep()
         await self.garbage_collect()
 

@@ -24,15 +24,29 @@ def self_signed(tmp: Path) -> tuple[Path, Path]:
     cert, key = tmp / "tls.crt", tmp / "tls.key"
     subprocess.run(
         [
-            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-            "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-            "-addext", "subjectAltName=IP:127.0.0.1",
-            "-keyout", str(key), "-out", str(cert),
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
         ],
         check=True,
         capture_output=True,
         timeout=60,
-    )  # fmt: skip
+    )
     return cert, key
 
 

@@ -153,7 +153,11 @@ def test_slice_carries_test_made_links_and_follows_changes(
     assert "mac" in attrs and "mtu" in attrs
     assert devices["allowMultipleAllocations"] is True
     assert devices["capacity"]["subInterfaces"]["value"] == "64"
-    assert "eth0" in our_slice_devices(cluster)  # physical NIC published, never modified
+    assert attrs["nodeLink"] == {"bool": False}
+    # links that carry the node are not published: the uplink (default route) and the test
+    # bed's primary bridge (the node's InternalIP)
+    assert "eth0" not in our_slice_devices(cluster)
+    assert "cnidra-tb0" not in our_slice_devices(cluster)
     second = test_link(f"tb{uuid.uuid4().hex[:6]}")
     cluster.wait("the new link", lambda: second in our_slice_devices(cluster), 15)
     import subprocess
@@ -161,6 +165,15 @@ def test_slice_carries_test_made_links_and_follows_changes(
     subprocess.run(["ip", "link", "del", second], check=True)
     cluster.wait("the removed link to go", lambda: second not in our_slice_devices(cluster), 15)
     assert not any(name.startswith("veth") for name in our_slice_devices(cluster))
+
+
+def test_a_node_link_is_published_only_when_the_admin_names_it(
+    cluster: Cluster, start_driver: Callable[..., DriverProcess]
+) -> None:
+    start_driver(publish_node_links="eth0")
+    devices = cluster.wait("eth0 published", lambda: our_slice_devices(cluster).get("eth0"), 30)
+    assert devices["attributes"]["nodeLink"] == {"bool": True}
+    assert "cnidra-tb0" not in our_slice_devices(cluster)
 
 
 def test_pod_is_scheduled_where_its_parent_exists_and_prepare_is_checkpointed(

@@ -1,0 +1,494 @@
+"""A tenant (a ServiceAccount that may only create claims and pods in its namespace,
+impersonated) against the real apiserver: every attack is refused at admission naming the field;
+with admission removed the same pods fail prepare with an Event and the node's links, addresses,
+routes and NAT rules stay byte for byte as they were; allowed configs still work; RBAC and the
+node-scope policy are pinned. Attacks point only at the test bed's own links and 198.18.0.0/15
+and are refused before any plugin runs."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from testbed import cluster as tb
+from testbed.harness import ROOT, Cluster, DriverProcess, free_port
+from tests.admission.test_webhook import self_signed
+from tests.testbed.conftest import env_image, pod
+from tests.testbed.test_lifecycle import claiming_pod, cni_config, ready, template
+
+pytestmark = pytest.mark.testbed
+PRIMARY_BRIDGE = tb.BRIDGE  # the test bed's node bridge: what attacks aim at, never the real NIC
+MACVLAN_IPAM = {"type": "host-local", "ranges": [[{"subnet": "198.18.230.0/24"}]]}
+
+
+def conf(*plugins: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"cniVersion": "1.1.0", "name": "attack", "plugins": list(plugins), **extra}
+
+
+# (name, CNI config, extra CNIConfig fields, what the refusal names)
+ATTACKS: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
+    (
+        "uplink-into-pod",
+        conf({"type": "host-device", "device": PRIMARY_BRIDGE}),
+        {},
+        "plugins[0].type: plugin 'host-device' is not allowed",
+    ),
+    (
+        "replace-bridge-address",
+        conf({"type": "bridge", "bridge": PRIMARY_BRIDGE, "forceAddress": True, "isGateway": True}),
+        {},
+        "plugins[0].forceAddress: never claim-settable",
+    ),
+    (
+        "masquerade",
+        conf({"type": "bridge", "ipMasq": True, "ipam": MACVLAN_IPAM}),
+        {},
+        "plugins[0].ipMasq: never claim-settable: adds NAT rules on the host",
+    ),
+    (
+        "portmap-kubelet",
+        conf(
+            {"type": "macvlan", "ipam": MACVLAN_IPAM},
+            {
+                "type": "portmap",
+                "runtimeConfig": {
+                    "portMappings": [{"hostPort": 10250, "containerPort": 80, "protocol": "tcp"}]
+                },
+            },
+        ),
+        {},
+        "plugins[1].runtimeConfig: never claim-settable",
+    ),
+    (
+        "port-mappings-capability",
+        conf({"type": "macvlan", "ipam": MACVLAN_IPAM}),
+        {"capabilities": {"portMappings": [{"hostPort": 10250, "containerPort": 80}]}},
+        "capabilities.portMappings: never claim-settable",
+    ),
+    (
+        "other-link",
+        conf({"type": "macvlan", "master": PRIMARY_BRIDGE, "ipam": MACVLAN_IPAM}),
+        {},
+        "names 'cnidra-tb0', but the scheduler allocated",
+    ),
+    (
+        "host-local-datadir",
+        conf({"type": "macvlan", "ipam": {**MACVLAN_IPAM, "dataDir": "/etc/kubernetes"}}),
+        {},
+        "ipam.dataDir: never claim-settable",
+    ),
+    (
+        "tuning-datadir",
+        conf({"type": "macvlan", "ipam": MACVLAN_IPAM}, {"type": "tuning", "dataDir": "/etc"}),
+        {},
+        "plugins[1].dataDir: never claim-settable",
+    ),
+    (
+        "dhcp-socket",
+        conf(
+            {
+                "type": "macvlan",
+                "ipam": {"type": "dhcp", "daemonSocketPath": "/run/containerd/containerd.sock"},
+            }
+        ),
+        {},
+        "ipam.daemonSocketPath: never claim-settable",
+    ),
+    (
+        "pretend-kube-system",
+        conf({"type": "macvlan", "ipam": MACVLAN_IPAM}),
+        {"args": {"K8S_POD_NAMESPACE": "kube-system", "K8S_POD_NAME": "kube-apiserver"}},
+        "K8S_POD_NAMESPACE is a CNI_ARG the driver sets",
+    ),
+]
+
+
+def attack_template(
+    name: str, parent: str, config: dict[str, Any], extra: dict[str, Any]
+) -> dict[str, Any]:
+    doc = template(name, [("net", parent, config, "net1")])
+    params = doc["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+    params.update(extra)
+    return doc
+
+
+class Tenant:
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.user = f"system:serviceaccount:{namespace}:tenant"
+
+    def apply(self, *docs: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return self.cluster.kubectl(
+            "apply",
+            "--as",
+            self.user,
+            "-n",
+            self.namespace,
+            "-f",
+            "-",
+            input_="\n---\n".join(json.dumps(d) for d in docs),
+            check=False,
+        )
+
+
+@pytest.fixture
+def tenant(cluster: Cluster) -> Iterator[Tenant]:
+    ns = f"tenant-{uuid.uuid4().hex[:6]}"
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": ns, "labels": {"cni.networking.x-k8s.io/claim-config": "true"}},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "tenant", "namespace": ns},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "tenant", "namespace": ns},
+            "rules": [
+                {
+                    "apiGroups": ["resource.k8s.io"],
+                    "resources": ["resourceclaims", "resourceclaimtemplates"],
+                    "verbs": ["create", "get", "list", "patch", "delete"],
+                },
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods"],
+                    "verbs": ["create", "get", "list", "patch", "delete"],
+                },
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "tenant", "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
+            "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": ns}],
+        },
+    )
+    cluster.wait(
+        "the namespace's default ServiceAccount",
+        lambda: cluster.kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0,
+    )
+    yield Tenant(cluster, ns)
+    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+@pytest.fixture
+def admission(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[[], None]]:
+    """The webhook as a process on the host, registered by URL with its CA, and the
+    ValidatingAdmissionPolicies of deploy/; the fixture's value removes all of it."""
+    cert, key = self_signed(tmp_path)
+    port = free_port()
+    log = open(tmp_path / "webhook.log", "wb")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cnidra",
+            "webhook",
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+            "--address",
+            f"127.0.0.1:{port}",
+            "--kubeconfig",
+            cluster.env["KUBECONFIG"],
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+    webhook = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "test.cni.networking.x-k8s.io"},
+        "webhooks": [
+            {
+                "name": "claims.cni.networking.x-k8s.io",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Fail",
+                "timeoutSeconds": 5,
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{port}/validate",
+                    "caBundle": base64.b64encode(cert.read_bytes()).decode(),
+                },
+                "rules": [
+                    {
+                        "apiGroups": ["resource.k8s.io"],
+                        "apiVersions": ["*"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["resourceclaims", "resourceclaimtemplates"],
+                    }
+                ],
+            }
+        ],
+    }
+    cluster.apply(webhook)
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "admission.yaml"))
+
+    def remove() -> None:
+        cluster.kubectl(
+            "delete",
+            "validatingwebhookconfiguration",
+            "test.cni.networking.x-k8s.io",
+            "--ignore-not-found",
+        )
+        cluster.kubectl(
+            "delete", "-f", str(ROOT / "deploy" / "admission.yaml"), "--ignore-not-found"
+        )
+
+    try:
+        yield remove
+    finally:
+        remove()
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+
+
+def node_state() -> dict[str, str]:
+    """The node's networking as text, without counters, lifetimes and timestamps."""
+    commands = {
+        "links": ["ip", "-d", "link", "show"],
+        "addresses": ["ip", "addr", "show"],
+        "routes": ["ip", "route", "show", "table", "all"],
+        "routes6": ["ip", "-6", "route", "show", "table", "all"],
+        "iptables": ["iptables-save"],
+        "ip6tables": ["ip6tables-save"],
+        "nft": ["nft", "list", "ruleset"],
+    }
+    out = {}
+    for name, cmd in commands.items():
+        text = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False).stdout
+        text = re.sub(r"(valid|preferred)_lft \S+", "", text)
+        text = re.sub(r"\[\d+:\d+\]|^#.*$|counter packets \d+ bytes \d+", "", text, flags=re.M)
+        out[name] = text
+    return out
+
+
+def test_a_tenant_cannot_reach_the_node(
+    cluster: Cluster,
+    tenant: Tenant,
+    admission: Callable[[], None],
+    test_link: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
+    parent = test_link(f"tbs{uuid.uuid4().hex[:5]}")
+    driver = DriverProcess(cluster, tmp_path)
+    driver.start()
+    try:
+        cluster.wait("NRI", lambda: driver.health().get("nriConnected"), 30)
+        cluster.wait("the slice", lambda: parent in driver_devices(cluster), 30)
+
+        # 1. admission refuses each attack, naming the field
+        for name, config, extra, expected in ATTACKS:
+            out = tenant.apply(attack_template(name, parent, config, extra))
+            assert out.returncode != 0, f"{name} was admitted"
+            assert expected in out.stderr, (name, out.stderr)
+        # the namespace policies (CEL): an admin class not granted to the namespace
+        granted = attack_template(
+            "admin-class", parent, conf({"type": "macvlan", "ipam": MACVLAN_IPAM}), {}
+        )
+        granted["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = (
+            "macvlan-data.cni.networking.x-k8s.io"
+        )
+        out = tenant.apply(granted)
+        assert out.returncode != 0 and "may not use DeviceClass(es) macvlan-data" in out.stderr
+        # allowed configs still work end to end, as the tenant
+        good = template(
+            "good", [("net", parent, cni_config("good", parent, "198.18.231.0/24"), "net1")]
+        )
+        assert tenant.apply(good, claiming_pod("good", "good")).returncode == 0
+        ready(cluster, tenant.namespace, "good")
+
+        # 2. without admission the same claims fail prepare, and the node is untouched
+        admission()
+        before = node_state()
+        names = [name for name, *_ in ATTACKS]
+        for name, config, extra, _ in ATTACKS:
+            out = tenant.apply(
+                attack_template(name, parent, config, extra), claiming_pod(name, name)
+            )
+            assert out.returncode == 0, out.stderr
+        for name, _, _, expected in ATTACKS:
+            messages = cluster.wait(
+                f"{name} to fail prepare",
+                lambda n=name: [
+                    e["message"]
+                    for e in cluster.events(n, tenant.namespace)
+                    if e["reason"] == "FailedPrepareDynamicResources"
+                ],
+                90,
+            )
+            assert any(expected in m for m in messages), (name, messages)
+        assert node_state() == before
+        records = driver.health()["sandboxes"]
+        assert records == 1  # the good pod only
+        for name in names:
+            cluster.kubectl("delete", "pod", name, "-n", tenant.namespace, "--wait=false")
+    finally:
+        driver.stop()
+
+
+def driver_devices(cluster: Cluster) -> set[str]:
+    slices = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json").stdout)["items"]
+    return {
+        d["name"]
+        for s in slices
+        if s["spec"]["driver"] == "cni.dra.networking.x-k8s.io"
+        for d in s["spec"]["devices"]
+    }
+
+
+def test_the_drivers_rbac_holds_exactly_what_its_code_calls(cluster: Cluster) -> None:
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac.yaml"))
+    sa = "system:serviceaccount:cnidra-system:cnidra"
+
+    def can(*args: str) -> bool:
+        out = cluster.kubectl("auth", "can-i", "--as", sa, *args, check=False)
+        return out.stdout.strip() == "yes"
+
+    allowed = [
+        ("get", "resourceclaims.resource.k8s.io", "-n", "any"),
+        ("patch", "resourceclaims.resource.k8s.io", "-n", "any"),
+        ("patch", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "any"),
+        ("list", "resourceslices.resource.k8s.io"),
+        ("create", "resourceslices.resource.k8s.io"),
+        ("patch", "resourceslices.resource.k8s.io"),
+        ("delete", "resourceslices.resource.k8s.io"),
+        ("get", "nodes"),
+        ("get", "namespaces"),
+        ("create", "events", "-n", "any"),
+    ]
+    refused = [
+        ("list", "resourceclaims.resource.k8s.io", "-A"),
+        ("watch", "resourceclaims.resource.k8s.io", "-A"),
+        ("delete", "resourceclaims.resource.k8s.io", "-n", "any"),
+        ("update", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "any"),
+        ("create", "pods", "-n", "any"),
+        ("get", "secrets", "-n", "any"),
+        ("patch", "nodes"),
+        ("list", "namespaces"),
+        ("patch", "events", "-n", "any"),
+        ("create", "deviceclasses.resource.k8s.io"),
+    ]
+    assert [a for a in allowed if not can(*a)] == []
+    assert [r for r in refused if can(*r)] == []
+
+
+def test_a_nodes_driver_writes_only_its_own_nodes_slices(cluster: Cluster) -> None:
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac.yaml"))
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "admission.yaml"))
+    try:
+        token = cluster.kubectl(
+            "create",
+            "token",
+            "cnidra",
+            "-n",
+            "cnidra-system",
+            "--bound-object-kind",
+            "Node",
+            "--bound-object-name",
+            tb.NODE,
+        ).stdout.strip()
+        server = cluster.kubectl(
+            "config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"
+        ).stdout
+
+        def as_driver(node: str) -> subprocess.CompletedProcess[str]:
+            doc = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"scope-test-{node}"},
+                "spec": {
+                    "driver": "cni.dra.networking.x-k8s.io",
+                    "nodeName": node,
+                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                    "devices": [],
+                },
+            }
+            return subprocess.run(
+                [
+                    str(cluster.bins.k8s / "kubectl"),
+                    "--kubeconfig=/dev/null",
+                    "--server",
+                    server,
+                    "--insecure-skip-tls-verify",
+                    "--token",
+                    token,
+                    "apply",
+                    "--server-side",
+                    "--field-manager",
+                    "cnidra",
+                    "-f",
+                    "-",
+                ],
+                input=yaml.safe_dump(doc),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+
+        own = as_driver(tb.NODE)
+        assert own.returncode == 0, own.stderr
+        other = as_driver("some-other-node")
+        assert other.returncode != 0
+        assert "may write only that node's ResourceSlices" in other.stderr, other.stderr
+    finally:
+        for name in (f"scope-test-{tb.NODE}", "scope-test-some-other-node"):
+            cluster.kubectl("delete", "resourceslice", name, "--ignore-not-found")
+        cluster.kubectl(
+            "delete", "-f", str(ROOT / "deploy" / "admission.yaml"), "--ignore-not-found"
+        )
+
+
+def test_a_namespace_without_the_label_may_not_carry_configs(
+    cluster: Cluster, namespace: str, test_link: Callable[[str], str]
+) -> None:
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "admission.yaml"))
+    try:
+        parent = test_link(f"tbn{uuid.uuid4().hex[:5]}")
+        doc = template(
+            "plain", [("net", parent, cni_config("plain", parent, "198.18.232.0/24"), "net1")]
+        )
+        out = cluster.kubectl(
+            "apply", "-n", namespace, "-f", "-", input_=json.dumps(doc), check=False
+        )
+        assert out.returncode != 0
+        assert "cni.networking.x-k8s.io/claim-config=true" in out.stderr, out.stderr
+        assert (
+            cluster.kubectl(
+                "apply",
+                "-n",
+                namespace,
+                "-f",
+                "-",
+                input_=json.dumps(pod("x", env_image())),
+                check=False,
+            ).returncode
+            == 0
+        )
+    finally:
+        cluster.kubectl(
+            "delete", "-f", str(ROOT / "deploy" / "admission.yaml"), "--ignore-not-found"
+        )
