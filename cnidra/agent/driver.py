@@ -122,6 +122,7 @@ class Driver:
 
     async def start(self) -> None:
         s = self.settings
+        await self.publisher.refresh_view()  # prepare and the hook read it from the first call
         for sock in (s.registration_socket, s.dra_socket):
             sock.parent.mkdir(parents=True, exist_ok=True)
             sock.unlink(missing_ok=True)

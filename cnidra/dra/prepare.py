@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from cnidra.api.constants import DEFAULT_MAX_ATTACHMENTS, DRIVER_NAME
+from cnidra.api.errors import UnusableObject
 from cnidra.api.issues import FieldPath, Issues
 from cnidra.api.merge import ConfigEntry, Source
 from cnidra.api.nodes import NodeView, named_nodes, selects
@@ -55,6 +56,8 @@ class PrepareError(Exception):
 
 
 class ClaimSource(Protocol):
+    """A claim by name; UnusableObject for one that exists but cannot be read."""
+
     async def get(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
 
 
@@ -207,6 +210,8 @@ class Preparer:
         known = self.checkpoint.get(ref.uid)
         try:
             claim = await self.claims.get(ref.namespace, ref.name)
+        except UnusableObject as exc:
+            raise PrepareError(str(exc)) from None
         except Exception as exc:
             if known is not None:
                 return known  # what was prepared stands while the apiserver cannot be asked

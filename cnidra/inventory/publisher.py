@@ -55,9 +55,12 @@ class SlicePublisher:
 
     def view(self) -> NodeView:
         """The node as prepare and the hook see it: each published device's link, the links
-        that carry the node. Kept current by every round; read from netlink if none ran yet."""
-        if self._view is None:
-            self._view = self._make_view(self.read_links())
+        that carry the node. Kept current by every round (`refresh_view` before the first);
+        no I/O here, it is called on the event loop."""
+        return self._view or NodeView()
+
+    async def refresh_view(self) -> NodeView:
+        self._view = self._make_view(await asyncio.to_thread(self.read_links))
         return self._view
 
     def _make_view(self, links: list[Link]) -> NodeView:

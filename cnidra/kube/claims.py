@@ -17,6 +17,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.resource_v1 import ResourceClaim
 
+from cnidra.api.errors import UnusableObject
 from cnidra.observe import metrics
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,11 @@ class ClaimGetter:
         try:
             async with asyncio.timeout(self.timeout):
                 obj = await self.client.get(ResourceClaim, name, namespace=namespace)
+        except RecursionError:
+            metrics.CLAIM_LOOKUPS.labels("error").inc()
+            raise UnusableObject(
+                f"claim {namespace}/{name} is nested too deeply to be read; it is refused"
+            ) from None
         except ApiError as exc:
             if exc.status.code == 404:
                 metrics.CLAIM_LOOKUPS.labels("not-found").inc()

@@ -33,13 +33,18 @@ class Reconciler:
             if pod is None:
                 life.forget_sandbox(record.sandbox_id)
             if pod is None or record.state is not State.ADDED:
-                await life.detach(record.sandbox_id, None)
+                try:
+                    await life.detach(record.sandbox_id, None)
+                except Exception:  # retried by the sweeper; the other records go on
+                    log.exception("undoing sandbox %s failed", record.sandbox_id[:12])
         for pod in pods:
             if life.store.get(pod.id) is None and netns_of(pod) and life.plan(pod):
                 try:
                     await life.attach(pod)
                 except AttachError as exc:  # its Event is written; the pod runs without it
                     log.error("late attach of pod %s/%s failed: %s", pod.namespace, pod.name, exc)
+                except Exception:  # one pod's failure must not stop the others' attach
+                    log.exception("late attach of pod %s/%s failed", pod.namespace, pod.name)
         await self.sweep()
         await self.garbage_collect()
 

@@ -153,3 +153,24 @@ async def test_state_stays_bounded_after_10000_pods(tmp_path: Path) -> None:
     life = node.lifecycle
     assert (len(life.locks), len(life.retries), len(life.removed), len(node.store)) == (0, 0, 0, 0)
     assert len(node.plugins.calls) == 2  # one ADD and one DEL, for the one pod of cnidra's
+
+
+async def test_one_pods_failure_does_not_stop_the_late_attach_of_the_others(
+    tmp_path: Path,
+) -> None:
+    node = Node.start(tmp_path)
+    two_networks(node, "a-uid", "c")
+    two_networks(node, "b-uid", "d")
+    calls = 0
+
+    def flaky() -> frozenset[str]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("netlink hiccup")
+        return frozenset()
+
+    node.lifecycle.protected_links = flaky
+    await node.hooks.synchronize([pod("a"), pod("b")])  # both started while cnidra was away
+    assert [r.sandbox_id for r in node.store.all()] == ["b-sandbox"]
+    assert len(node.plugins.commands("ADD")) == 3

@@ -113,6 +113,10 @@ ATTACKS: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
 ]
 
 
+# Admission cannot know which link the scheduler will allocate; prepare refuses these.
+PREPARE_ONLY = {"other-link"}
+
+
 def attack_template(
     name: str, parent: str, config: dict[str, Any], extra: dict[str, Any]
 ) -> dict[str, Any]:
@@ -302,6 +306,9 @@ def test_a_tenant_cannot_reach_the_node(
         # 1. admission refuses each attack, naming the field
         for name, config, extra, expected in ATTACKS:
             out = tenant.apply(attack_template(name, parent, config, extra))
+            if name in PREPARE_ONLY:
+                assert out.returncode == 0, out.stderr
+                continue
             assert out.returncode != 0, f"{name} was admitted"
             assert expected in out.stderr, (name, out.stderr)
         # the namespace policies (CEL): an admin class not granted to the namespace
