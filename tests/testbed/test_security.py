@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -246,7 +247,7 @@ def admission(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[[], None]]:
         ],
     }
     cluster.apply(webhook)
-    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "admission.yaml"))
+    apply_policies(cluster)
 
     def remove() -> None:
         cluster.kubectl(
@@ -268,6 +269,30 @@ def admission(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[[], None]]:
         log.close()
 
 
+def apply_policies(cluster: Cluster) -> None:
+    """deploy/admission.yaml, and wait until the apiserver enforces it (policies and their
+    bindings reach the admission plugin a moment after they are created)."""
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "admission.yaml"))
+    probe = template("probe", [("net", "x", cni_config("probe", "x", "198.18.233.0/24"), "net1")])
+    cluster.wait(
+        "the admission policies to be enforced",
+        lambda: (
+            cluster.kubectl(
+                "apply",
+                "--dry-run=server",
+                "-n",
+                "default",
+                "-f",
+                "-",
+                input_=json.dumps(probe),
+                check=False,
+            ).returncode
+            != 0
+        ),
+        30,
+    )
+
+
 def node_state() -> dict[str, str]:
     """The node's networking as text, without counters, lifetimes and timestamps."""
     commands = {
@@ -282,7 +307,7 @@ def node_state() -> dict[str, str]:
     out = {}
     for name, cmd in commands.items():
         text = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False).stdout
-        text = re.sub(r"(valid|preferred)_lft \S+", "", text)
+        text = re.sub(r"(valid|preferred)_lft \S+| tentative| dadfailed", "", text)
         text = re.sub(r"\[\d+:\d+\]|^#.*$|counter packets \d+ bytes \d+", "", text, flags=re.M)
         out[name] = text
     return out
@@ -329,6 +354,7 @@ def test_a_tenant_cannot_reach_the_node(
 
         # 2. without admission the same claims fail prepare, and the node is untouched
         admission()
+        time.sleep(3)  # the good pod's links settle (IPv6 duplicate address detection)
         before = node_state()
         names = [name for name, *_ in ATTACKS]
         for name, config, extra, _ in ATTACKS:
@@ -404,7 +430,7 @@ def test_the_drivers_rbac_holds_exactly_what_its_code_calls(cluster: Cluster) ->
 
 def test_a_nodes_driver_writes_only_its_own_nodes_slices(cluster: Cluster) -> None:
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac.yaml"))
-    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "admission.yaml"))
+    apply_policies(cluster)
     try:
         token = cluster.kubectl(
             "create",
@@ -458,8 +484,11 @@ def test_a_nodes_driver_writes_only_its_own_nodes_slices(cluster: Cluster) -> No
 
         own = as_driver(tb.NODE)
         assert own.returncode == 0, own.stderr
-        other = as_driver("some-other-node")
-        assert other.returncode != 0
+        other = cluster.wait(
+            "the node-scope policy to refuse",
+            lambda: (out := as_driver("some-other-node")).returncode != 0 and out,
+            20,
+        )
         assert "may write only that node's ResourceSlices" in other.stderr, other.stderr
     finally:
         for name in (f"scope-test-{tb.NODE}", "scope-test-some-other-node"):
@@ -472,7 +501,7 @@ def test_a_nodes_driver_writes_only_its_own_nodes_slices(cluster: Cluster) -> No
 def test_a_namespace_without_the_label_may_not_carry_configs(
     cluster: Cluster, namespace: str, test_link: Callable[[str], str]
 ) -> None:
-    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "admission.yaml"))
+    apply_policies(cluster)
     try:
         parent = test_link(f"tbn{uuid.uuid4().hex[:5]}")
         doc = template(
