@@ -52,7 +52,8 @@ def test_validate_json_output_for_the_design_review_example() -> None:
 def test_validate_usage_errors_exit_2() -> None:
     assert cnidra("validate", "/nonexistent.yaml").returncode == 2
     not_yaml = cnidra("validate", "-", stdin="a: [b\n")
-    assert not_yaml.returncode == 2 and "not YAML" in not_yaml.stderr
+    # a file that is not YAML is an invalid input (exit 1, said like any other error)
+    assert not_yaml.returncode == 1 and "not YAML" in not_yaml.stdout
     assert cnidra("validate", "-o", "xml", "-").returncode == 2
 
 

@@ -3,7 +3,6 @@ into CNIConfig-carrying Kubernetes objects. Pure: text in, objects out."""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -12,6 +11,7 @@ from typing import Any
 import yaml
 
 from cnidra.api.constants import API_VERSION, DEVICE_CLASS_NAME, DRIVER_NAME, KIND
+from cnidra.api.loading import LoadError, load_json, load_yaml
 
 
 class OutputKind(StrEnum):
@@ -31,47 +31,78 @@ class Source:
     namespace: str | None = None
 
 
-def read_source(text: str) -> Source:
-    """Parse a .conf/.conflist JSON file or a NetworkAttachmentDefinition YAML."""
+NAD_KIND = "NetworkAttachmentDefinition"
+
+
+def read_sources(data: str | bytes, name: str = "input") -> list[Source]:
+    """The CNI configs in a file: a `.conf`/`.conflist` (strict JSON, as libcni reads it), or
+    every NetworkAttachmentDefinition of a (multi-document) YAML or JSON file, other kinds
+    (the Pods of an example, say) skipped."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    raw = data if isinstance(data, bytes) else data.encode()
+    json_file = text.lstrip().startswith("{")
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as json_exc:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError:
+        docs = [load_json(raw, name)] if json_file else load_yaml(raw, name)
+    except LoadError as exc:
+        raise ConvertError(str(exc)) from None
+    if not docs:
+        raise ConvertError(f"{name} is empty")
+    single = docs[0] if len(docs) == 1 and isinstance(docs[0], dict) else None
+    if single is not None and "kind" not in single:
+        doc = single
+        if "plugins" not in doc and "type" not in doc:
             raise ConvertError(
-                f"neither JSON nor YAML: {json_exc.msg} at line {json_exc.lineno} "
-                f"column {json_exc.colno}"
-            ) from None
-    if not isinstance(data, dict):
-        raise ConvertError("expected a CNI config object or a NetworkAttachmentDefinition")
-    if data.get("kind") == "NetworkAttachmentDefinition":
-        return _from_nad(data)
-    if "plugins" not in data and "type" not in data:
-        raise ConvertError("not a CNI config: it has neither plugins (conflist) nor type (conf)")
-    return Source(data, data.get("name") if isinstance(data.get("name"), str) else None)
+                "not a CNI config: it has neither plugins (conflist) nor type (conf), "
+                "nor is it a NetworkAttachmentDefinition"
+            )
+        if not json_file:
+            raise ConvertError("a CNI config file is JSON (libcni reads nothing else), not YAML")
+        return [Source(doc, doc.get("name") if isinstance(doc.get("name"), str) else None)]
+    nads = [d for d in docs if isinstance(d, dict) and d.get("kind") == NAD_KIND]
+    if not nads:
+        kinds = ", ".join(sorted({str(d.get("kind")) for d in docs if isinstance(d, dict)}))
+        found = kinds or "none"
+        raise ConvertError(
+            f"expected a CNI config object or a NetworkAttachmentDefinition; found {found}"
+        )
+    return [_from_nad(nad) for nad in nads]
+
+
+def read_source(text: str | bytes) -> Source:
+    """The first (usually only) config of `read_sources`."""
+    return read_sources(text)[0]
 
 
 def _from_nad(nad: dict[str, Any]) -> Source:
-    meta = nad.get("metadata") or {}
+    meta = nad.get("metadata")
+    spec = nad.get("spec")
+    if not isinstance(meta, dict):
+        raise ConvertError("NetworkAttachmentDefinition metadata must be an object")
+    if spec is not None and not isinstance(spec, dict):
+        raise ConvertError("NetworkAttachmentDefinition spec must be an object")
     name = meta.get("name")
-    raw = (nad.get("spec") or {}).get("config")
+    raw = (spec or {}).get("config")
     if not isinstance(raw, str):
+        resource = (meta.get("annotations") or {}).get("k8s.v1.cni.cncf.io/resourceName")
+        why = f" (it names only the resource {resource})" if resource else ""
         raise ConvertError(
-            "NetworkAttachmentDefinition has no spec.config string; configs kept in "
-            "files on the node cannot be converted from the NAD alone"
+            f"NetworkAttachmentDefinition {name} has no spec.config string{why}: its config "
+            "lives in a file on each node, which cannot be converted from the NAD alone"
         )
     try:
-        config = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ConvertError(
-            f"spec.config is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
+        config = load_json(raw, "spec.config")
+    except LoadError as exc:
+        raise ConvertError(str(exc)) from None
     if not isinstance(config, dict):
         raise ConvertError("spec.config must hold a JSON object")
     if "name" not in config and isinstance(name, str):
         config = {"name": name, **config}  # the multi-net spec injects the NAD name
-    return Source(config, name, meta.get("namespace"))
+    namespace = meta.get("namespace")
+    return Source(
+        config,
+        name if isinstance(name, str) else None,
+        namespace if isinstance(namespace, str) else None,
+    )
 
 
 def dns_label(text: str, fallback: str = "network") -> str:

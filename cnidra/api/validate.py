@@ -19,6 +19,7 @@ from cnidra.api.constants import (
     RESOURCE_API_VERSIONS,
 )
 from cnidra.api.issues import ROOT, FieldPath, Issue, Issues, Severity, describe
+from cnidra.api.loading import LoadError, load_json
 from cnidra.api.merge import ConfigEntry, Source, applicable, merge_parameters, provenance
 from cnidra.api.netconf import to_conflist, validate_network_config
 from cnidra.api.plugin_schema import ifname_problem
@@ -401,14 +402,50 @@ def validate_document(
                 claim_entries(spec, ROOT / "spec", issues, set(), Source.CLASS)
         else:
             report.resolved = _validate_claim(doc, kind, issues, classes, namespace_labels or {})
+    elif kind == NAD_KIND:
+        _validate_nad(doc, issues)
     else:
-        issues.error(
+        issues.warn(
             ROOT / "kind",
-            f"{describe(doc.get('kind'))} is not something cnidra validates; "
-            "allowed: ResourceClaim, ResourceClaimTemplate, DeviceClass, CNIConfig",
+            f"skipped: cnidra validates ResourceClaim, ResourceClaimTemplate, DeviceClass, "
+            f"CNIConfig and {NAD_KIND}, not {describe(doc.get('kind'))}",
         )
     _dedupe(issues)
     return report
+
+
+NAD_KIND = "NetworkAttachmentDefinition"
+
+
+def _validate_nad(doc: Mapping[str, Any], issues: Issues) -> None:
+    """A Multus NetworkAttachmentDefinition: its `spec.config` is a CNI config as JSON text."""
+    meta, spec = doc.get("metadata"), doc.get("spec")
+    if not isinstance(meta, dict):
+        issues.error(ROOT / "metadata", f"must be an object, got {describe(meta)}")
+        return
+    if spec is not None and not isinstance(spec, dict):
+        issues.error(ROOT / "spec", f"must be an object, got {describe(spec)}")
+        return
+    raw = (spec or {}).get("config")
+    path = ROOT / "spec" / "config"
+    if raw is None:
+        issues.warn(
+            path,
+            "is not set: the config lives in a file on each node (or the NAD names only a "
+            "resource), so there is nothing here to check",
+        )
+        return
+    if not isinstance(raw, str):
+        issues.error(path, f"must be a string holding JSON, got {describe(raw)}")
+        return
+    try:
+        config = load_json(raw, "the JSON text")
+    except LoadError as exc:
+        issues.error(path, str(exc))
+        return
+    if isinstance(config, dict) and "name" not in config and isinstance(meta.get("name"), str):
+        config = {"name": meta["name"], **config}  # the multi-net spec injects the NAD's name
+    validate_network_config(config, path, issues, complete=True)
 
 
 def _validate_claim(

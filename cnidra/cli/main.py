@@ -6,15 +6,17 @@ import json
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import yaml
 from rich.console import Console
 
 from cnidra.agent.settings import DEFAULTS, DriverSettings  # light: no driver imports
-from cnidra.api.convert import ConvertError, OutputKind, read_source, render_yaml, to_document
-from cnidra.api.validate import validate_documents
+from cnidra.api.convert import ConvertError, OutputKind, read_sources, render_yaml, to_document
+from cnidra.api.issues import ROOT
+from cnidra.api.loading import LoadError, load_yaml
+from cnidra.api.validate import DocumentReport, validate_documents
 from cnidra.cli.output import FileReport, as_json, print_text
 
 app = typer.Typer(
@@ -38,15 +40,35 @@ def usage_error(message: str) -> typer.Exit:
     return typer.Exit(EXIT_USAGE)
 
 
-def load_yaml_documents(path: Path) -> list[object]:
+def read_input(path: Path) -> bytes:
     try:
-        text = sys.stdin.read() if str(path) == "-" else path.read_text()
+        return sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
     except OSError as exc:
         raise usage_error(f"cannot read {path}: {exc.strerror}") from None
+
+
+def load_documents(path: Path) -> list[Any] | LoadError:
+    """The file's documents, or why it cannot be read as YAML (a verdict, not a crash)."""
     try:
-        return [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as exc:
-        raise usage_error(f"{path} is not YAML: {exc}") from None
+        return load_yaml(read_input(path), str(path))
+    except LoadError as exc:
+        return exc
+
+
+def load_yaml_documents(path: Path) -> list[Any]:
+    """For commands that need documents to go on (`try`, `--policy`): unreadable is final."""
+    docs = load_documents(path)
+    if isinstance(docs, LoadError):
+        err.print(f"[red]invalid:[/] {docs}", highlight=False)
+        raise typer.Exit(EXIT_INVALID)
+    return docs
+
+
+def unreadable(error: LoadError | list[Any] | None) -> list[DocumentReport]:
+    report = DocumentReport(0, "?", None)
+    message = str(error) if isinstance(error, LoadError) else "is empty: there is no document in it"
+    report.issues.error(ROOT, message)
+    return [report]
 
 
 @app.command()
@@ -71,17 +93,16 @@ def validate(
 ) -> None:
     """Check ResourceClaims, ResourceClaimTemplates, DeviceClasses and CNIConfigs."""
     labels = dict(pair.split("=", 1) for pair in namespace_labels.split(",") if "=" in pair)
-    loaded = {f: load_yaml_documents(f) for f in files}
+    loaded = {f: load_documents(f) for f in files}
     admin = [d for p in policy or [] for d in load_yaml_documents(p)]
-    reports = [
-        FileReport(
-            str(f),
-            validate_documents(
-                docs, [*admin, *(d for g, o in loaded.items() if g != f for d in o)], labels
-            ),
-        )
-        for f, docs in loaded.items()
-    ]
+    every = [d for docs in loaded.values() if isinstance(docs, list) for d in docs]
+    reports = []
+    for f, docs in loaded.items():
+        if isinstance(docs, LoadError) or not docs:
+            reports.append(FileReport(str(f), unreadable(docs or None)))
+            continue
+        others = [d for d in every if all(d is not mine for mine in docs)]
+        reports.append(FileReport(str(f), validate_documents(docs, [*admin, *others], labels)))
     result = as_json(reports)
     if output is Format.JSON:
         typer.echo(json.dumps(result, indent=2))
@@ -103,16 +124,16 @@ def convert(
     ] = None,
     if_name: Annotated[str, typer.Option("--if-name", help="interface name in the pod")] = "net1",
 ) -> None:
-    """Print a CNI config file as YAML ready for kubectl apply."""
+    """Print CNI config files as YAML ready for kubectl apply: a .conf/.conflist, or every
+    NetworkAttachmentDefinition of a manifest (other kinds in it are skipped)."""
     try:
-        text = sys.stdin.read() if str(file) == "-" else file.read_text()
-    except OSError as exc:
-        raise usage_error(f"cannot read {file}: {exc.strerror}") from None
-    try:
-        source = read_source(text)
+        sources = read_sources(read_input(file), str(file))
     except ConvertError as exc:
         raise usage_error(f"{file}: {exc}") from None
-    typer.echo(render_yaml(to_document(source, kind, name, if_name)), nl=False)
+    if name and len(sources) > 1:
+        raise usage_error(f"--name names one object; {file} has {len(sources)} NADs")
+    docs = [render_yaml(to_document(source, kind, name, if_name)) for source in sources]
+    typer.echo("---\n".join(docs), nl=False)
 
 
 DEFAULT_CNI_PATH = "/opt/cni/bin:/usr/lib/cni"

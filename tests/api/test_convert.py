@@ -62,11 +62,26 @@ def test_name_and_ifname_options() -> None:
 @pytest.mark.parametrize(
     "text,fragment",
     [
-        ("{", "neither JSON nor YAML"),
+        ("{", "is not JSON"),
+        ('{"cniVersion": "1.0.0", "type": "bridge",}', "is not JSON"),  # libcni refuses too
+        ('{"name": "a", "name": "b", "type": "bridge"}', "duplicate key 'name'"),
         ("[1, 2]", "expected a CNI config"),
         ('{"cniVersion": "1.0.0"}', "neither plugins"),
-        ("kind: NetworkAttachmentDefinition\nspec: {}\n", "no spec.config"),
-        ("kind: NetworkAttachmentDefinition\nspec: {config: '{nope'}\n", "not valid JSON"),
+        ("type: bridge\nname: n\n", "is JSON"),
+        ("kind: NetworkAttachmentDefinition\nmetadata: {name: n}\nspec: {}\n", "no spec.config"),
+        (
+            "kind: NetworkAttachmentDefinition\nmetadata: {name: sriov, annotations: "
+            "{k8s.v1.cni.cncf.io/resourceName: intel.com/sriov}}\n",
+            "names only the resource intel.com/sriov",
+        ),
+        (
+            "kind: NetworkAttachmentDefinition\nmetadata: {name: n}\nspec: {config: '{nope'}\n",
+            "spec.config is not JSON",
+        ),
+        ("kind: NetworkAttachmentDefinition\nmetadata: []\n", "metadata must be an object"),
+        ("kind: NetworkAttachmentDefinition\nmetadata: {}\nspec: [1]\n", "spec must be"),
+        ("kind: Pod\nmetadata: {name: p}\n", "found Pod"),
+        ("", "is empty"),
     ],
 )
 def test_bad_inputs_say_what_is_wrong(text: str, fragment: str) -> None:
