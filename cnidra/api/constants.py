@@ -14,8 +14,12 @@ RESOURCE_API_VERSIONS: Final = frozenset(
     {"resource.k8s.io/v1", "resource.k8s.io/v1beta1", "resource.k8s.io/v1beta2"}
 )
 
-# CNI versions whose results the runtime can parse and convert.
-SUPPORTED_CNI_VERSIONS: Final = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+# CNI versions whose configs libcni and the plugins run, and whose results the runtime parses
+# and converts (0.1.0 and 0.2.0 results, `ip4`/`ip6`, are read into the 1.0.0 form, as libcni
+# converts them for its callers).
+SUPPORTED_CNI_VERSIONS: Final = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+# A config without cniVersion is 0.1.0 to libcni.
+DEFAULT_CNI_VERSION: Final = "0.1.0"
 
 # The pod's primary network interface, owned by the cluster's default CNI.
 PRIMARY_IFNAME: Final = "eth0"

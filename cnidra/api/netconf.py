@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import re
@@ -10,7 +11,11 @@ from typing import Any
 
 from jsonschema import ValidationError
 
-from cnidra.api.constants import STATUS_DATA_MAX_BYTES, SUPPORTED_CNI_VERSIONS
+from cnidra.api.constants import (
+    DEFAULT_CNI_VERSION,
+    STATUS_DATA_MAX_BYTES,
+    SUPPORTED_CNI_VERSIONS,
+)
 from cnidra.api.issues import FieldPath, Issues, describe, json_type
 from cnidra.api.ownership import state_field_problems
 from cnidra.api.plugin_schema import (
@@ -109,8 +114,11 @@ def _validate_header(
     version = config.get("cniVersion")
     if version is None:
         if complete:
-            issues.error(
-                path / "cniVersion", "is required; allowed: " + ", ".join(SUPPORTED_CNI_VERSIONS)
+            issues.warn(
+                path / "cniVersion",
+                f"is not set, so libcni and the plugins use {DEFAULT_CNI_VERSION} (no CHECK, "
+                "GC or STATUS, no prevResult chaining); set a newer version if the plugins "
+                "support it",
             )
     elif version not in SUPPORTED_CNI_VERSIONS:
         issues.error(
@@ -169,6 +177,78 @@ def _validate_conflist(
             issues.error(ppath, f"must be a plugin object with a type, got {describe(plugin)}")
             continue
         _validate_plugin(plugin, ppath, issues, version, single=False)
+    _check_chain(plugins, path / "plugins", issues)
+
+
+def _role(plugin: Any) -> str | None:
+    """ "interface" (makes the pod's interface), "chained" (needs a prevResult) or None."""
+    if not isinstance(plugin, dict) or not isinstance(plugin.get("type"), str):
+        return None
+    schema = schema_for("plugins", plugin["type"])
+    return str(schema.document.get("x-role")) if schema and schema.document.get("x-role") else None
+
+
+def _check_chain(plugins: list[Any], path: FieldPath, issues: Issues) -> None:
+    """What makes ADD fail before any packet: a chained plugin with nothing before it to give
+    it a prevResult, and two plugins that each make the pod's interface."""
+    makers = [i for i, p in enumerate(plugins) if _role(p) == "interface"]
+    for i, plugin in enumerate(plugins):
+        if _role(plugin) == "chained" and not any(m < i for m in makers):
+            issues.error(
+                path / i / "type",
+                f"{plugin['type']} only modifies an interface another plugin made (its ADD fails "
+                "with no prevResult); put an interface plugin (macvlan, bridge, ...) before it",
+            )
+    for extra in makers[1:]:
+        issues.error(
+            path / extra / "type",
+            f"{plugins[extra]['type']} would make a second interface in one network "
+            f"(plugins[{makers[0]}] makes it already); use one network per interface",
+        )
+
+
+def _check_min_version(
+    schema: PluginSchema,
+    ptype: str,
+    list_version: object,
+    own_version: object,
+    single: bool,
+    path: FieldPath,
+    issues: Issues,
+) -> None:
+    minimum = schema.document.get("x-minCNIVersion")
+    version = (own_version if single else list_version) or DEFAULT_CNI_VERSION
+    if not isinstance(minimum, str) or not isinstance(version, str):
+        return
+    if version in SUPPORTED_CNI_VERSIONS and _vt(version) < _vt(minimum):
+        where = path / "cniVersion" if single else path / "type"
+        issues.error(
+            where,
+            f"{ptype} supports cniVersion {minimum} and later; this config is {version}",
+        )
+
+
+def _vt(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".") if p.isdigit())
+
+
+def canonical_keys(
+    schema: PluginSchema, plugin: Mapping[str, Any], path: FieldPath, issues: Issues
+) -> dict[str, Any]:
+    """The plugin's keys as the plugin reads them: Go's JSON decoder matches field names
+    case-insensitively (`hairpinmode` sets hairpinMode), so cnidra does too, with a note."""
+    fields = {k.lower(): k for k in schema.document["properties"]}
+    out: dict[str, Any] = {}
+    for key, value in plugin.items():
+        canonical = key if key in schema.document["properties"] else fields.get(key.lower(), key)
+        if canonical != key:
+            issues.warn(
+                path / key,
+                f"is read as {canonical!r} (field names match case-insensitively in the "
+                f"plugins); write {canonical!r}",
+            )
+        out.setdefault(canonical, value)
+    return out
 
 
 def _validate_plugin(
@@ -189,11 +269,11 @@ def _validate_plugin(
     ptype: str = plugin["type"]
     own_version = plugin.get("cniVersion")
     if not single and own_version is not None and own_version != list_version:
-        issues.error(
+        issues.warn(
             path / "cniVersion",
             f"{describe(own_version)} differs from the conflist's "
-            f"cniVersion {describe(list_version)}; every plugin runs with the list's "
-            "version, so remove it or make them equal",
+            f"cniVersion {describe(list_version)}; libcni runs every plugin with the list's "
+            "version, so this one is ignored",
         )
     schema = schema_for("plugins", ptype)
     if schema is None:
@@ -203,10 +283,12 @@ def _validate_plugin(
             "are not checked (make sure it is installed on the nodes)",
         )
     else:
+        canonical = canonical_keys(schema, plugin, path, issues)
         report_schema_errors(
-            schema, plugin, path, issues, skip=("name", "cniVersion") if single else ()
+            schema, canonical, path, issues, skip=("name", "cniVersion") if single else ()
         )
-        _validate_plugin_semantics(ptype, plugin, path, issues)
+        _validate_plugin_semantics(ptype, canonical, path, issues)
+        _check_min_version(schema, ptype, list_version, own_version, single, path, issues)
     ipam = plugin.get("ipam")
     if ipam is not None and (not isinstance(ipam, dict) or ipam):
         validate_ipam(ipam, path / "ipam", issues)
@@ -328,6 +410,9 @@ def _check_range(rng: Mapping[str, Any], path: FieldPath, issues: Issues) -> Net
             addr = parse_ip(rng[key])
             if addr is None:
                 continue
+            mapped = getattr(addr, "ipv4_mapped", None)
+            if mapped is not None and net.version == 4:
+                addr = mapped  # ::ffff:a.b.c.d is a.b.c.d to the plugins (Go's net.IP)
             if addr.version != net.version or addr not in net:
                 issues.error(path / key, f"{addr} is outside the subnet {net}")
             else:
@@ -387,10 +472,12 @@ def report_schema_errors(
                 if key in skip:
                     continue
                 what = f"{schema.type} {'IPAM' if schema.kind == 'ipam' else 'plugin'}"
-                issues.error(
+                near = difflib.get_close_matches(key, list(props), n=1, cutoff=0.75)
+                hint = f"did you mean {near[0]!r}? " if near else ""
+                issues.warn(
                     where / key,
-                    f"unknown field for the {what}; allowed: "
-                    f"{', '.join(allowed) or 'none'}{common}",
+                    f"is not a field of the {what} (release {schema.release}), which ignores "
+                    f"it; {hint}known: {', '.join(allowed) or 'none'}{common}",
                 )
             continue
         issues.error(where, schema_message(err))

@@ -1,8 +1,11 @@
 """Machine-readable schemas of the reference CNI plugins and IPAM plugins.
 
 Each plugin is one JSON Schema file under `schemas/plugins/` (or `schemas/ipam/`) listing the
-fields that plugin reads; the keys every plugin may carry come from `defs.json`. Adding a
-plugin means adding one file. Unknown fields of a known plugin are errors.
+fields that plugin reads, in the release `defs.json` names (`x-release`; a test keeps the files
+in step with the plugins the test bed builds); the keys every plugin may carry come from
+`defs.json`. `x-role` says whether a plugin makes the pod's interface or modifies one made
+before it, `x-minCNIVersion` the oldest config version it runs. Adding a plugin means adding one
+file. Unknown fields of a known plugin are warnings: the plugin ignores them.
 """
 
 from __future__ import annotations
@@ -92,6 +95,8 @@ def ifname_problem(name: str, *, allow_primary: bool = False) -> str | None:
     if bad:
         shown = ", ".join(repr(c) for c in bad)
         return f"must not contain {shown} (no '/', ':' or whitespace)"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "must not contain control characters (NUL, ...)"
     if not allow_primary and name == "eth0":
         return (
             "'eth0' is the pod's primary interface, owned by the cluster network; "
@@ -107,6 +112,7 @@ class PluginSchema:
     document: dict[str, Any]
     validator: jsonschema.protocols.Validator
     own_fields: tuple[str, ...]
+    release: str = ""
 
     @property
     def fields(self) -> list[str]:
@@ -154,13 +160,15 @@ def schema_for(kind: str, plugin_type: str) -> PluginSchema | None:
         "properties": properties,
         "required": doc.get("required", []),
         "additionalProperties": False,
+        **{k: v for k, v in doc.items() if k.startswith("x-")},
     }
     validator_cls = jsonschema.validators.validator_for(
         full, default=jsonschema.Draft202012Validator
     )
     validator = validator_cls(full, registry=_registry(), format_checker=format_checker)
     own = tuple(sorted(doc.get("properties", {})))
-    return PluginSchema(kind, plugin_type, full, validator, own)
+    release = str(_load_json("defs.json").get("x-release", ""))
+    return PluginSchema(kind, plugin_type, full, validator, own, release)
 
 
 def _rebase(node: Any) -> Any:

@@ -49,7 +49,7 @@ DANGEROUS: Mapping[tuple[str, str], str] = {
     ("host-device", "kernelpath"): "a host path the root driver reads",
     ("host-device", "pciBusID"): "moves any PCI device of the node",
     ("tuning", "dataDir"): "a host path the root driver writes",
-    ("tap", "selinuxcontext"): "a host security label",
+    ("tap", "selinuxContext"): "a host security label",
     ("portmap", "externalSetMarkChain"): "host iptables chains",
     ("portmap", "masqAll"): "adds NAT rules on the host",
     ("portmap", "snat"): "adds NAT rules on the host",
@@ -63,6 +63,8 @@ DANGEROUS_IPAM: Mapping[tuple[str, str], str] = {
     ("host-local", "dataDir"): "a host path the root driver writes",
     ("dhcp", "daemonSocketPath"): "a host socket the root driver connects to",
 }
+_DANGEROUS_LOWER = {(t, k.lower()): why for (t, k), why in DANGEROUS.items()}
+_DANGEROUS_IPAM_LOWER = {(t, k.lower()): why for (t, k), why in DANGEROUS_IPAM.items()}
 # CNIConfig.capabilities no claim may ask for: portMappings DNATs node ports.
 DANGEROUS_CAPABILITIES = {"portMappings": "DNATs node ports to the pod, past the hostPort rules"}
 # CNI_ARGS the driver sets for the pod; a claim's would come after and win.
@@ -229,8 +231,14 @@ def leaves(value: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
 
 
 def _overlaps(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """One path is the other or inside it; keys compared case-insensitively, because the
+    plugins read `MTU` as `mtu` (a claim must not override a class field by its spelling)."""
     n = min(len(a), len(b))
-    return a[:n] == b[:n]
+    return _folded(a[:n]) == _folded(b[:n])
+
+
+def _folded(path: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(p.lower() if isinstance(p, str) else p for p in path)
 
 
 def check_claim(
@@ -342,7 +350,10 @@ def _check_network(
                 + (", ".join(rules.plugins) or "none"),
             )
         for key in plugin:
-            reason = DANGEROUS.get((ptype, key)) or DANGEROUS.get(("*", key))
+            # the plugins match field names case-insensitively (Go), so IsGateway is isGateway
+            reason = _DANGEROUS_LOWER.get((ptype, key.lower())) or _DANGEROUS_LOWER.get(
+                ("*", key.lower())
+            )
             if reason:
                 issues.error(ppath / key, f"never claim-settable: {reason}")
         vlan = plugin.get("vlanId")
@@ -365,7 +376,7 @@ def _check_ipam(
             + (", ".join(rules.plugins) or "none"),
         )
     for key in ipam:
-        reason = DANGEROUS_IPAM.get((itype, key))
+        reason = _DANGEROUS_IPAM_LOWER.get((itype, key.lower()))
         if reason:
             issues.error(path / key, f"never claim-settable: {reason}")
     if rules.ip_ranges is None:
@@ -409,14 +420,16 @@ def bind_to_device(
         plugin = dict(original)
         field = PARENT_FIELDS.get(str(plugin.get("type")))
         if field is not None:
-            named = plugin.get(field)
-            if named in (None, ""):
-                plugin[field] = link
-            elif named != link:
-                issues.error(
-                    path / "plugins" / i / field,
-                    f"names {named!r}, but the scheduler allocated {link!r}: the link configured "
-                    "is the one allocated; remove the field or name that link",
-                )
+            # `Master` and `MASTER` set master too (Go matches field names case-insensitively)
+            spellings = [k for k in plugin if k.lower() == field.lower()]
+            for key in spellings:
+                named = plugin.pop(key)
+                if named not in (None, "", link):
+                    issues.error(
+                        path / "plugins" / i / key,
+                        f"names {named!r}, but the scheduler allocated {link!r}: the link "
+                        "configured is the one allocated; remove the field or name that link",
+                    )
+            plugin[field] = link
         plugins.append(plugin)
     return {**conflist, "plugins": plugins}

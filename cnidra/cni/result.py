@@ -1,4 +1,6 @@
-"""CNI results: parsing, checking and conversion across 0.3.0, 0.3.1, 0.4.0, 1.0.0 and 1.1.0."""
+"""CNI results: parsing, checking and conversion across 0.3.0, 0.3.1, 0.4.0, 1.0.0 and 1.1.0;
+results of 0.1.0 and 0.2.0 plugins (`ip4`/`ip6`) are read into the 1.0.0 form and kept there,
+as libcni converts them for its callers."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from cnidra.api.constants import SUPPORTED_CNI_VERSIONS
 
 _PRE_1_0 = ("0.3.0", "0.3.1", "0.4.0")
+_LEGACY = ("0.1.0", "0.2.0")
 _ROUTE_1_1_FIELDS = ("mtu", "advmss", "priority", "table", "scope")
 _INTERFACE_1_1_FIELDS = ("socketPath", "pciID")
 
@@ -71,6 +74,8 @@ class Result:
         """Check `data` as a result; a missing cniVersion means the config's (libcni's rule)."""
         if not isinstance(data, dict):
             raise ResultError(f"result must be a JSON object, got {type(data).__name__}")
+        if (data.get("cniVersion") or config_version) in _LEGACY:
+            data = _from_legacy(data)
         try:
             _Result.model_validate(data)
         except ValidationError as exc:
@@ -97,7 +102,7 @@ class Result:
     def as_version(self, version: str) -> Result:
         if version not in SUPPORTED_CNI_VERSIONS:
             raise ResultError(f"cannot convert a result to version {version!r}")
-        if version == self.cni_version:
+        if version == self.cni_version or version in _LEGACY:
             return self
         data: dict[str, Any] = _deep_copy(self.raw)
         data["cniVersion"] = version
@@ -129,6 +134,26 @@ class Result:
     def to_json(self) -> dict[str, Any]:
         copied: dict[str, Any] = _deep_copy(self.raw)
         return copied
+
+
+def _from_legacy(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A 0.1.0/0.2.0 result in the 1.0.0 form: `ip4`/`ip6` become `ips` and `routes`."""
+    ips: list[dict[str, Any]] = []
+    routes: list[Any] = []
+    for family in ("ip4", "ip6"):
+        block = data.get(family)
+        if isinstance(block, Mapping) and block.get("ip"):
+            ip = {"address": block["ip"]}
+            if block.get("gateway"):
+                ip["gateway"] = block["gateway"]
+            ips.append(ip)
+            routes.extend(block.get("routes") or [])
+    out: dict[str, Any] = {"cniVersion": "1.0.0", "ips": ips}
+    if routes:
+        out["routes"] = routes
+    if data.get("dns"):
+        out["dns"] = data["dns"]
+    return out
 
 
 def _deep_copy(value: Any) -> Any:

@@ -248,3 +248,31 @@ def test_a_namespace_selector_limits_whom_the_policy_opens_for() -> None:
     assert not report.issues.errors
     [report] = validate_documents([doc], scoped, {})
     assert any("does not cover namespace team-a" in i.message for i in report.issues.errors)
+
+
+def test_field_names_are_matched_as_the_plugins_match_them() -> None:
+    """Go reads IsGateway as isGateway and MTU as mtu: neither spelling gets around a rule."""
+    found = errors(claim(network({"type": "bridge", "IsGateway": True})))
+    assert any("plugins[0].IsGateway: never claim-settable" in e for e in found), found
+    pinned = copy.deepcopy(ADMIN_NETWORK)
+    pinned["metadata"]["name"] = "pinned"
+    pinned["spec"]["config"][0]["opaque"]["parameters"]["config"] = {
+        "cniVersion": "1.1.0",
+        "name": "data",
+        "type": "macvlan",
+        "mtu": 1500,
+    }
+    pinned["spec"]["config"].append(
+        {
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+                    "kind": "CNIPolicy",
+                    "claims": {"defineNetworks": True, "plugins": ["macvlan"]},
+                },
+            }
+        }
+    )
+    found = errors(claim({"ifName": "net1", "config": {"MTU": 9000}}, "pinned"), [pinned])
+    assert any("config.MTU: is set by the DeviceClass" in e for e in found), found

@@ -70,7 +70,7 @@ def test_sandbox_interface_and_its_ips() -> None:
         ({"ips": [{"gateway": "x"}]}, "ips.0.address"),
         ({"ips": [{"address": "198.18.0.5"}]}, "with a prefix"),
         ({"interfaces": [{"mac": "x"}]}, "interfaces.0.name"),
-        ({"cniVersion": "0.2.0"}, "not supported"),
+        ({"cniVersion": "0.9.0"}, "not supported"),
     ],
 )
 def test_bad_results_are_refused(bad: Any, fragment: str) -> None:
