@@ -193,7 +193,9 @@ def _check_chain(plugins: list[Any], path: FieldPath, issues: Issues) -> None:
     it a prevResult, and two plugins that each make the pod's interface."""
     makers = [i for i, p in enumerate(plugins) if _role(p) == "interface"]
     for i, plugin in enumerate(plugins):
-        if _role(plugin) == "chained" and not any(m < i for m in makers):
+        # a plugin cnidra does not know (flannel, cilium-cni, ...) may well make the interface
+        before = [_role(p) for p in plugins[:i]]
+        if _role(plugin) == "chained" and all(r == "chained" for r in before):
             issues.error(
                 path / i / "type",
                 f"{plugin['type']} only modifies an interface another plugin made (its ADD fails "
@@ -282,6 +284,10 @@ def _validate_plugin(
             f"{ptype!r} is not a reference plugin cnidra knows; its fields "
             "are not checked (make sure it is installed on the nodes)",
         )
+        # such a plugin may read its ipam its own way (calico's usePodCidr): only noted
+        if isinstance(plugin.get("ipam"), dict) and plugin["ipam"]:
+            issues.warn(path / "ipam", f"passed to {ptype!r} as it is; not checked")
+        return
     else:
         canonical = canonical_keys(schema, plugin, path, issues)
         report_schema_errors(

@@ -61,9 +61,10 @@ class ResolvedRequest:
 
 
 def parse_parameters(
-    params: Any, path: FieldPath, issues: Issues, *, complete: bool
+    params: Any, path: FieldPath, issues: Issues, *, complete: bool, network: bool = True
 ) -> CNIConfig | None:
-    """Check one CNIConfig object; None when it has errors."""
+    """Check one CNIConfig object; None when it has errors. `network` False leaves its CNI
+    config to a later check (a claim's, checked once merged with its class's)."""
     if not isinstance(params, dict):
         issues.error(path, f"must be a {KIND} object, got {describe(params)}")
         return None
@@ -99,7 +100,7 @@ def parse_parameters(
     elif if_name is None and complete:
         issues.error(path / "ifName", "is required: the interface name inside the pod, e.g. net1")
     config = params.get("config")
-    if config is not None:
+    if config is not None and network:
         validate_network_config(config, path / "config", issues, complete=complete)
     elif complete and "config" not in params and not _has_error_at(issues, path / "config"):
         issues.error(path / "config", "is required: a CNI network configuration (conf or conflist)")
@@ -291,9 +292,11 @@ def claim_entries(
             else:
                 issues.error(ppath / "kind", "a CNIPolicy comes from a DeviceClass, not a claim")
             continue
-        if parse_parameters(params, ppath, issues, complete=False) is not None or isinstance(
-            params, dict
-        ):
+        # a claim's network is validated once, merged with its class's, per request
+        checked = parse_parameters(
+            params, ppath, issues, complete=False, network=source is Source.CLASS
+        )
+        if checked is not None or isinstance(params, dict):
             entries.append(
                 ConfigEntry(
                     source, params if isinstance(params, dict) else {}, tuple(requests), ppath
