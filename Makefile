@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test test-unit demo cni-plugins bench clean
+.PHONY: install lint test test-unit demo cni-plugins bench deploy clean
 
 install: $(STAMP)
 
@@ -30,6 +30,10 @@ test-unit: install
 
 demo: install cni-plugins
 	hack/demo.sh
+
+# deploy/ is rendered from charts/cnidra (a test fails when they differ)
+deploy:
+	hack/render-deploy.sh
 
 bench: install cni-plugins
 	$(BIN)/python -m bench.cni_overhead

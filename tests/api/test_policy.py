@@ -15,7 +15,9 @@ from cnidra.api.validate import validate_documents
 
 ROOT = Path(__file__).parents[2]
 DRIVER = "cni.dra.networking.x-k8s.io"
-DEFAULT_CLASSES = list(yaml.safe_load_all((ROOT / "deploy" / "deviceclass.yaml").read_text()))
+DEFAULT_CLASSES = [
+    d for d in yaml.safe_load_all((ROOT / "deploy" / "deviceclass.yaml").read_text()) if d
+]
 
 
 def claim(
