@@ -343,12 +343,7 @@ def _check_network(
             continue
         ppath = anchor if single else anchor / "plugins" / i
         ptype = str(plugin.get("type", ""))
-        if ptype not in rules.plugins:
-            issues.error(
-                ppath / "type",
-                f"plugin {ptype!r} is not allowed for claims of this DeviceClass; allowed: "
-                + (", ".join(rules.plugins) or "none"),
-            )
+        _check_type("plugin", ptype, ppath, rules, issues)
         for key in plugin:
             # the plugins match field names case-insensitively (Go), so IsGateway is isGateway
             reason = _DANGEROUS_LOWER.get((ptype, key.lower())) or _DANGEROUS_LOWER.get(
@@ -365,16 +360,20 @@ def _check_network(
             _check_ipam(ipam, ppath / "ipam", rules, issues)
 
 
+def _check_type(what: str, ptype: str, path: FieldPath, rules: ClaimRules, issues: Issues) -> None:
+    if ptype not in rules.plugins:
+        allowed = ", ".join(rules.plugins) or "none"
+        issues.error(
+            path / "type",
+            f"{what} {ptype!r} is not allowed for claims of this DeviceClass; allowed: {allowed}",
+        )
+
+
 def _check_ipam(
     ipam: Mapping[str, Any], path: FieldPath, rules: ClaimRules, issues: Issues
 ) -> None:
     itype = str(ipam.get("type", ""))
-    if itype not in rules.plugins:
-        issues.error(
-            path / "type",
-            f"IPAM plugin {itype!r} is not allowed for claims of this DeviceClass; allowed: "
-            + (", ".join(rules.plugins) or "none"),
-        )
+    _check_type("IPAM plugin", itype, path, rules, issues)
     for key in ipam:
         reason = _DANGEROUS_IPAM_LOWER.get((itype, key.lower()))
         if reason:
