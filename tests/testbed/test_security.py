@@ -433,26 +433,75 @@ def test_the_drivers_rbac_holds_exactly_what_its_code_calls(cluster: Cluster) ->
     assert [r for r in refused if can(*r)] == []
 
 
-def test_a_nodes_driver_writes_only_its_own_nodes_slices(cluster: Cluster) -> None:
+def allocated_claim(cluster: Cluster, namespace: str, name: str, node: str) -> None:
+    """A claim as the scheduler leaves it: allocated to `node` (written by the admin)."""
+    cluster.apply(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "net", "exactly": {"deviceClassName": "cni.networking.x-k8s.io"}}
+                    ]
+                }
+            },
+        }
+    )
+    allocation = {
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "net",
+                            "driver": "cni.dra.networking.x-k8s.io",
+                            "pool": node,
+                            "device": "tbdata0",
+                        }
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node]}
+                            ]
+                        }
+                    ]
+                },
+            }
+        }
+    }
+    cluster.kubectl(
+        "patch", "resourceclaim", name, "-n", namespace, "--subresource=status",
+        "--type=merge", "-p", json.dumps(allocation),
+    )  # fmt: skip
+
+
+def test_a_nodes_driver_writes_only_its_own_nodes_slices_and_claims(
+    cluster: Cluster, namespace: str
+) -> None:
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac.yaml"))
     apply_policies(cluster)
     try:
         token = cluster.kubectl(
-            "create",
-            "token",
-            "cnidra",
-            "-n",
-            "cnidra-system",
-            "--bound-object-kind",
-            "Node",
-            "--bound-object-name",
-            tb.NODE,
-        ).stdout.strip()
+            "create", "token", "cnidra", "-n", "cnidra-system",
+            "--bound-object-kind", "Node", "--bound-object-name", tb.NODE,
+        ).stdout.strip()  # fmt: skip
         server = cluster.kubectl(
             "config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"
         ).stdout
 
-        def as_driver(node: str) -> subprocess.CompletedProcess[str]:
+        def as_driver(*args: str, input_: str | None = None) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [str(cluster.bins.k8s / "kubectl"), "--kubeconfig=/dev/null", "--server", server,
+                 "--insecure-skip-tls-verify", "--token", token, *args],
+                input=input_, capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+
+        def slice_for(node: str) -> subprocess.CompletedProcess[str]:
             doc = {
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceSlice",
@@ -464,40 +513,42 @@ def test_a_nodes_driver_writes_only_its_own_nodes_slices(cluster: Cluster) -> No
                     "devices": [],
                 },
             }
-            return subprocess.run(
-                [
-                    str(cluster.bins.k8s / "kubectl"),
-                    "--kubeconfig=/dev/null",
-                    "--server",
-                    server,
-                    "--insecure-skip-tls-verify",
-                    "--token",
-                    token,
-                    "apply",
-                    "--server-side",
-                    "--field-manager",
-                    "cnidra",
-                    "-f",
-                    "-",
-                ],
-                input=yaml.safe_dump(doc),
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
+            return as_driver(
+                "apply", "--server-side", "--field-manager", "cnidra", "-f", "-",
+                input_=yaml.safe_dump(doc),
+            )  # fmt: skip
 
-        own = as_driver(tb.NODE)
+        def finalize(claim: str) -> subprocess.CompletedProcess[str]:
+            patch = {"metadata": {"finalizers": ["cni.dra.networking.x-k8s.io/interfaces"]}}
+            return as_driver(
+                "patch", "resourceclaim", claim, "-n", namespace, "--type=merge",
+                "-p", json.dumps(patch),
+            )  # fmt: skip
+
+        own = slice_for(tb.NODE)
         assert own.returncode == 0, own.stderr
         other = cluster.wait(
             "the node-scope policy to refuse",
-            lambda: (out := as_driver("some-other-node")).returncode != 0 and out,
+            lambda: (out := slice_for("some-other-node")).returncode != 0 and out,
             20,
         )
         assert "may write only that node's ResourceSlices" in other.stderr, other.stderr
+
+        allocated_claim(cluster, namespace, "mine", tb.NODE)
+        allocated_claim(cluster, namespace, "theirs", "some-other-node")
+        mine = finalize("mine")
+        assert mine.returncode == 0, mine.stderr
+        theirs = finalize("theirs")
+        assert theirs.returncode != 0
+        assert "may write only claims allocated to that node" in theirs.stderr, theirs.stderr
     finally:
         for name in (f"scope-test-{tb.NODE}", "scope-test-some-other-node"):
             cluster.kubectl("delete", "resourceslice", name, "--ignore-not-found")
+        for claim in ("mine", "theirs"):
+            cluster.kubectl(
+                "patch", "resourceclaim", claim, "-n", namespace, "--type=merge",
+                "-p", '{"metadata":{"finalizers":null}}', check=False,
+            )  # fmt: skip
         cluster.kubectl(
             "delete", "-f", str(ROOT / "deploy" / "admission.yaml"), "--ignore-not-found"
         )
