@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test test-unit demo cni-plugins bench deploy clean
+.PHONY: install lint test test-unit demo cni-plugins bench deploy image clean
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ test-unit: install
 demo: install cni-plugins
 	hack/demo.sh
 
+# the driver's OCI image, dist/cnidra-image.tar (no Docker: mmdebstrap + pip + hack/image/oci.py)
+image: install
+	hack/image/build.sh
+
 # deploy/ is rendered from charts/cnidra (a test fails when they differ)
 deploy:
 	hack/render-deploy.sh
@@ -39,4 +43,4 @@ bench: install cni-plugins
 	$(BIN)/python -m bench.cni_overhead
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis dist

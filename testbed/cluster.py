@@ -119,6 +119,7 @@ class Paths:
     cni_bin = ROOT / "cni-bin"
     primary_calls = ROOT / "logs" / "primary-cni.log"
     containerd_sock = run / "containerd" / "containerd.sock"
+    netns = run / "containerd" / "io.containerd.grpc.v1.cri" / "netns"  # pods' namespaces
     nri_sock = run / "nri" / "nri.sock"
     admin_kubeconfig = WORK / "admin.kubeconfig"
 
@@ -648,7 +649,26 @@ def start_controllers(bins: Bins) -> None:
     )
 
 
+def share_netns_dir() -> None:
+    """Pods' network namespaces as a shared mount, as on a systemd node: a DaemonSet mounting
+    the directory with HostToContainer propagation (cnidra's) needs it (this sandbox's / is
+    a private mount)."""
+    netns = Paths.netns
+    netns.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["findmnt", "-n", "-o", "PROPAGATION", str(netns)],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    if not mounted:
+        subprocess.run(["mount", "--bind", str(netns), str(netns)], check=True)
+    if mounted != "shared":
+        subprocess.run(["mount", "--make-rshared", str(netns)], check=True)
+
+
 def start_containerd(bins: Bins) -> None:
+    share_netns_dir()
     path = f"{bins.containerd}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
     start(
         "containerd",

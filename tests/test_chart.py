@@ -73,7 +73,12 @@ def test_defaults_and_every_option_render() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    ["driver.logLevel=loud", "hostPaths.state=relative/path", "image.tag=", "driver.nope=1"],
+    [
+        "driver.logLevel=loud",
+        "hostPaths.state=relative/path",
+        "image.pullPolicy=Sometimes",
+        "driver.nope=1",
+    ],
 )
 def test_the_schema_refuses_bad_values(bad: str) -> None:
     out = render(bad)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# `make image`: the driver's (and webhook's) OCI image, built here without Docker or a registry.
+#   base layer: Debian bookworm essential packages + python3 and libstdc++6 (grpcio) (mmdebstrap, reproducible with
+#               SOURCE_DATE_EPOCH), shells and apt removed;
+#   app layer:  the cnidra wheel and its dependencies (binary wheels for CPython 3.11 from
+#               PyPI) under /opt/cnidra, and /usr/local/bin/cnidra.
+# Writes dist/cnidra-image.tar (OCI archive, reference cnidra:$VERSION) and prints its digest.
+# Same commit, same digest (the Debian mirror's state aside: the package versions are listed in
+# dist/cnidra-image.packages).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY="${PYTHON:-.venv/bin/python}"
+VERSION="$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["project"]["version"])')"
+REF="${IMAGE_REF:-docker.io/library/cnidra:$VERSION}"   # what kubelet resolves cnidra:$VERSION to
+EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
+export SOURCE_DATE_EPOCH="$EPOCH"
+OUT=dist; mkdir -p "$OUT"
+work=/tmp/cnidra-image-build; rm -rf "$work"; mkdir -p "$work/app/opt/cnidra" "$work/app/usr/local/bin"
+trap 'rm -rf "$work"' EXIT
+command -v mmdebstrap >/dev/null || {
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q mmdebstrap >/dev/null 2>&1 ||
+  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q mmdebstrap >/dev/null; }
+}
+mmdebstrap --quiet --variant=essential --include=python3,libstdc++6 \
+  --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+  --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+  bookworm "$work/base.tar"
+tar -xOf "$work/base.tar" ./var/lib/dpkg/status | awk '/^Package:/{p=$2} /^Version:/{print p, $2}' \
+  > "$OUT/cnidra-image.packages"
+"$PY" -m build --wheel --outdir "$work/wheel" . >/dev/null
+# binary wheels for the image's Python, installed without bytecode (pyc embed mtimes)
+"$PY" -m pip install -q --no-compile --target "$work/app/opt/cnidra" \
+  --python-version 3.11 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+  --only-binary=:all: --implementation cp "$work"/wheel/cnidra-*.whl
+find "$work/app/opt/cnidra" -name direct_url.json -delete   # it names this build's temp path
+rm -rf "$work/app/opt/cnidra/bin"                            # scripts with this host's shebang
+printf '#!/usr/bin/python3\nfrom cnidra.cli.main import main\nmain()\n' \
+  > "$work/app/usr/local/bin/cnidra"
+chmod 0755 "$work/app/usr/local/bin/cnidra"
+tar -C "$work/app" -cf "$work/app.tar" .
+"$PY" hack/image/oci.py "$OUT/cnidra-image.tar" "$REF" --layer "$work/base.tar" \
+  --layer "$work/app.tar" --epoch "$EPOCH" \
+  --drop usr/bin/sh --drop usr/bin/bash --drop usr/bin/rbash --drop usr/bin/dash \
+  --drop usr/bin/apt --drop usr/bin/apt-get --drop usr/lib/apt --drop var/lib/apt --drop etc/apt \
+  --config '{"Entrypoint": ["/usr/local/bin/cnidra"], "Env": ["PATH=/usr/local/bin:/usr/bin:/usr/sbin:/bin:/sbin", "PYTHONPATH=/opt/cnidra", "PYTHONDONTWRITEBYTECODE=1"], "WorkingDir": "/", "Labels": {"org.opencontainers.image.source": "cnidra"}}'
