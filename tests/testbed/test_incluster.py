@@ -168,3 +168,39 @@ def test_installed_with_helm_the_driver_serves_pods(
         90,
     )  # fmt: skip
     cluster.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def layer_names(archive: Path) -> set[str]:
+    import gzip
+    import io
+    import tarfile
+
+    names: set[str] = set()
+    with tarfile.open(archive) as oci:
+
+        def blob(digest: str) -> bytes:
+            member = oci.extractfile(f"blobs/sha256/{digest.split(':', 1)[1]}")
+            assert member is not None
+            return member.read()
+
+        index = json.loads(oci.extractfile("index.json").read())  # type: ignore[union-attr]
+        manifest = json.loads(blob(index["manifests"][0]["digest"]))
+        for layer in manifest["layers"]:
+            with tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob(layer["digest"])))) as t:
+                names |= set(t.getnames())
+    return names
+
+
+def test_the_image_is_reproducible_and_has_no_shell(image: str) -> None:
+    again = subprocess.run(
+        [ROOT / "hack" / "image" / "build.sh"],
+        check=True, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "PYTHON": sys.executable},
+    ).stdout.strip().splitlines()[-1]  # fmt: skip
+    assert again == image  # same commit, same digest
+    names = layer_names(ROOT / "dist" / "cnidra-image.tar")
+    assert "usr/local/bin/cnidra" in names and "usr/bin/python3.11" in names
+    assert not names & {"usr/bin/sh", "usr/bin/bash", "usr/bin/dash", "usr/bin/apt-get"}
+    assert not [n for n in names if n.endswith(("/gcc", "/cc", "/g++"))]
+    size = (ROOT / "dist" / "cnidra-image.tar").stat().st_size
+    print(f"image archive: {size / 2**20:.1f} MiB")
