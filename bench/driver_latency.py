@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import yaml
 
 from cnidra._proto.dra.v1 import api_pb2 as dra
 from cnidra._proto.dra.v1 import api_pb2_grpc as dra_grpc
@@ -123,6 +124,14 @@ def fake_allocated_claims(namespace: str, count: int, parent: str) -> list[dict[
     return claims
 
 
+CLASS_CONFIGS = [
+    {"source": "FromClass", "requests": ["net"], "opaque": c["opaque"]}
+    for doc in yaml.safe_load_all((ROOT / "deploy" / "deviceclass.yaml").read_text())
+    if doc
+    for c in doc["spec"].get("config", [])
+]
+
+
 def allocate(bed: Cluster, namespace: str, names: list[str], parent: str) -> None:
     """Write allocation and reservedFor as the scheduler would (two patches: the apiserver
     drops reservedFor when it comes in the same patch as the allocation)."""
@@ -142,7 +151,11 @@ def allocate(bed: Cluster, namespace: str, names: list[str], parent: str) -> Non
                         "results": [
                             {"request": "net", "driver": DRIVER, "pool": NODE, "device": parent}
                         ],
-                        "config": [{"source": "FromClaim", "requests": ["net"], "opaque": opaque}],
+                        # as DRA copies them: the DeviceClass's configs (its CNIPolicy), the claim's
+                        "config": [
+                            *CLASS_CONFIGS,
+                            {"source": "FromClaim", "requests": ["net"], "opaque": opaque},
+                        ],
                     },
                     "nodeSelector": {
                         "nodeSelectorTerms": [

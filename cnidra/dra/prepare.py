@@ -152,6 +152,16 @@ def resolve_claim(
     return PreparedClaim(ref, pods, tuple(prepared), int(meta.get("generation") or 0))
 
 
+def _selects_namespaces(claim: Mapping[str, Any]) -> bool:
+    """Whether a CNIPolicy in the allocation selects namespaces by label."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    for cfg in (allocation.get("devices") or {}).get("config") or []:
+        params = (cfg.get("opaque") or {}).get("parameters")
+        if isinstance(params, Mapping) and params.get("namespaceSelector") is not None:
+            return True
+    return False
+
+
 def _describe(request: str, entries: Sequence[ConfigEntry], issues: Issues) -> str:
     chosen = [e for e in entries if e.applies_to(request)]
     if not chosen:
@@ -223,7 +233,9 @@ class Preparer:
             if known is not None:
                 return known
             raise PrepareError(f"claim {ref} not found")
-        labels = await self.namespaces.labels(ref.namespace) if self.namespaces else None
+        labels = None
+        if self.namespaces and _selects_namespaces(claim):  # a GET only when a policy asks
+            labels = await self.namespaces.labels(ref.namespace)
         prepared = resolve_claim(claim, ref, self.node, self.dirs, self.view(), labels)
         self._check_pod_limit(prepared)
         if known != prepared:
