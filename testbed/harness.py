@@ -76,6 +76,18 @@ class Cluster:
         raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
+def helm() -> str:
+    """The helm binary, built from the Go module proxy and cached by version."""
+    out = subprocess.run(
+        [ROOT / "hack" / "install-helm.sh"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    return out.stdout.strip()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -14,22 +14,12 @@ import pytest
 import yaml
 
 from cnidra.api.validate import validate_documents
+from testbed.harness import helm as build_helm
 
 ROOT = Path(__file__).parents[1]
+helm = cache(build_helm)
 CHART = ROOT / "charts" / "cnidra"
 KUBE = "v1.36.3"
-
-
-@cache
-def helm() -> str:
-    out = subprocess.run(
-        [ROOT / "hack" / "install-helm.sh"],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    return out.stdout.strip()
 
 
 def render(*sets: str) -> subprocess.CompletedProcess[str]:

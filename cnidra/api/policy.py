@@ -44,6 +44,8 @@ DANGEROUS: Mapping[tuple[str, str], str] = {
     ("bridge", "isDefaultGateway"): "adds addresses and routes on the host",
     ("bridge", "ipMasq"): "adds NAT rules on the host",
     ("bridge", "ipMasqBackend"): "chooses how NAT is added on the host",
+    ("bridge", "promiscMode"): "puts the host bridge in promiscuous mode",
+    ("bridge", "macspoofchk"): "adds nftables rules on the host",
     ("ptp", "ipMasq"): "adds NAT rules on the host",
     ("ptp", "ipMasqBackend"): "chooses how NAT is added on the host",
     ("host-device", "kernelpath"): "a host path the root driver reads",

@@ -90,6 +90,16 @@ ATTACKS: list[tuple[str, dict[str, Any], str]] = [
         "plugins[0].isGateway: never claim-settable: adds addresses and routes on the host",
     ),
     (
+        "promiscuous host bridge and host nftables rules",
+        network({"type": "bridge", "promiscMode": True, "macspoofchk": True}),
+        "plugins[0].macspoofchk: never claim-settable: adds nftables rules on the host",
+    ),
+    (
+        "host IFB devices through bandwidth",
+        network(MACVLAN, {"type": "bandwidth", "ingressRate": 1, "ingressBurst": 1}),
+        "plugins[1].type: plugin 'bandwidth' is not allowed",
+    ),
+    (
         "masquerade through the node",
         network({"type": "bridge", "ipMasq": True}),
         "plugins[0].ipMasq: never claim-settable: adds NAT rules on the host",

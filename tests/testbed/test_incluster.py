@@ -23,22 +23,11 @@ import yaml
 
 from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
-from testbed.harness import ROOT, Cluster
+from testbed.harness import ROOT, Cluster, helm
 from tests.testbed.test_lifecycle import claiming_pod, cni_config, pod_addresses, ready, template
 
 pytestmark = pytest.mark.testbed
 NAMESPACE = "cnidra-system"
-
-
-def helm() -> str:
-    out = subprocess.run(
-        [ROOT / "hack" / "install-helm.sh"],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    return out.stdout.strip()
 
 
 def values(cluster: Cluster) -> dict[str, Any]:
