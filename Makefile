@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test test-unit demo cni-plugins bench deploy image clean
+.PHONY: install lint test test-unit demo cni-plugins bench deploy image image-cni-plugins clean
 
 install: $(STAMP)
 
@@ -34,6 +34,10 @@ demo: install cni-plugins
 # the driver's OCI image, dist/cnidra-image.tar (no Docker: mmdebstrap + pip + hack/image/oci.py)
 image: install
 	hack/image/build.sh
+
+# the same with the CNI reference plugins bundled, for the chart's cniPlugins.install
+image-cni-plugins: install
+	CNI_PLUGINS=1 hack/image/build.sh
 
 # deploy/ is rendered from charts/cnidra (a test fails when they differ)
 deploy:

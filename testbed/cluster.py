@@ -845,12 +845,10 @@ def down() -> None:
     for target in _mounts_under_root():
         subprocess.run(["umount", "-l", target], check=False, capture_output=True)
     subprocess.run(["ip", "link", "del", BRIDGE], check=False, capture_output=True)
-    netns_dir = Paths.run / "containerd" / "netns"
     log("down: processes stopped, mounts removed, bridge deleted")
     # state that must not survive: runtime state, pod data, CNI allocations; PKI and images stay
     for d in (Paths.run, ROOT / "var", ROOT / "etcd", Paths.cni_data):
         shutil.rmtree(d, ignore_errors=True)
-    del netns_dir
 
 
 def status() -> int:

@@ -34,6 +34,10 @@ def docs(*sets: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
+def chart_version() -> str:
+    return str(yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])
+
+
 def test_the_chart_lints() -> None:
     out = subprocess.run(
         [helm(), "lint", "--strict", str(CHART), "--kube-version", KUBE],
@@ -49,9 +53,20 @@ def test_defaults_and_every_option_render() -> None:
         "admission.webhook.enabled=true",
         "metrics.annotations=true",
         "driver.publishNodeLinks={eth1}",
+        "hostPaths.extraCNIBin={/usr/libexec/cni,/var/lib/cni/bin}",
+        "cniPlugins.install=true",
         "deviceClasses.extra[0].name=data.cni.networking.x-k8s.io",
         "deviceClasses.extra[0].selectors[0]="
         'device.attributes["cni.dra.networking.x-k8s.io"].ifName == "ens2f0"',
+    )
+    [pod] = [d["spec"]["template"]["spec"] for d in everything if d["kind"] == "DaemonSet"]
+    [driver] = pod["containers"]
+    install, _ = pod["initContainers"]  # the bundled plugins onto the node, then the migration
+    assert install["command"][:2] == ["cnidra", "install-cni-plugins"]
+    assert install["image"] == driver["image"] == f"cnidra:{chart_version()}-cni-plugins"
+    assert "--cni-path=/opt/cni/bin:/opt/cni/bin-extra/0:/opt/cni/bin-extra/1" in driver["args"]
+    assert {"name": "cni-bin-extra-1", "mountPath": "/opt/cni/bin-extra/1", "readOnly": True} in (
+        driver["volumeMounts"]
     )
     webhook = next(d for d in everything if d["kind"] == "ValidatingWebhookConfiguration")
     assert webhook["webhooks"][0]["clientConfig"]["caBundle"]  # the certificate made at install

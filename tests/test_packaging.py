@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-COMMANDS = ["validate", "convert", "try", "driver", "webhook", "migrate-state"]
+COMMANDS = [
+    "validate",
+    "convert",
+    "try",
+    "driver",
+    "webhook",
+    "migrate-state",
+    "install-cni-plugins",
+]
 
 
 def run(*cmd: str | Path, cwd: Path | None = None) -> str:

@@ -416,5 +416,28 @@ def migrate_state(
     typer.echo(str(report))
 
 
+@app.command("install-cni-plugins")
+def install_cni_plugins(
+    dest: Annotated[Path, typer.Option("--dest", help="the node's plugin directory")] = Path(
+        "/opt/cni/bin"
+    ),
+    source: Annotated[Path, typer.Option("--source", help="the plugins the image bundles")] = Path(
+        "/opt/cnidra/cni-plugins"
+    ),
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="replace the node's own plugins of the same name")
+    ] = False,
+) -> None:
+    """Copy the CNI reference plugins the image bundles onto the node (the chart's init step
+    with cniPlugins.install). A plugin the node already has is kept unless --overwrite."""
+    from cnidra.cni.install import install_plugins
+
+    try:
+        report = install_plugins(source, dest, overwrite=overwrite)
+    except OSError as exc:
+        raise usage_error(str(exc)) from None
+    typer.echo(f"{dest}: {report}")
+
+
 def main() -> None:
     app()

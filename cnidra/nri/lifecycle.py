@@ -81,10 +81,22 @@ class HookBudget:
 
 
 def netns_of(pod: nri.PodSandbox) -> str:
+    """The sandbox's network namespace. A sandbox containerd recovered after dying mid-creation
+    comes without its spec (containerd 2.x stores it late), so only with its pause process's
+    pid: the namespace is then reached through /proc (the DaemonSet runs with hostPID)."""
     for ns in pod.linux.namespaces:
-        if ns.type == "network":
+        if ns.type == "network" and ns.path:
             return ns.path
-    return ""
+    return f"/proc/{pod.pid}/ns/net" if pod.pid else ""
+
+
+def is_node_netns(path: str) -> bool:
+    """Whether `path` is the namespace the driver itself runs in: the node's (hostNetwork)."""
+    try:
+        there, here = os.stat(path), os.stat("/proc/self/ns/net")
+    except OSError:
+        return False
+    return (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino)
 
 
 def pod_ref(pod: nri.PodSandbox) -> ObjectRef:
@@ -105,6 +117,7 @@ class PodLifecycle:
         budget: HookBudget | None = None,
         max_attachments: int = DEFAULT_MAX_ATTACHMENTS,
         protected_links: Callable[[], frozenset[str]] = frozenset,
+        node_netns: Callable[[str], bool] = is_node_netns,
     ) -> None:
         self.checkpoint = checkpoint
         self.runtime = runtime
@@ -116,6 +129,7 @@ class PodLifecycle:
         self.budget = budget or HookBudget()
         self.max_attachments = max_attachments
         self.protected_links = protected_links
+        self.node_netns = node_netns
         self.locks = KeyedLocks()
         # detach retries in flight, by sandbox; each removes itself when it ends
         self.retries: dict[str, asyncio.Task[None]] = {}
@@ -174,6 +188,13 @@ class PodLifecycle:
                 f"pod {pod.namespace}/{pod.name}: the runtime gave no network "
                 "namespace for the sandbox"
             )
+        if self.node_netns(netns):
+            message = (
+                f"pod {pod.namespace}/{pod.name} shares the node's network namespace "
+                "(hostNetwork); cnidra attaches interfaces only to a pod's own namespace"
+            )
+            self.status.event(pod_ref(pod), REASON_ATTACH_FAILED, message)
+            raise AttachError(message)
         async with self.locks.hold(pod.id):
             existing = self.store.get(pod.id)
             if existing is not None and existing.state is State.ADDED:
@@ -314,6 +335,9 @@ class PodLifecycle:
         delay = backoff.next() if first_delay is None else first_delay
         while True:
             await asyncio.sleep(delay)
+            record = self.store.get(sandbox_id)
+            if record is None or record.state is State.ADDED:
+                return  # undone meanwhile, or attached again since (a late attach): not ours
             try:
                 if await self.detach(sandbox_id, None):
                     log.info("detached sandbox %s after retrying", sandbox_id[:12])

@@ -4,14 +4,20 @@
 #               SOURCE_DATE_EPOCH), shells and apt removed;
 #   app layer:  the cnidra wheel and its dependencies (binary wheels for CPython 3.11 from
 #               PyPI) under /opt/cnidra, and /usr/local/bin/cnidra.
-# Writes dist/cnidra-image.tar (OCI archive, reference cnidra:$VERSION) and prints its digest.
+#   plugins layer (CNI_PLUGINS=1 only): the CNI reference plugins (built from the Go module
+#               proxy by hack/install-cni.sh, cached) under /opt/cnidra/cni-plugins, which the
+#               chart's `cniPlugins.install` init step copies onto the node.
+# Writes dist/cnidra-image.tar (OCI archive, reference cnidra:$VERSION; with CNI_PLUGINS=1
+# dist/cnidra-image-cni-plugins.tar, cnidra:$VERSION-cni-plugins) and prints its digest.
 # Same commit, same digest (the Debian mirror's state aside: the package versions are listed in
 # dist/cnidra-image.packages).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-.venv/bin/python}"
 VERSION="$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["project"]["version"])')"
-REF="${IMAGE_REF:-docker.io/library/cnidra:$VERSION}"   # what kubelet resolves cnidra:$VERSION to
+NAME=cnidra-image; TAG="$VERSION"
+if [ "${CNI_PLUGINS:-0}" = 1 ]; then NAME=cnidra-image-cni-plugins; TAG="$VERSION-cni-plugins"; fi
+REF="${IMAGE_REF:-docker.io/library/cnidra:$TAG}"   # what kubelet resolves cnidra:$TAG to
 EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
 export SOURCE_DATE_EPOCH="$EPOCH"
 OUT=dist; mkdir -p "$OUT"
@@ -26,7 +32,7 @@ mmdebstrap --quiet --variant=essential --include=python3,libstdc++6 \
   --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
   bookworm "$work/base.tar"
 tar -xOf "$work/base.tar" ./var/lib/dpkg/status | awk '/^Package:/{p=$2} /^Version:/{print p, $2}' \
-  > "$OUT/cnidra-image.packages"
+  > "$OUT/$NAME.packages"
 "$PY" -m build --wheel --outdir "$work/wheel" . >/dev/null
 # binary wheels for the image's Python, installed without bytecode (pyc embed mtimes)
 "$PY" -m pip install -q --no-compile --target "$work/app/opt/cnidra" \
@@ -38,8 +44,16 @@ printf '#!/usr/bin/python3\nfrom cnidra.cli.main import main\nmain()\n' \
   > "$work/app/usr/local/bin/cnidra"
 chmod 0755 "$work/app/usr/local/bin/cnidra"
 tar -C "$work/app" -cf "$work/app.tar" .
-"$PY" hack/image/oci.py "$OUT/cnidra-image.tar" "$REF" --layer "$work/base.tar" \
-  --layer "$work/app.tar" --epoch "$EPOCH" \
+layers=(--layer "$work/base.tar" --layer "$work/app.tar")
+if [ "${CNI_PLUGINS:-0}" = 1 ]; then
+  plugins="$(hack/install-cni.sh env | sed -n 's/^export CNIDRA_TEST_CNI_PATH=//p')"
+  hack/install-cni.sh >/dev/null
+  mkdir -p "$work/plugins/opt/cnidra/cni-plugins"
+  cp "$plugins"/* "$work/plugins/opt/cnidra/cni-plugins/"
+  tar -C "$work/plugins" -cf "$work/plugins.tar" .
+  layers+=(--layer "$work/plugins.tar")
+fi
+"$PY" hack/image/oci.py "$OUT/$NAME.tar" "$REF" "${layers[@]}" --epoch "$EPOCH" \
   --drop usr/bin/sh --drop usr/bin/bash --drop usr/bin/rbash --drop usr/bin/dash \
   --drop usr/bin/apt --drop usr/bin/apt-get --drop usr/lib/apt --drop var/lib/apt --drop etc/apt \
   --config '{"Entrypoint": ["/usr/local/bin/cnidra"], "Env": ["PATH=/usr/local/bin:/usr/bin:/usr/sbin:/bin:/sbin", "PYTHONPATH=/opt/cnidra", "PYTHONDONTWRITEBYTECODE=1"], "WorkingDir": "/", "Labels": {"org.opencontainers.image.source": "cnidra"}}'

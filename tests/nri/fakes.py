@@ -104,10 +104,20 @@ def runtime(tmp_path: Path, plugins: FakePlugins) -> CNIRuntime:
     return CNIRuntime([], cache_dir=str(StateLayout(tmp_path).cni_cache), exec_=plugins)
 
 
-def pod(name: str, uid: str | None = None, sandbox: str | None = None) -> nri.PodSandbox:
+# the pause pid of a hostNetwork pod: its /proc namespace is the node's
+NODE_PAUSE_PID = 1
+NODE_NETNS = f"/proc/{NODE_PAUSE_PID}/ns/net"
+
+
+def pod(
+    name: str, uid: str | None = None, sandbox: str | None = None, *, pid: int = 0
+) -> nri.PodSandbox:
+    """A pod as NRI sends it; with `pid`, as containerd sends a sandbox it recovered after
+    dying mid-creation: no spec, so no network namespace path, only the pause pid."""
     sandbox = sandbox or f"{name}-sandbox"
-    p = nri.PodSandbox(id=sandbox, name=name, namespace="ns", uid=uid or f"{name}-uid")
-    p.linux.namespaces.add(type="network", path=f"/run/netns/{sandbox}")
+    p = nri.PodSandbox(id=sandbox, name=name, namespace="ns", uid=uid or f"{name}-uid", pid=pid)
+    if not pid:
+        p.linux.namespaces.add(type="network", path=f"/run/netns/{sandbox}")
     return p
 
 
@@ -200,6 +210,7 @@ class Node:
             status,
             retry=lambda: Backoff(0.01, 0.05, jitter=0),
             netns_exists=lambda path: path not in gone,
+            node_netns=lambda path: path == NODE_NETNS,
             budget=HookBudget(attach=0.3, request_timeout=1.0),
             max_attachments=3,
         )

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cnidra.state.sandboxes import State
-from tests.nri.fakes import Crash, FakePlugins, Node, network, pod, prepare
+from tests.nri.fakes import NODE_PAUSE_PID, Crash, FakePlugins, Node, network, pod, prepare
 
 
 def two_networks(node: Node, pod_uid: str = "a-uid", claim: str = "c") -> None:
@@ -174,3 +174,42 @@ async def test_one_pods_failure_does_not_stop_the_late_attach_of_the_others(
     await node.hooks.synchronize([pod("a"), pod("b")])  # both started while cnidra was away
     assert [r.sandbox_id for r in node.store.all()] == ["b-sandbox"]
     assert len(node.plugins.commands("ADD")) == 3
+
+
+async def test_a_sandbox_recovered_without_its_spec_is_attached_through_its_pause_pid(
+    tmp_path: Path,
+) -> None:
+    node = Node.start(tmp_path)
+    two_networks(node)
+    await node.hooks.create_container(pod("a", pid=4242))  # its RunPodSandbox was never sent
+    record = node.store.get("a-sandbox")
+    assert record is not None and record.state is State.ADDED
+    assert record.netns == "/proc/4242/ns/net"
+    assert {c.if_name for c in node.plugins.commands("ADD")} == {"net1", "net2"}
+
+
+async def test_a_host_network_pod_is_refused_never_attached_to_the_node(tmp_path: Path) -> None:
+    from cnidra.nri.lifecycle import AttachError
+
+    node = Node.start(tmp_path)
+    two_networks(node)
+    with pytest.raises(AttachError, match="hostNetwork"):
+        await node.hooks.run_pod_sandbox(pod("a", pid=NODE_PAUSE_PID))
+    assert node.plugins.calls == [] and len(node.store) == 0
+    assert node.status.events[-1][1] == "NetworkAttachFailed"
+
+
+async def test_a_stale_rollback_retry_never_undoes_a_later_attach(tmp_path: Path) -> None:
+    """A cancelled hook's rollback that must retry (its DEL failed) stops once the sandbox is
+    attached again (a late attach after the reconnect): it undoes only its own record."""
+    node = Node.start(tmp_path, FakePlugins(failing={"macvlan": "DEL"}))
+    two_networks(node)
+    await node.hooks.run_pod_sandbox(pod("a"))
+    await node.hooks.stop_pod_sandbox(pod("a"))  # DEL fails: a retry is in flight
+    assert node.lifecycle.retrying("a-sandbox")
+    node.plugins.failing.clear()
+    await node.store.remove("a-sandbox")  # undone by someone else, then attached again
+    await node.hooks.synchronize([pod("a")])
+    await node.settle()
+    record = node.store.get("a-sandbox")
+    assert record is not None and record.state is State.ADDED

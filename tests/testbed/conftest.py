@@ -69,3 +69,14 @@ def test_link(request: pytest.FixtureRequest) -> Iterator[Callable[[str], str]]:
     yield make
     for name in made:
         subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def image(cluster: Cluster) -> str:
+    """`make image`'s image, built once per session and loaded into the test bed's containerd;
+    its digest."""
+    from testbed.incluster import build_image, load_image
+
+    digest = build_image()
+    load_image(cluster)
+    return digest

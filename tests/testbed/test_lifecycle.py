@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -15,11 +16,14 @@ from typing import Any
 
 import pytest
 
+from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed.harness import ROOT, Cluster, DriverProcess
+from testbed.incluster import FAULT_PLUGINS, InClusterDriver, Release, wait_gone
 from tests.testbed.conftest import env_image, pod
 
 pytestmark = pytest.mark.testbed
 DRIVER = "cni.dra.networking.x-k8s.io"
+Driver = DriverProcess | InClusterDriver
 
 
 # An admin's class for the tests' own fault plugins, which the default class's policy does not
@@ -64,13 +68,59 @@ def device_classes(cluster: Cluster) -> None:
     cluster.apply(plugins_class())
 
 
+@pytest.fixture(scope="module", params=["host", "in-cluster"])
+def deployment(
+    request: pytest.FixtureRequest, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Release | None]:
+    """Every test here runs twice: against `cnidra driver` as a host process (fresh state root
+    per test), and against the DaemonSet pod of a `helm install` of the image (its defaults)."""
+    if request.param == "host":
+        yield None
+        return
+    request.getfixturevalue("image")
+    release = Release(cluster, tmp_path_factory.mktemp("release") / "values.yaml")
+    assert not DEFAULT_STATE_ROOT.exists() or not any(DEFAULT_STATE_ROOT.glob("*/*")), (
+        f"{DEFAULT_STATE_ROOT} holds state of something else"
+    )
+    release.install()
+    try:
+        yield release
+    finally:
+        release.uninstall()
+        wait_gone(cluster)
+        left = [p for p in DEFAULT_STATE_ROOT.glob("[cs]*/*.json")]
+        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
+        assert not left, f"claims or sandboxes left after the last pod went: {left}"
+
+
 @pytest.fixture
-def driver(cluster: Cluster, tmp_path: Path) -> Iterator[DriverProcess]:
-    proc = DriverProcess(cluster, tmp_path)
-    proc.start()
-    cluster.wait("the NRI plugin to connect", lambda: proc.health().get("nriConnected"), 30)
+def driver(
+    cluster: Cluster, deployment: Release | None, namespace: str, tmp_path: Path
+) -> Iterator[Driver]:
+    """The driver under test, ready; afterwards the namespace's pods are deleted while it still
+    runs, so their interfaces go the way users' do (DEL by the hook)."""
+    # what an admin does for a namespace whose claims carry configs (the chart's admission)
+    cluster.kubectl("label", "namespace", namespace, "cni.networking.x-k8s.io/claim-config=true")
+    cluster.kubectl(
+        "annotate", "namespace", namespace, f"cni.networking.x-k8s.io/device-classes={TEST_CLASS}"
+    )
+    proc: Driver
+    if deployment is None:
+        proc = DriverProcess(
+            cluster, tmp_path, cni_path=f"{cluster.env['CNIDRA_CNI_PATH']}:{FAULT_PLUGINS}"
+        )
+        proc.start()
+    else:
+        proc = InClusterDriver(cluster)
+    cluster.wait("the NRI plugin to connect", lambda: proc.health().get("nriConnected"), 60)
     yield proc
-    proc.stop()
+    try:
+        cluster.kubectl(
+            "delete", "pods", "--all", "-n", namespace, "--timeout=90s", check=False, timeout=120
+        )
+    finally:
+        if deployment is None:
+            proc.stop()
 
 
 @pytest.fixture
@@ -166,10 +216,21 @@ def apply(cluster: Cluster, namespace: str, *docs: dict[str, Any]) -> None:
 
 
 def pod_addresses(cluster: Cluster, namespace: str, name: str, if_name: str) -> set[str]:
-    out = cluster.kubectl(
-        "exec", "-n", namespace, name, "--", "ip", "addr", "show", if_name, check=False
-    ).stdout
-    return set(re.findall(r"inet (\S+) ", out))
+    """The interface's IPv4 addresses; empty only when the pod says it has no such interface.
+    `kubectl exec` fails for a while after a runtime restart: that is retried, never read as
+    "no interface"."""
+    deadline = time.monotonic() + 60
+    while True:
+        out = cluster.kubectl(
+            "exec", "-n", namespace, name, "--", "ip", "addr", "show", if_name, check=False
+        )
+        if out.returncode == 0:
+            return set(re.findall(r"inet (\S+) ", out.stdout))
+        if "can't find device" in out.stderr or "does not exist" in out.stderr:
+            return set()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"kubectl exec into {namespace}/{name} failed: {out.stderr}")
+        time.sleep(1)
 
 
 def claims_of(cluster: Cluster, namespace: str, pod_name: str) -> list[dict[str, Any]]:
@@ -183,7 +244,7 @@ def claims_of(cluster: Cluster, namespace: str, pod_name: str) -> list[dict[str,
     ]
 
 
-def allocations(driver: DriverProcess, namespace: str, network: str) -> set[str]:
+def allocations(driver: Driver, namespace: str, network: str) -> set[str]:
     """host-local's reservations in the pool cnidra owns for a namespace's network."""
     d = driver.state_root / "ipam" / f"cnidra-ns.{namespace}.{network}"
     return {p.name for p in d.iterdir() if p.name[0].isdigit()} if d.exists() else set()
@@ -202,7 +263,7 @@ def ready(cluster: Cluster, namespace: str, name: str, timeout: str = "90s") -> 
 
 
 def test_the_seed_demo_for_real(
-    cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
+    cluster: Cluster, namespace: str, driver: Driver, parent: str, tmp_path: Path
 ) -> None:
     apply(
         cluster,
@@ -249,7 +310,7 @@ def test_the_seed_demo_for_real(
 
 
 def test_two_claims_three_attachments_in_a_fixed_order(
-    cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
+    cluster: Cluster, namespace: str, driver: Driver, parent: str, tmp_path: Path
 ) -> None:
     first = template(
         "a",
@@ -300,7 +361,7 @@ def test_two_claims_three_attachments_in_a_fixed_order(
 
 
 def test_a_template_gives_every_replica_its_own_address(
-    cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
+    cluster: Cluster, namespace: str, driver: Driver, parent: str, tmp_path: Path
 ) -> None:
     apply(
         cluster,
@@ -337,7 +398,7 @@ def test_a_template_gives_every_replica_its_own_address(
 
 
 def test_a_failing_plugin_fails_the_sandbox_and_leaves_nothing(
-    cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
+    cluster: Cluster, namespace: str, driver: Driver, parent: str, tmp_path: Path
 ) -> None:
     one_address = cni_config(
         "tiny",
@@ -396,9 +457,7 @@ def burst(cluster: Cluster, namespace: str, parent: str, count: int) -> list[str
     return names
 
 
-def assert_all_attached(
-    cluster: Cluster, namespace: str, names: list[str], driver: DriverProcess
-) -> None:
+def assert_all_attached(cluster: Cluster, namespace: str, names: list[str], driver: Driver) -> None:
     for name in names:
         ready(cluster, namespace, name, "180s")
     seen = set()
@@ -424,7 +483,7 @@ def assert_all_attached(
 
 
 def test_kill_9_during_a_burst_of_20_pods(
-    cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
+    cluster: Cluster, namespace: str, driver: Driver, parent: str, tmp_path: Path
 ) -> None:
     names = burst(cluster, namespace, parent, 20)
     cluster.wait("some sandboxes", lambda: driver.health().get("sandboxes", 0) >= 3, 60)
@@ -435,7 +494,7 @@ def test_kill_9_during_a_burst_of_20_pods(
 
 
 def test_containerd_restart_during_a_burst(
-    cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
+    cluster: Cluster, namespace: str, driver: Driver, parent: str, tmp_path: Path
 ) -> None:
     from testbed import cluster as tb
 
@@ -451,7 +510,7 @@ def test_containerd_restart_during_a_burst(
 
 
 def test_apiserver_down_while_a_sandbox_starts(
-    cluster: Cluster, namespace: str, driver: DriverProcess, parent: str, tmp_path: Path
+    cluster: Cluster, namespace: str, driver: Driver, parent: str, tmp_path: Path
 ) -> None:
     """kubelet itself GETs a pod's ResourceClaims before it starts a sandbox, so with the
     apiserver down it starts none; the sandbox is started here as kubelet would (same pod UID,
@@ -548,22 +607,15 @@ def test_apiserver_down_while_a_sandbox_starts(
 
 
 def test_a_failing_del_holds_the_claim_with_a_finalizer_until_it_succeeds(
-    cluster: Cluster, namespace: str, parent: str, tmp_path: Path
+    cluster: Cluster, namespace: str, driver: Driver, parent: str
 ) -> None:
-    marker = tmp_path / "del-fails"
+    # where the driver sees it too (the in-cluster one mounts only its state root)
+    marker = driver.state_root / "test-faults" / f"del-fails-{namespace}"
+    marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
-    faults = str(ROOT / "tests" / "cni" / "faults")
-    driver = DriverProcess(
-        cluster,
-        tmp_path,
-        extra_env={"FAULT_DEL_MARKER": str(marker)},
-        cni_path=f"{cluster.env['CNIDRA_CNI_PATH']}:{faults}",
-    )
-    driver.start()
     try:
-        cluster.wait("NRI", lambda: driver.health().get("nriConnected"), 30)
         conf = cni_config("sticky", parent, "198.18.209.0/24")
-        conf["plugins"].append({"type": "fault-del-fails"})
+        conf["plugins"].append({"type": "fault-del-fails", "failDelWhile": str(marker)})
         apply(
             cluster,
             namespace,
@@ -612,4 +664,4 @@ def test_a_failing_del_holds_the_claim_with_a_finalizer_until_it_succeeds(
         cluster.wait("the claim to go once DEL succeeds", released, 90)
         assert driver.health()["sandboxes"] == 0
     finally:
-        driver.stop()
+        shutil.rmtree(marker.parent, ignore_errors=True)
