@@ -27,23 +27,26 @@ IMAGE_ARCHIVE = ROOT / "dist" / "cnidra-image.tar"
 FAULT_PLUGINS = ROOT / "tests" / "cni" / "faults"
 
 
-def build_image() -> str:
-    """`make image`'s build; returns the image's digest."""
+PLUGINS_IMAGE_ARCHIVE = ROOT / "dist" / "cnidra-image-cni-plugins.tar"
+
+
+def build_image(*, cni_plugins: bool = False) -> str:
+    """`make image`'s build (`make image-cni-plugins`'s with `cni_plugins`); the digest."""
     out = subprocess.run(
         [ROOT / "hack" / "image" / "build.sh"],
         check=True,
         capture_output=True,
         text=True,
         timeout=900,
-        env={**os.environ, "PYTHON": sys.executable},
+        env={**os.environ, "PYTHON": sys.executable, "CNI_PLUGINS": "1" if cni_plugins else "0"},
     )
     return out.stdout.strip().splitlines()[-1]
 
 
-def load_image(cluster: Cluster) -> None:
+def load_image(cluster: Cluster, archive: Path = IMAGE_ARCHIVE) -> None:
     subprocess.run(
         [str(cluster.bins.containerd / "ctr"), "-a", str(tb.Paths.containerd_sock), "-n",
-         "k8s.io", "images", "import", str(IMAGE_ARCHIVE)],
+         "k8s.io", "images", "import", str(archive)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
 

@@ -2,7 +2,10 @@
 containerd, installed with `helm install` from charts/cnidra, its DaemonSet pod registering
 with kubelet, publishing its slice, serving NRI and passing its /healthz probes, attaching a
 pod's interface and writing the claim's status with its own ServiceAccount; `helm upgrade` rolls
-it while the pod keeps its interface; `helm uninstall` leaves no slice and no finalizer."""
+it while the pod keeps its interface; `helm uninstall` leaves no slice and no finalizer, and a
+second install (from the image that bundles the CNI plugins, onto a node without them) takes
+over what the first left. The rest of the e2e suite runs against the in-cluster driver too
+(test_lifecycle.py, its `in-cluster` half)."""
 
 from __future__ import annotations
 
@@ -18,7 +21,15 @@ import pytest
 
 from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed.harness import Cluster
-from testbed.incluster import IMAGE_ARCHIVE, InClusterDriver, Release, build_image, wait_gone
+from testbed.incluster import (
+    IMAGE_ARCHIVE,
+    PLUGINS_IMAGE_ARCHIVE,
+    InClusterDriver,
+    Release,
+    build_image,
+    load_image,
+    wait_gone,
+)
 from tests.testbed.test_lifecycle import claiming_pod, cni_config, pod_addresses, ready, template
 
 pytestmark = pytest.mark.testbed
@@ -49,7 +60,7 @@ def tenant_namespace(cluster: Cluster) -> str:
 
 
 def test_installed_with_helm_the_driver_serves_pods(
-    cluster: Cluster, release: Release, test_link: Any
+    cluster: Cluster, release: Release, test_link: Any, tmp_path: Path
 ) -> None:
     driver = InClusterDriver(cluster)
     driver.wait_ready()
@@ -88,16 +99,22 @@ def test_installed_with_helm_the_driver_serves_pods(
     ready(cluster, ns, "p2")
     assert len(pod_addresses(cluster, ns, "p2", "net1")) == 1
 
-    # uninstall while p2 still holds its interface (README: its record stays), then
-    # install again over what the first release left: the new driver takes p2 over from the
-    # record, and DELs it when p2 goes
+    # uninstall while p2 still holds its interface (README: its record stays), then install
+    # again over what the first release left, this time from the image that bundles the CNI
+    # plugins, onto a node without any (an empty plugin directory): the init step installs
+    # them, the new driver takes p2 over from its record, and DELs it when p2 goes
     cluster.kubectl("delete", "pod", "p1", "-n", ns, "--timeout=60s")
     cluster.wait("p1's sandbox record to go", lambda: driver.health().get("sandboxes") == 1, 30)
     release.uninstall()
     wait_gone(cluster)
     assert len(list((DEFAULT_STATE_ROOT / "sandboxes").glob("*.json"))) == 1
-    release.install()
+    build_image(cni_plugins=True)
+    load_image(cluster, PLUGINS_IMAGE_ARCHIVE)
+    node_plugins = tmp_path / "opt-cni-bin"
+    release.install("cniPlugins.install=true", f"hostPaths.cniBin={node_plugins}")
     driver.wait_ready()
+    installed = {p.name for p in node_plugins.iterdir()}
+    assert {"macvlan", "host-local", "bridge", "tuning"} <= installed, installed
     assert driver.health().get("sandboxes") == 1
     assert len(pod_addresses(cluster, ns, "p2", "net1")) == 1
     cluster.kubectl("apply", "-n", ns, "-f", "-", input_=json.dumps(claiming_pod("p3", "net")))
