@@ -40,6 +40,11 @@ class Cluster:
     def apply(self, *docs: dict[str, Any]) -> None:
         self.kubectl("apply", "-f", "-", input_="\n---\n".join(json.dumps(d) for d in docs))
 
+    def apply_in(self, namespace: str, *docs: dict[str, Any]) -> None:
+        self.kubectl(
+            "apply", "-n", namespace, "-f", "-", input_="\n---\n".join(json.dumps(d) for d in docs)
+        )
+
     def get(self, kind: str, name: str, namespace: str | None = "default") -> dict[str, Any]:
         ns = ["-n", namespace] if namespace else []
         out: dict[str, Any] = json.loads(self.kubectl("get", kind, name, *ns, "-o", "json").stdout)

@@ -14,6 +14,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,19 @@ def tenant_namespace(cluster: Cluster) -> str:
     return ns
 
 
+def start_pod(cluster: Cluster, ns: str, name: str) -> None:
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input_=json.dumps(claiming_pod(name, "net")))
+
+
+def net1(cluster: Cluster, ns: str, name: str) -> set[str]:
+    return pod_addresses(cluster, ns, name, "net1")
+
+
+def allocated(ns: str) -> set[str]:
+    pool = DEFAULT_STATE_ROOT / "ipam" / f"cnidra-ns.{ns}.incluster"
+    return {p.name for p in pool.iterdir() if p.name[0].isdigit()}
+
+
 def test_installed_with_helm_the_driver_serves_pods(
     cluster: Cluster, release: Release, test_link: Any, tmp_path: Path
 ) -> None:
@@ -73,12 +87,10 @@ def test_installed_with_helm_the_driver_serves_pods(
     cluster.wait("the slice", lambda: parent in cluster.kubectl(
         "get", "resourceslices", "-o", "json").stdout, 30)  # fmt: skip
     conf = cni_config("incluster", parent, "198.18.241.0/24")
-    docs = [template("net", [("net", parent, conf, "net1")]), claiming_pod("p1", "net")]
-    cluster.kubectl(
-        "apply", "-n", ns, "-f", "-", input_="\n---\n".join(json.dumps(d) for d in docs)
-    )
+    cluster.apply_in(ns, template("net", [("net", parent, conf, "net1")]))
+    start_pod(cluster, ns, "p1")
     ready(cluster, ns, "p1")
-    before = pod_addresses(cluster, ns, "p1", "net1")
+    before = net1(cluster, ns, "p1")
     assert len(before) == 1
     status = cluster.wait(
         "the claim status, written by the in-cluster driver",
@@ -88,38 +100,8 @@ def test_installed_with_helm_the_driver_serves_pods(
     )  # fmt: skip
     assert status[0]["networkData"]["ips"] == sorted(before)
 
-    # a rolling upgrade (a new pod spec) while the pod runs: it keeps its interface and address,
-    # and the new driver's Synchronize finds the pod's record (no DEL, no second ADD)
-    start = time.monotonic()
-    release.upgrade("driver.logLevel=debug")
-    driver.wait_ready()
-    print(f"helm upgrade to a ready driver: {time.monotonic() - start:.1f} s")
-    assert pod_addresses(cluster, ns, "p1", "net1") == before
-    cluster.kubectl("apply", "-n", ns, "-f", "-", input_=json.dumps(claiming_pod("p2", "net")))
-    ready(cluster, ns, "p2")
-    assert len(pod_addresses(cluster, ns, "p2", "net1")) == 1
-
-    # uninstall while p2 still holds its interface (README: its record stays), then install
-    # again over what the first release left, this time from the image that bundles the CNI
-    # plugins, onto a node without any (an empty plugin directory): the init step installs
-    # them, the new driver takes p2 over from its record, and DELs it when p2 goes
-    cluster.kubectl("delete", "pod", "p1", "-n", ns, "--timeout=60s")
-    cluster.wait("p1's sandbox record to go", lambda: driver.health().get("sandboxes") == 1, 30)
-    release.uninstall()
-    wait_gone(cluster)
-    assert len(list((DEFAULT_STATE_ROOT / "sandboxes").glob("*.json"))) == 1
-    build_image(cni_plugins=True)
-    load_image(cluster, PLUGINS_IMAGE_ARCHIVE)
-    node_plugins = tmp_path / "opt-cni-bin"
-    release.install("cniPlugins.install=true", f"hostPaths.cniBin={node_plugins}")
-    driver.wait_ready()
-    installed = {p.name for p in node_plugins.iterdir()}
-    assert {"macvlan", "host-local", "bridge", "tuning"} <= installed, installed
-    assert driver.health().get("sandboxes") == 1
-    assert len(pod_addresses(cluster, ns, "p2", "net1")) == 1
-    cluster.kubectl("apply", "-n", ns, "-f", "-", input_=json.dumps(claiming_pod("p3", "net")))
-    ready(cluster, ns, "p3")
-    assert len(pod_addresses(cluster, ns, "p3", "net1")) == 1
+    upgrade_while_pods_come_and_go(cluster, release, driver, ns, before)
+    reinstall_with_bundled_plugins(cluster, release, driver, ns, tmp_path / "opt-cni-bin")
 
     for name in ("p2", "p3"):
         cluster.kubectl("delete", "pod", name, "-n", ns, "--timeout=60s")
@@ -129,6 +111,56 @@ def test_installed_with_helm_the_driver_serves_pods(
     release.uninstall()
     wait_gone(cluster)
     cluster.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def upgrade_while_pods_come_and_go(
+    cluster: Cluster, release: Release, driver: InClusterDriver, ns: str, before: set[str]
+) -> None:
+    """A rolling upgrade (a new pod spec) while p1 runs, p2 starts and "gone" is deleted: p1
+    keeps its interface and address (the new driver's Synchronize finds its record: no DEL, no
+    second ADD); whichever driver saw the others' hooks, or the new one's Synchronize, p2 gets
+    its interface and gone's address is freed."""
+    start_pod(cluster, ns, "gone")
+    ready(cluster, ns, "gone")
+    start = time.monotonic()
+    with ThreadPoolExecutor(1) as pool:
+        upgrade = pool.submit(release.upgrade, "driver.logLevel=debug")
+        time.sleep(0.5)
+        cluster.kubectl("delete", "pod", "gone", "-n", ns, "--wait=false")
+        start_pod(cluster, ns, "p2")
+        upgrade.result()
+    driver.wait_ready()
+    print(f"helm upgrade to a ready driver: {time.monotonic() - start:.1f} s")
+    assert net1(cluster, ns, "p1") == before
+    ready(cluster, ns, "p2")
+    cluster.wait("p2's interface", lambda: len(net1(cluster, ns, "p2")) == 1, 30)
+    live = {a.split("/")[0] for a in before | net1(cluster, ns, "p2")}
+    cluster.wait("only live pods' addresses allocated", lambda: allocated(ns) == live, 60)
+
+
+def reinstall_with_bundled_plugins(
+    cluster: Cluster, release: Release, driver: InClusterDriver, ns: str, node_plugins: Path
+) -> None:
+    """Uninstall while p2 still holds its interface (README: its record stays), then install
+    again over what the first release left, from the image that bundles the CNI plugins, onto
+    a node without any (an empty plugin directory): the init step installs them, and the new
+    driver takes p2 over from its record."""
+    cluster.kubectl("delete", "pod", "p1", "-n", ns, "--timeout=60s")
+    cluster.wait("p1's sandbox record to go", lambda: driver.health().get("sandboxes") == 1, 30)
+    release.uninstall()
+    wait_gone(cluster)
+    assert len(list((DEFAULT_STATE_ROOT / "sandboxes").glob("*.json"))) == 1
+    build_image(cni_plugins=True)
+    load_image(cluster, PLUGINS_IMAGE_ARCHIVE)
+    release.install("cniPlugins.install=true", f"hostPaths.cniBin={node_plugins}")
+    driver.wait_ready()
+    installed = {p.name for p in node_plugins.iterdir()}
+    assert {"macvlan", "host-local", "bridge", "tuning"} <= installed, installed
+    assert driver.health().get("sandboxes") == 1
+    assert len(net1(cluster, ns, "p2")) == 1
+    start_pod(cluster, ns, "p3")
+    ready(cluster, ns, "p3")
+    assert len(net1(cluster, ns, "p3")) == 1
 
 
 def layer_names(archive: Path) -> set[str]:
