@@ -121,6 +121,7 @@ class Paths:
     containerd_sock = run / "containerd" / "containerd.sock"
     netns = run / "containerd" / "io.containerd.grpc.v1.cri" / "netns"  # pods' namespaces
     nri_sock = run / "nri" / "nri.sock"
+    cdi = ROOT / "cdi"  # CDI specs containerd reads (the driver's device metadata mounts)
     admin_kubeconfig = WORK / "admin.kubeconfig"
 
 
@@ -353,7 +354,7 @@ state = '{Paths.run}/containerd'
     restrict_oom_score_adj = true
     netns_mounts_under_state_dir = true
     enable_cdi = true
-    cdi_spec_dirs = ['{ROOT}/cdi']
+    cdi_spec_dirs = ['{Paths.cdi}']
     [plugins.'io.containerd.cri.v1.runtime'.containerd]
       default_runtime_name = 'runc'
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
@@ -873,6 +874,7 @@ def env_lines() -> list[str]:
         f"export CNIDRA_PLUGINS_REGISTRY_DIR={Paths.plugins_registry}",
         f"export CNIDRA_PLUGINS_DIR={Paths.plugins}",
         f"export CNIDRA_NRI_SOCKET={Paths.nri_sock}",
+        f"export CNIDRA_CDI_DIR={Paths.cdi}",
         f"export CNIDRA_CNI_PATH={Paths.cni_bin}:{bins.cni_plugins}",
         f"export TESTBED_IMAGE={TEST_IMAGE}",
         f"export TESTBED_ROOT={ROOT}",

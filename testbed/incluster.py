@@ -62,6 +62,7 @@ def values(cluster: Cluster) -> dict[str, Any]:
             "kubeletPlugins": str(tb.Paths.plugins),
             "nriSocketDir": str(tb.Paths.nri_sock.parent),
             "netns": str(tb.Paths.netns),
+            "cdi": str(tb.Paths.cdi),
             "cniBin": str(cluster.bins.cni_plugins),
             "extraCNIBin": [str(FAULT_PLUGINS)],
         },

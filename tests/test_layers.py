@@ -14,7 +14,7 @@ LAYERS: list[set[str]] = [
     {"cni", "observe"},
     {"state", "kube"},
     {"status", "inventory"},
-    {"dra", "nri", "admission"},
+    {"dra", "nri", "admission", "nodeapi"},
     {"agent"},
     {"cli"},
 ]

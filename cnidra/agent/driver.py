@@ -26,6 +26,9 @@ from cnidra.inventory.publisher import SlicePublisher
 from cnidra.inventory.slices import SliceSettings
 from cnidra.kube.claims import ClaimGetter, NamespaceGetter
 from cnidra.kube.client import make_client
+from cnidra.nodeapi.service import NodeNetworksService
+from cnidra.nodeapi.service import serve as serve_node_api
+from cnidra.nodeapi.views import NodeRecords
 from cnidra.nri.hooks import PodHooks
 from cnidra.nri.lifecycle import HookBudget, PodLifecycle
 from cnidra.nri.plugin import NRIPlugin
@@ -33,9 +36,11 @@ from cnidra.nri.reconcile import Reconciler
 from cnidra.observe.http import HTTPEndpoint
 from cnidra.observe.tasks import Supervisor
 from cnidra.state.checkpoint import Checkpoint
+from cnidra.state.journal import Journal
 from cnidra.state.layout import StateLayout
 from cnidra.state.migrate import migrate_legacy
 from cnidra.state.sandboxes import SandboxStore
+from cnidra.status.metadata import DeviceMetadata
 from cnidra.status.writer import StatusWriter
 
 log = logging.getLogger(__name__)
@@ -55,6 +60,11 @@ class Driver:
             resync=settings.resync_seconds,
             publish_node_links=settings.publish_node_links,
         )
+        self.metadata = (
+            DeviceMetadata(settings.plugin_data_dir, settings.cdi_dir)
+            if settings.device_metadata
+            else None
+        )
         self.preparer = Preparer(
             settings.node_name,
             ClaimGetter(self.client, settings.api_timeout),
@@ -63,12 +73,14 @@ class Driver:
             settings.max_attachments,
             view=self.publisher.view,
             namespaces=NamespaceGetter(self.client, settings.api_timeout),
+            metadata=self.metadata,
         )
         self.runtime = CNIRuntime(
             settings.cni_path, str(self.layout.cni_cache), settings.cni_timeout
         )
         self.status = StatusWriter(self.client)
         self.sandboxes = SandboxStore(self.layout)
+        self.journal = Journal(self.layout.journal)
         # before anything can DEL: records of cnidra 0.1 name networks in the shared directory
         migrate_legacy(self.layout, settings.legacy_cni_dir, self.sandboxes)
         self.lifecycle = PodLifecycle(
@@ -80,6 +92,8 @@ class Driver:
             budget=HookBudget(settings.attach_budget),
             max_attachments=settings.max_attachments,
             protected_links=lambda: self.publisher.view().protected,
+            metadata=self.metadata,
+            journal=self.journal,
         )
         self.reconciler = Reconciler(self.lifecycle)
         self.nri = NRIPlugin(
@@ -90,11 +104,17 @@ class Driver:
         )
         self.dra = DRAService(self.preparer, before_unprepare=self.reconciler.unprepare_claim)
         self.registration = RegistrationService(str(settings.dra_socket))
+        self.node_api = NodeNetworksService(self.node_records, self.journal)
         self.tasks = Supervisor()
         self.health = grpc_health.aio.HealthServicer()  # type: ignore[attr-defined]
         self.http = HTTPEndpoint(settings.http_address, self.healthz)
         self._servers: list[grpc.aio.Server] = []
         self.started = time.time()
+
+    def node_records(self) -> NodeRecords:
+        return NodeRecords(
+            tuple(self.checkpoint.all()), tuple(self.sandboxes.all()), tuple(self.journal.entries)
+        )
 
     def healthz(self) -> tuple[bool, dict[str, Any]]:
         """Liveness is about serving kubelet and keeping the background work alive; a
@@ -137,7 +157,8 @@ class Driver:
         await reg_server.start()  # kubelet's watcher notices this socket and registers us
         for sock in (s.registration_socket, s.dra_socket):
             os.chmod(sock, 0o600)
-        self._servers = [dra_server, reg_server]
+        node_server = await serve_node_api(self.node_api, self.layout.node_socket)
+        self._servers = [node_server, dra_server, reg_server]
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.http.start()
         self.lifecycle.restore_status()
@@ -162,7 +183,11 @@ class Driver:
         self._servers = []
         await self.tasks.stop()
         self.http.stop()
-        for sock in (self.settings.registration_socket, self.settings.dra_socket):
+        for sock in (
+            self.settings.registration_socket,
+            self.settings.dra_socket,
+            self.layout.node_socket,
+        ):
             sock.unlink(missing_ok=True)
         try:
             await self.client.close()

@@ -34,6 +34,9 @@ class DriverSettings:
     attach_budget: float = 0.0
     max_attachments: int = DEFAULT_MAX_ATTACHMENTS
     sweep_seconds: float = 10.0
+    # device metadata for containers (KEP-5304): CDI specs go where the runtime reads them
+    device_metadata: bool = True
+    cdi_dir: Path = Path("/var/run/cdi")
     # links that carry the node (default route, node address) published anyway, for admin
     # classes whose CNIPolicy names them in nodeLinks
     publish_node_links: list[str] = field(default_factory=list)
@@ -45,6 +48,10 @@ class DriverSettings:
     @property
     def dra_socket(self) -> Path:
         return self.plugins_dir / DRIVER_NAME / "dra.sock"
+
+    @property
+    def plugin_data_dir(self) -> Path:
+        return self.plugins_dir / DRIVER_NAME
 
 
 DEFAULTS = DriverSettings(node_name="")

@@ -40,3 +40,7 @@ REASON_NOT_READY: Final = "NetworkInterfaceNotReady"
 
 # cnidra interfaces one pod may have: all are ADDed within one NRI hook, whose time is bounded.
 DEFAULT_MAX_ATTACHMENTS: Final = 8
+
+# Set by Kubernetes on a claim made from a template: the pod's own name for it
+# (pod.spec.resourceClaims[].name).
+POD_CLAIM_NAME_ANNOTATION: Final = "resource.kubernetes.io/pod-claim-name"

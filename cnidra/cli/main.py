@@ -17,6 +17,7 @@ from cnidra.api.convert import ConvertError, OutputKind, read_sources, render_ya
 from cnidra.api.issues import ROOT
 from cnidra.api.loading import LoadError, load_yaml
 from cnidra.api.validate import DocumentReport, validate_documents
+from cnidra.cli.node import app as node_app
 from cnidra.cli.output import FileReport, as_json, print_text
 
 app = typer.Typer(
@@ -321,6 +322,20 @@ def driver(
             "publish anyway, marked nodeLink, for classes whose CNIPolicy names them",
         ),
     ] = "",
+    device_metadata: Annotated[
+        bool,
+        typer.Option(
+            "--device-metadata/--no-device-metadata",
+            envvar="CNIDRA_DEVICE_METADATA",
+            help="write each claim's device metadata for its containers (KEP-5304, via CDI)",
+        ),
+    ] = DEFAULTS.device_metadata,
+    cdi_dir: Annotated[
+        Path,
+        typer.Option(
+            "--cdi-dir", envvar="CNIDRA_CDI_DIR", help="where the runtime reads CDI specs"
+        ),
+    ] = DEFAULTS.cdi_dir,
     log_level: Annotated[str, typer.Option("--log-level", envvar="CNIDRA_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the node agent: kubelet DRA plugin, ResourceSlice publisher, health and metrics."""
@@ -354,6 +369,8 @@ def driver(
         attach_budget=attach_budget,
         max_attachments=max_attachments,
         publish_node_links=[n for n in publish_node_links.split(",") if n],
+        device_metadata=device_metadata,
+        cdi_dir=cdi_dir,
     )
     asyncio.run(run(settings))
 
@@ -437,6 +454,9 @@ def install_cni_plugins(
     except OSError as exc:
         raise usage_error(str(exc)) from None
     typer.echo(f"{dest}: {report}")
+
+
+app.add_typer(node_app, name="node")
 
 
 def main() -> None:

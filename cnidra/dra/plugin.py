@@ -68,7 +68,12 @@ class DRAService:
         metrics.PREPARED_CLAIMS.set(len(self.preparer.checkpoint))
         return dra.NodePrepareResourceResponse(
             devices=[
-                dra.Device(request_names=[d.request], pool_name=d.pool, device_name=d.device)
+                dra.Device(
+                    request_names=[d.request],
+                    pool_name=d.pool,
+                    device_name=d.device,
+                    cdi_device_ids=self.preparer.cdi_device_ids(prepared, d.request),
+                )
                 for d in prepared.devices
             ]
         )

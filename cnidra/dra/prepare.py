@@ -8,12 +8,17 @@ attachment through the one path `cnidra validate` and `cnidra try` use too
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from cnidra.api.constants import DEFAULT_MAX_ATTACHMENTS, DRIVER_NAME
+from cnidra.api.constants import (
+    DEFAULT_MAX_ATTACHMENTS,
+    DRIVER_NAME,
+    POD_CLAIM_NAME_ANNOTATION,
+)
 from cnidra.api.errors import UnusableObject
 from cnidra.api.issues import FieldPath, Issues
 from cnidra.api.merge import ConfigEntry, Source
@@ -22,6 +27,7 @@ from cnidra.api.ownership import PrivateDirs
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment, Device, resolve_attachment
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
+from cnidra.status.metadata import DeviceMetadata
 from cnidra.util.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
@@ -149,7 +155,14 @@ def resolve_claim(
         for r in status.get("reservedFor") or []
         if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("uid")
     )
-    return PreparedClaim(ref, pods, tuple(prepared), int(meta.get("generation") or 0))
+    annotations = meta.get("annotations") or {}
+    return PreparedClaim(
+        ref,
+        pods,
+        tuple(prepared),
+        int(meta.get("generation") or 0),
+        annotations.get(POD_CLAIM_NAME_ANNOTATION) or None,
+    )
 
 
 def _selects_namespaces(claim: Mapping[str, Any]) -> bool:
@@ -202,6 +215,7 @@ class Preparer:
         max_attachments: int = DEFAULT_MAX_ATTACHMENTS,
         view: Callable[[], NodeView] = NodeView,
         namespaces: NamespaceLabels | None = None,
+        metadata: DeviceMetadata | None = None,
     ) -> None:
         self.node = node
         self.claims = claims
@@ -210,6 +224,7 @@ class Preparer:
         self.max_attachments = max_attachments
         self.view = view
         self.namespaces = namespaces
+        self.metadata = metadata
         self._locks = KeyedLocks()
 
     async def prepare(self, ref: ObjectRef) -> PreparedClaim:
@@ -240,7 +255,12 @@ class Preparer:
         self._check_pod_limit(prepared)
         if known != prepared:
             await self.checkpoint.put(prepared)
+        if self.metadata is not None:
+            await asyncio.to_thread(self.metadata.prepare, prepared)
         return prepared
+
+    def cdi_device_ids(self, claim: PreparedClaim, request: str) -> list[str]:
+        return [] if self.metadata is None else [self.metadata.cdi_id(claim.uid, request)]
 
     def _check_pod_limit(self, prepared: PreparedClaim) -> None:
         """Every attachment of a pod is ADDed inside one NRI hook, whose time is bounded."""
@@ -261,3 +281,5 @@ class Preparer:
         async with self._locks.hold(ref.uid):
             if await self.checkpoint.remove(ref.uid):
                 log.info("unprepared claim %s (%s)", ref, ref.uid)
+            if self.metadata is not None:
+                await asyncio.to_thread(self.metadata.remove, ref)

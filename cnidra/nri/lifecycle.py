@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,9 +30,12 @@ from cnidra.cni.attach import AttachFailed, Budget, Outcome, attach_all, detach_
 from cnidra.cni.invoke import Deadline
 from cnidra.cni.result import Result
 from cnidra.cni.runtime import CNIRuntime
+from cnidra.state import journal as events
 from cnidra.state.checkpoint import Checkpoint
+from cnidra.state.journal import Journal
 from cnidra.state.sandboxes import Attached, SandboxRecord, SandboxStore, State
 from cnidra.status.devices import device_status
+from cnidra.status.metadata import DeviceMetadata
 from cnidra.status.writer import StatusSink
 from cnidra.util.backoff import Backoff
 from cnidra.util.locks import KeyedLocks
@@ -118,6 +122,8 @@ class PodLifecycle:
         max_attachments: int = DEFAULT_MAX_ATTACHMENTS,
         protected_links: Callable[[], frozenset[str]] = frozenset,
         node_netns: Callable[[str], bool] = is_node_netns,
+        metadata: DeviceMetadata | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.checkpoint = checkpoint
         self.runtime = runtime
@@ -130,6 +136,8 @@ class PodLifecycle:
         self.max_attachments = max_attachments
         self.protected_links = protected_links
         self.node_netns = node_netns
+        self.metadata = metadata
+        self.journal = journal or Journal(None)
         self.locks = KeyedLocks()
         # detach retries in flight, by sandbox; each removes itself when it ends
         self.retries: dict[str, asyncio.Task[None]] = {}
@@ -166,35 +174,12 @@ class PodLifecycle:
         planned = self.plan(pod)
         if not planned:
             return 0
-        if len(planned) > self.max_attachments:  # prepare refuses this; a checkpoint may predate
-            raise AttachError(
-                f"pod {pod.namespace}/{pod.name} has {len(planned)} cnidra interfaces; "
-                f"at most {self.max_attachments} per pod (--max-attachments-per-pod)"
-            )
-        protected = self.protected_links()  # routes change: checked again at every attach
-        for attached in planned:
-            att = attached.attachment
-            if att.parent in protected and not att.node_link_allowed:
-                message = (
-                    f"pod {pod.namespace}/{pod.name}: claim {att.claim} request {att.request} "
-                    f"would use link {att.parent!r}, which now carries the node itself (its "
-                    "default route or address); refused"
-                )
-                self.status.event(pod_ref(pod), REASON_ATTACH_FAILED, message)
-                raise AttachError(message)
+        refusal = self._refusal(pod, planned)
+        if refusal:
+            self.status.event(pod_ref(pod), REASON_ATTACH_FAILED, refusal)
+            self.journal.record(events.ATTACH_FAILED, pod_ref(pod), pod.id, refusal)
+            raise AttachError(refusal)
         netns = netns_of(pod)
-        if not netns:
-            raise AttachError(
-                f"pod {pod.namespace}/{pod.name}: the runtime gave no network "
-                "namespace for the sandbox"
-            )
-        if self.node_netns(netns):
-            message = (
-                f"pod {pod.namespace}/{pod.name} shares the node's network namespace "
-                "(hostNetwork); cnidra attaches interfaces only to a pod's own namespace"
-            )
-            self.status.event(pod_ref(pod), REASON_ATTACH_FAILED, message)
-            raise AttachError(message)
         async with self.locks.hold(pod.id):
             existing = self.store.get(pod.id)
             if existing is not None and existing.state is State.ADDED:
@@ -203,8 +188,36 @@ class PodLifecycle:
             await self.store.put(record)  # write-ahead: a crash from here on is undone
             return await self._add(pod, record)
 
+    def _refusal(self, pod: nri.PodSandbox, planned: list[Attached]) -> str | None:
+        """Why the pod's interfaces must not be set up, checked at every attach."""
+        who = f"pod {pod.namespace}/{pod.name}"
+        if len(planned) > self.max_attachments:  # prepare refuses this; a checkpoint may predate
+            return (
+                f"{who} has {len(planned)} cnidra interfaces; at most {self.max_attachments} "
+                "per pod (--max-attachments-per-pod)"
+            )
+        protected = self.protected_links()  # routes change: checked again at every attach
+        for attached in planned:
+            att = attached.attachment
+            if att.parent in protected and not att.node_link_allowed:
+                return (
+                    f"{who}: claim {att.claim} request {att.request} would use link "
+                    f"{att.parent!r}, which now carries the node itself (its default route or "
+                    "address); refused"
+                )
+        netns = netns_of(pod)
+        if not netns:
+            return f"{who}: the runtime gave no network namespace for the sandbox"
+        if self.node_netns(netns):
+            return (
+                f"{who} shares the node's network namespace (hostNetwork); cnidra attaches "
+                "interfaces only to a pod's own namespace"
+            )
+        return None
+
     async def _add(self, pod: nri.PodSandbox, record: SandboxRecord) -> int:
         attachments = [a.attachment for a in record.attachments]
+        started = time.perf_counter()
         try:
             outcomes = await attach_all(
                 self.runtime,
@@ -230,12 +243,27 @@ class PodLifecycle:
             self._report(failed.outcomes)
             message = f"pod {pod.namespace}/{pod.name}: {failed}"
             self.status.event(pod_ref(pod), REASON_ATTACH_FAILED, message)
+            self.journal.record(
+                events.ATTACH_FAILED,
+                pod_ref(pod),
+                pod.id,
+                str(failed),
+                (time.perf_counter() - started) * 1000,
+            )
             raise AttachError(message) from None
         done = tuple(
             Attached(o.attachment, o.result.to_json() if o.result else None) for o in outcomes
         )
         await self.store.put(record.with_state(State.ADDED, attachments=done))
         self._report(outcomes)
+        self.journal.record(
+            events.ATTACHED,
+            pod_ref(pod),
+            pod.id,
+            "attached " + ", ".join(f"{a.if_name} ({a.network_label})" for a in attachments),
+            (time.perf_counter() - started) * 1000,
+            interfaces=[a.if_name for a in attachments],
+        )
         # held until the last DEL succeeds: a claim must not vanish with interfaces set up
         for claim in record.claims():
             self.status.finalizer(claim, True)
@@ -243,7 +271,16 @@ class PodLifecycle:
 
     def _report(self, outcomes: list[Outcome]) -> None:
         for outcome in outcomes:
-            self.status.put(outcome.attachment.claim, device_status(outcome))
+            entry = device_status(outcome)
+            self.status.put(outcome.attachment.claim, entry)
+            if self.metadata is not None and outcome.ready and "networkData" in entry:
+                att = outcome.attachment
+                try:  # local files, before the pod's containers start
+                    self.metadata.attached(
+                        att.claim, att.request, att.pool, att.device, entry["networkData"]
+                    )
+                except OSError as exc:
+                    log.warning("device metadata of claim %s: %s", att.claim, exc)
 
     def restore_status(self) -> None:
         """After a restart: re-derive the status of every attachment that is set up."""
@@ -285,6 +322,7 @@ class PodLifecycle:
             if errors and self._can_retry(record):
                 message = f"pod {record.pod}: " + "; ".join(errors)
                 log.warning("detach failed, will retry: %s", message)
+                self.journal.record(events.DETACH_FAILED, record.pod, sandbox_id, "; ".join(errors))
                 if pod is not None:
                     self.status.event(pod, REASON_DETACH_FAILED, message)
                 for claim in record.claims():
@@ -298,6 +336,12 @@ class PodLifecycle:
                     "; ".join(errors),
                 )
             await self._forget(record)
+            self.journal.record(
+                events.DETACHED,
+                record.pod,
+                sandbox_id,
+                "detached " + ", ".join(a.attachment.if_name for a in record.attachments),
+            )
             return True
 
     def _can_retry(self, record: SandboxRecord) -> bool:

@@ -14,6 +14,7 @@ from cnidra.api.refs import ObjectRef
 from cnidra.cni.errors import CNIRuntimeError
 from cnidra.cni.types import GCAttachment, NetworkConfigList
 from cnidra.nri.lifecycle import AttachError, PodLifecycle, netns_of
+from cnidra.state import journal as events
 from cnidra.state.sandboxes import State
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,12 @@ class Reconciler:
                 "sandbox %s of pod %s is gone without a hook; cleaning up",
                 record.sandbox_id[:12],
                 record.pod,
+            )
+            life.journal.record(
+                events.SWEPT,
+                record.pod,
+                record.sandbox_id,
+                "the sandbox's network namespace is gone without a hook; undoing its interfaces",
             )
             await life.detach(record.sandbox_id, None)
             swept += 1

@@ -62,6 +62,9 @@ class PreparedClaim:
     pod_uids: tuple[str, ...]
     devices: tuple[Attachment, ...]
     generation: int = 0
+    # the pod's own name for a claim made from a template (pod.spec.resourceClaims[].name):
+    # where containers find the claim's device metadata (KEP-5304)
+    pod_claim_name: str | None = None
 
     @property
     def uid(self) -> str:
@@ -76,6 +79,7 @@ class PreparedClaim:
             "pod_uids": list(self.pod_uids),
             "devices": [attachment_to_json(d) for d in self.devices],
             "generation": self.generation,
+            "pod_claim_name": self.pod_claim_name,
         }
 
     @classmethod
@@ -86,6 +90,7 @@ class PreparedClaim:
             tuple(data["pod_uids"]),
             tuple(attachment_from_json(d, ref) for d in data["devices"]),
             int(data.get("generation", 0)),
+            data.get("pod_claim_name"),
         )
 
 

@@ -41,5 +41,15 @@ class StateLayout:
     def tuning(self) -> Path:
         return self.root / "tuning"
 
+    @property
+    def journal(self) -> Path:
+        """What happened to pods' networks on this node (the node API's events)."""
+        return self.root / "journal.jsonl"
+
+    @property
+    def node_socket(self) -> Path:
+        """The node API's unix socket (root only)."""
+        return self.root / "node.sock"
+
     def private_dirs(self) -> PrivateDirs:
         return PrivateDirs(ipam=str(self.ipam), tuning=str(self.tuning))

@@ -20,6 +20,7 @@ from cnidra.nri.hooks import PodHooks
 from cnidra.nri.lifecycle import HookBudget, PodLifecycle
 from cnidra.nri.reconcile import Reconciler
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
+from cnidra.state.journal import Journal
 from cnidra.state.layout import StateLayout
 from cnidra.state.sandboxes import SandboxStore
 from cnidra.util.backoff import Backoff
@@ -196,7 +197,11 @@ class Node:
 
     @classmethod
     def start(
-        cls, root: Path, plugins: FakePlugins | None = None, gone: set[str] | None = None
+        cls,
+        root: Path,
+        plugins: FakePlugins | None = None,
+        gone: set[str] | None = None,
+        journal: Journal | None = None,
     ) -> Node:
         """A fresh process over `root`: what is on disk is all it knows."""
         plugins = plugins or FakePlugins()
@@ -213,6 +218,7 @@ class Node:
             node_netns=lambda path: path == NODE_NETNS,
             budget=HookBudget(attach=0.3, request_timeout=1.0),
             max_attachments=3,
+            journal=journal,
         )
         reconciler = Reconciler(lifecycle)
         return cls(lifecycle, reconciler, PodHooks(lifecycle, reconciler), plugins, status, gone)

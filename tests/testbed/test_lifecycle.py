@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,6 +25,12 @@ from tests.testbed.conftest import env_image, pod
 pytestmark = pytest.mark.testbed
 DRIVER = "cni.dra.networking.x-k8s.io"
 Driver = DriverProcess | InClusterDriver
+# where the seed demo's container finds its claim's device metadata: the pod's claim "macvlan"
+# (from a template), request "net"
+METADATA_FILE = (
+    "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/macvlan/net/"
+    f"{DRIVER}-metadata.json"
+)
 
 
 # An admin's class for the tests' own fault plugins, which the default class's policy does not
@@ -302,6 +309,17 @@ def test_the_seed_demo_for_real(
     assert status["data"]["cniVersion"] == "1.1.0"
     [ip] = net["ips"]
     assert allocations(driver, namespace, "demo") == {ip.split("/")[0]}
+    # the container finds its claim's device metadata (KEP-5304) where Kubernetes says, with
+    # the network data the claim status has
+    metadata = cluster.kubectl("exec", "-n", namespace, "demo", "--", "cat", METADATA_FILE).stdout
+    [doc] = [json.loads(line) for line in metadata.splitlines()]
+    assert doc["apiVersion"] == "metadata.resource.k8s.io/v1alpha1"
+    assert (doc["podClaimName"], doc["metadata"]["name"]) == ("macvlan", claim["metadata"]["name"])
+    [request] = doc["requests"]
+    assert request["name"] == "net"
+    [device] = request["devices"]
+    assert (device["driver"], device["pool"], device["name"]) == (DRIVER, "testbed-node", parent)
+    assert device["networkData"] == net
 
     cluster.kubectl("delete", "-n", namespace, "pod", "demo", "--timeout=60s")
     cluster.wait("the address to be freed", lambda: not allocations(driver, namespace, "demo"), 30)
@@ -665,3 +683,56 @@ def test_a_failing_del_holds_the_claim_with_a_finalizer_until_it_succeeds(
         assert driver.health()["sandboxes"] == 0
     finally:
         shutil.rmtree(marker.parent, ignore_errors=True)
+
+
+def node_cli(driver: Driver, *args: str) -> Any:
+    """`cnidra node ... -o json` against the driver's node API socket, as an operator runs it."""
+    out = subprocess.run(
+        [sys.executable, "-m", "cnidra", "node", *args, "-o", "json",
+         "--socket", str(driver.state_root / "node.sock")],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def test_the_node_api_tells_a_pods_story_without_the_apiserver(
+    cluster: Cluster, namespace: str, driver: Driver, parent: str
+) -> None:
+    from testbed import cluster as tb
+
+    one_address = cni_config(
+        "story", parent, "198.18.210.0/24", rangeStart="198.18.210.9", rangeEnd="198.18.210.9"
+    )
+    apply(
+        cluster,
+        namespace,
+        template("net", [("net", parent, one_address, "net1")]),
+        claiming_pod("first", "net"),
+    )
+    ready(cluster, namespace, "first")
+    apply(cluster, namespace, claiming_pod("second", "net"))  # the pool is empty: it fails
+
+    def second_failed() -> Any:
+        view = node_cli(driver, "describe", "second", "-n", namespace)
+        return view if "no IP addresses available" in view.get("problem", "") else None
+
+    failed = cluster.wait("the node API to say why second has no interface", second_failed, 60)
+    assert failed["state"] == "prepared" and failed["events"][-1]["kind"] == "AttachFailed"
+    first = node_cli(driver, "describe", "first", "-n", namespace)
+    [att] = first["attachments"]
+    assert (first["state"], att["if_name"], att["network"]) == ("attached", "net1", "story")
+    assert att["plugins"] == ["macvlan"] and att["parent"] == parent
+    assert set(att["ips"]) == pod_addresses(cluster, namespace, "first", "net1")
+    listed = node_cli(driver, "pods", "-n", namespace)
+    assert {p["pod"]["name"] for p in listed} == {"first", "second"}
+
+    tb.stop("kube-apiserver")
+    try:  # the same answers from the node's records alone
+        assert node_cli(driver, "describe", "first", "-n", namespace) == first
+        assert {p["pod"]["name"] for p in node_cli(driver, "pods", "-n", namespace)} == {
+            "first",
+            "second",
+        }
+    finally:
+        tb.start_apiserver(cluster.bins)
+    cluster.kubectl("delete", "pod", "second", "-n", namespace, "--timeout=60s")

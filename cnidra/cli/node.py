@@ -1,0 +1,211 @@
+"""`cnidra node`: a pod's secondary networks as this node knows them, through the node API
+(no apiserver): `pods`, `describe POD`, `events [--follow]`."""
+
+from __future__ import annotations
+
+import json
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from cnidra.agent.settings import DEFAULTS
+from cnidra.state.layout import StateLayout
+
+if TYPE_CHECKING:  # gRPC loads only when a node command runs: `cnidra validate` stays quick
+    import grpc
+    from google.protobuf.message import Message
+
+    from cnidra._proto.node.v1alpha1 import api_pb2 as api
+    from cnidra._proto.node.v1alpha1 import api_pb2_grpc as api_grpc
+
+app = typer.Typer(
+    no_args_is_help=True,
+    help="Pod networks on this node, from the driver's node API (no apiserver needed).",
+)
+out = Console(soft_wrap=True, highlight=False, markup=False)  # pod names are not markup
+err = Console(stderr=True, soft_wrap=True, highlight=False)
+CALL_TIMEOUT = 5.0
+
+
+class Output(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+    YAML = "yaml"
+
+
+Socket = Annotated[
+    Path,
+    typer.Option("--socket", envvar="CNIDRA_NODE_SOCKET", help="the driver's node API socket"),
+]
+Namespace = Annotated[str, typer.Option("--namespace", "-n", help="only this namespace")]
+OutputOpt = Annotated[Output, typer.Option("--output", "-o")]
+DEFAULT_SOCKET = StateLayout(DEFAULTS.state_dir).node_socket
+
+
+def stub(socket: Path) -> tuple[grpc.Channel, api_grpc.NodeNetworksStub]:
+    import grpc
+
+    from cnidra._proto.node.v1alpha1 import api_pb2_grpc as api_grpc
+
+    channel = grpc.insecure_channel(f"unix://{socket}")
+    return channel, api_grpc.NodeNetworksStub(channel)
+
+
+def fail(exc: grpc.RpcError, socket: Path) -> typer.Exit:
+    import grpc
+
+    code = exc.code()
+    if code is grpc.StatusCode.UNAVAILABLE:
+        err.print(f"[red]error:[/] no cnidra driver answers on {socket} (is it running here?)")
+    else:
+        err.print(f"[red]error:[/] {exc.details()}")
+    return typer.Exit(1)
+
+
+def as_data(message: Message) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(message, preserving_proto_field_name=True)
+
+
+def emit(data: Any, output: Output) -> None:
+    if output is Output.JSON:
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        typer.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
+
+
+def interfaces(pod: api.PodNetwork) -> str:
+    return ", ".join(
+        f"{a.if_name} {' '.join(a.ips) or '-'}" if a.state == "attached" else a.if_name
+        for a in pod.attachments
+    )
+
+
+@app.command()
+def pods(
+    namespace: Namespace = "",
+    output: OutputOpt = Output.TABLE,
+    socket: Socket = DEFAULT_SOCKET,
+) -> None:
+    """Every pod on this node with cnidra claims or interfaces."""
+    import grpc
+
+    from cnidra._proto.node.v1alpha1 import api_pb2 as api
+
+    channel, client = stub(socket)
+    with channel:
+        try:
+            reply = client.ListPodNetworks(
+                api.ListPodNetworksRequest(namespace=namespace), timeout=CALL_TIMEOUT
+            )
+        except grpc.RpcError as exc:
+            raise fail(exc, socket) from None
+    if output is not Output.TABLE:
+        emit([as_data(p) for p in reply.pods], output)
+        return
+    table = Table(box=None, pad_edge=False)
+    for column in ("NAMESPACE", "POD", "STATE", "INTERFACES", "PROBLEM"):
+        table.add_column(column, overflow="fold")
+    for pod in reply.pods:
+        table.add_row(
+            pod.pod.namespace or "?",
+            pod.pod.name or pod.pod.uid,
+            pod.state,
+            interfaces(pod),
+            pod.problem,
+        )
+    out.print(table)
+
+
+@app.command()
+def describe(
+    pod: Annotated[str, typer.Argument(help="the pod's name (or its UID with --uid)")],
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+    uid: Annotated[bool, typer.Option("--uid", help="POD is the pod's UID")] = False,
+    output: OutputOpt = Output.TABLE,
+    socket: Socket = DEFAULT_SOCKET,
+) -> None:
+    """One pod's networks: every attachment, its result and state, and why one is missing."""
+    import grpc
+
+    from cnidra._proto.node.v1alpha1 import api_pb2 as api
+
+    request = (
+        api.QueryPodNetworkRequest(uid=pod)
+        if uid
+        else api.QueryPodNetworkRequest(namespace=namespace, name=pod)
+    )
+    channel, client = stub(socket)
+    with channel:
+        try:
+            view = client.QueryPodNetwork(request, timeout=CALL_TIMEOUT)
+        except grpc.RpcError as exc:
+            raise fail(exc, socket) from None
+    if output is not Output.TABLE:
+        emit(as_data(view), output)
+        return
+    p = view.pod
+    out.print(f"Pod:        {p.namespace}/{p.name} ({p.uid})")
+    out.print(f"State:      {view.state}")
+    out.print(f"Sandbox:    {view.sandbox_id or '-'}")
+    out.print(f"Netns:      {view.netns or '-'}")
+    out.print("Claims:     " + (", ".join(f"{c.name} ({c.uid})" for c in view.claims) or "-"))
+    if view.problem:
+        out.print(f"Problem:    {view.problem}", style="yellow")
+    out.print("Interfaces:")
+    for a in view.attachments:
+        out.print(f"  {a.if_name}  [{a.state}]")
+        out.print(f"    claim {a.claim.namespace}/{a.claim.name}, request {a.request}")
+        chain = " -> ".join(a.plugins)
+        out.print(f"    network {a.network} (runs as {a.cni_network}), plugins {chain}")
+        out.print(f"    device {a.pool}/{a.device} on link {a.parent or '-'}")
+        if a.ips or a.mac:
+            out.print(f"    addresses {' '.join(a.ips) or '-'}, mac {a.mac or '-'}")
+    out.print("Events:")
+    for e in view.events:
+        out.print(f"  {line(e)}")
+    if not view.events:
+        out.print("  none recorded")
+
+
+def line(e: api.Event) -> str:
+    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(e.time))
+    took = f" ({e.duration_ms:.1f} ms)" if e.duration_ms else ""
+    return f"{when} {e.kind:<13} {e.pod.namespace}/{e.pod.name} {e.message}{took}"
+
+
+@app.command()
+def events(
+    pod: Annotated[str, typer.Argument(help="only this pod (by name)")] = "",
+    namespace: Namespace = "",
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="keep printing new events")
+    ] = False,
+    output: OutputOpt = Output.TABLE,
+    socket: Socket = DEFAULT_SOCKET,
+) -> None:
+    """The node's journal of attaches and detaches; with --follow, as they happen."""
+    import grpc
+
+    from cnidra._proto.node.v1alpha1 import api_pb2 as api
+
+    request = api.WatchEventsRequest(namespace=namespace, name=pod, follow=follow)
+    channel, client = stub(socket)
+    with channel:
+        try:
+            for event in client.WatchEvents(request, timeout=None if follow else CALL_TIMEOUT):
+                if output is Output.TABLE:
+                    out.print(line(event))
+                else:
+                    typer.echo(json.dumps(as_data(event), sort_keys=True))
+        except grpc.RpcError as exc:
+            raise fail(exc, socket) from None
+        except KeyboardInterrupt:
+            pass

@@ -1,0 +1,167 @@
+"""Device metadata containers can read (KEP-5304, alpha in Kubernetes 1.36): per claim request,
+a JSON file naming the allocated devices and, once the sandbox hook has attached them, their
+network data (interface, addresses, MAC). Prepare writes the file and a CDI spec that
+bind-mounts it read-only into every container using the claim; kubelet passes the CDI device
+IDs to the runtime. The hook fills in `networkData` before any container starts.
+
+Wire facts (k8s.io/dynamic-resource-allocation v0.36 `api/metadata`, `kubeletplugin`):
+- in the container: /var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/
+  <request>/<driver>-metadata.json, or .../resourceclaimtemplates/<pod claim name>/... for a
+  claim made from a template;
+- on the node: <kubelet plugin dir>/dra-device-metadata/<namespace>_<claim>/<request>/
+  metadata.json; CDI spec <cdi dir>/<driver>_metadata_<claim uid>_<request>.json of kind
+  <driver>/metadata, device <claim uid>_<request>;
+- content: `metadata.resource.k8s.io/v1alpha1` DeviceMetadata, one JSON document per line.
+
+Updates rewrite the file in place (same inode): a bind mount keeps the inode it was given."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cnidra.api.constants import DRIVER_NAME
+from cnidra.api.refs import ObjectRef
+from cnidra.state.checkpoint import PreparedClaim
+
+API_VERSION = "metadata.resource.k8s.io/v1alpha1"
+CONTAINER_DIR = Path("/var/run/kubernetes.io/dra-device-attributes")
+CDI_VERSION = "0.5.0"
+DEFAULT_CDI_DIR = Path("/var/run/cdi")
+
+
+class DeviceMetadata:
+    def __init__(self, plugin_dir: Path, cdi_dir: Path, driver: str = DRIVER_NAME) -> None:
+        self.root = plugin_dir / "dra-device-metadata"
+        self.cdi_dir = cdi_dir
+        self.driver = driver
+
+    # ------------------------------------------------------------------ paths
+
+    def claim_dir(self, claim: ObjectRef) -> Path:
+        return self.root / f"{claim.namespace}_{claim.name}"
+
+    def host_file(self, claim: ObjectRef, request: str) -> Path:
+        return self.claim_dir(claim) / request / "metadata.json"
+
+    def container_file(self, claim: PreparedClaim, request: str) -> Path:
+        if claim.pod_claim_name:
+            where = CONTAINER_DIR / "resourceclaimtemplates" / claim.pod_claim_name
+        else:
+            where = CONTAINER_DIR / "resourceclaims" / claim.ref.name
+        return where / request / f"{self.driver}-metadata.json"
+
+    def cdi_file(self, claim_uid: str, request: str) -> Path:
+        return self.cdi_dir / f"{self.driver}_metadata_{claim_uid}_{request}.json"
+
+    def cdi_id(self, claim_uid: str, request: str) -> str:
+        return f"{self.driver}/metadata={claim_uid}_{request}"
+
+    # ------------------------------------------------------------------ writes
+
+    def prepare(self, claim: PreparedClaim) -> None:
+        """Write each request's metadata file (unless there is one: a re-prepare after a
+        restart must keep the network data the hook filled in) and its CDI spec."""
+        for request in dict.fromkeys(d.request for d in claim.devices):
+            path = self.host_file(claim.ref, request)
+            if not path.exists():
+                devices = [
+                    {"driver": self.driver, "pool": d.pool, "name": d.device}
+                    for d in claim.devices
+                    if d.request == request
+                ]
+                document = self._document(claim.ref, claim.pod_claim_name, 1, request, devices)
+                path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+                _write_in_place(path, document)
+            self._write_cdi_spec(claim, request)
+
+    def attached(
+        self,
+        claim: ObjectRef,
+        request: str,
+        pool: str,
+        device: str,
+        network_data: Mapping[str, Any],
+    ) -> None:
+        """The hook's part: the device's network data, before the pod's containers start."""
+        path = self.host_file(claim, request)
+        try:
+            current = json.loads(path.read_text().splitlines()[0])
+        except (OSError, ValueError, IndexError):
+            return  # prepared before metadata existed, or removed: nothing a container reads
+        [req] = current.get("requests") or [{"name": request, "devices": []}]
+        for entry in req.get("devices") or []:
+            if (entry.get("pool"), entry.get("name")) == (pool, device):
+                entry["networkData"] = dict(network_data)
+        current["metadata"]["generation"] = int(current["metadata"].get("generation", 1)) + 1
+        _write_in_place(path, current)
+
+    def remove(self, claim: ObjectRef) -> None:
+        shutil.rmtree(self.claim_dir(claim), ignore_errors=True)
+        for spec in self.cdi_dir.glob(f"{self.driver}_metadata_{claim.uid}_*.json"):
+            with contextlib.suppress(FileNotFoundError):
+                spec.unlink()
+
+    def _document(
+        self,
+        claim: ObjectRef,
+        pod_claim_name: str | None,
+        generation: int,
+        request: str,
+        devices: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        document: dict[str, Any] = {
+            "kind": "DeviceMetadata",
+            "apiVersion": API_VERSION,
+            "metadata": {
+                "name": claim.name,
+                "namespace": claim.namespace,
+                "uid": claim.uid,
+                "generation": generation,
+            },
+            "requests": [{"name": request, "devices": devices}],
+        }
+        if pod_claim_name:
+            document["podClaimName"] = pod_claim_name
+        return document
+
+    def _write_cdi_spec(self, claim: PreparedClaim, request: str) -> None:
+        spec = {
+            "cdiVersion": CDI_VERSION,
+            "kind": f"{self.driver}/metadata",
+            "devices": [
+                {
+                    "name": f"{claim.uid}_{request}",
+                    "containerEdits": {
+                        "mounts": [
+                            {
+                                "hostPath": str(self.host_file(claim.ref, request)),
+                                "containerPath": str(self.container_file(claim, request)),
+                                "options": ["ro", "bind"],
+                            }
+                        ]
+                    },
+                }
+            ],
+        }
+        self.cdi_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        path = self.cdi_file(claim.uid, request)
+        tmp = path.with_name(f".{path.name}.tmp")  # the runtime may read the directory anytime
+        tmp.write_text(json.dumps(spec, indent=2))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+
+
+def _write_in_place(path: Path, document: Mapping[str, Any]) -> None:
+    data = (json.dumps(document, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:  # over the old bytes, then cut: a reader never finds the file empty
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)

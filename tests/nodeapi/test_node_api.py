@@ -1,0 +1,111 @@
+"""The node API from the node's records alone: a pod attached, one whose attach failed, one
+prepared but not started, a failing DEL; the same answers over the root-only socket, after a
+restart (a new process over the same state root), and the journal streamed as it grows."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cnidra._proto.node.v1alpha1 import api_pb2 as api
+from cnidra._proto.node.v1alpha1 import api_pb2_grpc as api_grpc
+from cnidra.nodeapi.service import NodeNetworksService, serve
+from cnidra.nodeapi.views import NodeRecords, find_pod, pod_networks
+from cnidra.nri.lifecycle import AttachError
+from cnidra.state.journal import Journal
+from tests.nri.fakes import FakePlugins, Node, network, pod, prepare
+
+
+def records(node: Node) -> NodeRecords:
+    return NodeRecords(
+        tuple(node.checkpoint.all()),
+        tuple(node.store.all()),
+        tuple(node.lifecycle.journal.entries),
+    )
+
+
+async def three_pods(node: Node) -> None:
+    prepare(node.checkpoint, "ok", "a-uid", ("net1", network("data", "macvlan", "tuning")))
+    prepare(node.checkpoint, "bad", "b-uid", ("net1", network("broken", "bridge")))
+    prepare(node.checkpoint, "later", "c-uid", ("net1", network("data", "macvlan")))
+    await node.hooks.run_pod_sandbox(pod("a"))
+    node.plugins.failing["bridge"] = "ADD"
+    with pytest.raises(AttachError):
+        await node.hooks.run_pod_sandbox(pod("b"))
+
+
+async def test_every_pod_and_why_an_interface_is_missing(tmp_path: Path) -> None:
+    node = Node.start(tmp_path, journal=Journal(tmp_path / "journal.jsonl"))
+    await three_pods(node)
+    views = {v.pod.uid: v for v in pod_networks(records(node))}
+    a, b, c = views["a-uid"], views["b-uid"], views["c-uid"]
+
+    assert (a.pod.namespace, a.pod.name, a.state, a.problem) == ("ns", "a", "attached", "")
+    [att] = a.attachments
+    assert (att.if_name, att.network, att.plugins, att.ips) == (
+        "net1", "data", ["macvlan", "tuning"], ["198.18.0.2/24"]
+    )  # fmt: skip
+    assert att.cni_network == "cnidra-ns.ns.data" and att.state == "attached"
+    assert [e.kind for e in a.events] == ["Attached"] and a.events[0].duration_ms > 0
+
+    assert b.state == "prepared" and b.pod.name == "b"  # named by its journal
+    assert b.problem.startswith("attach failed:") and "bridge" in b.problem
+
+    assert c.state == "prepared" and (c.pod.namespace, c.pod.name) == ("ns", "") and not c.events
+    assert "no sandbox of this pod has been attached yet" in c.problem
+    assert [x.if_name for x in c.attachments] == ["net1"]
+
+    assert find_pod(records(node), "ns", "a", "") == a
+    assert find_pod(records(node), "", "", "c-uid") == c
+    assert find_pod(records(node), "ns", "nobody", "") is None
+
+    again = Node.start(tmp_path, journal=Journal(tmp_path / "journal.jsonl"))  # a restart
+    assert pod_networks(records(again)) == pod_networks(records(node))
+
+
+async def test_a_failing_del_is_told_while_it_is_retried(tmp_path: Path) -> None:
+    node = Node.start(tmp_path, FakePlugins(failing={"macvlan": "DEL"}))
+    prepare(node.checkpoint, "ok", "a-uid", ("net1", network("data", "macvlan")))
+    await node.hooks.run_pod_sandbox(pod("a"))
+    await node.hooks.stop_pod_sandbox(pod("a"))
+    [view] = pod_networks(records(node))
+    assert view.state == "deleting" and "it broke" in view.problem
+    node.plugins.failing.clear()
+    await node.settle()
+    [view] = pod_networks(records(node))
+    assert view.state == "prepared" and [e.kind for e in view.events][-1] == "Detached"
+
+
+async def test_the_socket_is_root_only_and_serves_lists_queries_and_a_stream(
+    tmp_path: Path,
+) -> None:
+    node = Node.start(tmp_path)
+    await three_pods(node)
+    socket = tmp_path / "node.sock"
+    server = await serve(NodeNetworksService(lambda: records(node), node.lifecycle.journal), socket)
+    try:
+        assert stat.S_IMODE(socket.stat().st_mode) == 0o600
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            client = api_grpc.NodeNetworksStub(channel)
+            listed = await client.ListPodNetworks(api.ListPodNetworksRequest(namespace="ns"))
+            assert [p.pod.uid for p in listed.pods] == ["c-uid", "a-uid", "b-uid"]  # by name
+            one = await client.QueryPodNetwork(api.QueryPodNetworkRequest(namespace="ns", name="a"))
+            assert one.attachments[0].mac == "" and one.attachments[0].ips == ["198.18.0.2/24"]
+            with pytest.raises(grpc.aio.AioRpcError) as missing:
+                await client.QueryPodNetwork(api.QueryPodNetworkRequest(namespace="ns", name="z"))
+            assert missing.value.code() is grpc.StatusCode.NOT_FOUND
+            assert "ns/z has no cnidra claim" in str(missing.value.details())
+
+            stream = client.WatchEvents(api.WatchEventsRequest(follow=True))
+            seen = [(await stream.read()).kind, (await stream.read()).kind]  # the backlog
+            assert seen == ["Attached", "AttachFailed"]
+            await node.hooks.stop_pod_sandbox(pod("a"))  # a new entry, streamed as it happens
+            latest = await asyncio.wait_for(stream.read(), 5)
+            assert (latest.kind, latest.pod.name) == ("Detached", "a")
+            stream.cancel()
+    finally:
+        await server.stop(grace=None)

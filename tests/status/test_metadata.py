@@ -1,0 +1,85 @@
+"""Device metadata for containers (KEP-5304) as prepare and the hook write it: the files and
+CDI specs where kubelet's library would put them, the JSON a container reads, network data
+filled in place (a bind mount keeps its inode), kept across a re-prepare, gone at unprepare."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from cnidra.api.refs import ObjectRef
+from cnidra.dra.prepare import Preparer
+from cnidra.state.checkpoint import Checkpoint
+from cnidra.state.layout import StateLayout
+from cnidra.status.metadata import DeviceMetadata
+from tests.dra.test_prepare import DIRS, VIEW, Claims, named
+
+DRIVER = "cni.dra.networking.x-k8s.io"
+
+
+def read(path: Path) -> dict[str, Any]:
+    [line] = path.read_text().splitlines()
+    doc: dict[str, Any] = json.loads(line)
+    return doc
+
+
+async def test_prepare_writes_what_a_container_reads_and_the_hook_fills_it(
+    tmp_path: Path,
+) -> None:
+    metadata = DeviceMetadata(tmp_path / "plugin", tmp_path / "cdi")
+    claim = named("pod-net-abcde", "u-1", 2)
+    claim["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": "net"}
+    checkpoint = Checkpoint(StateLayout(tmp_path / "state"))
+    preparer = Preparer("n1", Claims(claim), checkpoint, DIRS, view=lambda: VIEW, metadata=metadata)
+    ref = ObjectRef("ns", "pod-net-abcde", "u-1")
+    prepared = await preparer.prepare(ref)
+    assert preparer.cdi_device_ids(prepared, "r0") == [f"{DRIVER}/metadata=u-1_r0"]
+
+    host = tmp_path / "plugin" / "dra-device-metadata" / "ns_pod-net-abcde" / "r0" / "metadata.json"
+    doc = read(host)
+    assert doc["apiVersion"] == "metadata.resource.k8s.io/v1alpha1"
+    assert doc["kind"] == "DeviceMetadata" and doc["podClaimName"] == "net"
+    assert doc["metadata"] == {
+        "name": "pod-net-abcde", "namespace": "ns", "uid": "u-1", "generation": 1
+    }  # fmt: skip
+    assert doc["requests"] == [
+        {"name": "r0", "devices": [{"driver": DRIVER, "pool": "n1", "name": "eth1"}]}
+    ]
+    spec = json.loads((tmp_path / "cdi" / f"{DRIVER}_metadata_u-1_r0.json").read_text())
+    assert spec["kind"] == f"{DRIVER}/metadata" and spec["cdiVersion"] == "0.5.0"
+    [device] = spec["devices"]
+    assert device["name"] == "u-1_r0"
+    assert device["containerEdits"]["mounts"] == [
+        {
+            "hostPath": str(host),
+            "containerPath": "/var/run/kubernetes.io/dra-device-attributes/"
+            f"resourceclaimtemplates/net/r0/{DRIVER}-metadata.json",
+            "options": ["ro", "bind"],
+        }
+    ]
+
+    inode = host.stat().st_ino
+    data = {"interfaceName": "pod-net-abcde0", "ips": ["198.18.0.2/24"]}
+    metadata.attached(ref, "r0", "n1", "eth1", data)
+    doc = read(host)
+    assert doc["requests"][0]["devices"][0]["networkData"] == data
+    assert doc["metadata"]["generation"] == 2 and host.stat().st_ino == inode
+
+    await preparer.prepare(ref)  # kubelet prepares again after a restart: the data stays
+    assert read(host)["requests"][0]["devices"][0]["networkData"] == data
+
+    await preparer.unprepare(ref)
+    assert not (tmp_path / "plugin" / "dra-device-metadata" / "ns_pod-net-abcde").exists()
+    assert not list((tmp_path / "cdi").iterdir())
+
+
+def test_a_claim_named_in_the_pod_spec_is_found_by_its_own_name(tmp_path: Path) -> None:
+    from cnidra.state.checkpoint import PreparedClaim
+
+    metadata = DeviceMetadata(tmp_path, tmp_path)
+    claim = PreparedClaim(ObjectRef("ns", "shared-net", "u"), (), ())
+    assert str(metadata.container_file(claim, "net")) == (
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/shared-net/net/"
+        f"{DRIVER}-metadata.json"
+    )
