@@ -61,6 +61,8 @@ def test_defaults_and_every_option_render() -> None:
     )
     [pod] = [d["spec"]["template"]["spec"] for d in everything if d["kind"] == "DaemonSet"]
     [driver] = pod["containers"]
+    assert "--cdi-dir=/var/run/cdi" in driver["args"]  # device metadata: where the runtime reads
+    assert {"name": "cdi", "mountPath": "/var/run/cdi"} in driver["volumeMounts"]
     install, _ = pod["initContainers"]  # the bundled plugins onto the node, then the migration
     assert install["command"][:2] == ["cnidra", "install-cni-plugins"]
     assert install["image"] == driver["image"] == f"cnidra:{chart_version()}-cni-plugins"

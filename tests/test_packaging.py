@@ -20,6 +20,7 @@ COMMANDS = [
     "webhook",
     "migrate-state",
     "install-cni-plugins",
+    "node",
 ]
 
 
