@@ -30,7 +30,7 @@ from cnidra.nodeapi.service import NodeNetworksService
 from cnidra.nodeapi.service import serve as serve_node_api
 from cnidra.nodeapi.views import NodeRecords
 from cnidra.nri.hooks import PodHooks
-from cnidra.nri.lifecycle import HookBudget, PodLifecycle
+from cnidra.nri.lifecycle import HookBudget, PlugError, PodLifecycle
 from cnidra.nri.plugin import NRIPlugin
 from cnidra.nri.reconcile import Reconciler
 from cnidra.observe.http import HTTPEndpoint
@@ -104,7 +104,9 @@ class Driver:
         )
         self.dra = DRAService(self.preparer, before_unprepare=self.reconciler.unprepare_claim)
         self.registration = RegistrationService(str(settings.dra_socket))
-        self.node_api = NodeNetworksService(self.node_records, self.journal)
+        self.node_api = NodeNetworksService(
+            self.node_records, self.journal, self.lifecycle, refusals=(PlugError,)
+        )
         self.tasks = Supervisor()
         self.health = grpc_health.aio.HealthServicer()  # type: ignore[attr-defined]
         self.http = HTTPEndpoint(settings.http_address, self.healthz)

@@ -304,6 +304,8 @@ def _check_field(
     issues: Issues,
 ) -> None:
     head = path[0] if path else ""
+    if head == "attach":  # when, not what: the same network either way
+        return
     if head == "ifName":
         if value == "lo":
             issues.error(where, "'lo' is the pod's loopback; a claim may not configure it")

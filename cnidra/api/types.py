@@ -134,6 +134,9 @@ class CNIConfig(_Strict):
     ipam_claim_reference: Annotated[str, AfterValidator(_subdomain)] | None = Field(
         default=None, alias="ipamClaimReference"
     )
+    # PodStart (the default): added when the pod's sandbox starts. OnDemand: prepared with the
+    # pod but added and removed through the node API (hot-plug), not at sandbox start.
+    attach: Literal["PodStart", "OnDemand"] | None = None
 
     @property
     def is_legacy_kind(self) -> bool:
@@ -151,4 +154,5 @@ CNICONFIG_FIELDS = (
     "args",
     "capabilities",
     "ipamClaimReference",
+    "attach",
 )

@@ -209,3 +209,58 @@ def events(
             raise fail(exc, socket) from None
         except KeyboardInterrupt:
             pass
+
+
+Claim = Annotated[str, typer.Option("--claim", help="the claim's name, or the pod's name for it")]
+Request = Annotated[str, typer.Option("--request", help="the claim's request")]
+
+
+def hotplug(attach: bool, pod: str, namespace: str, claim: str, request: str, socket: Path) -> None:
+    import grpc
+
+    from cnidra._proto.node.v1alpha1 import api_pb2 as api
+
+    channel, client = stub(socket)
+    with channel:
+        try:
+            if attach:
+                view = client.AttachNetwork(
+                    api.AttachNetworkRequest(
+                        namespace=namespace, name=pod, claim=claim, request=request
+                    ),
+                    timeout=30,
+                )
+            else:
+                view = client.DetachNetwork(
+                    api.DetachNetworkRequest(
+                        namespace=namespace, name=pod, claim=claim, request=request
+                    ),
+                    timeout=30,
+                )
+        except grpc.RpcError as exc:
+            raise fail(exc, socket) from None
+    out.print(f"{namespace}/{pod}: {interfaces(view) or 'no cnidra interfaces'}")
+
+
+@app.command()
+def attach(
+    pod: Annotated[str, typer.Argument(help="the pod's name")],
+    claim: Claim,
+    request: Request,
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+    socket: Socket = DEFAULT_SOCKET,
+) -> None:
+    """Plug an on-demand network (a CNIConfig with attach: OnDemand) into the running pod."""
+    hotplug(True, pod, namespace, claim, request, socket)
+
+
+@app.command()
+def detach(
+    pod: Annotated[str, typer.Argument(help="the pod's name")],
+    claim: Claim,
+    request: Request,
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+    socket: Socket = DEFAULT_SOCKET,
+) -> None:
+    """Unplug an on-demand network from the running pod; its other interfaces stay."""
+    hotplug(False, pod, namespace, claim, request, socket)

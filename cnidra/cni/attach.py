@@ -48,6 +48,8 @@ class Attachment:
     # whether the DeviceClass's CNIPolicy lets it be a link that carries the node
     parent: str = ""
     node_link_allowed: bool = False
+    # not added at sandbox start: plugged and unplugged through the node API
+    on_demand: bool = False
 
     @cached_property
     def netconf(self) -> NetworkConfigList:
@@ -169,6 +171,7 @@ def attachment_from(
         share_id=device.share_id,
         network_label=label,
         parent=device.link or "",
+        on_demand=config.attach == "OnDemand",
     )
 
 

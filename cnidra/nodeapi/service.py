@@ -7,7 +7,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -19,10 +19,26 @@ from cnidra.state.journal import Entry, Journal
 log = logging.getLogger(__name__)
 
 
+class Plugger(Protocol):
+    """Hot-plug on the pod lifecycle (the agent wires in the NRI side's); a refusal the
+    caller can act on raises one of the service's `refusals`, with why."""
+
+    async def plug(self, sandbox_id: str, claim: str, request: str) -> object: ...
+    async def unplug(self, sandbox_id: str, claim: str, request: str) -> None: ...
+
+
 class NodeNetworksService(api_grpc.NodeNetworksServicer):
-    def __init__(self, records: Callable[[], NodeRecords], journal: Journal) -> None:
+    def __init__(
+        self,
+        records: Callable[[], NodeRecords],
+        journal: Journal,
+        plugger: Plugger | None = None,
+        refusals: tuple[type[Exception], ...] = (),
+    ) -> None:
         self.records = records
         self.journal = journal
+        self.plugger = plugger
+        self.refusals = refusals  # a plug refused for a reason the caller can act on
 
     async def ListPodNetworks(
         self, request: api.ListPodNetworksRequest, context: Any
@@ -43,6 +59,47 @@ class NodeNetworksService(api_grpc.NodeNetworksServicer):
                 grpc.StatusCode.NOT_FOUND,
                 f"pod {who} has no cnidra claim prepared and no interfaces on this node",
             )
+        assert found is not None
+        return found
+
+    async def AttachNetwork(
+        self, request: api.AttachNetworkRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api.PodNetwork:
+        return await self._hotplug(request, context, attach=True)
+
+    async def DetachNetwork(
+        self, request: api.DetachNetworkRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api.PodNetwork:
+        return await self._hotplug(request, context, attach=False)
+
+    async def _hotplug(
+        self,
+        request: api.AttachNetworkRequest | api.DetachNetworkRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+        attach: bool,
+    ) -> api.PodNetwork:
+        if self.plugger is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "hot-plug is not served here")
+        if not (request.namespace and request.name and request.claim and request.request):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "give the pod's namespace and name, a claim, a request",
+            )
+        view = find_pod(self.records(), request.namespace, request.name, "")
+        if view is None or view.state != "attached":
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"pod {request.namespace}/{request.name} has no running sandbox cnidra attached",
+            )
+        assert view is not None and self.plugger is not None
+        try:
+            if attach:
+                await self.plugger.plug(view.sandbox_id, request.claim, request.request)
+            else:
+                await self.plugger.unplug(view.sandbox_id, request.claim, request.request)
+        except self.refusals as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        found = find_pod(self.records(), request.namespace, request.name, "")
         assert found is not None
         return found
 

@@ -21,12 +21,19 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cnidra._proto.nri.v1alpha1 import api_pb2 as nri
 from cnidra.api.constants import DEFAULT_MAX_ATTACHMENTS, DRIVER_NAME
 from cnidra.api.refs import ObjectRef
-from cnidra.cni.attach import AttachFailed, Budget, Outcome, attach_all, detach_all
+from cnidra.cni.attach import (
+    AttachFailed,
+    Attachment,
+    Budget,
+    Outcome,
+    attach_all,
+    detach_all,
+)
 from cnidra.cni.invoke import Deadline
 from cnidra.cni.result import Result
 from cnidra.cni.runtime import CNIRuntime
@@ -55,6 +62,10 @@ ANSWER_SHARE = 0.9
 
 class AttachError(Exception):
     """Fails the RunPodSandbox hook, so the sandbox fails and kubelet retries."""
+
+
+class PlugError(Exception):
+    """A node API plug or unplug that cannot be done, with why."""
 
 
 @dataclass
@@ -184,7 +195,8 @@ class PodLifecycle:
             existing = self.store.get(pod.id)
             if existing is not None and existing.state is State.ADDED:
                 return 0  # the hook ran already (reconnect, or a late attach)
-            record = SandboxRecord(pod.id, pod_ref(pod), netns, State.ADDING, tuple(planned))
+            at_start = tuple(a for a in planned if not a.attachment.on_demand)
+            record = SandboxRecord(pod.id, pod_ref(pod), netns, State.ADDING, at_start)
             await self.store.put(record)  # write-ahead: a crash from here on is undone
             return await self._add(pod, record)
 
@@ -260,7 +272,9 @@ class PodLifecycle:
             events.ATTACHED,
             pod_ref(pod),
             pod.id,
-            "attached " + ", ".join(f"{a.if_name} ({a.network_label})" for a in attachments),
+            "attached " + ", ".join(f"{a.if_name} ({a.network_label})" for a in attachments)
+            if attachments
+            else "sandbox recorded; its on-demand networks wait for the node API",
             (time.perf_counter() - started) * 1000,
             interfaces=[a.if_name for a in attachments],
         )
@@ -291,6 +305,106 @@ class PodLifecycle:
                 if attached.result is not None:
                     outcome = Outcome(attached.attachment, Result(attached.result))
                     self.status.put(attached.attachment.claim, device_status(outcome))
+
+    # ------------------------------------------------------------------ hot-plug
+
+    def on_demand(self, record: SandboxRecord, claim: str, request: str) -> Attachment:
+        """The pod's on-demand attachment of `claim` (its name, or the pod's name for it) and
+        `request`, from the checkpoint; PlugError when there is none."""
+        for prepared in self.checkpoint.for_pod(record.pod.uid):
+            if claim not in (prepared.ref.name, prepared.pod_claim_name):
+                continue
+            for device in prepared.devices:
+                if device.request == request and device.on_demand:
+                    return device.for_pod(record.pod, record.sandbox_id)
+        raise PlugError(
+            f"pod {record.pod} has no on-demand attachment for claim {claim!r} request "
+            f"{request!r} (a CNIConfig with attach: OnDemand, prepared for this pod)"
+        )
+
+    def _live_record(self, sandbox_id: str) -> SandboxRecord:
+        record = self.store.get(sandbox_id)
+        if record is None or record.state is not State.ADDED:
+            raise PlugError(f"sandbox {sandbox_id[:12]} has no attached record to plug into")
+        return record
+
+    async def plug(self, sandbox_id: str, claim: str, request: str) -> Attached:
+        """ADD an on-demand attachment to a running sandbox: the same checkpointed config,
+        write-ahead record, rollback, status, finalizer and metadata as at sandbox start."""
+        async with self.locks.hold(sandbox_id):
+            record = self._live_record(sandbox_id)
+            att = self.on_demand(record, claim, request)
+            if any(a.attachment.if_name == att.if_name for a in record.attachments):
+                raise PlugError(f"pod {record.pod} already has {att.if_name}")
+            if att.parent in self.protected_links() and not att.node_link_allowed:
+                raise PlugError(f"link {att.parent!r} now carries the node itself; refused")
+            pending = Attached(att, None, pending=True)
+            await self.store.put(replace(record, attachments=(*record.attachments, pending)))
+            started = time.perf_counter()
+            try:
+                [outcome] = await attach_all(
+                    self.runtime, [att], sandbox_id, record.netns, budget=self.budget.deadlines()
+                )
+            except AttachFailed as failed:
+                if not failed.cleanup_errors:
+                    await self.store.put(record)
+                self._report(failed.outcomes)
+                self.journal.record(events.ATTACH_FAILED, record.pod, sandbox_id, str(failed))
+                raise PlugError(f"pod {record.pod}: {failed}") from None
+            done = Attached(att, outcome.result.to_json() if outcome.result else None)
+            await self.store.put(replace(record, attachments=(*record.attachments, done)))
+            self._report([outcome])
+            self.status.finalizer(att.claim, True)
+            self.journal.record(
+                events.ATTACHED,
+                record.pod,
+                sandbox_id,
+                f"plugged {att.if_name} ({att.network_label})",
+                (time.perf_counter() - started) * 1000,
+            )
+            return done
+
+    async def unplug(self, sandbox_id: str, claim: str, request: str) -> None:
+        """DEL an on-demand attachment from a running sandbox; the others stay."""
+        async with self.locks.hold(sandbox_id):
+            record = self._live_record(sandbox_id)
+            att = self.on_demand(record, claim, request)
+            rest = tuple(a for a in record.attachments if a.attachment.if_name != att.if_name)
+            if len(rest) == len(record.attachments):
+                raise PlugError(f"pod {record.pod} has no {att.if_name} plugged")
+            going = [a for a in record.attachments if a.attachment.if_name == att.if_name]
+            marked = tuple(
+                replace(a, pending=True) if a in going else a for a in record.attachments
+            )
+            await self.store.put(replace(record, attachments=marked))
+            errors = await detach_all(
+                self.runtime, [a.attachment for a in going], sandbox_id, record.netns
+            )
+            if errors:
+                self.journal.record(events.DETACH_FAILED, record.pod, sandbox_id, "; ".join(errors))
+                raise PlugError(f"pod {record.pod}: " + "; ".join(errors))
+            await self.store.put(replace(record, attachments=rest))
+            key = (DRIVER_NAME, att.pool, att.device, att.share_id or "")
+            self.status.drop(att.claim, [key])
+            if att.claim not in {c for r in self.store.all() for c in r.claims()}:
+                self.status.finalizer(att.claim, False)
+            self.journal.record(events.DETACHED, record.pod, sandbox_id, f"unplugged {att.if_name}")
+
+    async def finish_unplugs(self, record: SandboxRecord) -> None:
+        """A crash while plugging or unplugging left `pending` attachments in an attached
+        record: DEL them and keep the rest (called by Synchronize)."""
+        async with self.locks.hold(record.sandbox_id):
+            pending = [a for a in record.attachments if a.pending]
+            if not pending:
+                return
+            errors = await detach_all(
+                self.runtime, [a.attachment for a in pending], record.sandbox_id, record.netns
+            )
+            if errors:
+                log.warning("undoing a half-done plug of %s: %s", record.pod, "; ".join(errors))
+                return
+            rest = tuple(a for a in record.attachments if not a.pending)
+            await self.store.put(replace(record, attachments=rest))
 
     # ------------------------------------------------------------------ detach
 

@@ -38,6 +38,8 @@ class Reconciler:
                     await life.detach(record.sandbox_id, None)
                 except Exception:  # retried by the sweeper; the other records go on
                     log.exception("undoing sandbox %s failed", record.sandbox_id[:12])
+            elif any(a.pending for a in record.attachments):
+                await life.finish_unplugs(record)
         for pod in pods:
             if life.store.get(pod.id) is None and netns_of(pod) and life.plan(pod):
                 try:

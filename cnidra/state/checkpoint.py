@@ -36,6 +36,7 @@ def attachment_to_json(att: Attachment) -> dict[str, Any]:
         "network_label": att.network_label,
         "parent": att.parent,
         "node_link_allowed": att.node_link_allowed,
+        "on_demand": att.on_demand,
     }
 
 
@@ -53,6 +54,7 @@ def attachment_from_json(data: Mapping[str, Any], claim: ObjectRef) -> Attachmen
         network_label=data.get("network_label") or str(data["network"].get("name", "")),
         parent=str(data.get("parent") or ""),
         node_link_allowed=bool(data.get("node_link_allowed")),
+        on_demand=bool(data.get("on_demand")),
     )
 
 

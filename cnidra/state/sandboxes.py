@@ -28,10 +28,13 @@ class State(StrEnum):
 
 @dataclass(frozen=True)
 class Attached:
-    """An attachment of a sandbox and, once ADD succeeded, its CNI result."""
+    """An attachment of a sandbox and, once ADD succeeded, its CNI result. `pending` in an
+    `added` record: an on-demand attachment being plugged or unplugged; a crash leaves it for
+    the next Synchronize to DEL and drop (the record's other attachments stay)."""
 
     attachment: Attachment
     result: Mapping[str, Any] | None = None
+    pending: bool = False
 
     def to_json(self) -> dict[str, Any]:
         claim = self.attachment.claim
@@ -41,12 +44,13 @@ class Attached:
             "claim_name": claim.name,
             **attachment_to_json(self.attachment),
             "result": self.result,
+            "pending": self.pending,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Attached:
         claim = ObjectRef(data["claim_namespace"], data["claim_name"], data["claim_uid"])
-        return cls(attachment_from_json(data, claim), data.get("result"))
+        return cls(attachment_from_json(data, claim), data.get("result"), bool(data.get("pending")))
 
 
 @dataclass(frozen=True)

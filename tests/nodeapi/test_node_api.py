@@ -15,7 +15,7 @@ from cnidra._proto.node.v1alpha1 import api_pb2 as api
 from cnidra._proto.node.v1alpha1 import api_pb2_grpc as api_grpc
 from cnidra.nodeapi.service import NodeNetworksService, serve
 from cnidra.nodeapi.views import NodeRecords, find_pod, pod_networks
-from cnidra.nri.lifecycle import AttachError
+from cnidra.nri.lifecycle import AttachError, PlugError
 from cnidra.state.journal import Journal
 from tests.nri.fakes import FakePlugins, Node, network, pod, prepare
 
@@ -107,5 +107,42 @@ async def test_the_socket_is_root_only_and_serves_lists_queries_and_a_stream(
             latest = await asyncio.wait_for(stream.read(), 5)
             assert (latest.kind, latest.pod.name) == ("Detached", "a")
             stream.cancel()
+    finally:
+        await server.stop(grace=None)
+
+
+async def test_hot_plug_over_the_socket_answers_the_pods_new_view(tmp_path: Path) -> None:
+    node = Node.start(tmp_path)
+    prepare(node.checkpoint, "base", "a-uid", ("net1", network("base", "macvlan")))
+    prepare(node.checkpoint, "extra", "a-uid", ("net2", network("extra", "bridge")), on_demand=True)
+    await node.hooks.run_pod_sandbox(pod("a"))
+    service = NodeNetworksService(
+        lambda: records(node), node.lifecycle.journal, node.lifecycle, refusals=(PlugError,)
+    )
+    socket = tmp_path / "node.sock"
+    server = await serve(service, socket)
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            client = api_grpc.NodeNetworksStub(channel)
+            plug = api.AttachNetworkRequest(namespace="ns", name="a", claim="extra", request="req0")
+            view = await client.AttachNetwork(plug)
+            assert [(a.if_name, a.state) for a in view.attachments] == [
+                ("net1", "attached"),
+                ("net2", "attached"),
+            ]
+            with pytest.raises(grpc.aio.AioRpcError) as again:
+                await client.AttachNetwork(plug)
+            assert again.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+            assert "already has net2" in str(again.value.details())
+            unplug = api.DetachNetworkRequest(
+                namespace="ns", name="a", claim="extra", request="req0"
+            )
+            view = await client.DetachNetwork(unplug)
+            assert [a.if_name for a in view.attachments] == ["net1"]
+            with pytest.raises(grpc.aio.AioRpcError) as nobody:
+                await client.AttachNetwork(
+                    api.AttachNetworkRequest(namespace="ns", name="z", claim="x", request="r")
+                )
+            assert nobody.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     finally:
         await server.stop(grace=None)

@@ -137,9 +137,10 @@ def prepare(
     claim: str,
     pod_uids: str | tuple[str, ...],
     *devices: tuple[str, Mapping[str, Any]],
+    on_demand: bool = False,
 ) -> PreparedClaim:
     """Checkpoint a claim for one pod or several (a shared claim): devices are (ifName,
-    network)."""
+    network); `on_demand`: plugged through the node API, not at sandbox start."""
     ref = ObjectRef("ns", claim, f"{claim}-uid")
     prepared = PreparedClaim(
         ref,
@@ -153,6 +154,7 @@ def prepare(
                 "node",
                 f"dev{i}",
                 network_label=str(net["name"]).rsplit(".", 1)[-1],
+                on_demand=on_demand,
             )
             for i, (if_name, net) in enumerate(devices)
         ),

@@ -736,3 +736,47 @@ def test_the_node_api_tells_a_pods_story_without_the_apiserver(
     finally:
         tb.start_apiserver(cluster.bins)
     cluster.kubectl("delete", "pod", "second", "-n", namespace, "--timeout=60s")
+
+
+def test_an_on_demand_network_is_plugged_and_unplugged_through_the_node_api(
+    cluster: Cluster, namespace: str, driver: Driver, parent: str
+) -> None:
+    extra = template(
+        "extra", [("net", parent, cni_config("hotplug", parent, "198.18.211.0/24"), "net2")]
+    )
+    extra["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["attach"] = "OnDemand"
+    apply(
+        cluster,
+        namespace,
+        template("base", [("net", parent, cni_config("base", parent, "198.18.212.0/24"), "net1")]),
+        extra,
+        claiming_pod("vm", "base", "extra"),
+    )
+    ready(cluster, namespace, "vm")
+    assert len(pod_addresses(cluster, namespace, "vm", "net1")) == 1
+    assert pod_addresses(cluster, namespace, "vm", "net2") == set()  # not at sandbox start
+
+    def status_of(pod_claim: str) -> list[dict[str, Any]]:
+        [claim] = [
+            c
+            for c in claims_of(cluster, namespace, "vm")
+            if c["metadata"]["annotations"]["resource.kubernetes.io/pod-claim-name"] == pod_claim
+        ]
+        return list(claim.get("status", {}).get("devices") or [])
+
+    socket = ["--socket", str(driver.state_root / "node.sock")]
+    hotplug = ["vm", "-n", namespace, "--claim", "extra", "--request", "net", *socket]
+    subprocess.run([sys.executable, "-m", "cnidra", "node", "attach", *hotplug], check=True,
+                   capture_output=True, timeout=60)  # fmt: skip
+    [address] = pod_addresses(cluster, namespace, "vm", "net2")
+    assert address.startswith("198.18.211.")
+    entry = cluster.wait("the plugged interface's status", lambda: status_of("extra"), 30)
+    assert entry[0]["networkData"]["ips"] == [address]
+    assert allocations(driver, namespace, "hotplug") == {address.split("/")[0]}
+
+    subprocess.run([sys.executable, "-m", "cnidra", "node", "detach", *hotplug], check=True,
+                   capture_output=True, timeout=60)  # fmt: skip
+    assert pod_addresses(cluster, namespace, "vm", "net2") == set()
+    assert len(pod_addresses(cluster, namespace, "vm", "net1")) == 1  # the other one stays
+    cluster.wait("the unplugged interface's status to go", lambda: not status_of("extra"), 30)
+    assert not allocations(driver, namespace, "hotplug")
