@@ -17,6 +17,8 @@ class NodeView:
     links: Mapping[str, str] = field(default_factory=dict)
     protected: frozenset[str] = frozenset()
     labels: Mapping[str, str] | None = None
+    # each published device's attributes as its ResourceSlice has them (device metadata)
+    attributes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def selects(

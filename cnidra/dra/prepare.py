@@ -256,7 +256,7 @@ class Preparer:
         if known != prepared:
             await self.checkpoint.put(prepared)
         if self.metadata is not None:
-            await asyncio.to_thread(self.metadata.prepare, prepared)
+            await asyncio.to_thread(self.metadata.prepare, prepared, self.view().attributes)
         return prepared
 
     def cdi_device_ids(self, claim: PreparedClaim, request: str) -> list[str]:

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from lightkube import AsyncClient
@@ -106,6 +107,10 @@ class SlicePublisher:
         plugins = cni_plugins(self.cni_path)
         slices = build_slices(
             links, plugins, self.settings, self.generation + 1, owner, view.protected
+        )
+        self._view = replace(
+            view,
+            attributes={d["name"]: d["attributes"] for s in slices for d in s["spec"]["devices"]},
         )
         if content(slices) == self._published:
             return False

@@ -64,14 +64,16 @@ class DeviceMetadata:
 
     # ------------------------------------------------------------------ writes
 
-    def prepare(self, claim: PreparedClaim) -> None:
+    def prepare(
+        self, claim: PreparedClaim, attributes: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> None:
         """Write each request's metadata file (unless there is one: a re-prepare after a
         restart must keep the network data the hook filled in) and its CDI spec."""
         for request in dict.fromkeys(d.request for d in claim.devices):
             path = self.host_file(claim.ref, request)
             if not path.exists():
                 devices = [
-                    {"driver": self.driver, "pool": d.pool, "name": d.device}
+                    _device(self.driver, d.pool, d.device, (attributes or {}).get(d.device))
                     for d in claim.devices
                     if d.request == request
                 ]
@@ -155,6 +157,15 @@ class DeviceMetadata:
         tmp.write_text(json.dumps(spec, indent=2))
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
+
+
+def _device(
+    driver: str, pool: str, name: str, attributes: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    device: dict[str, Any] = {"driver": driver, "pool": pool, "name": name}
+    if attributes:
+        device["attributes"] = dict(attributes)
+    return device
 
 
 def _write_in_place(path: Path, document: Mapping[str, Any]) -> None:

@@ -5,6 +5,7 @@ filled in place (a bind mount keeps its inode), kept across a re-prepare, gone a
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,8 @@ async def test_prepare_writes_what_a_container_reads_and_the_hook_fills_it(
     claim = named("pod-net-abcde", "u-1", 2)
     claim["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": "net"}
     checkpoint = Checkpoint(StateLayout(tmp_path / "state"))
-    preparer = Preparer("n1", Claims(claim), checkpoint, DIRS, view=lambda: VIEW, metadata=metadata)
+    view = replace(VIEW, attributes={"eth1": {"ifName": {"string": "eth1"}}})
+    preparer = Preparer("n1", Claims(claim), checkpoint, DIRS, view=lambda: view, metadata=metadata)
     ref = ObjectRef("ns", "pod-net-abcde", "u-1")
     prepared = await preparer.prepare(ref)
     assert preparer.cdi_device_ids(prepared, "r0") == [f"{DRIVER}/metadata=u-1_r0"]
@@ -44,7 +46,17 @@ async def test_prepare_writes_what_a_container_reads_and_the_hook_fills_it(
         "name": "pod-net-abcde", "namespace": "ns", "uid": "u-1", "generation": 1
     }  # fmt: skip
     assert doc["requests"] == [
-        {"name": "r0", "devices": [{"driver": DRIVER, "pool": "n1", "name": "eth1"}]}
+        {
+            "name": "r0",
+            "devices": [
+                {
+                    "driver": DRIVER,
+                    "pool": "n1",
+                    "name": "eth1",
+                    "attributes": {"ifName": {"string": "eth1"}},  # as the ResourceSlice has them
+                }
+            ],
+        }
     ]
     spec = json.loads((tmp_path / "cdi" / f"{DRIVER}_metadata_u-1_r0.json").read_text())
     assert spec["kind"] == f"{DRIVER}/metadata" and spec["cdiVersion"] == "0.5.0"

@@ -320,6 +320,7 @@ def test_the_seed_demo_for_real(
     [device] = request["devices"]
     assert (device["driver"], device["pool"], device["name"]) == (DRIVER, "testbed-node", parent)
     assert device["networkData"] == net
+    assert device["attributes"]["ifName"] == {"string": parent}  # as its ResourceSlice says
 
     cluster.kubectl("delete", "-n", namespace, "pod", "demo", "--timeout=60s")
     cluster.wait("the address to be freed", lambda: not allocations(driver, namespace, "demo"), 30)
