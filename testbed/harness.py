@@ -160,19 +160,10 @@ class DriverProcess:
         self.proc = None
 
     def health(self) -> dict[str, Any]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
-                data: dict[str, Any] = json.loads(r.read())
-                return data
-        except urllib.error.HTTPError as exc:
-            data = json.loads(exc.read())
-            return data
-        except OSError:
-            return {}
+        return health_at(self.port)
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as r:
-            return str(r.read().decode())
+        return metrics_at(self.port)
 
     def checkpoint(self) -> list[dict[str, Any]]:
         claims = self.state_root / "claims"
@@ -210,6 +201,24 @@ class DriverProcess:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
         raise RuntimeError("no VmRSS")
+
+
+def health_at(port: int) -> dict[str, Any]:
+    """A driver's /healthz on loopback: its details, also when it says 503; {} when down."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+            data: dict[str, Any] = json.loads(r.read())
+            return data
+    except urllib.error.HTTPError as exc:
+        data = json.loads(exc.read())
+        return data
+    except OSError:
+        return {}
+
+
+def metrics_at(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+        return str(r.read().decode())
 
 
 def wait_for_log(path: Path, text: str, timeout: float = 30) -> None:

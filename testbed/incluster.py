@@ -10,8 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ import yaml
 
 from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
-from testbed.harness import ROOT, Cluster, helm
+from testbed.harness import ROOT, Cluster, health_at, helm, metrics_at
 
 NAMESPACE = "cnidra-system"
 RELEASE = "cnidra"
@@ -119,19 +117,10 @@ class InClusterDriver:
         self.stopped_pid: int | None = None
 
     def health(self) -> dict[str, Any]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
-                data: dict[str, Any] = json.loads(r.read())
-                return data
-        except urllib.error.HTTPError as exc:
-            data = json.loads(exc.read())
-            return data
-        except OSError:
-            return {}
+        return health_at(self.port)
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as r:
-            return str(r.read().decode())
+        return metrics_at(self.port)
 
     def container(self) -> tuple[str, int]:
         """The running driver container's id and its process's pid on the node."""

@@ -220,23 +220,14 @@ def hotplug(attach: bool, pod: str, namespace: str, claim: str, request: str, so
 
     from cnidra._proto.node.v1alpha1 import api_pb2 as api
 
+    fields = {"namespace": namespace, "name": pod, "claim": claim, "request": request}
     channel, client = stub(socket)
     with channel:
         try:
             if attach:
-                view = client.AttachNetwork(
-                    api.AttachNetworkRequest(
-                        namespace=namespace, name=pod, claim=claim, request=request
-                    ),
-                    timeout=30,
-                )
+                view = client.AttachNetwork(api.AttachNetworkRequest(**fields), timeout=30)
             else:
-                view = client.DetachNetwork(
-                    api.DetachNetworkRequest(
-                        namespace=namespace, name=pod, claim=claim, request=request
-                    ),
-                    timeout=30,
-                )
+                view = client.DetachNetwork(api.DetachNetworkRequest(**fields), timeout=30)
         except grpc.RpcError as exc:
             raise fail(exc, socket) from None
     out.print(f"{namespace}/{pod}: {interfaces(view) or 'no cnidra interfaces'}")
