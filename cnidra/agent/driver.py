@@ -44,6 +44,7 @@ from cnidra.status.metadata import DeviceMetadata
 from cnidra.status.writer import StatusWriter
 
 log = logging.getLogger(__name__)
+STATUS_FLUSH_SECONDS = 5.0
 
 
 class Driver:
@@ -78,7 +79,7 @@ class Driver:
         self.runtime = CNIRuntime(
             settings.cni_path, str(self.layout.cni_cache), settings.cni_timeout
         )
-        self.status = StatusWriter(self.client)
+        self.status = StatusWriter(self.client, releases=self.layout.finalizer_releases)
         self.sandboxes = SandboxStore(self.layout)
         self.journal = Journal(self.layout.journal)
         # before anything can DEL: records of cnidra 0.1 name networks in the shared directory
@@ -164,6 +165,9 @@ class Driver:
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.http.start()
         self.lifecycle.restore_status()
+        held = {claim for record in self.sandboxes.all() for claim in record.claims()}
+        if released := self.status.restore_releases(held):
+            log.info("releasing the finalizer of %d claim(s) a previous run left held", released)
         self.tasks.spawn("status-writer", self.status.run)
         self.tasks.spawn("nri", self.nri.run)
         self.tasks.spawn("sandbox-sweeper", lambda: self.reconciler.run_sweeper(s.sweep_seconds))
@@ -183,6 +187,12 @@ class Driver:
         for server in reversed(self._servers):
             await server.stop(grace=2)
         self._servers = []
+        # status and finalizer removals queued by the last hooks (what is left is kept on disk)
+        try:
+            async with asyncio.timeout(STATUS_FLUSH_SECONDS):
+                await self.status.flushed()
+        except TimeoutError:
+            log.warning("%d status write(s) not flushed before stopping", self.status.pending())
         await self.tasks.stop()
         self.http.stop()
         for sock in (

@@ -42,6 +42,11 @@ class StateLayout:
         return self.root / "tuning"
 
     @property
+    def finalizer_releases(self) -> Path:
+        """Finalizer removals queued for the apiserver, kept until it took them."""
+        return self.root / "finalizer-releases"
+
+    @property
     def journal(self) -> Path:
         """What happened to pods' networks on this node (the node API's events)."""
         return self.root / "journal.jsonl"

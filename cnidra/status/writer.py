@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 from lightkube import AsyncClient
@@ -27,6 +29,7 @@ from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.refs import ObjectRef
 from cnidra.observe import metrics
 from cnidra.util.backoff import Backoff
+from cnidra.util.files import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +55,24 @@ def entry_key(entry: Mapping[str, Any]) -> DeviceKey:
 
 
 class StatusWriter:
-    def __init__(self, client: AsyncClient | None, component: str = "cnidra") -> None:
+    def __init__(
+        self,
+        client: AsyncClient | None,
+        component: str = "cnidra",
+        releases: Path | None = None,
+    ) -> None:
+        """`releases`: a directory where a finalizer removal waits on disk until the apiserver
+        took it, so a restart (rolling upgrade, crash) never leaves a claim held whose
+        interfaces are all gone."""
         self.client = client
         self.component = component
+        self.releases = releases
         self._devices: dict[ObjectRef, dict[DeviceKey, dict[str, Any]]] = {}
         self._finalizer: dict[ObjectRef, bool] = {}
         self._events: list[tuple[ObjectRef, str, str]] = []
         self._dirty: dict[ObjectRef, float] = {}
         self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
 
     # -- producers: cheap, synchronous, never touch the network
 
@@ -76,7 +89,48 @@ class StatusWriter:
     def finalizer(self, claim: ObjectRef, present: bool) -> None:
         if self._finalizer.get(claim) != present:
             self._finalizer[claim] = present
+            self._remember_release(claim, not present)
             self._mark(claim)
+
+    def restore_releases(self, held: set[ObjectRef]) -> int:
+        """After a restart: queue again the finalizer removals the last process did not get
+        to write, except for claims whose interfaces are set up again (`held`)."""
+        if self.releases is None or not self.releases.is_dir():
+            return 0
+        count = 0
+        for path in self.releases.glob("*.json"):
+            try:
+                data = json.loads(path.read_text())
+                claim = ObjectRef(data["namespace"], data["name"], data["uid"])
+            except (OSError, ValueError, KeyError):
+                path.unlink(missing_ok=True)
+                continue
+            if claim in held:
+                path.unlink(missing_ok=True)
+                continue
+            self.finalizer(claim, False)
+            count += 1
+        return count
+
+    def _remember_release(self, claim: ObjectRef, waiting: bool) -> None:
+        if self.releases is None:
+            return
+        path = self.releases / f"{claim.uid}.json"
+        try:
+            if waiting:
+                body = {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid}
+                write_atomically(path, json.dumps(body).encode(), durable=False)
+            else:
+                path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("finalizer release of claim %s not kept on disk: %s", claim, exc)
+
+    async def flushed(self) -> None:
+        """Return once everything queued is written (the worker must be running); the caller
+        bounds the wait."""
+        while self.pending():
+            self._drained.clear()
+            await self._drained.wait()
 
     def event(self, pod: ObjectRef, reason: str, message: str) -> None:
         self._events.append((pod, reason, message))
@@ -116,6 +170,8 @@ class StatusWriter:
                         delay,
                     )
             await self._send_events()
+            if not self.pending():
+                self._drained.set()
             waits = [at - time.monotonic() for at in self._dirty.values()]
             timeout = max(0.05, min(waits)) if waits else None
             self._wake.clear()
@@ -170,6 +226,7 @@ class StatusWriter:
                     raise
             if not wanted:
                 self._finalizer.pop(claim, None)
+                self._remember_release(claim, False)
 
     async def _send_events(self) -> None:
         if self.client is None:

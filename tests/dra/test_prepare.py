@@ -83,10 +83,10 @@ def claim(
                             "shareID": "s-1",
                         }
                     ],
-                    "config": [POLICY, *configs]
+                    "config": [copy.deepcopy(POLICY), *configs]
                     if configs is not None
                     else [
-                        POLICY,
+                        copy.deepcopy(POLICY),
                         {
                             "source": "FromClaim",
                             "requests": ["net"],
