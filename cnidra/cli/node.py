@@ -62,7 +62,12 @@ def fail(exc: grpc.RpcError, socket: Path) -> typer.Exit:
 
     code = exc.code()
     if code is grpc.StatusCode.UNAVAILABLE:
-        err.print(f"[red]error:[/] no cnidra driver answers on {socket} (is it running here?)")
+        why = (
+            "permission denied: the node API is root's"
+            if "ermission" in str(exc.details())
+            else ("is the driver running on this node?")
+        )
+        err.print(f"[red]error:[/] no cnidra driver answers on {socket} ({why})")
     else:
         err.print(f"[red]error:[/] {exc.details()}")
     return typer.Exit(1)

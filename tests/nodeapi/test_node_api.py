@@ -146,3 +146,15 @@ async def test_hot_plug_over_the_socket_answers_the_pods_new_view(tmp_path: Path
             assert nobody.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     finally:
         await server.stop(grace=None)
+
+
+def test_the_cli_says_when_no_driver_answers(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "cnidra", "node", "pods", "--socket", str(tmp_path / "x.sock")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert f"no cnidra driver answers on {tmp_path / 'x.sock'}" in out.stderr
