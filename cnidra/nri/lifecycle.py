@@ -326,7 +326,16 @@ class PodLifecycle:
         record = self.store.get(sandbox_id)
         if record is None or record.state is not State.ADDED:
             raise PlugError(f"sandbox {sandbox_id[:12]} has no attached record to plug into")
+        if self.node_netns(record.netns):
+            raise PlugError(f"sandbox {sandbox_id[:12]}'s network namespace is gone")
         return record
+
+    def _netns_for_del(self, record: SandboxRecord) -> str:
+        """Where to DEL: never in the node's own namespace. A record reaching a sandbox through
+        its pause pid (`/proc/<pid>/ns/net`) would point there if the pause died and the pid
+        went to a host process; DEL then runs without a namespace (the plugins only release
+        what they hold, as for a sandbox whose namespace is gone)."""
+        return "" if self.node_netns(record.netns) else record.netns
 
     async def plug(self, sandbox_id: str, claim: str, request: str) -> Attached:
         """ADD an on-demand attachment to a running sandbox: the same checkpointed config,
@@ -378,7 +387,7 @@ class PodLifecycle:
             )
             await self.store.put(replace(record, attachments=marked))
             errors = await detach_all(
-                self.runtime, [a.attachment for a in going], sandbox_id, record.netns
+                self.runtime, [a.attachment for a in going], sandbox_id, self._netns_for_del(record)
             )
             if errors:
                 self.journal.record(events.DETACH_FAILED, record.pod, sandbox_id, "; ".join(errors))
@@ -398,7 +407,10 @@ class PodLifecycle:
             if not pending:
                 return
             errors = await detach_all(
-                self.runtime, [a.attachment for a in pending], record.sandbox_id, record.netns
+                self.runtime,
+                [a.attachment for a in pending],
+                record.sandbox_id,
+                self._netns_for_del(record),
             )
             if errors:
                 log.warning("undoing a half-done plug of %s: %s", record.pod, "; ".join(errors))
@@ -430,7 +442,7 @@ class PodLifecycle:
                 self.runtime,
                 [a.attachment for a in record.attachments],
                 sandbox_id,
-                record.netns,
+                self._netns_for_del(record),
                 deadline,
             )
             if errors and self._can_retry(record):

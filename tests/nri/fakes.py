@@ -33,6 +33,7 @@ class Call:
     container_id: str
     if_name: str
     network: str
+    netns: str = ""
 
 
 class Crash(BaseException):
@@ -77,6 +78,7 @@ class FakePlugins(PluginExec):
                 invocation.container_id,
                 invocation.if_name,
                 conf.get("name", ""),
+                invocation.netns,
             )
         )
         if invocation.command == "ADD" and plugin_type in self.slow:

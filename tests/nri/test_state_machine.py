@@ -213,3 +213,16 @@ async def test_a_stale_rollback_retry_never_undoes_a_later_attach(tmp_path: Path
     await node.settle()
     record = node.store.get("a-sandbox")
     assert record is not None and record.state is State.ADDED
+
+
+async def test_a_del_never_enters_the_nodes_namespace(tmp_path: Path) -> None:
+    """A sandbox reached through its pause pid whose pid now belongs to a host process: DEL
+    runs without a namespace (the plugins release what they hold), never in the node's."""
+    node = Node.start(tmp_path)
+    two_networks(node)
+    await node.hooks.create_container(pod("a", pid=4242))
+    node.lifecycle.node_netns = lambda path: path == "/proc/4242/ns/net"  # the pid was reused
+    await node.hooks.stop_pod_sandbox(pod("a", pid=4242))
+    dels = node.plugins.commands("DEL")
+    assert len(dels) == 3 and {c.netns for c in dels} == {""}
+    assert len(node.store) == 0
