@@ -7,7 +7,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from pydantic import ValidationError
 
@@ -28,6 +28,12 @@ from cnidra.api.types import CNICONFIG_FIELDS, CNIConfig
 
 KNOWN_CAPABILITIES = ("portMappings", "bandwidth", "ips", "mac", "dns", "infinibandGUID")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def is_dns_label(value: object) -> TypeGuard[str]:
+    return isinstance(value, str) and len(value) <= 63 and bool(_DNS_LABEL.match(value))
+
+
 _OLD_DRIVER_NAMES = ("cni.dra.networking.k8s.io", "poc.dra.networking")
 
 
@@ -317,7 +323,7 @@ def _requests(devices: Mapping[str, Any], base: FieldPath, issues: Issues) -> li
             issues.error(rpath, f"must be an object with a name, got {describe(req)}")
             continue
         name = req.get("name")
-        if not isinstance(name, str) or not _DNS_LABEL.match(name) or len(name) > 63:
+        if not is_dns_label(name):
             issues.error(
                 rpath / "name",
                 f"{describe(name)} must be a DNS label (lowercase letters, "

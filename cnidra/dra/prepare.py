@@ -25,9 +25,10 @@ from cnidra.api.merge import ConfigEntry, Source
 from cnidra.api.nodes import NodeView, named_nodes, selects
 from cnidra.api.ownership import PrivateDirs
 from cnidra.api.refs import ObjectRef
+from cnidra.api.validate import is_dns_label
 from cnidra.cni.attach import Attachment, Device, resolve_attachment
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
-from cnidra.status.metadata import DeviceMetadata
+from cnidra.status.metadata import DeviceMetadata, base_request
 from cnidra.util.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
@@ -155,13 +156,15 @@ def resolve_claim(
         for r in status.get("reservedFor") or []
         if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("uid")
     )
-    annotations = meta.get("annotations") or {}
+    # a path segment in the pod's containers (device metadata): only what Kubernetes can set,
+    # a pod's claim name, never whatever a claim's author wrote into the annotation
+    pod_claim_name = (meta.get("annotations") or {}).get(POD_CLAIM_NAME_ANNOTATION)
     return PreparedClaim(
         ref,
         pods,
         tuple(prepared),
         int(meta.get("generation") or 0),
-        annotations.get(POD_CLAIM_NAME_ANNOTATION) or None,
+        pod_claim_name if is_dns_label(pod_claim_name) else None,
     )
 
 
@@ -251,16 +254,19 @@ class Preparer:
         labels = None
         if self.namespaces and _selects_namespaces(claim):  # a GET only when a policy asks
             labels = await self.namespaces.labels(ref.namespace)
-        prepared = resolve_claim(claim, ref, self.node, self.dirs, self.view(), labels)
+        view = self.view()
+        prepared = resolve_claim(claim, ref, self.node, self.dirs, view, labels)
         self._check_pod_limit(prepared)
         if known != prepared:
             await self.checkpoint.put(prepared)
         if self.metadata is not None:
-            await asyncio.to_thread(self.metadata.prepare, prepared, self.view().attributes)
+            await asyncio.to_thread(self.metadata.prepare, prepared, view.attributes)
         return prepared
 
     def cdi_device_ids(self, claim: PreparedClaim, request: str) -> list[str]:
-        return [] if self.metadata is None else [self.metadata.cdi_id(claim.uid, request)]
+        if self.metadata is None:
+            return []
+        return [self.metadata.cdi_id(claim.uid, base_request(request))]
 
     def _check_pod_limit(self, prepared: PreparedClaim) -> None:
         """Every attachment of a pod is ADDed inside one NRI hook, whose time is bounded."""

@@ -35,6 +35,11 @@ CDI_VERSION = "0.5.0"
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
 
 
+def base_request(request: str) -> str:
+    """A firstAvailable subrequest ("parent/sub") is filed under its parent request."""
+    return request.split("/", 1)[0]
+
+
 class DeviceMetadata:
     def __init__(self, plugin_dir: Path, cdi_dir: Path, driver: str = DRIVER_NAME) -> None:
         self.root = plugin_dir / "dra-device-metadata"
@@ -70,7 +75,8 @@ class DeviceMetadata:
         """Write each request's metadata file (unless there is one: a re-prepare after a
         restart must keep the network data the hook filled in) and its CDI spec."""
         for request in dict.fromkeys(d.request for d in claim.devices):
-            path = self.host_file(claim.ref, request)
+            base = base_request(request)
+            path = self.host_file(claim.ref, base)
             if not path.exists():
                 devices = [
                     _device(self.driver, d.pool, d.device, (attributes or {}).get(d.device))
@@ -80,7 +86,7 @@ class DeviceMetadata:
                 document = self._document(claim.ref, claim.pod_claim_name, 1, request, devices)
                 path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
                 _write_in_place(path, document)
-            self._write_cdi_spec(claim, request)
+            self._write_cdi_spec(claim, base)
 
     def attached(
         self,
@@ -91,7 +97,7 @@ class DeviceMetadata:
         network_data: Mapping[str, Any],
     ) -> None:
         """The hook's part: the device's network data, before the pod's containers start."""
-        path = self.host_file(claim, request)
+        path = self.host_file(claim, base_request(request))
         try:
             current = json.loads(path.read_text().splitlines()[0])
         except (OSError, ValueError, IndexError):

@@ -95,3 +95,37 @@ def test_a_claim_named_in_the_pod_spec_is_found_by_its_own_name(tmp_path: Path) 
         "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/shared-net/net/"
         f"{DRIVER}-metadata.json"
     )
+
+
+async def test_a_pod_claim_name_the_claims_author_wrote_is_never_a_path(tmp_path: Path) -> None:
+    """The annotation is Kubernetes' on claims from templates, but anyone who creates a claim
+    can write it: only a DNS label (a pod's claim name) becomes a path segment."""
+    metadata = DeviceMetadata(tmp_path / "plugin", tmp_path / "cdi")
+    claim = named("mine", "u-2", 1)
+    claim["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": "../../../etc"}
+    preparer = Preparer(
+        "n1", Claims(claim), Checkpoint(StateLayout(tmp_path / "state")), DIRS,
+        view=lambda: VIEW, metadata=metadata,
+    )  # fmt: skip
+    prepared = await preparer.prepare(ObjectRef("ns", "mine", "u-2"))
+    assert prepared.pod_claim_name is None
+    spec = json.loads((tmp_path / "cdi" / f"{DRIVER}_metadata_u-2_r0.json").read_text())
+    [mount] = spec["devices"][0]["containerEdits"]["mounts"]
+    assert mount["containerPath"] == (
+        f"/var/run/kubernetes.io/dra-device-attributes/resourceclaims/mine/r0/{DRIVER}-metadata.json"
+    )
+
+
+def test_a_subrequest_is_filed_under_its_parent_request(tmp_path: Path) -> None:
+    from cnidra.cni.attach import Attachment
+    from cnidra.state.checkpoint import PreparedClaim
+
+    metadata = DeviceMetadata(tmp_path / "plugin", tmp_path / "cdi")
+    ref = ObjectRef("ns", "c", "u-3")
+    att = Attachment(ref, "nic/fast", "net1", {"name": "n"}, "n1", "eth1")
+    metadata.prepare(PreparedClaim(ref, ("pod",), (att,)))
+    host = tmp_path / "plugin" / "dra-device-metadata" / "ns_c" / "nic" / "metadata.json"
+    assert read(host)["requests"][0]["name"] == "nic/fast"  # the allocation's own name inside
+    assert (tmp_path / "cdi" / f"{DRIVER}_metadata_u-3_nic.json").exists()
+    metadata.attached(ref, "nic/fast", "n1", "eth1", {"interfaceName": "net1"})
+    assert read(host)["requests"][0]["devices"][0]["networkData"] == {"interfaceName": "net1"}
