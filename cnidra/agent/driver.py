@@ -26,6 +26,7 @@ from cnidra.inventory.publisher import SlicePublisher
 from cnidra.inventory.slices import SliceSettings
 from cnidra.kube.claims import ClaimGetter, NamespaceGetter
 from cnidra.kube.client import make_client
+from cnidra.kube.networks import NetworkReader, ServedNetworks
 from cnidra.nodeapi.service import NodeNetworksService
 from cnidra.nodeapi.service import serve as serve_node_api
 from cnidra.nodeapi.views import NodeRecords
@@ -60,6 +61,7 @@ class Driver:
             LinkFilter(settings.include_interfaces, settings.exclude_interfaces),
             resync=settings.resync_seconds,
             publish_node_links=settings.publish_node_links,
+            networks=ServedNetworks(self.client, settings.cni_conf_dir),
         )
         self.metadata = (
             DeviceMetadata(settings.plugin_data_dir, settings.cdi_dir)
@@ -75,6 +77,7 @@ class Driver:
             view=self.publisher.view,
             namespaces=NamespaceGetter(self.client, settings.api_timeout),
             metadata=self.metadata,
+            networks=NetworkReader(self.client, settings.cni_conf_dir, settings.api_timeout),
         )
         self.runtime = CNIRuntime(
             settings.cni_path, str(self.layout.cni_cache), settings.cni_timeout
@@ -95,6 +98,7 @@ class Driver:
             protected_links=lambda: self.publisher.view().protected,
             metadata=self.metadata,
             journal=self.journal,
+            network_status=settings.network_status,
         )
         self.reconciler = Reconciler(self.lifecycle)
         self.nri = NRIPlugin(

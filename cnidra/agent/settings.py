@@ -40,6 +40,10 @@ class DriverSettings:
     # links that carry the node (default route, node address) published anyway, for admin
     # classes whose CNIPolicy names them in nodeLinks
     publish_node_links: list[str] = field(default_factory=list)
+    # node-local network confs, by NetworkID (CNINetwork spec.networkID, a class's network)
+    cni_conf_dir: Path = Path("/etc/cni/net.d")
+    # write Multus' k8s.v1.cni.cncf.io/network-status annotation on pods with cnidra interfaces
+    network_status: bool = True
 
     @property
     def registration_socket(self) -> Path:

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cnidra.api.networks import NamedNetwork
+
 
 @dataclass(frozen=True)
 class NodeView:
@@ -19,6 +21,8 @@ class NodeView:
     labels: Mapping[str, str] | None = None
     # each published device's attributes as its ResourceSlice has them (device metadata)
     attributes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # devices that stand for a named network this node serves (CNINetworks), by device name
+    networks: Mapping[str, NamedNetwork] = field(default_factory=dict)
 
 
 def selects(

@@ -124,6 +124,11 @@ class ClaimRules(BaseModel):
         None, alias="ipRanges"
     )
     vlan_ids: list[str] | None = Field(None, alias="vlanIDs")
+    # namespaces besides the claim's own whose NetworkAttachmentDefinitions claims may use
+    # (Multus' namespaceIsolation with its global namespaces)
+    attachment_definition_namespaces: list[str] = Field(
+        default_factory=list, alias="attachmentDefinitionNamespaces"
+    )
 
     def vlan_allowed(self, vlan: int) -> bool:
         if self.vlan_ids is None:
@@ -305,6 +310,8 @@ def _check_field(
 ) -> None:
     head = path[0] if path else ""
     if head == "attach":  # when, not what: the same network either way
+        return
+    if head == "ifNamePrefix":
         return
     if head == "ifName":
         if value == "lo":

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from cnidra.api.constants import KIND, LEGACY_KIND
+from cnidra.api.networks import NetworkRef
 
 _MAC = re.compile(r"^([0-9A-Fa-f]{2}[:-]){5}[0-9A-Fa-f]{2}$")
 _GUID = re.compile(r"^([0-9A-Fa-f]{2}:){7}[0-9A-Fa-f]{2}$")
@@ -128,7 +129,11 @@ class CNIConfig(_Strict):
     )
     kind: Literal["CNIConfig", "CNI"] = KIND
     if_name: str | None = Field(default=None, alias="ifName")
+    # named by prefix and index, or `net<N>` when neither is set (cnidra.api.naming)
+    if_name_prefix: str | None = Field(default=None, alias="ifNamePrefix")
     config: dict[str, Any] | None = None
+    # a named network instead of `config` (cnidra.api.networks)
+    network: NetworkRef | None = None
     args: Annotated[dict[str, str], AfterValidator(_cni_args)] | None = None
     capabilities: Capabilities | None = None
     ipam_claim_reference: Annotated[str, AfterValidator(_subdomain)] | None = Field(
@@ -150,7 +155,9 @@ CNICONFIG_FIELDS = (
     "apiVersion",
     "kind",
     "ifName",
+    "ifNamePrefix",
     "config",
+    "network",
     "args",
     "capabilities",
     "ipamClaimReference",

@@ -21,7 +21,19 @@ from cnidra.api.constants import (
 from cnidra.api.issues import ROOT, FieldPath, Issue, Issues, Severity, describe
 from cnidra.api.loading import LoadError, load_json
 from cnidra.api.merge import ConfigEntry, Source, applicable, merge_parameters, provenance
+from cnidra.api.naming import NamingError, Slot, assign_names, prefix_problem
 from cnidra.api.netconf import to_conflist, validate_network_config
+from cnidra.api.networks import (
+    NAD_KIND,
+    NETWORK_KIND,
+    NamedNetwork,
+    NetworkCatalog,
+    StaticCatalog,
+    Unresolved,
+    cninetwork,
+    expand_network,
+    nad,
+)
 from cnidra.api.plugin_schema import ifname_problem
 from cnidra.api.policy import check_claim, is_policy, parse_policy
 from cnidra.api.types import CNICONFIG_FIELDS, CNIConfig
@@ -61,6 +73,7 @@ class ResolvedRequest:
     request: str
     config: CNIConfig
     entries: list[ConfigEntry]
+    network: NamedNetwork | None = None  # the named network the request references
 
 
 # ---------------------------------------------------------------- CNIConfig parameters
@@ -103,13 +116,30 @@ def parse_parameters(
         problem = ifname_problem(if_name)
         if problem:
             issues.error(path / "ifName", f"{if_name!r} {problem}" if if_name else problem)
-    elif if_name is None and complete:
-        issues.error(path / "ifName", "is required: the interface name inside the pod, e.g. net1")
+    prefix = params.get("ifNamePrefix")
+    if isinstance(prefix, str):
+        problem = prefix_problem(prefix)
+        if problem:
+            issues.error(path / "ifNamePrefix", problem)
     config = params.get("config")
+    if config is not None and params.get("network") is not None:
+        issues.error(
+            path / "network",
+            "a CNIConfig either embeds its network (config) or references one (network), not both",
+        )
     if config is not None and network:
         validate_network_config(config, path / "config", issues, complete=complete)
-    elif complete and "config" not in params and not _has_error_at(issues, path / "config"):
-        issues.error(path / "config", "is required: a CNI network configuration (conf or conflist)")
+    elif (
+        complete
+        and "config" not in params
+        and params.get("network") is None
+        and not _has_error_at(issues, path / "config")
+    ):
+        issues.error(
+            path / "config",
+            "is required: a CNI network configuration (conf or conflist), or a named network "
+            "in network",
+        )
     if isinstance(config, dict):
         _cross_check(params, config, path, issues)
     if len(issues.errors) > before or model is None:
@@ -184,12 +214,20 @@ def check_request(
     where: FieldPath,
     *,
     class_known: bool = True,
+    catalog: NetworkCatalog | None = None,
+    device_network: NamedNetwork | None = None,
 ) -> ResolvedRequest | None:
-    """What the claim asks, checked against its class's CNIPolicy (cnidra.api.policy), then
-    merged and validated as complete. `class_known` False (offline, the DeviceClass not given)
-    skips the policy with a warning."""
-    chosen = applicable(entries, request)
+    """What the claim asks, its named network (cnidra.api.networks) put in place, checked
+    against its class's CNIPolicy (cnidra.api.policy), then merged and validated as complete.
+    `class_known` False (offline, the DeviceClass not given) skips the policy with a warning."""
     before = len(issues.errors)
+    expansion = expand_network(
+        entries, request, namespace, labels, catalog, issues, where, device_network
+    )
+    if len(issues.errors) > before:
+        return None
+    entries = expansion.entries
+    chosen = applicable(entries, request)
     if class_known:
         networks = [e for e in chosen if not is_policy(e.parameters)]
         check_claim(chosen, merge_parameters(networks), namespace, labels, issues)
@@ -199,7 +237,11 @@ def check_request(
             f"request {request!r}: its DeviceClass is not in the input, so what the class's "
             "CNIPolicy allows is not checked (give the class with --policy FILE)",
         )
+    if expansion.skipped:
+        return None
     resolved = resolve_request(entries, request, issues, where)
+    if resolved is not None:
+        resolved.network = expansion.network
     return resolved if len(issues.errors) == before else None
 
 
@@ -212,17 +254,12 @@ def resolve_request(
         return None
     merged = merge_parameters(chosen)
     anchor = chosen[-1].path
-    sub = Issues()
-    if "ifName" not in merged:
-        sub.error(
-            where, f"request {request!r}: no config sets ifName, the interface name in the pod"
-        )
     if "config" not in merged:
-        sub.error(
-            where, f"request {request!r}: no config sets config, the CNI network configuration"
+        issues.error(
+            where,
+            f"request {request!r}: no config sets config (the CNI network configuration) "
+            "or network (a named network)",
         )
-    if sub.errors:
-        issues.extend(sub.items)
         return None
     inner = Issues()
     model = parse_parameters(merged, ROOT, inner, complete=True)
@@ -357,10 +394,40 @@ def validate_documents(
 ) -> list[DocumentReport]:
     """Reports for `docs`. DeviceClasses among them or in `policy_docs` (an admin's classes,
     `cnidra validate --policy`) supply their configs and CNIPolicy to the claims that use them,
-    as DRA does at allocation; `namespace_labels` are the labels a namespace selector sees."""
+    as DRA does at allocation; CNINetworks and NetworkAttachmentDefinitions among either are
+    the networks claims may reference; `namespace_labels` are the labels a namespace selector
+    sees."""
     classes = {**_collect_classes(policy_docs), **_collect_classes(docs)}
+    catalog = catalog_of([*policy_docs, *docs])
     labels = namespace_labels or {}
-    return [validate_document(doc, i, classes, labels) for i, doc in enumerate(docs)]
+    return [validate_document(doc, i, classes, labels, catalog) for i, doc in enumerate(docs)]
+
+
+def catalog_of(docs: Iterable[Any]) -> StaticCatalog:
+    """The networks documents define, for references to them; the rest are offline (not
+    checked, with a warning), as is every node conf."""
+    catalog = StaticCatalog(offline=True)
+    for doc in docs:
+        if not isinstance(doc, dict):
+            continue
+        meta: dict[str, Any] = doc["metadata"] if isinstance(doc.get("metadata"), dict) else {}
+        name = meta.get("name")
+        if not isinstance(name, str):
+            continue
+        found: NamedNetwork | Unresolved
+        if doc.get("kind") == NETWORK_KIND:
+            spec: dict[str, Any] = doc["spec"] if isinstance(doc.get("spec"), dict) else {}
+            offline = Unresolved(
+                f"node conf {spec.get('networkID')} is read on the node, not checked here",
+                offline=True,
+            )
+            found = cninetwork(doc, offline)
+            catalog.networks[f"{NETWORK_KIND} {name}"] = found
+        elif doc.get("kind") == NAD_KIND:
+            namespace = str(meta.get("namespace") or "default")
+            found = nad({**doc, "metadata": {**meta, "namespace": namespace}}, trusted=False)
+            catalog.networks[f"{NAD_KIND} {namespace}/{name}"] = found
+    return catalog
 
 
 def _collect_classes(docs: Iterable[Any]) -> dict[str, list[ConfigEntry]]:
@@ -379,8 +446,10 @@ def validate_document(
     index: int,
     classes: Mapping[str, list[ConfigEntry]] | None = None,
     namespace_labels: Mapping[str, str] | None = None,
+    catalog: NetworkCatalog | None = None,
 ) -> DocumentReport:
     classes = classes or {}
+    catalog = catalog if catalog is not None else StaticCatalog(offline=True)
     if not isinstance(doc, dict):
         report = DocumentReport(index, "?", None)
         report.issues.error(
@@ -395,9 +464,9 @@ def validate_document(
     api_version = doc.get("apiVersion")
     if api_version == API_VERSION or kind in (KIND, LEGACY_KIND):
         model = parse_parameters(doc, ROOT, issues, complete=True)
-        if model is not None and model.if_name is not None:
+        if model is not None:
             entry = ConfigEntry(Source.CLAIM, doc, (), ROOT)
-            report.resolved.append(ResolvedRequest(model.if_name, model, [entry]))
+            report.resolved.append(ResolvedRequest(model.if_name or "net1", model, [entry]))
     elif kind in ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass"):
         if api_version not in RESOURCE_API_VERSIONS:
             issues.error(
@@ -410,20 +479,34 @@ def validate_document(
             if isinstance(spec, dict):
                 claim_entries(spec, ROOT / "spec", issues, set(), Source.CLASS)
         else:
-            report.resolved = _validate_claim(doc, kind, issues, classes, namespace_labels or {})
+            report.resolved = _validate_claim(
+                doc, kind, issues, classes, namespace_labels or {}, catalog
+            )
     elif kind == NAD_KIND:
         _validate_nad(doc, issues)
+    elif kind == NETWORK_KIND:
+        _validate_network(doc, issues)
     else:
         issues.warn(
             ROOT / "kind",
             f"skipped: cnidra validates ResourceClaim, ResourceClaimTemplate, DeviceClass, "
-            f"CNIConfig and {NAD_KIND}, not {describe(doc.get('kind'))}",
+            f"CNIConfig, {NETWORK_KIND} and {NAD_KIND}, not {describe(doc.get('kind'))}",
         )
     _dedupe(issues)
     return report
 
 
-NAD_KIND = "NetworkAttachmentDefinition"
+def _validate_network(doc: Mapping[str, Any], issues: Issues) -> None:
+    """A CNINetwork: its spec, and its config when it carries one."""
+    found = cninetwork(doc, Unresolved("node conf", offline=True))
+    if isinstance(found, Unresolved):
+        if not found.offline:
+            issues.error(ROOT / "spec", found.message)
+        return
+    validate_network_config(dict(found.config), found.path / "config", issues, complete=True)
+    prefix = (doc.get("spec") or {}).get("ifNamePrefix")
+    if isinstance(prefix, str) and prefix_problem(prefix):
+        issues.error(ROOT / "spec" / "ifNamePrefix", str(prefix_problem(prefix)))
 
 
 def _validate_nad(doc: Mapping[str, Any], issues: Issues) -> None:
@@ -463,6 +546,7 @@ def _validate_claim(
     issues: Issues,
     classes: Mapping[str, list[ConfigEntry]],
     labels: Mapping[str, str],
+    catalog: NetworkCatalog,
 ) -> list[ResolvedRequest]:
     base = ROOT / "spec"
     spec: Any = doc.get("spec")
@@ -476,7 +560,6 @@ def _validate_claim(
     dpath = base / "devices"
     requests = _requests(devices, dpath, issues)
     own = claim_entries(devices, dpath, issues, {r.name for r in requests})
-    if_names: dict[str, str] = {}
     out: list[ResolvedRequest] = []
     meta = doc.get("metadata")
     namespace = str((meta.get("namespace") if isinstance(meta, dict) else None) or "default")
@@ -484,22 +567,33 @@ def _validate_claim(
         known = (req.device_class or "") in classes
         from_class = classes.get(req.device_class or "", [])
         resolved = check_request(
-            [*from_class, *own], req.name, namespace, labels, issues, req.path, class_known=known
+            [*from_class, *own],
+            req.name,
+            namespace,
+            labels,
+            issues,
+            req.path,
+            class_known=known,
+            catalog=catalog,
         )
-        if resolved is None or resolved.config.if_name is None:
-            continue
-        out.append(resolved)
-        if_name = resolved.config.if_name
-        if if_name in if_names:
-            where = provenance(resolved.entries, "ifName") or req.path
-            issues.error(
-                where,
-                f"ifName {if_name!r} is used by requests {if_names[if_name]!r} and "
-                f"{req.name!r}; every interface in the pod needs its own name",
-            )
-        else:
-            if_names[if_name] = req.name
+        if resolved is not None:
+            out.append(resolved)
+    try:
+        names = assign_names([request_slot(r, f"request {r.request!r}") for r in out])
+    except NamingError as exc:
+        for index, message in exc.problems:
+            resolved = out[index]
+            path = provenance(resolved.entries, "ifName") or dpath / "requests"
+            issues.error(path, message)
+        return out
+    for resolved, name in zip(out, names, strict=True):
+        resolved.config = resolved.config.model_copy(update={"if_name": name})
     return out
+
+
+def request_slot(resolved: ResolvedRequest, owner: str) -> Slot:
+    """How a resolved request's interface is named (cnidra.api.naming)."""
+    return Slot(owner, resolved.config.if_name, resolved.config.if_name_prefix)
 
 
 def _dedupe(issues: Issues) -> None:

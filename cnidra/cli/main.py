@@ -275,6 +275,22 @@ def driver(
     resync_seconds: Annotated[
         float, typer.Option("--resync-seconds", envvar="CNIDRA_RESYNC_SECONDS")
     ] = DEFAULTS.resync_seconds,
+    cni_conf_dir: Annotated[
+        Path,
+        typer.Option(
+            "--cni-conf-dir",
+            envvar="CNIDRA_CNI_CONF_DIR",
+            help="node-local network confs, <NetworkID>.conflist/.conf (read, never written)",
+        ),
+    ] = DEFAULTS.cni_conf_dir,
+    network_status: Annotated[
+        bool,
+        typer.Option(
+            "--network-status/--no-network-status",
+            envvar="CNIDRA_NETWORK_STATUS",
+            help="write Multus' k8s.v1.cni.cncf.io/network-status annotation on pods",
+        ),
+    ] = DEFAULTS.network_status,
     nri_socket: Annotated[
         str, typer.Option("--nri-socket", envvar="CNIDRA_NRI_SOCKET")
     ] = DEFAULTS.nri_socket,
@@ -371,6 +387,8 @@ def driver(
         publish_node_links=[n for n in publish_node_links.split(",") if n],
         device_metadata=device_metadata,
         cdi_dir=cdi_dir,
+        cni_conf_dir=cni_conf_dir,
+        network_status=network_status,
     )
     asyncio.run(run(settings))
 

@@ -12,7 +12,9 @@ from typing import Any
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.issues import FieldPath, Issues
 from cnidra.api.merge import ConfigEntry, Source, applicable
+from cnidra.api.naming import Slot
 from cnidra.api.netconf import to_conflist
+from cnidra.api.networks import NamedNetwork, NetworkCatalog
 from cnidra.api.ownership import PrivateDirs, owned_network, owned_network_name
 from cnidra.api.policy import bind_to_device, governing_policy
 from cnidra.api.refs import ObjectRef
@@ -50,6 +52,11 @@ class Attachment:
     node_link_allowed: bool = False
     # not added at sandbox start: plugged and unplugged through the node API
     on_demand: bool = False
+    # how `if_name` was chosen (cnidra.api.naming): given, or from a prefix (None: implicit)
+    explicit_name: bool = True
+    if_name_prefix: str | None = None
+    # the name a referenced network has for readers of Multus' network-status annotation
+    status_name: str = ""
 
     @cached_property
     def netconf(self) -> NetworkConfigList:
@@ -70,6 +77,17 @@ class Attachment:
     @property
     def network_name(self) -> str:
         return self.network_label or str(self.network.get("name", ""))
+
+    def slot(self) -> Slot:
+        return Slot(
+            self.label_without_name,
+            self.if_name if self.explicit_name else None,
+            self.if_name_prefix,
+        )
+
+    @property
+    def label_without_name(self) -> str:
+        return f"claim {self.claim} request {self.request}"
 
     @property
     def label(self) -> str:
@@ -95,6 +113,8 @@ def resolve_attachment(
     where: FieldPath,
     *,
     namespace_labels: Mapping[str, str] | None = None,
+    catalog: NetworkCatalog | None = None,
+    device_network: NamedNetwork | None = None,
 ) -> Attachment | None:
     """The one path from a claim's configs to what the runtime executes: checked against the
     class's CNIPolicy, merged and validated as `cnidra validate` does, bound to the allocated
@@ -102,7 +122,15 @@ def resolve_attachment(
     `issues`) when the request cannot be attached."""
     before = len(issues.errors)
     resolved = check_request(
-        entries, request, claim.namespace, namespace_labels, issues, where, class_known=True
+        entries,
+        request,
+        claim.namespace,
+        namespace_labels,
+        issues,
+        where,
+        class_known=True,
+        catalog=catalog,
+        device_network=device_network,
     )
     if resolved is None:
         if len(issues.errors) == before:
@@ -142,7 +170,7 @@ def attachment_from(
 ) -> Attachment | None:
     """None only when binding to the allocated link fails (the reasons in `issues`)."""
     config = resolved.config
-    assert config.config is not None and config.if_name is not None  # complete when resolved
+    assert config.config is not None  # complete when resolved
     conflist = to_conflist(config.config)
     if device.link is not None:
         issues = issues if issues is not None else Issues()
@@ -162,7 +190,7 @@ def attachment_from(
     return Attachment(
         claim=claim,
         request=resolved.request,
-        if_name=config.if_name,
+        if_name=config.if_name or "",
         network=owned_network(conflist, name, dirs),
         pool=device.pool,
         device=device.name,
@@ -172,6 +200,9 @@ def attachment_from(
         network_label=label,
         parent=device.link or "",
         on_demand=config.attach == "OnDemand",
+        explicit_name=config.if_name is not None,
+        if_name_prefix=config.if_name_prefix,
+        status_name=resolved.network.status_name if resolved.network else "",
     )
 
 

@@ -21,6 +21,7 @@ from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.refs import ObjectRef
 from cnidra.dra.prepare import PrepareError, Preparer
 from cnidra.observe import metrics
+from cnidra.state.checkpoint import PreparedClaim
 
 log = logging.getLogger(__name__)
 
@@ -47,23 +48,23 @@ class DRAService:
     ) -> dra.NodePrepareResourcesResponse:
         with _measure("NodePrepareResources"):
             refs = [ObjectRef(c.namespace, c.name, c.uid) for c in request.claims]
-            answers = await asyncio.gather(*(self._prepare_one(r) for r in refs))
+            try:
+                answers = await self.preparer.prepare_batch(refs)
+            except Exception as exc:
+                log.exception("prepare %s crashed", ", ".join(map(str, refs)))
+                answers = [PrepareError(f"claim {r}: internal error: {exc}") for r in refs]
             response = dra.NodePrepareResourcesResponse()
             for ref, answer in zip(refs, answers, strict=True):
-                response.claims[ref.uid].CopyFrom(answer)
+                response.claims[ref.uid].CopyFrom(self._answer(ref, answer))
             return response
 
-    async def _prepare_one(self, ref: ObjectRef) -> dra.NodePrepareResourceResponse:
-        try:
-            prepared = await self.preparer.prepare(ref)
-        except PrepareError as exc:
-            log.warning("prepare %s failed: %s", ref, exc)
+    def _answer(
+        self, ref: ObjectRef, prepared: PreparedClaim | PrepareError
+    ) -> dra.NodePrepareResourceResponse:
+        if isinstance(prepared, PrepareError):
+            log.warning("prepare %s failed: %s", ref, prepared)
             metrics.REQUESTS.labels("PrepareClaim", "error").inc()
-            return dra.NodePrepareResourceResponse(error=str(exc))
-        except Exception as exc:
-            log.exception("prepare %s crashed", ref)
-            metrics.REQUESTS.labels("PrepareClaim", "error").inc()
-            return dra.NodePrepareResourceResponse(error=f"claim {ref}: internal error: {exc}")
+            return dra.NodePrepareResourceResponse(error=str(prepared))
         metrics.REQUESTS.labels("PrepareClaim", "ok").inc()
         metrics.PREPARED_CLAIMS.set(len(self.preparer.checkpoint))
         return dra.NodePrepareResourceResponse(

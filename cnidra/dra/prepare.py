@@ -9,9 +9,11 @@ attachment through the one path `cnidra validate` and `cnidra try` use too
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from cnidra.api.constants import (
@@ -22,6 +24,8 @@ from cnidra.api.constants import (
 from cnidra.api.errors import UnusableObject
 from cnidra.api.issues import FieldPath, Issues
 from cnidra.api.merge import ConfigEntry, Source
+from cnidra.api.naming import NamingError, assign_names
+from cnidra.api.networks import NamedNetwork, NetworkCatalog, NetworkRef, Unresolved
 from cnidra.api.nodes import NodeView, named_nodes, selects
 from cnidra.api.ownership import PrivateDirs
 from cnidra.api.refs import ObjectRef
@@ -79,7 +83,11 @@ def resolve_claim(
     dirs: PrivateDirs,
     view: NodeView,
     namespace_labels: Mapping[str, str] | None = None,
+    catalog: NetworkCatalog | None = None,
+    device_networks: Mapping[str, NamedNetwork] | None = None,
 ) -> PreparedClaim:
+    """The claim's attachments in connection order (its requests' order), not yet named where
+    the names are computed (`name_pod_interfaces` does that for all of a pod's claims)."""
     meta = claim.get("metadata") or {}
     if meta.get("uid") != ref.uid:
         raise PrepareError(
@@ -98,13 +106,15 @@ def resolve_claim(
     results = [r for r in devices.get("results") or [] if r.get("driver") == DRIVER_NAME]
     if not results:
         raise PrepareError(f"claim {ref} has no devices of driver {DRIVER_NAME}")
+    order = _request_order(claim)
+    results.sort(key=lambda r: order.get(str(r.get("request", "")).split("/", 1)[0], len(order)))
     entries = _config_entries(devices.get("config") or [])
+    networks = device_networks if device_networks is not None else view.networks
     per_request: dict[str, int] = {}
     for result in results:
         per_request[result["request"]] = per_request.get(result["request"], 0) + 1
     problems: list[str] = []
     prepared: list[Attachment] = []
-    if_names: dict[str, str] = {}
     for result in results:
         request = result["request"]
         if per_request[request] > 1:
@@ -118,10 +128,10 @@ def resolve_claim(
         if link is None:
             problems.append(
                 f"request {request!r} was allocated device {result['device']!r}, which is not "
-                "a link of this node (any more); the pod must be scheduled again"
+                "a link or network of this node (any more); the pod must be scheduled again"
             )
             continue
-        device = Device(result["pool"], result["device"], result.get("shareID"), link)
+        device = Device(result["pool"], result["device"], result.get("shareID"), link or None)
         attachment = resolve_attachment(
             entries,
             request,
@@ -131,6 +141,8 @@ def resolve_claim(
             issues,
             ALLOCATION_CONFIG,
             namespace_labels=namespace_labels,
+            catalog=catalog,
+            device_network=networks.get(result["device"]),
         )
         if attachment is None:
             problems.append(_describe(request, entries, issues))
@@ -142,12 +154,6 @@ def resolve_claim(
                 "nodeLinks may use it"
             )
             continue
-        if attachment.if_name in if_names:
-            problems.append(
-                f"requests {if_names[attachment.if_name]!r} and {request!r} both use "
-                f"ifName {attachment.if_name!r}"
-            )
-        if_names[attachment.if_name] = request
         prepared.append(attachment)
     if problems:
         raise PrepareError(f"claim {ref}: " + "; ".join(dict.fromkeys(problems)))
@@ -166,6 +172,48 @@ def resolve_claim(
         int(meta.get("generation") or 0),
         pod_claim_name if is_dns_label(pod_claim_name) else None,
     )
+
+
+def _request_order(claim: Mapping[str, Any]) -> dict[str, int]:
+    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+    return {str(r.get("name")): i for i, r in enumerate(requests) if isinstance(r, Mapping)}
+
+
+def name_pod_interfaces(
+    batch: Sequence[PreparedClaim], others: Sequence[PreparedClaim]
+) -> list[PreparedClaim]:
+    """Names for the interfaces of a pod's claims, `batch` in connection order (as kubelet
+    sends them); `others` are its claims prepared before, whose names stand. A name the
+    checkpoint already gave stays when it is still free. NamingError on a collision."""
+    taken = {a.if_name: a.label_without_name for c in others for a in c.devices}
+    slots = [a.slot() for c in batch for a in c.devices]
+    before = {(c.uid, a.request): a.if_name for c in batch for a in c.devices if a.if_name}
+    slots = [
+        replace(slot, preferred=before.get((c.uid, a.request)))
+        for slot, (c, a) in zip(slots, [(c, a) for c in batch for a in c.devices], strict=True)
+    ]
+    names = iter(assign_names(slots, taken))
+    return [
+        replace(c, devices=tuple(replace(a, if_name=next(names)) for a in c.devices)) for c in batch
+    ]
+
+
+def network_references(claim: Mapping[str, Any], namespace: str) -> list[tuple[NetworkRef, str]]:
+    """The network references of the claim's allocation configs that parse (a bad one is
+    reported by the resolution, where its path is known)."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    refs: list[tuple[NetworkRef, str]] = []
+    for cfg in (allocation.get("devices") or {}).get("config") or []:
+        opaque = cfg.get("opaque") or {}
+        params = opaque.get("parameters")
+        if opaque.get("driver") != DRIVER_NAME or not isinstance(params, Mapping):
+            continue
+        raw = params.get("network")
+        if raw is None:
+            continue
+        with contextlib.suppress(ValueError):
+            refs.append((NetworkRef.model_validate(raw), namespace))
+    return refs
 
 
 def _selects_namespaces(claim: Mapping[str, Any]) -> bool:
@@ -208,6 +256,14 @@ def _config_entries(configs: Sequence[Mapping[str, Any]]) -> list[ConfigEntry]:
     return entries
 
 
+class NetworkReader(Protocol):
+    """The objects and node files a claim's network references name (cnidra.kube.networks)."""
+
+    async def catalog(self, refs: Sequence[tuple[NetworkRef, str]]) -> NetworkCatalog: ...
+
+    async def refresh(self, network: NamedNetwork) -> NamedNetwork | Unresolved: ...
+
+
 class Preparer:
     def __init__(
         self,
@@ -219,6 +275,7 @@ class Preparer:
         view: Callable[[], NodeView] = NodeView,
         namespaces: NamespaceLabels | None = None,
         metadata: DeviceMetadata | None = None,
+        networks: NetworkReader | None = None,
     ) -> None:
         self.node = node
         self.claims = claims
@@ -228,13 +285,38 @@ class Preparer:
         self.view = view
         self.namespaces = namespaces
         self.metadata = metadata
+        self.networks = networks
         self._locks = KeyedLocks()
 
     async def prepare(self, ref: ObjectRef) -> PreparedClaim:
-        async with self._locks.hold(ref.uid):
-            return await self._prepare(ref)
+        answer = (await self.prepare_batch([ref]))[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
-    async def _prepare(self, ref: ObjectRef) -> PreparedClaim:
+    async def prepare_batch(self, refs: Sequence[ObjectRef]) -> list[PreparedClaim | PrepareError]:
+        """One pod's claims, as kubelet sends them (the pod's order): each resolved, then the
+        interfaces of all named together, then each checkpointed. A claim's failure is its
+        own; a naming collision fails the claims it involves."""
+        async with contextlib.AsyncExitStack() as stack:
+            for uid in sorted({r.uid for r in refs}):  # one order: no deadlock between batches
+                await stack.enter_async_context(self._locks.hold(uid))
+            resolved = await asyncio.gather(
+                *(self._resolve(r) for r in refs), return_exceptions=True
+            )
+            answers: list[PreparedClaim | PrepareError] = []
+            for ref, item in zip(refs, resolved, strict=True):
+                if isinstance(item, PrepareError | PreparedClaim):
+                    answers.append(item)
+                elif isinstance(item, Exception):
+                    log.error("prepare %s crashed", ref, exc_info=item)
+                    answers.append(PrepareError(f"claim {ref}: internal error: {item}"))
+                else:
+                    raise item
+            named = self._name(answers)
+            return [await self._commit(a) if isinstance(a, PreparedClaim) else a for a in named]
+
+    async def _resolve(self, ref: ObjectRef) -> PreparedClaim:
         known = self.checkpoint.get(ref.uid)
         try:
             claim = await self.claims.get(ref.namespace, ref.name)
@@ -255,12 +337,68 @@ class Preparer:
         if self.namespaces and _selects_namespaces(claim):  # a GET only when a policy asks
             labels = await self.namespaces.labels(ref.namespace)
         view = self.view()
-        prepared = resolve_claim(claim, ref, self.node, self.dirs, view, labels)
-        self._check_pod_limit(prepared)
-        if known != prepared:
+        catalog, device_networks = await self._networks(claim, ref, view)
+        return resolve_claim(
+            claim, ref, self.node, self.dirs, view, labels, catalog, device_networks
+        )
+
+    async def _networks(
+        self, claim: Mapping[str, Any], ref: ObjectRef, view: NodeView
+    ) -> tuple[NetworkCatalog | None, dict[str, NamedNetwork]]:
+        """What the claim's references and its allocated network devices name, read now (a
+        node conf as it is on disk at this moment)."""
+        if self.networks is None:
+            return None, dict(view.networks)
+        allocated = [
+            str(r.get("device"))
+            for r in (
+                ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+            ).get("results")
+            or []
+            if r.get("driver") == DRIVER_NAME and r.get("device") in view.networks
+        ]
+        device_networks: dict[str, NamedNetwork] = {}
+        for name in allocated:
+            fresh = await self.networks.refresh(view.networks[name])
+            if isinstance(fresh, Unresolved):
+                raise PrepareError(f"claim {ref}: {fresh.message}")
+            device_networks[name] = fresh
+        refs = network_references(claim, ref.namespace)
+        catalog = await self.networks.catalog(refs) if refs else None
+        return catalog, device_networks
+
+    def _name(
+        self, answers: list[PreparedClaim | PrepareError]
+    ) -> list[PreparedClaim | PrepareError]:
+        """Interface names across the batch, per pod (a claim may serve several pods)."""
+        prepared = [a for a in answers if isinstance(a, PreparedClaim)]
+        failed: dict[str, PrepareError] = {}
+        renamed: dict[str, PreparedClaim] = {c.uid: c for c in prepared}
+        pods = {p for c in prepared for p in c.pod_uids} or {""}
+        for pod in sorted(pods):
+            batch = [renamed[c.uid] for c in prepared if pod in c.pod_uids or not pod]
+            uids = {c.uid for c in batch}
+            others = [c for c in self.checkpoint.for_pod(pod) if c.uid not in uids] if pod else []
+            try:
+                for claim in name_pod_interfaces(batch, others):
+                    renamed[claim.uid] = claim
+            except NamingError as exc:
+                for claim in batch:
+                    failed[claim.uid] = PrepareError(f"claim {claim.ref}: {exc}")
+        return [
+            failed.get(a.uid, renamed[a.uid]) if isinstance(a, PreparedClaim) else a
+            for a in answers
+        ]
+
+    async def _commit(self, prepared: PreparedClaim) -> PreparedClaim | PrepareError:
+        try:
+            self._check_pod_limit(prepared)
+        except PrepareError as exc:
+            return exc
+        if self.checkpoint.get(prepared.uid) != prepared:
             await self.checkpoint.put(prepared)
         if self.metadata is not None:
-            await asyncio.to_thread(self.metadata.prepare, prepared, view.attributes)
+            await asyncio.to_thread(self.metadata.prepare, prepared, self.view().attributes)
         return prepared
 
     def cdi_device_ids(self, claim: PreparedClaim, request: str) -> list[str]:

@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
@@ -17,12 +17,29 @@ from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
 
 from cnidra.api.constants import DRIVER_NAME
+from cnidra.api.networks import NamedNetwork
 from cnidra.api.nodes import NodeView
 from cnidra.inventory.links import Link, LinkFilter, carrying_node, cni_plugins, read_links
-from cnidra.inventory.slices import SliceSettings, build_slices, content, device_names
+from cnidra.inventory.slices import (
+    SliceSettings,
+    build_slices,
+    content,
+    device_names,
+    network_device_names,
+    parents,
+)
 from cnidra.observe import metrics
 
 log = logging.getLogger(__name__)
+
+
+class NetworkSource(Protocol):
+    """The named networks defined for the cluster, each with its node conf read on this node
+    (cnidra.kube.networks.ServedNetworks)."""
+
+    async def served(self) -> list[tuple[str, NamedNetwork]]: ...
+
+    async def watch(self, changed: Callable[[], None]) -> None: ...
 
 
 class SlicePublisher:
@@ -36,6 +53,7 @@ class SlicePublisher:
         min_interval: float = 1.0,
         links: Callable[[], list[Link]] = read_links,
         publish_node_links: Sequence[str] = (),
+        networks: NetworkSource | None = None,
     ) -> None:
         self.client = client
         self.settings = settings
@@ -53,6 +71,8 @@ class SlicePublisher:
         self.node_ips: tuple[str, ...] = ()
         self._view: NodeView | None = None
         self.node_labels: dict[str, str] | None = None
+        self.networks = networks
+        self._served: dict[str, tuple[str, NamedNetwork, Link | None]] = {}
 
     def view(self) -> NodeView:
         """The node as prepare and the hook see it: each published device's link, the links
@@ -61,14 +81,47 @@ class SlicePublisher:
         return self._view or NodeView()
 
     async def refresh_view(self) -> NodeView:
-        self._view = self._make_view(await asyncio.to_thread(self.read_links))
+        links = await asyncio.to_thread(self.read_links)
+        await self._serve(links)
+        self._view = self._make_view(links)
         return self._view
 
     def _make_view(self, links: list[Link]) -> NodeView:
         protected = carrying_node(links, self.node_ips)
         published = [link for link in links if self._publishable(link, protected)]
         names = {name: link.name for name, link in device_names(published).items()}
-        return NodeView(names, protected, self.node_labels)
+        for dev, (_, _, parent) in self._served.items():
+            names[dev] = parent.name if parent else ""
+        networks = {dev: network for dev, (_, network, _) in self._served.items()}
+        return NodeView(names, protected, self.node_labels, networks=networks)
+
+    async def _serve(self, links: list[Link]) -> None:
+        """The named networks this node can serve: each CNINetwork whose node conf (if it
+        names one) is here and readable, and whose parent links are up and publishable."""
+        if self.networks is None:
+            return
+        try:
+            found = await self.networks.served()
+        except Exception as exc:
+            log.warning("named networks not read (%s); keeping the last known", exc)
+            return
+        protected = carrying_node(links, self.node_ips)
+        by_name = {link.name: link for link in links if self._publishable(link, protected)}
+        taken = set(device_names(by_name.values()))
+        usable: list[tuple[str, NamedNetwork]] = []
+        parent_of: dict[str, Link | None] = {}
+        for name, network in found:
+            wanted = parents(network)
+            links_up = [by_name.get(p) for p in wanted]
+            if any(link is None or link.state not in ("up", "unknown") for link in links_up):
+                log.debug("network %s not served here: parent %s not up", name, wanted)
+                continue
+            usable.append((name, network))
+            parent_of[name] = links_up[0] if links_up else None
+        self._served = {
+            dev: (name, network, parent_of[name])
+            for dev, (name, network) in network_device_names(usable, taken).items()
+        }
 
     def _publishable(self, link: Link, protected: frozenset[str]) -> bool:
         if not self.filter.eligible(link):
@@ -82,6 +135,11 @@ class SlicePublisher:
         owner = await self._node_owner()
         await self._adopt_existing()
         watcher = asyncio.create_task(self._watch_netlink(), name="netlink-watch")
+        networks = (
+            asyncio.create_task(self.networks.watch(self.poke), name="network-watch")
+            if self.networks
+            else None
+        )
         try:
             while True:
                 try:
@@ -98,15 +156,25 @@ class SlicePublisher:
                 await asyncio.sleep(self.min_interval)  # coalesce bursts of link events
         finally:
             watcher.cancel()
+            if networks is not None:
+                networks.cancel()
 
     async def publish_if_changed(self, owner: dict[str, Any] | None) -> bool:
         every = await asyncio.to_thread(self.read_links)
+        await self._serve(every)
         view = self._make_view(every)
         self._view = view
-        links = [link for link in every if link.name in set(view.links.values())]
+        published = {n for d, n in view.links.items() if d not in view.networks}
+        links = [link for link in every if link.name in published]
         plugins = cni_plugins(self.cni_path)
         slices = build_slices(
-            links, plugins, self.settings, self.generation + 1, owner, view.protected
+            links,
+            plugins,
+            self.settings,
+            self.generation + 1,
+            owner,
+            view.protected,
+            self._served,
         )
         self._view = replace(
             view,

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cnidra.api.constants import DRIVER_NAME
+from cnidra.api.networks import NamedNetwork
+from cnidra.api.policy import PARENT_FIELDS
 from cnidra.inventory.links import Link
 
 MAX_DEVICES_PER_SLICE = 128
@@ -134,6 +136,74 @@ def device_names(links: Iterable[Link]) -> dict[str, Link]:
     return {device_name(link, taken): link for link in sorted(links, key=lambda link: link.name)}
 
 
+NETWORK_TYPE = "network"
+
+
+def parents(network: NamedNetwork) -> list[str]:
+    """The host links a network's plugins name (macvlan's master, host-device's device...); a
+    bridge is not one: the plugin creates it."""
+    out = []
+    for plugin in network.config.get("plugins") or []:
+        if not isinstance(plugin, Mapping) or plugin.get("type") == "bridge":
+            continue
+        field = PARENT_FIELDS.get(str(plugin.get("type")))
+        value = next((v for k, v in plugin.items() if field and k.lower() == field.lower()), None)
+        if isinstance(value, str) and value:
+            out.append(value)
+    return out
+
+
+def network_device_names(
+    networks: Iterable[tuple[str, NamedNetwork]], taken: set[str]
+) -> dict[str, tuple[str, NamedNetwork]]:
+    """The device each served network is published as: `net-<name>` (a DNS label)."""
+    out: dict[str, tuple[str, NamedNetwork]] = {}
+    for name, network in sorted(networks, key=lambda item: item[0]):
+        base = "net-" + (re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:55] or "x")
+        candidate, n = base, 1
+        while candidate in taken:
+            n += 1
+            candidate = f"{base[:58]}-{n}"
+        taken.add(candidate)
+        out[candidate] = (name, network)
+    return out
+
+
+def network_device(
+    name: str,
+    network_name: str,
+    network: NamedNetwork,
+    parent: Link | None,
+    settings: SliceSettings,
+) -> dict[str, Any]:
+    """A named network this node serves: the scheduler sends a claim that selects it by
+    `network` only to nodes that can serve it."""
+    attrs: dict[str, dict[str, Any]] = {
+        "type": {"string": NETWORK_TYPE},
+        "network": {"string": network_name[:STRING_MAX]},
+        "nodeLink": {"bool": False},
+    }
+    if network.network_id:
+        attrs["networkID"] = {"string": network.network_id[:STRING_MAX]}
+    plugin: Any = next(iter(network.config.get("plugins") or []), {})
+    if isinstance(plugin, Mapping) and isinstance(plugin.get("type"), str):
+        attrs["plugin"] = {"string": plugin["type"][:STRING_MAX]}
+    if parent is not None:
+        attrs["ifName"] = {"string": parent.name}
+        attrs["state"] = {"string": parent.state}
+        attrs["mtu"] = {"int": parent.mtu}
+    out: dict[str, Any] = {"name": name, "attributes": attrs}
+    if settings.shared_capacity:
+        out["capacity"] = {
+            "subInterfaces": {
+                "value": str(settings.sub_interfaces),
+                "requestPolicy": {"default": "1", "validRange": {"min": "1", "step": "1"}},
+            }
+        }
+        out["allowMultipleAllocations"] = True
+    return out
+
+
 def build_slices(
     links: Iterable[Link],
     plugins: Sequence[str],
@@ -141,12 +211,18 @@ def build_slices(
     generation: int,
     owner: Mapping[str, Any] | None = None,
     node_links: frozenset[str] = frozenset(),
+    networks: Mapping[str, tuple[str, NamedNetwork, Link | None]] | None = None,
 ) -> list[dict[str, Any]]:
     """`node_links`: links among `links` that carry the node (published only because the admin
-    opted in), marked with the `nodeLink` attribute for classes to select or avoid."""
+    opted in), marked with the `nodeLink` attribute for classes to select or avoid.
+    `networks`: the named networks the node serves, by device name (network_device_names)."""
     devices = [
         device(link, name, plugins, settings, link.name in node_links)
         for name, link in device_names(links).items()
+    ]
+    devices += [
+        network_device(dev, name, network, parent, settings)
+        for dev, (name, network, parent) in (networks or {}).items()
     ]
     chunks = [
         devices[i : i + MAX_DEVICES_PER_SLICE]

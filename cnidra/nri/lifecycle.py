@@ -20,11 +20,12 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from cnidra._proto.nri.v1alpha1 import api_pb2 as nri
 from cnidra.api.constants import DEFAULT_MAX_ATTACHMENTS, DRIVER_NAME
+from cnidra.api.naming import NamingError, check_unique
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import (
     AttachFailed,
@@ -41,7 +42,7 @@ from cnidra.state import journal as events
 from cnidra.state.checkpoint import Checkpoint
 from cnidra.state.journal import Journal
 from cnidra.state.sandboxes import Attached, SandboxRecord, SandboxStore, State
-from cnidra.status.devices import device_status
+from cnidra.status.devices import device_status, network_status
 from cnidra.status.metadata import DeviceMetadata
 from cnidra.status.writer import StatusSink
 from cnidra.util.backoff import Backoff
@@ -135,6 +136,7 @@ class PodLifecycle:
         node_netns: Callable[[str], bool] = is_node_netns,
         metadata: DeviceMetadata | None = None,
         journal: Journal | None = None,
+        network_status: bool = True,
     ) -> None:
         self.checkpoint = checkpoint
         self.runtime = runtime
@@ -149,6 +151,7 @@ class PodLifecycle:
         self.node_netns = node_netns
         self.metadata = metadata
         self.journal = journal or Journal(None)
+        self.network_status = network_status
         self.locks = KeyedLocks()
         # detach retries in flight, by sandbox; each removes itself when it ends
         self.retries: dict[str, asyncio.Task[None]] = {}
@@ -208,6 +211,10 @@ class PodLifecycle:
                 f"{who} has {len(planned)} cnidra interfaces; at most {self.max_attachments} "
                 "per pod (--max-attachments-per-pod)"
             )
+        try:  # the naming rule, over all of the pod's claims (prepare named them)
+            check_unique([(a.attachment.label_without_name, a.attachment.if_name) for a in planned])
+        except NamingError as exc:
+            return f"{who}: {exc}"
         protected = self.protected_links()  # routes change: checked again at every attach
         for attached in planned:
             att = attached.attachment
@@ -268,6 +275,7 @@ class PodLifecycle:
         )
         await self.store.put(record.with_state(State.ADDED, attachments=done))
         self._report(outcomes)
+        self._annotate(record.pod, done)
         self.journal.record(
             events.ATTACHED,
             pod_ref(pod),
@@ -296,11 +304,19 @@ class PodLifecycle:
                 except OSError as exc:
                     log.warning("device metadata of claim %s: %s", att.claim, exc)
 
+    def _annotate(self, pod: ObjectRef, attached: Sequence[Attached]) -> None:
+        """The pod's network-status annotation (off the hook: the status writer sends it)."""
+        if not self.network_status:
+            return
+        up = [(a.attachment, Result(a.result)) for a in attached if a.result and not a.pending]
+        self.status.pod_networks(pod, network_status(up))
+
     def restore_status(self) -> None:
         """After a restart: re-derive the status of every attachment that is set up."""
         for record in self.store.all():
             if record.state is not State.ADDED:
                 continue
+            self._annotate(record.pod, record.attachments)
             for attached in record.attachments:
                 if attached.result is not None:
                     outcome = Outcome(attached.attachment, Result(attached.result))
@@ -363,6 +379,7 @@ class PodLifecycle:
             done = Attached(att, outcome.result.to_json() if outcome.result else None)
             await self.store.put(replace(record, attachments=(*record.attachments, done)))
             self._report([outcome])
+            self._annotate(record.pod, (*record.attachments, done))
             self.status.finalizer(att.claim, True)
             self.journal.record(
                 events.ATTACHED,
@@ -393,6 +410,7 @@ class PodLifecycle:
                 self.journal.record(events.DETACH_FAILED, record.pod, sandbox_id, "; ".join(errors))
                 raise PlugError(f"pod {record.pod}: " + "; ".join(errors))
             await self.store.put(replace(record, attachments=rest))
+            self._annotate(record.pod, rest)
             key = (DRIVER_NAME, att.pool, att.device, att.share_id or "")
             self.status.drop(att.claim, [key])
             if att.claim not in {c for r in self.store.all() for c in r.claims()}:

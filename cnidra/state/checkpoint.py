@@ -37,6 +37,9 @@ def attachment_to_json(att: Attachment) -> dict[str, Any]:
         "parent": att.parent,
         "node_link_allowed": att.node_link_allowed,
         "on_demand": att.on_demand,
+        "explicit_name": att.explicit_name,
+        "if_name_prefix": att.if_name_prefix,
+        "status_name": att.status_name,
     }
 
 
@@ -55,6 +58,9 @@ def attachment_from_json(data: Mapping[str, Any], claim: ObjectRef) -> Attachmen
         parent=str(data.get("parent") or ""),
         node_link_allowed=bool(data.get("node_link_allowed")),
         on_demand=bool(data.get("on_demand")),
+        explicit_name=bool(data.get("explicit_name", True)),
+        if_name_prefix=data.get("if_name_prefix"),
+        status_name=str(data.get("status_name") or ""),
     )
 
 

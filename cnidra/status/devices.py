@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,7 +19,7 @@ from cnidra.api.constants import (
     STATUS_INTERFACE_NAME_MAX,
     STATUS_MAX_IPS,
 )
-from cnidra.cni.attach import Outcome
+from cnidra.cni.attach import Attachment, Outcome
 from cnidra.cni.result import Result
 
 MESSAGE_MAX = 32768  # metav1.Condition.message
@@ -125,3 +126,30 @@ def _condition(
 
 def _clip(message: str) -> str:
     return message if len(message) <= MESSAGE_MAX else message[: MESSAGE_MAX - 3] + "..."
+
+
+NETWORK_STATUS_ANNOTATION = "k8s.v1.cni.cncf.io/network-status"
+
+
+def network_status(attached: Sequence[tuple[Attachment, Result]]) -> list[dict[str, Any]]:
+    """The pod's cnidra interfaces as Multus' `network-status` annotation lists them (the
+    multi-net spec's NetworkStatus: name, interface, ips without prefix, mac, dns, default)."""
+    out: list[dict[str, Any]] = []
+    for att, result in attached:
+        data, _ = network_data_of(result, att.if_name)
+        entry: dict[str, Any] = {
+            "name": att.status_name or att.network_name,
+            "interface": data["interfaceName"],
+            "ips": [ip.split("/")[0] for ip in data.get("ips") or []],
+            "default": False,
+        }
+        if data.get("hardwareAddress"):
+            entry["mac"] = data["hardwareAddress"]
+        dns = result.raw.get("dns")
+        if isinstance(dns, dict) and dns:
+            entry["dns"] = dns
+        gateways = [ip["gateway"] for ip in result.raw.get("ips") or [] if ip.get("gateway")]
+        if gateways:
+            entry["gateway"] = gateways
+        out.append(entry)
+    return out

@@ -4,7 +4,9 @@ Producers only record the desired state (never block, never fail); one worker ap
 server-side apply and retries with backoff, so a down apiserver delays status, never a pod:
 - ResourceClaim `status.devices` entries of ours (field manager `cnidra`),
 - a finalizer on claims whose interfaces could not be removed yet,
-- Events on pods for failed attaches and detaches."""
+- Events on pods for failed attaches and detaches,
+- the pod's `k8s.v1.cni.cncf.io/network-status` annotation (Multus' format), for readers of
+  it: cnidra's entries replace its earlier ones, every other writer's entry stays."""
 
 from __future__ import annotations
 
@@ -21,13 +23,14 @@ from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event
+from lightkube.resources.core_v1 import Event, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimStatus
 from lightkube.types import PatchType
 
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.refs import ObjectRef
 from cnidra.observe import metrics
+from cnidra.status.devices import NETWORK_STATUS_ANNOTATION
 from cnidra.util.backoff import Backoff
 from cnidra.util.files import write_atomically
 
@@ -48,6 +51,7 @@ class StatusSink(Protocol):
     def drop(self, claim: ObjectRef, keys: list[DeviceKey]) -> None: ...
     def finalizer(self, claim: ObjectRef, present: bool) -> None: ...
     def event(self, pod: ObjectRef, reason: str, message: str) -> None: ...
+    def pod_networks(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None: ...
 
 
 def entry_key(entry: Mapping[str, Any]) -> DeviceKey:
@@ -70,6 +74,9 @@ class StatusWriter:
         self._devices: dict[ObjectRef, dict[DeviceKey, dict[str, Any]]] = {}
         self._finalizer: dict[ObjectRef, bool] = {}
         self._events: list[tuple[ObjectRef, str, str]] = []
+        # pod -> its cnidra interfaces as network-status entries, waiting to be written
+        self._pod_networks: dict[ObjectRef, list[dict[str, Any]]] = {}
+        self._written_interfaces: dict[ObjectRef, set[str]] = {}
         self._dirty: dict[ObjectRef, float] = {}
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
@@ -136,8 +143,12 @@ class StatusWriter:
         self._events.append((pod, reason, message))
         self._wake.set()
 
+    def pod_networks(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
+        self._pod_networks[pod] = statuses
+        self._wake.set()
+
     def pending(self) -> int:
-        return len(self._dirty) + len(self._events)
+        return len(self._dirty) + len(self._events) + len(self._pod_networks)
 
     def _mark(self, claim: ObjectRef) -> None:
         self._dirty.setdefault(claim, 0.0)
@@ -170,6 +181,7 @@ class StatusWriter:
                         delay,
                     )
             await self._send_events()
+            await self._write_pod_networks()
             if not self.pending():
                 self._drained.set()
             waits = [at - time.monotonic() for at in self._dirty.values()]
@@ -227,6 +239,47 @@ class StatusWriter:
             if not wanted:
                 self._finalizer.pop(claim, None)
                 self._remember_release(claim, False)
+
+    async def _write_pod_networks(self) -> None:
+        for pod in list(self._pod_networks):
+            statuses = self._pod_networks[pod]
+            try:
+                await self._annotate(pod, statuses)
+            except Exception as exc:
+                log.warning(
+                    "network-status of pod %s/%s not written: %s", pod.namespace, pod.name, exc
+                )
+                return  # retried on the next round
+            if self._pod_networks.get(pod) is statuses:
+                del self._pod_networks[pod]
+
+    async def _annotate(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
+        if self.client is None:
+            return
+        try:
+            obj = await self.client.get(Pod, pod.name, namespace=pod.namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return
+            raise
+        if obj.metadata is None or obj.metadata.uid != pod.uid:
+            return  # another pod of the same name now
+        ours = {s["interface"] for s in statuses} | self._written_interfaces.get(pod, set())
+        current = (obj.metadata.annotations or {}).get(NETWORK_STATUS_ANNOTATION)
+        try:
+            kept = [e for e in json.loads(current or "[]") if e.get("interface") not in ours]
+        except (ValueError, AttributeError, TypeError):
+            kept = []  # not a list of objects: not the spec's format, replaced
+        patch = {
+            "metadata": {
+                "resourceVersion": obj.metadata.resourceVersion,
+                "annotations": {NETWORK_STATUS_ANNOTATION: json.dumps([*kept, *statuses])},
+            }
+        }
+        await self.client.patch(
+            Pod, pod.name, patch, namespace=pod.namespace, patch_type=PatchType.MERGE
+        )
+        self._written_interfaces[pod] = {s["interface"] for s in statuses}
 
     async def _send_events(self) -> None:
         if self.client is None:

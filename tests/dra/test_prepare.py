@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
+from cnidra.api.naming import NamingError
 from cnidra.api.nodes import NodeView
 from cnidra.api.ownership import PrivateDirs
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment
-from cnidra.dra.prepare import PrepareError, Preparer, resolve_claim
+from cnidra.dra.prepare import PrepareError, Preparer, name_pod_interfaces, resolve_claim
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
 from cnidra.state.layout import StateLayout
 
@@ -297,8 +298,9 @@ def test_problems_a_person_can_act_on(change: Any, fragment: str) -> None:
 def test_duplicate_ifnames_within_a_claim() -> None:
     results = [{"request": r, "driver": DRIVER, "pool": "n1", "device": "eth1"} for r in ("a", "b")]
     configs = [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params()}}]
-    with pytest.raises(PrepareError, match="both use ifName 'net1'"):
-        resolve_claim(claim(configs, results), REF, "n1", DIRS, VIEW)
+    resolved = resolve_claim(claim(configs, results), REF, "n1", DIRS, VIEW)
+    with pytest.raises(NamingError, match="interface name 'net1' is already used by claim"):
+        name_pod_interfaces([resolved], [])
 
 
 def test_other_drivers_devices_and_configs_are_ignored() -> None:
@@ -380,7 +382,7 @@ def test_a_link_that_carries_the_node_needs_a_class_that_names_it() -> None:
 
 
 def test_a_device_that_is_no_link_of_this_node_is_refused() -> None:
-    with pytest.raises(PrepareError, match="not a link of this node"):
+    with pytest.raises(PrepareError, match="not a link or network of this node"):
         resolve_claim(claim(), REF, "n1", DIRS, NodeView())
 
 

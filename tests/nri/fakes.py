@@ -172,6 +172,7 @@ class RecordingStatus:
         self.entries: dict[ObjectRef, dict[tuple[str, ...], dict[str, Any]]] = {}
         self.finalizers: dict[ObjectRef, bool] = {}
         self.events: list[tuple[ObjectRef, str, str]] = []
+        self.networks: dict[ObjectRef, list[dict[str, Any]]] = {}
 
     def put(self, claim: ObjectRef, entry: dict[str, Any]) -> None:
         key = (entry["pool"], entry["device"], entry.get("shareID") or "")
@@ -186,6 +187,9 @@ class RecordingStatus:
 
     def event(self, pod: ObjectRef, reason: str, message: str) -> None:
         self.events.append((pod, reason, message))
+
+    def pod_networks(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
+        self.networks[pod] = statuses
 
 
 @dataclass

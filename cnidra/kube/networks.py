@@ -1,0 +1,205 @@
+"""Named networks as prepare and the inventory read them: CNINetworks and Multus
+NetworkAttachmentDefinitions from the apiserver (one GET each, with a timeout), node confs from
+the CNI conf directory. Never used on the NRI hook path."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lightkube import AsyncClient
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+
+from cnidra.api.constants import API_GROUP
+from cnidra.api.networks import (
+    CONF_EXTENSIONS,
+    NAD_GROUP,
+    NAD_KIND,
+    NETWORK_KIND,
+    NETWORK_PLURAL,
+    NamedNetwork,
+    NetworkRef,
+    StaticCatalog,
+    Unresolved,
+    cninetwork,
+    nad,
+    network_id_problem,
+    node_conf,
+    with_routes,
+)
+
+log = logging.getLogger(__name__)
+CNINetwork = create_global_resource(API_GROUP, "v1alpha1", NETWORK_KIND, NETWORK_PLURAL)
+NetworkAttachmentDefinition = create_namespaced_resource(
+    NAD_GROUP, "v1", NAD_KIND, "network-attachment-definitions"
+)
+MAX_CONF_BYTES = 1024 * 1024
+
+
+def read_node_conf(conf_dir: Path, network_id: str) -> NamedNetwork | Unresolved:
+    """`<conf_dir>/<network_id>.{conflist,conf,json}`, as it is on disk now."""
+    if network_id_problem(network_id):
+        return node_conf(network_id, {}, str(conf_dir))
+    files: dict[str, bytes | None] = {}
+    for ext in CONF_EXTENSIONS:
+        path = conf_dir / f"{network_id}{ext}"
+        try:
+            if path.stat().st_size > MAX_CONF_BYTES:
+                return Unresolved(f"node conf {path} is larger than {MAX_CONF_BYTES} bytes")
+            files[path.name] = path.read_bytes()
+        except FileNotFoundError:
+            files[path.name] = None
+        except OSError as exc:
+            return Unresolved(f"node conf {path} is unreadable: {exc.strerror}")
+    return node_conf(network_id, files, str(conf_dir))
+
+
+class NetworkReader:
+    """cnidra.dra.prepare.NetworkReader: what a claim's references name, read now."""
+
+    def __init__(self, client: AsyncClient, conf_dir: Path, timeout: float = 5.0) -> None:
+        self.client = client
+        self.conf_dir = conf_dir
+        self.timeout = timeout
+
+    async def catalog(self, refs: Sequence[tuple[NetworkRef, str]]) -> StaticCatalog:
+        catalog = StaticCatalog()
+        for ref, namespace in refs:
+            key = StaticCatalog.key(ref, namespace)
+            if key not in catalog.networks:
+                catalog.networks[key] = await self._read(ref, namespace)
+        return catalog
+
+    async def refresh(self, network: NamedNetwork) -> NamedNetwork | Unresolved:
+        """A network device's network with its node conf read again (it may have changed
+        since the inventory published it)."""
+        if network.network_id is None:
+            return network
+        conf = await asyncio.to_thread(read_node_conf, self.conf_dir, network.network_id)
+        if isinstance(conf, Unresolved):
+            return Unresolved(f"{network.reference}: {conf.message}")
+        return NamedNetwork(
+            **{
+                **network.__dict__,
+                "config": with_routes(conf.config, network.routes),
+                "path": conf.path,
+            }
+        )
+
+    async def _read(self, ref: NetworkRef, namespace: str) -> NamedNetwork | Unresolved:
+        what = ref.describe(namespace)
+        if ref.network_id is not None:
+            return await asyncio.to_thread(read_node_conf, self.conf_dir, ref.network_id)
+        try:
+            if ref.name is not None:
+                obj = await self._get(CNINetwork, ref.name, None)
+                if obj is None:
+                    return Unresolved(f"{what} was not found")
+                conf = await self._node_conf_of(obj)
+                return cninetwork(obj, conf)
+            nad_namespace, name = ref.nad(namespace)
+            obj = await self._get(NetworkAttachmentDefinition, name, nad_namespace)
+            if obj is None:
+                return Unresolved(f"{what} was not found")
+            return nad(obj, trusted=False)
+        except Exception as exc:  # the apiserver: prepare fails now and kubelet retries
+            return Unresolved(f"{what} could not be read: {type(exc).__name__}: {exc}")
+
+    async def _node_conf_of(self, obj: Mapping[str, Any]) -> NamedNetwork | Unresolved | None:
+        network_id = (obj.get("spec") or {}).get("networkID")
+        if not isinstance(network_id, str):
+            return None
+        return await asyncio.to_thread(read_node_conf, self.conf_dir, network_id)
+
+    async def _get(self, kind: Any, name: str, namespace: str | None) -> dict[str, Any] | None:
+        try:
+            async with asyncio.timeout(self.timeout):
+                obj = await self.client.get(kind, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+        data: dict[str, Any] = obj.to_dict()
+        return data
+
+
+async def list_networks(client: AsyncClient, limit: float = 10.0) -> list[dict[str, Any]]:
+    """Every CNINetwork, for the inventory (within `limit` seconds); [] when the CRD is not
+    installed."""
+    try:
+        async with asyncio.timeout(limit):
+            return [dict(obj.to_dict()) async for obj in client.list(CNINetwork)]  # type: ignore[no-untyped-call]
+    except ApiError as exc:
+        if exc.status.code == 404:
+            return []
+        raise
+
+
+class ServedNetworks:
+    """cnidra.inventory.publisher.NetworkSource: every CNINetwork with its node conf as this
+    node has it; `watch` calls back on a CNINetwork change or a change in the conf directory."""
+
+    def __init__(
+        self, client: AsyncClient, conf_dir: Path, poll: float = 2.0, timeout: float = 10.0
+    ) -> None:
+        self.client = client
+        self.conf_dir = conf_dir
+        self.poll = poll
+        self.timeout = timeout
+
+    async def served(self) -> list[tuple[str, NamedNetwork]]:
+        out = []
+        for obj in await list_networks(self.client, self.timeout):
+            name = str(obj["metadata"]["name"])
+            network_id = (obj.get("spec") or {}).get("networkID")
+            conf = (
+                await asyncio.to_thread(read_node_conf, self.conf_dir, network_id)
+                if isinstance(network_id, str)
+                else None
+            )
+            found = cninetwork(obj, conf)
+            if isinstance(found, NamedNetwork):
+                out.append((name, found))
+            else:
+                log.debug("CNINetwork %s not served here: %s", name, found.message)
+        return out
+
+    async def watch(self, changed: Callable[[], None]) -> None:
+        await asyncio.gather(self._watch_objects(changed), self._watch_dir(changed))
+
+    async def _watch_objects(self, changed: Callable[[], None]) -> None:
+        while True:
+            try:
+                async for _event, _obj in self.client.watch(CNINetwork):
+                    changed()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.debug("CNINetwork watch ended (%s); again in 5 s", exc)
+            await asyncio.sleep(5)
+
+    async def _watch_dir(self, changed: Callable[[], None]) -> None:
+        last = None
+        while True:
+            now = await asyncio.to_thread(_dir_signature, self.conf_dir)
+            if last is not None and now != last:
+                changed()
+            last = now
+            await asyncio.sleep(self.poll)
+
+
+def _dir_signature(conf_dir: Path) -> tuple[tuple[str, int, int], ...]:
+    try:
+        return tuple(
+            sorted(
+                (p.name, p.stat().st_mtime_ns, p.stat().st_size)
+                for p in conf_dir.iterdir()
+                if p.suffix in CONF_EXTENSIONS
+            )
+        )
+    except OSError:
+        return ()
