@@ -18,3 +18,7 @@ render deploy/deviceclass.yaml deviceclasses.yaml
 render deploy/rbac.yaml namespace.yaml serviceaccount.yaml rbac.yaml
 render deploy/daemonset.yaml daemonset.yaml
 render deploy/admission.yaml admission.yaml
+{
+  echo "# Copied from charts/cnidra/crds by \`make deploy\` (hack/render-deploy.sh): edit the chart."
+  cat charts/cnidra/crds/*.yaml
+} > deploy/crds.yaml

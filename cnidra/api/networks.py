@@ -477,7 +477,11 @@ def _expanded(
     if refused:
         issues.error(path, refused)
         return Expansion(stripped)
-    params: dict[str, Any] = {"config": dict(network.config)}
+    params: dict[str, Any] = {
+        "apiVersion": API_VERSION,
+        "kind": "CNIConfig",
+        "config": dict(network.config),
+    }
     if network.if_name_prefix:
         params["ifNamePrefix"] = network.if_name_prefix
     entry = ConfigEntry(source, params, (request,), network.path)
@@ -576,12 +580,6 @@ def _schema() -> dict[str, Any]:
                     "namespaces": {"type": "array", "items": {"type": "string"}},
                     "namespaceSelector": selector,
                 },
-                "x-kubernetes-validations": [
-                    {
-                        "rule": "has(self.config) != has(self.networkID)",
-                        "message": "set exactly one of config or networkID",
-                    }
-                ],
             }
         },
     }

@@ -276,6 +276,8 @@ def check_claim(
     ]
     for entry in claim_entries:
         params = {k: v for k, v in entry.parameters.items() if k not in CNICONFIG_KEYS}
+        if not params:  # e.g. only a network reference, which has been put in place
+            continue
         defines = False
         for path, value in leaves(params):
             where = entry.path.join(path)
