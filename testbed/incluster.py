@@ -61,6 +61,7 @@ def values(cluster: Cluster) -> dict[str, Any]:
             "nriSocketDir": str(tb.Paths.nri_sock.parent),
             "netns": str(tb.Paths.netns),
             "cdi": str(tb.Paths.cdi),
+            "cniConf": str(tb.Paths.cni_conf),
             "cniBin": str(cluster.bins.cni_plugins),
             "extraCNIBin": [str(FAULT_PLUGINS)],
         },

@@ -75,6 +75,7 @@ def test_defaults_and_every_option_render() -> None:
     assert [d["metadata"]["name"] for d in everything if d["kind"] == "DeviceClass"] == [
         "cni.networking.x-k8s.io",
         "data.cni.networking.x-k8s.io",
+        "cni-network.networking.x-k8s.io",
     ]
 
 

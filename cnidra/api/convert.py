@@ -4,6 +4,7 @@ into CNIConfig-carrying Kubernetes objects. Pure: text in, objects out."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -12,6 +13,7 @@ import yaml
 
 from cnidra.api.constants import API_VERSION, DEVICE_CLASS_NAME, DRIVER_NAME, KIND
 from cnidra.api.loading import LoadError, load_json, load_yaml
+from cnidra.api.policy import PARENT_FIELDS
 
 
 class OutputKind(StrEnum):
@@ -29,6 +31,7 @@ class Source:
     config: dict[str, Any]
     name: str | None = None
     namespace: str | None = None
+    from_nad: bool = False
 
 
 NAD_KIND = "NetworkAttachmentDefinition"
@@ -102,6 +105,7 @@ def _from_nad(nad: dict[str, Any]) -> Source:
         config,
         name if isinstance(name, str) else None,
         namespace if isinstance(namespace, str) else None,
+        from_nad=True,
     )
 
 
@@ -115,19 +119,29 @@ def to_document(
     kind: OutputKind = OutputKind.TEMPLATE,
     name: str | None = None,
     if_name: str = "net1",
+    reference: bool = False,
 ) -> dict[str, Any]:
+    """`reference`: a claim that references the NAD (used as it is) instead of embedding a
+    copy of its config. A network naming its parent link selects that link, so the scheduler
+    allocates the link the config names."""
+    if reference and not (source.from_nad and source.name):
+        raise ConvertError("only a NetworkAttachmentDefinition can be referenced")
     base = dns_label(name or source.name or "network")
-    params: dict[str, Any] = {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "ifName": if_name,
-        "config": source.config,
-    }
+    params: dict[str, Any] = {"apiVersion": API_VERSION, "kind": KIND, "ifName": if_name}
+    if reference:
+        params["network"] = {"attachmentDefinition": source.name}
+    else:
+        params["config"] = source.config
     if kind is OutputKind.CNICONFIG:
         return params
     request = base
+    exactly: dict[str, Any] = {"deviceClassName": DEVICE_CLASS_NAME}
+    parent = _parent(source.config)
+    if parent:
+        selector = f'device.attributes["{DRIVER_NAME}"].ifName == "{parent}"'
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
     devices = {
-        "requests": [{"name": request, "exactly": {"deviceClassName": DEVICE_CLASS_NAME}}],
+        "requests": [{"name": request, "exactly": exactly}],
         "config": [
             {"requests": [request], "opaque": {"driver": DRIVER_NAME, "parameters": params}}
         ],
@@ -142,6 +156,18 @@ def to_document(
         "metadata": metadata,
         "spec": spec,
     }
+
+
+def _parent(config: Mapping[str, Any]) -> str | None:
+    plugins = config.get("plugins") if "plugins" in config else [config]
+    for plugin in plugins if isinstance(plugins, list) else []:
+        if not isinstance(plugin, Mapping) or plugin.get("type") == "bridge":
+            continue
+        field = PARENT_FIELDS.get(str(plugin.get("type")))
+        value = plugin.get(field) if field else None
+        if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", value):
+            return value
+    return None
 
 
 class _Dumper(yaml.SafeDumper):

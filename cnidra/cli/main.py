@@ -124,6 +124,13 @@ def convert(
         str | None, typer.Option("--name", help="object name (default: network name)")
     ] = None,
     if_name: Annotated[str, typer.Option("--if-name", help="interface name in the pod")] = "net1",
+    reference: Annotated[
+        bool,
+        typer.Option(
+            "--reference",
+            help="claims that reference each NetworkAttachmentDefinition instead of copying it",
+        ),
+    ] = False,
 ) -> None:
     """Print CNI config files as YAML ready for kubectl apply: a .conf/.conflist, or every
     NetworkAttachmentDefinition of a manifest (other kinds in it are skipped)."""
@@ -133,7 +140,12 @@ def convert(
         raise usage_error(f"{file}: {exc}") from None
     if name and len(sources) > 1:
         raise usage_error(f"--name names one object; {file} has {len(sources)} NADs")
-    docs = [render_yaml(to_document(source, kind, name, if_name)) for source in sources]
+    try:
+        docs = [
+            render_yaml(to_document(source, kind, name, if_name, reference)) for source in sources
+        ]
+    except ConvertError as exc:
+        raise usage_error(f"{file}: {exc}") from None
     typer.echo("---\n".join(docs), nl=False)
 
 

@@ -129,5 +129,5 @@ def test_deletes_are_admitted(webhook: tuple[str, ssl.SSLContext]) -> None:
 
 
 def test_the_shipped_classes_parse() -> None:
-    assert [c["kind"] for c in DEFAULT_CLASSES] == ["DeviceClass"]
+    assert [c["kind"] for c in DEFAULT_CLASSES] == ["DeviceClass", "DeviceClass"]
     assert yaml.safe_dump(DEFAULT_CLASSES[0])
