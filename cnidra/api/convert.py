@@ -13,7 +13,8 @@ import yaml
 
 from cnidra.api.constants import API_VERSION, DEVICE_CLASS_NAME, DRIVER_NAME, KIND
 from cnidra.api.loading import LoadError, load_json, load_yaml
-from cnidra.api.policy import PARENT_FIELDS
+from cnidra.api.netconf import to_conflist
+from cnidra.api.policy import parent_links
 
 
 class OutputKind(StrEnum):
@@ -159,14 +160,10 @@ def to_document(
 
 
 def _parent(config: Mapping[str, Any]) -> str | None:
-    plugins = config.get("plugins") if "plugins" in config else [config]
-    for plugin in plugins if isinstance(plugins, list) else []:
-        if not isinstance(plugin, Mapping) or plugin.get("type") == "bridge":
-            continue
-        field = PARENT_FIELDS.get(str(plugin.get("type")))
-        value = plugin.get(field) if field else None
-        if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", value):
-            return value
+    """The link a selector can name (a link name, not a template or an odd string)."""
+    for link in parent_links(to_conflist(config)):
+        if re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", link):
+            return link
     return None
 
 

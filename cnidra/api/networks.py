@@ -230,16 +230,10 @@ def cninetwork(
         config: Mapping[str, Any] = conf.config
         path = conf.path
     else:
-        raw = spec.config
-        if isinstance(raw, str):
-            try:
-                raw = load_json(raw, f"{NETWORK_KIND} {name} spec.config")
-            except LoadError as exc:
-                return Unresolved(str(exc))
-        if not isinstance(raw, dict):
-            return Unresolved(f"{NETWORK_KIND} {name} spec.config must be an object")
-        config = to_conflist(raw if "name" in raw else {"name": name, **raw})
-        path = where
+        parsed = _conflist(spec.config, f"{NETWORK_KIND} {name} spec.config", name)
+        if isinstance(parsed, Unresolved):
+            return parsed
+        config, path = parsed, where
     if spec.type is not None:
         first_type = next(iter(p.get("type") for p in config.get("plugins") or []), None)
         if first_type != spec.type:
@@ -274,13 +268,9 @@ def node_conf(
         if data is None:
             continue
         path = f"{conf_dir}/{network_id}{ext}"
-        try:
-            raw = load_json(data, path)
-        except LoadError as exc:
-            return Unresolved(f"node conf {path} is unreadable: {exc}")
-        if not isinstance(raw, dict):
-            return Unresolved(f"node conf {path} is not a CNI config object")
-        config = to_conflist(raw if "name" in raw else {"name": network_id, **raw})
+        config = _conflist(data, f"node conf {path}", network_id)
+        if isinstance(config, Unresolved):
+            return Unresolved(f"node conf {path} is unreadable: {config.message}")
         return NamedNetwork(
             reference=f"node conf {network_id}",
             config=config,
@@ -309,21 +299,29 @@ def nad(obj: Mapping[str, Any], trusted: bool) -> NamedNetwork | Unresolved:
         )
     if not isinstance(raw, str):
         return Unresolved(f"{ref} spec.config must be a string of JSON, got {describe(raw)}")
-    try:
-        config = load_json(raw, f"{ref} spec.config")
-    except LoadError as exc:
-        return Unresolved(str(exc))
-    if not isinstance(config, dict):
-        return Unresolved(f"{ref} spec.config must hold a JSON object")
-    if "name" not in config:
-        config = {"name": meta.get("name"), **config}
+    config = _conflist(raw, f"{ref} spec.config", str(meta.get("name")))
+    if isinstance(config, Unresolved):
+        return config
     return NamedNetwork(
         reference=ref,
-        config=to_conflist(config),
+        config=config,
         path=FieldPath((ref, "spec")),
         trusted=trusted,
         status_name=f"{meta.get('namespace')}/{meta.get('name')}",
     )
+
+
+def _conflist(raw: Any, what: str, default_name: str) -> dict[str, Any] | Unresolved:
+    """A config given as an object or as JSON text, as a conflist; named after its object when
+    it has no name (the multi-net spec's rule for NADs)."""
+    if isinstance(raw, str | bytes):
+        try:
+            raw = load_json(raw, what)
+        except LoadError as exc:
+            return Unresolved(str(exc))
+    if not isinstance(raw, dict):
+        return Unresolved(f"{what} must hold a JSON object, got {describe(raw)}")
+    return to_conflist(raw if "name" in raw else {"name": default_name, **raw})
 
 
 def with_routes(config: Mapping[str, Any], routes: Sequence[Route]) -> Mapping[str, Any]:

@@ -422,6 +422,20 @@ def _addresses(ipam: Mapping[str, Any], path: FieldPath) -> Iterator[tuple[Field
             yield path / "addresses" / i / "address", addr["address"]
 
 
+def parent_links(conflist: Mapping[str, Any]) -> list[str]:
+    """The host links a network's plugins name (macvlan's master, host-device's device...); a
+    bridge is not one: the plugin creates it."""
+    out = []
+    for plugin in conflist.get("plugins") or []:
+        if not isinstance(plugin, Mapping) or plugin.get("type") == "bridge":
+            continue
+        field = PARENT_FIELDS.get(str(plugin.get("type")))
+        value = next((v for k, v in plugin.items() if field and k.lower() == field.lower()), None)
+        if isinstance(value, str) and value:
+            out.append(value)
+    return out
+
+
 def bind_to_device(
     conflist: Mapping[str, Any], link: str, path: FieldPath, issues: Issues
 ) -> dict[str, Any]:

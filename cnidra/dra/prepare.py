@@ -25,7 +25,13 @@ from cnidra.api.errors import UnusableObject
 from cnidra.api.issues import FieldPath, Issues
 from cnidra.api.merge import ConfigEntry, Source
 from cnidra.api.naming import NamingError, assign_names
-from cnidra.api.networks import NamedNetwork, NetworkCatalog, NetworkRef, Unresolved
+from cnidra.api.networks import (
+    NamedNetwork,
+    NetworkCatalog,
+    NetworkRef,
+    StaticCatalog,
+    Unresolved,
+)
 from cnidra.api.nodes import NodeView, named_nodes, selects
 from cnidra.api.ownership import PrivateDirs
 from cnidra.api.refs import ObjectRef
@@ -216,6 +222,11 @@ def network_references(claim: Mapping[str, Any], namespace: str) -> list[tuple[N
     return refs
 
 
+def _known(catalog: StaticCatalog | None) -> list[NamedNetwork]:
+    networks = catalog.networks.values() if catalog is not None else ()
+    return [n for n in networks if isinstance(n, NamedNetwork)]
+
+
 def _selects_namespaces(claim: Mapping[str, Any]) -> bool:
     """Whether a CNIPolicy in the allocation selects namespaces by label."""
     allocation = (claim.get("status") or {}).get("allocation") or {}
@@ -259,7 +270,7 @@ def _config_entries(configs: Sequence[Mapping[str, Any]]) -> list[ConfigEntry]:
 class NetworkReader(Protocol):
     """The objects and node files a claim's network references name (cnidra.kube.networks)."""
 
-    async def catalog(self, refs: Sequence[tuple[NetworkRef, str]]) -> NetworkCatalog: ...
+    async def catalog(self, refs: Sequence[tuple[NetworkRef, str]]) -> StaticCatalog: ...
 
     async def refresh(self, network: NamedNetwork) -> NamedNetwork | Unresolved: ...
 
@@ -333,18 +344,21 @@ class Preparer:
             if known is not None:
                 return known
             raise PrepareError(f"claim {ref} not found")
-        labels = None
-        if self.namespaces and _selects_namespaces(claim):  # a GET only when a policy asks
-            labels = await self.namespaces.labels(ref.namespace)
         view = self.view()
         catalog, device_networks = await self._networks(claim, ref, view)
+        labels = None
+        selecting = _selects_namespaces(claim) or any(
+            n.namespace_selector is not None for n in [*device_networks.values(), *_known(catalog)]
+        )
+        if self.namespaces and selecting:  # a GET only when a policy or a network asks
+            labels = await self.namespaces.labels(ref.namespace)
         return resolve_claim(
             claim, ref, self.node, self.dirs, view, labels, catalog, device_networks
         )
 
     async def _networks(
         self, claim: Mapping[str, Any], ref: ObjectRef, view: NodeView
-    ) -> tuple[NetworkCatalog | None, dict[str, NamedNetwork]]:
+    ) -> tuple[StaticCatalog | None, dict[str, NamedNetwork]]:
         """What the claim's references and its allocated network devices name, read now (a
         node conf as it is on disk at this moment)."""
         if self.networks is None:

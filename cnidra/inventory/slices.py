@@ -13,7 +13,7 @@ from typing import Any
 
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.networks import NamedNetwork
-from cnidra.api.policy import PARENT_FIELDS
+from cnidra.api.policy import parent_links
 from cnidra.inventory.links import Link
 
 MAX_DEVICES_PER_SLICE = 128
@@ -140,17 +140,7 @@ NETWORK_TYPE = "network"
 
 
 def parents(network: NamedNetwork) -> list[str]:
-    """The host links a network's plugins name (macvlan's master, host-device's device...); a
-    bridge is not one: the plugin creates it."""
-    out = []
-    for plugin in network.config.get("plugins") or []:
-        if not isinstance(plugin, Mapping) or plugin.get("type") == "bridge":
-            continue
-        field = PARENT_FIELDS.get(str(plugin.get("type")))
-        value = next((v for k, v in plugin.items() if field and k.lower() == field.lower()), None)
-        if isinstance(value, str) and value:
-            out.append(value)
-    return out
+    return parent_links(network.config)
 
 
 def network_device_names(

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from cnidra.api.naming import NamingError
+from cnidra.api.networks import NamedNetwork, StaticCatalog, cninetwork
 from cnidra.api.nodes import NodeView
 from cnidra.api.ownership import PrivateDirs
 from cnidra.api.refs import ObjectRef
@@ -421,3 +422,57 @@ async def test_a_namespace_selector_is_checked_against_the_namespace_labels(
         preparer = Preparer("n1", Claims(c), cp, DIRS, view=lambda: VIEW, namespaces=unknown)
         with pytest.raises(PrepareError, match="may not define its network"):
             await preparer.prepare(REF)
+
+
+SUBNET = {"subnet": "198.18.9.0/24"}
+
+
+class Networks:
+    """A NetworkReader with nothing to read again: the view's networks stand."""
+
+    async def catalog(self, refs: Any) -> StaticCatalog:
+        return StaticCatalog()
+
+    async def refresh(self, network: NamedNetwork) -> NamedNetwork:
+        return network
+
+
+async def test_a_network_devices_namespace_selector_reads_the_namespace_labels(
+    tmp_path: Path,
+) -> None:
+    """A claim with no config, allocated the device of a CNINetwork that selects namespaces by
+    label: the labels are read (no CNIPolicy asks for them) and decide."""
+    data = cninetwork(
+        {
+            "metadata": {"name": "data"},
+            "spec": {
+                "config": {
+                    "type": "macvlan",
+                    "ipam": {"type": "host-local", "subnet": "198.18.9.0/24"},
+                },
+                "namespaceSelector": {"matchLabels": {"tier": "data"}},
+            },
+        }
+    )
+    assert isinstance(data, NamedNetwork)
+    view = NodeView(links={"net-data": "eth1"}, networks={"net-data": data})
+    results = [{"request": "net", "driver": DRIVER, "pool": "n1", "device": "net-data"}]
+    c = claim(configs=[], results=results)
+    c["metadata"]["name"] = "c"
+    for labels, ok in (({"tier": "data"}, True), ({}, False)):
+        cp = Checkpoint(StateLayout(tmp_path / str(ok)))
+        preparer = Preparer(
+            "n1",
+            Claims(c),
+            cp,
+            DIRS,
+            view=lambda: view,
+            namespaces=Labels(labels),
+            networks=Networks(),
+        )
+        if ok:
+            [dev] = (await preparer.prepare(REF)).devices
+            assert (dev.if_name, dev.parent) == ("net1", "eth1")
+        else:
+            with pytest.raises(PrepareError, match="namespaceSelector does not select ns"):
+                await preparer.prepare(REF)
