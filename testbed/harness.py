@@ -166,12 +166,7 @@ class DriverProcess:
         return metrics_at(self.port)
 
     def checkpoint(self) -> list[dict[str, Any]]:
-        claims = self.state_root / "claims"
-        return (
-            [json.loads(p.read_text()) for p in sorted(claims.glob("*.json"))]
-            if claims.exists()
-            else []
-        )
+        return read_checkpoint(self.state_root)
 
     def prepare(self, *claims: tuple[str, str, str]) -> dra.NodePrepareResourcesResponse:
         with grpc.insecure_channel(f"unix://{self.dra_socket}") as channel:
@@ -228,3 +223,9 @@ def wait_for_log(path: Path, text: str, timeout: float = 30) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"{text!r} not in {path}")
+
+
+def read_checkpoint(state_root: Path) -> list[dict[str, Any]]:
+    """The prepared claims a driver with this state root has checkpointed."""
+    claims = state_root / "claims"
+    return [json.loads(p.read_text()) for p in sorted(claims.glob("*.json"))]

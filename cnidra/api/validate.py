@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
 from pydantic import ValidationError
@@ -74,6 +74,8 @@ class ResolvedRequest:
     config: CNIConfig
     entries: list[ConfigEntry]
     network: NamedNetwork | None = None  # the named network the request references
+    # how the interface is named, before the claim's names were assigned (for a pod's check)
+    slot: Slot | None = None
 
 
 # ---------------------------------------------------------------- CNIConfig parameters
@@ -400,7 +402,86 @@ def validate_documents(
     classes = {**_collect_classes(policy_docs), **_collect_classes(docs)}
     catalog = catalog_of([*policy_docs, *docs])
     labels = namespace_labels or {}
-    return [validate_document(doc, i, classes, labels, catalog) for i, doc in enumerate(docs)]
+    reports = [validate_document(doc, i, classes, labels, catalog) for i, doc in enumerate(docs)]
+    _name_pods_interfaces(docs, reports)
+    return reports
+
+
+POD_TEMPLATE_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job")
+
+
+def _pod_spec(doc: Mapping[str, Any]) -> tuple[Any, FieldPath]:
+    """A Pod's spec, or a workload's pod template spec, with its path."""
+    if doc.get("kind") == "Pod":
+        return doc.get("spec"), ROOT / "spec"
+    template = (
+        (doc.get("spec") or {}).get("template") if isinstance(doc.get("spec"), dict) else None
+    )
+    spec = template.get("spec") if isinstance(template, dict) else None
+    return spec, ROOT / "spec" / "template" / "spec"
+
+
+def _name_pods_interfaces(docs: Sequence[Any], reports: Sequence[DocumentReport]) -> None:
+    """A pod's interfaces across all its claims, named as prepare names them: for each Pod (or
+    workload) in the input, the claims and templates it lists that are also in the input."""
+    claims: dict[tuple[str, str, str], DocumentReport] = {}
+    for doc, report in zip(docs, reports, strict=True):
+        if report.kind in ("ResourceClaim", "ResourceClaimTemplate") and report.name:
+            claims[(report.kind, _namespace(doc), report.name)] = report
+    for doc, report in zip(docs, reports, strict=True):
+        if report.kind != "Pod" and report.kind not in POD_TEMPLATE_KINDS:
+            continue
+        spec, base = _pod_spec(doc)
+        entries = spec.get("resourceClaims") if isinstance(spec, dict) else None
+        if not isinstance(entries, list):
+            continue
+        slots: list[Slot] = []
+        where: list[FieldPath] = []
+        for i, entry in enumerate(entries):
+            path = base / "resourceClaims" / i
+            found = _claim_of(entry, _namespace(doc), claims)
+            if isinstance(found, str):
+                if found:
+                    report.issues.warn(path, found)
+                continue
+            name, claim = found
+            for resolved in claim.resolved:
+                if resolved.slot is not None:
+                    slots.append(replace(resolved.slot, owner=f"{name} {resolved.slot.owner}"))
+                    where.append(path)
+        try:
+            assign_names(slots)
+        except NamingError as exc:
+            for index, message in exc.problems:
+                report.issues.error(where[index], message)
+
+
+def _namespace(doc: Any) -> str:
+    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    return str((meta.get("namespace") if isinstance(meta, dict) else None) or "default")
+
+
+def _claim_of(
+    entry: Any, namespace: str, claims: Mapping[tuple[str, str, str], DocumentReport]
+) -> tuple[str, DocumentReport] | str:
+    """The claim report a pod's resourceClaims entry names, or why it is not checked ("" when
+    the entry is not a claim reference at all)."""
+    if not isinstance(entry, dict):
+        return ""
+    for key, kind in (
+        ("resourceClaimName", "ResourceClaim"),
+        ("resourceClaimTemplateName", "ResourceClaimTemplate"),
+    ):
+        name = entry.get(key)
+        if isinstance(name, str):
+            report = claims.get((kind, namespace, name))
+            if report is None:
+                return (
+                    f"{kind} {namespace}/{name} is not in the input: its interface names are "
+                    "not checked against the pod's other claims"
+                )
+            return f"pod claim {str(entry.get('name') or name)!r}", report
+    return ""
 
 
 def catalog_of(docs: Iterable[Any]) -> StaticCatalog:
@@ -486,11 +567,14 @@ def validate_document(
         _validate_nad(doc, issues)
     elif kind == NETWORK_KIND:
         _validate_network(doc, issues)
+    elif kind == "Pod" or kind in POD_TEMPLATE_KINDS:
+        pass  # its claims' interface names, across claims: validate_documents
     else:
         issues.warn(
             ROOT / "kind",
             f"skipped: cnidra validates ResourceClaim, ResourceClaimTemplate, DeviceClass, "
-            f"CNIConfig, {NETWORK_KIND} and {NAD_KIND}, not {describe(doc.get('kind'))}",
+            f"CNIConfig, {NETWORK_KIND}, {NAD_KIND} and the claims of a Pod (or a workload's "
+            f"pod template), not {describe(doc.get('kind'))}",
         )
     _dedupe(issues)
     return report
@@ -578,8 +662,10 @@ def _validate_claim(
         )
         if resolved is not None:
             out.append(resolved)
+    for resolved in out:
+        resolved.slot = request_slot(resolved, f"request {resolved.request!r}")
     try:
-        names = assign_names([request_slot(r, f"request {r.request!r}") for r in out])
+        names = assign_names([r.slot for r in out if r.slot is not None])
     except NamingError as exc:
         for index, message in exc.problems:
             resolved = out[index]

@@ -77,6 +77,8 @@ class StatusWriter:
         # pod -> its cnidra interfaces as network-status entries, waiting to be written
         self._pod_networks: dict[ObjectRef, list[dict[str, Any]]] = {}
         self._written_interfaces: dict[ObjectRef, set[str]] = {}
+        self._pods_backoff = Backoff(0.5, 30.0)
+        self._pods_due = 0.0
         self._dirty: dict[ObjectRef, float] = {}
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
@@ -151,7 +153,9 @@ class StatusWriter:
         return len(self._dirty) + len(self._events) + len(self._pod_networks)
 
     def _mark(self, claim: ObjectRef) -> None:
-        self._dirty.setdefault(claim, 0.0)
+        # a new change is due now even while an earlier write waits out its backoff: a
+        # finalizer release must not sit behind a 30 s retry of a status it supersedes
+        self._dirty[claim] = 0.0
         self._wake.set()
 
     # -- the worker
@@ -181,10 +185,13 @@ class StatusWriter:
                         delay,
                     )
             await self._send_events()
-            await self._write_pod_networks()
+            if self._pod_networks and self._pods_due <= time.monotonic():
+                await self._write_pod_networks()
             if not self.pending():
                 self._drained.set()
             waits = [at - time.monotonic() for at in self._dirty.values()]
+            if self._pod_networks:
+                waits.append(self._pods_due - time.monotonic())
             timeout = max(0.05, min(waits)) if waits else None
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
@@ -246,10 +253,17 @@ class StatusWriter:
             try:
                 await self._annotate(pod, statuses)
             except Exception as exc:
+                delay = self._pods_backoff.next()
+                self._pods_due = time.monotonic() + delay
                 log.warning(
-                    "network-status of pod %s/%s not written: %s", pod.namespace, pod.name, exc
+                    "network-status of pod %s/%s not written (%s); retry in %.1fs",
+                    pod.namespace,
+                    pod.name,
+                    exc,
+                    delay,
                 )
-                return  # retried on the next round
+                return
+            self._pods_backoff.reset()
             if self._pod_networks.get(pod) is statuses:
                 del self._pod_networks[pod]
 
@@ -260,9 +274,11 @@ class StatusWriter:
             obj = await self.client.get(Pod, pod.name, namespace=pod.namespace)
         except ApiError as exc:
             if exc.status.code == 404:
+                self._written_interfaces.pop(pod, None)
                 return
             raise
         if obj.metadata is None or obj.metadata.uid != pod.uid:
+            self._written_interfaces.pop(pod, None)
             return  # another pod of the same name now
         ours = {s["interface"] for s in statuses} | self._written_interfaces.get(pod, set())
         current = (obj.metadata.annotations or {}).get(NETWORK_STATUS_ANNOTATION)
@@ -279,7 +295,10 @@ class StatusWriter:
         await self.client.patch(
             Pod, pod.name, patch, namespace=pod.namespace, patch_type=PatchType.MERGE
         )
-        self._written_interfaces[pod] = {s["interface"] for s in statuses}
+        if statuses:
+            self._written_interfaces[pod] = {s["interface"] for s in statuses}
+        else:
+            self._written_interfaces.pop(pod, None)
 
     async def _send_events(self) -> None:
         if self.client is None:

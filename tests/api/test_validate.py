@@ -447,8 +447,69 @@ def test_deviceclass_supplies_what_the_claim_leaves_out() -> None:
 
 
 def test_every_error_kind_of_document_has_a_path_and_exit_code_semantics() -> None:
-    reports = validate_documents([[], "text", {"kind": "Pod", "apiVersion": "v1"}])
+    reports = validate_documents([[], "text", {"kind": "Service", "apiVersion": "v1"}])
     assert [str(r.issues.errors[0].path) for r in reports[:2]] == ["<document>", "<document>"]
     # a bundle's other kinds are skipped with a note, not failed
     [note] = reports[2].issues.warnings
     assert not reports[2].issues.errors and str(note.path) == "kind" and "skipped" in note.message
+
+
+def named_claim(name: str, if_names: tuple[str | None, ...]) -> dict[str, object]:
+    """A claim whose requests r0, r1... ask for the given names (None: implicit)."""
+    requests = tuple(f"r{i}" for i in range(len(if_names)))
+    doc = claim(requests=requests)
+    doc["metadata"] = {"name": name, "namespace": "team"}
+    config = []
+    for request, if_name in zip(requests, if_names, strict=True):
+        p = params(conflist(MACVLAN))
+        if if_name is None:
+            del p["ifName"]
+        else:
+            p["ifName"] = if_name
+        config.append(
+            {
+                "requests": [request],
+                "opaque": {"driver": "cni.dra.networking.x-k8s.io", "parameters": p},
+            }
+        )
+    doc["spec"]["devices"]["config"] = config
+    return doc
+
+
+def pod_with(*claims: str, kind: str = "Pod") -> dict[str, object]:
+    spec = {
+        "containers": [{"name": "c", "image": "x"}],
+        "resourceClaims": [{"name": f"pc-{c}", "resourceClaimName": c} for c in claims],
+    }
+    meta = {"name": "p", "namespace": "team"}
+    if kind == "Pod":
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": meta,
+        "spec": {"template": {"spec": spec}},
+    }
+
+
+@pytest.mark.parametrize("kind", ["Pod", "Deployment"])
+def test_a_pods_interface_names_are_checked_across_its_claims(kind: str) -> None:
+    """Each claim is fine alone; the pod that uses both would get data1 twice: prepare would
+    refuse it, so validate does, at the pod's claim entry, naming both."""
+    a, b = named_claim("a", ("data1", None)), named_claim("b", (None, "data1"))
+    assert doc_errors(a) == {} and doc_errors(b) == {}
+    errors = doc_errors(a, b, pod_with("a", "b", kind=kind))
+    base = "spec" if kind == "Pod" else "spec.template.spec"
+    message = errors[f"{base}.resourceClaims[1]"]
+    assert "pod claim 'pc-b' request 'r1'" in message
+    assert "'data1' is already used by pod claim 'pc-a' request 'r0'" in message
+
+
+def test_implicit_names_across_claims_do_not_collide_and_unknown_claims_are_noted() -> None:
+    a, b = named_claim("a", (None, None)), named_claim("b", ("net1", None))
+    reports = validate_documents([a, b, pod_with("a", "b", "elsewhere")])
+    pod = reports[2]
+    assert not pod.issues.errors
+    [note] = pod.issues.warnings
+    assert str(note.path) == "spec.resourceClaims[2]"
+    assert "ResourceClaim team/elsewhere is not in the input" in note.message

@@ -72,3 +72,42 @@ async def test_holding_again_cancels_a_queued_release(tmp_path: Path) -> None:
     writer.finalizer(CLAIM, False)
     writer.finalizer(CLAIM, True)
     assert not list(tmp_path.iterdir())
+
+
+class FlakyApiserver(Apiserver):
+    """Refuses the first `failures` patches, then takes them."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.called = asyncio.Event()
+
+    async def patch(self, resource: Any, name: str, body: dict[str, Any], **kw: Any) -> None:
+        self.called.set()
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("apiserver busy")
+        await super().patch(resource, name, body, **kw)
+
+
+async def test_a_release_does_not_wait_out_the_backoff_of_an_earlier_failed_write() -> None:
+    """Seen in CI: a status write failed during a rolling upgrade, the claim's retry was
+    queued seconds ahead, and the finalizer removal after the pod's DEL sat behind it."""
+    apiserver = FlakyApiserver(failures=3)
+    writer = StatusWriter(apiserver)  # type: ignore[arg-type]
+    writer.finalizer(CLAIM, True)
+    worker = asyncio.create_task(writer.run())
+    try:
+        async with asyncio.timeout(2):  # 0.5 s, then 1 s: the next retry is ~2 s away
+            while apiserver.failures:
+                apiserver.called.clear()
+                await apiserver.called.wait()
+        writer.finalizer(CLAIM, False)
+        async with asyncio.timeout(0.5):
+            while apiserver.finalizers.get("c") != []:
+                apiserver.called.clear()
+                await apiserver.called.wait()
+    finally:
+        worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await worker

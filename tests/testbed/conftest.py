@@ -4,6 +4,7 @@ from the cache) once, brought down after the session unless it was already runni
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -11,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
 from testbed.harness import Cluster
+from testbed.incluster import Release, wait_gone
 
 
 @pytest.fixture(scope="session")
@@ -80,3 +83,29 @@ def image(cluster: Cluster) -> str:
     digest = build_image()
     load_image(cluster)
     return digest
+
+
+@pytest.fixture(scope="module", params=["host", "in-cluster"])
+def deployment(
+    request: pytest.FixtureRequest, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Release | None]:
+    """Every test of a module that uses it runs twice: against `cnidra driver` as a host process
+    (None: the module starts it), and against the DaemonSet pod of a `helm install` of the
+    image (its defaults)."""
+    if request.param == "host":
+        yield None
+        return
+    request.getfixturevalue("image")
+    release = Release(cluster, tmp_path_factory.mktemp("release") / "values.yaml")
+    assert not DEFAULT_STATE_ROOT.exists() or not any(DEFAULT_STATE_ROOT.glob("*/*")), (
+        f"{DEFAULT_STATE_ROOT} holds state of something else"
+    )
+    release.install()
+    try:
+        yield release
+    finally:
+        release.uninstall()
+        wait_gone(cluster)
+        left = [p for p in DEFAULT_STATE_ROOT.glob("[cs]*/*.json")]
+        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
+        assert not left, f"claims or sandboxes left after the last pod went: {left}"

@@ -99,6 +99,16 @@ def test_installed_with_helm_the_driver_serves_pods(
         30,
     )  # fmt: skip
     assert status[0]["networkData"]["ips"] == sorted(before)
+    # the network-status annotation, written with the driver's node-bound token through the
+    # pod-writes admission policy
+    annotation = cluster.wait(
+        "the network-status annotation",
+        lambda: cluster.get("pod", "p1", ns)["metadata"].get("annotations", {}).get(
+            "k8s.v1.cni.cncf.io/network-status"),
+        30,
+    )  # fmt: skip
+    [entry] = [e for e in json.loads(annotation) if e["interface"] == "net1"]
+    assert sorted(entry["ips"]) == sorted(ip.split("/")[0] for ip in before)
 
     upgrade_while_pods_come_and_go(cluster, release, driver, ns, before)
     reinstall_with_bundled_plugins(cluster, release, driver, ns, tmp_path / "opt-cni-bin")
@@ -106,8 +116,16 @@ def test_installed_with_helm_the_driver_serves_pods(
     for name in ("p2", "p3"):
         cluster.kubectl("delete", "pod", name, "-n", ns, "--timeout=60s")
     cluster.wait("no sandbox record", lambda: driver.health().get("sandboxes") == 0, 30)
-    claims = json.loads(cluster.kubectl("get", "resourceclaims", "-n", ns, "-o", "json").stdout)
-    assert not [c for c in claims["items"] if c["metadata"].get("finalizers")]
+
+    def none_held() -> bool:
+        claims = json.loads(cluster.kubectl("get", "resourceclaims", "-n", ns, "-o", "json").stdout)
+        held = {c["metadata"]["name"]: c["metadata"].get("finalizers") for c in claims["items"]}
+        assert not any(held.values()), held
+        return True
+
+    # the releases follow the DELs through the status queue; kube's own claim controller
+    # removes its delete-protection once the pods are gone
+    cluster.wait("no claim held", none_held, 30)
     release.uninstall()
     wait_gone(cluster)
     cluster.kubectl("delete", "namespace", ns, "--wait=false")

@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 
-from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed.harness import ROOT, Cluster, DriverProcess
-from testbed.incluster import FAULT_PLUGINS, InClusterDriver, Release, wait_gone
+from testbed.incluster import FAULT_PLUGINS, InClusterDriver, Release
 from tests.testbed.conftest import env_image, pod
 
 pytestmark = pytest.mark.testbed
@@ -73,31 +72,6 @@ def plugins_class() -> dict[str, Any]:
 def device_classes(cluster: Cluster) -> None:
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
     cluster.apply(plugins_class())
-
-
-@pytest.fixture(scope="module", params=["host", "in-cluster"])
-def deployment(
-    request: pytest.FixtureRequest, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Release | None]:
-    """Every test here runs twice: against `cnidra driver` as a host process (fresh state root
-    per test), and against the DaemonSet pod of a `helm install` of the image (its defaults)."""
-    if request.param == "host":
-        yield None
-        return
-    request.getfixturevalue("image")
-    release = Release(cluster, tmp_path_factory.mktemp("release") / "values.yaml")
-    assert not DEFAULT_STATE_ROOT.exists() or not any(DEFAULT_STATE_ROOT.glob("*/*")), (
-        f"{DEFAULT_STATE_ROOT} holds state of something else"
-    )
-    release.install()
-    try:
-        yield release
-    finally:
-        release.uninstall()
-        wait_gone(cluster)
-        left = [p for p in DEFAULT_STATE_ROOT.glob("[cs]*/*.json")]
-        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
-        assert not left, f"claims or sandboxes left after the last pod went: {left}"
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ mixed across claims, collisions refused at prepare, and the network-status annot
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,11 +14,13 @@ from typing import Any
 
 import pytest
 
+from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
 from testbed.crds import NAD_CRD
-from testbed.harness import ROOT, Cluster, DriverProcess
+from testbed.harness import ROOT, Cluster, DriverProcess, read_checkpoint
+from testbed.incluster import InClusterDriver, Release
 from tests.testbed.conftest import env_image, pod
-from tests.testbed.test_lifecycle import claims_of, pod_addresses, ready
+from tests.testbed.test_lifecycle import Driver, claims_of, pod_addresses, ready
 
 pytestmark = pytest.mark.testbed
 DRIVER = "cni.dra.networking.x-k8s.io"
@@ -35,8 +38,12 @@ def conf_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def node_driver(
-    cluster: Cluster, conf_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[DriverProcess]:
+    cluster: Cluster,
+    deployment: Release | None,
+    conf_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Driver]:
+    """Each test runs with the host driver (deploy/'s defaults) and the chart's DaemonSet."""
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "crds.yaml"))
     cluster.apply(NAD_CRD)
     cluster.wait(
@@ -47,17 +54,30 @@ def node_driver(
         60,
     )
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
+    if deployment is not None:
+        in_cluster = InClusterDriver(cluster)
+        in_cluster.wait_ready()
+        yield in_cluster
+        return
+    # deploy/'s defaults but for the conf dir, the test bed's runtime's (as the chart's
+    # hostPaths.cniConf is in the in-cluster run)
+    assert not DEFAULT_STATE_ROOT.exists() or not any(DEFAULT_STATE_ROOT.glob("*/*"))
     proc = DriverProcess(
-        cluster, tmp_path_factory.mktemp("named"), cni_conf_dir=str(conf_dir), resync_seconds="5"
+        cluster, tmp_path_factory.mktemp("named"), defaults=True, cni_conf_dir=str(conf_dir)
     )
     proc.start()
     cluster.wait("the NRI plugin to connect", lambda: proc.health().get("nriConnected"), 60)
-    yield proc
-    proc.stop()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        left = list(DEFAULT_STATE_ROOT.glob("[cs]*/*.json"))
+        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
+        assert not left, f"claims or sandboxes left after the last pod went: {left}"
 
 
 @pytest.fixture
-def ns(cluster: Cluster, namespace: str, node_driver: DriverProcess) -> Iterator[str]:
+def ns(cluster: Cluster, namespace: str, node_driver: Driver) -> Iterator[str]:
     cluster.kubectl("label", "namespace", namespace, "cni.networking.x-k8s.io/claim-config=true")
     yield namespace
     cluster.kubectl(
@@ -118,10 +138,10 @@ def claimed_pod(name: str, *templates: str) -> dict[str, Any]:
     )
 
 
-def parents_in_checkpoint(driver: DriverProcess, namespace: str) -> dict[str, str]:
+def parents_in_checkpoint(driver: Driver, namespace: str) -> dict[str, str]:
     return {
         d["if_name"] + "@" + c["name"]: d["parent"]
-        for c in driver.checkpoint()
+        for c in read_checkpoint(driver.state_root)
         if c["namespace"] == namespace
         for d in c["devices"]
     }
@@ -144,7 +164,7 @@ def macvlan_conf(network_id: str, parent: str, subnet: str) -> str:
 
 
 def test_one_template_follows_each_nodes_wiring_of_a_node_conf(
-    cluster: Cluster, ns: str, node_driver: DriverProcess, conf_dir: Path, test_link: Any
+    cluster: Cluster, ns: str, node_driver: Driver, conf_dir: Path, test_link: Any
 ) -> None:
     """The same claim template: served through eno-like link A while the node's conf names A,
     through B after the admin rewires the node's conf, and Pending with the scheduler's reason

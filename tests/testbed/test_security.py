@@ -541,9 +541,35 @@ def test_a_nodes_driver_writes_only_its_own_nodes_slices_and_claims(
         theirs = finalize("theirs")
         assert theirs.returncode != 0
         assert "may write only claims allocated to that node" in theirs.stderr, theirs.stderr
+
+        # pods: the network-status annotation of pods on its node, nothing else
+        for name, node in (("here", tb.NODE), ("there", "some-other-node")):
+            cluster.apply_in(namespace, pod(name, env_image(), nodeName=node))
+
+        def annotate(name: str, **annotations: str) -> subprocess.CompletedProcess[str]:
+            patch = {"metadata": {"annotations": annotations}}
+            return as_driver(
+                "patch", "pod", name, "-n", namespace, "--type=merge", "-p", json.dumps(patch)
+            )
+
+        status = json.dumps([{"name": "ns/green", "interface": "net1", "ips": ["198.18.9.2"]}])
+        here = annotate("here", **{"k8s.v1.cni.cncf.io/network-status": status})
+        assert here.returncode == 0, here.stderr
+        there = annotate("there", **{"k8s.v1.cni.cncf.io/network-status": status})
+        assert there.returncode != 0
+        assert "may write only pods on that node" in there.stderr, there.stderr
+        other = annotate("here", **{"example.com/owner": "cnidra"})
+        assert other.returncode != 0
+        assert "may change only the annotation" in other.stderr, other.stderr
+        label = as_driver("label", "pod", "here", "-n", namespace, "app=x")
+        assert label.returncode != 0 and "may change only the annotation" in label.stderr
     finally:
         for name in (f"scope-test-{tb.NODE}", "scope-test-some-other-node"):
             cluster.kubectl("delete", "resourceslice", name, "--ignore-not-found")
+        for name in ("here", "there"):
+            cluster.kubectl(
+                "delete", "pod", name, "-n", namespace, "--wait=false", "--ignore-not-found"
+            )  # fmt: skip
         for claim in ("mine", "theirs"):
             cluster.kubectl(
                 "patch", "resourceclaim", claim, "-n", namespace, "--type=merge",

@@ -1,0 +1,101 @@
+"""The network-status annotation as the status writer keeps it: other writers' entries stay,
+a refused patch is retried on its own (no other change needed to wake the writer), and a pod
+that is gone is forgotten."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from lightkube.core.exceptions import ApiError
+from lightkube.models.meta_v1 import ObjectMeta, Status
+from lightkube.resources.core_v1 import Pod
+
+from cnidra.api.refs import ObjectRef
+from cnidra.status.writer import NETWORK_STATUS_ANNOTATION, StatusWriter
+
+POD = ObjectRef("ns", "p", "uid-p")
+MULTUS_ENTRY = {"name": "cbr0", "interface": "eth0", "ips": ["198.18.0.5"], "default": True}
+OURS = {"name": "ns/green", "interface": "net1", "ips": ["198.18.9.2"], "default": False}
+
+
+class Apiserver:
+    """One pod; patches are refused while `refuse` > 0."""
+
+    def __init__(self, refuse: int = 0) -> None:
+        self.refuse = refuse
+        self.gone = False
+        self.annotations = {NETWORK_STATUS_ANNOTATION: json.dumps([MULTUS_ENTRY])}
+        self.patches = 0
+        self.called = asyncio.Event()
+
+    async def get(self, resource: Any, name: str, namespace: str) -> Pod:
+        if self.gone:
+            raise ApiError(status=Status(code=404, message='pods "p" not found'))
+        meta = ObjectMeta(name=name, namespace=namespace, uid=POD.uid, resourceVersion="7")
+        meta.annotations = dict(self.annotations)
+        return Pod(metadata=meta)
+
+    async def patch(self, resource: Any, name: str, body: dict[str, Any], **_: Any) -> None:
+        self.called.set()
+        if self.refuse:
+            self.refuse -= 1
+            raise ConnectionError("apiserver busy")
+        self.patches += 1
+        self.annotations.update(body["metadata"]["annotations"])
+
+    def entries(self) -> list[dict[str, Any]]:
+        loaded: list[dict[str, Any]] = json.loads(self.annotations[NETWORK_STATUS_ANNOTATION])
+        return loaded
+
+
+@contextlib.asynccontextmanager
+async def running(writer: StatusWriter) -> Any:
+    worker = asyncio.create_task(writer.run())
+    try:
+        yield
+    finally:
+        worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await worker
+
+
+async def until(check: Any, apiserver: Apiserver, within: float) -> None:
+    """Until `check()` holds, looking again after each call the writer makes."""
+    async with asyncio.timeout(within):
+        while not check():
+            apiserver.called.clear()
+            await apiserver.called.wait()
+
+
+async def test_ours_are_added_beside_the_primary_networks_entry_and_removed_alone() -> None:
+    apiserver = Apiserver()
+    writer = StatusWriter(apiserver)  # type: ignore[arg-type]
+    async with running(writer):
+        writer.pod_networks(POD, [OURS])
+        await until(lambda: apiserver.entries() == [MULTUS_ENTRY, OURS], apiserver, 1)
+        writer.pod_networks(POD, [])
+        await until(lambda: apiserver.entries() == [MULTUS_ENTRY], apiserver, 1)
+    assert writer.pending() == 0
+
+
+async def test_a_refused_patch_is_retried_without_another_change() -> None:
+    apiserver = Apiserver(refuse=1)
+    writer = StatusWriter(apiserver)  # type: ignore[arg-type]
+    async with running(writer):
+        writer.pod_networks(POD, [OURS])
+        await until(lambda: apiserver.patches == 1, apiserver, 2)  # retried after ~0.5 s
+    assert apiserver.entries() == [MULTUS_ENTRY, OURS]
+
+
+async def test_a_pod_that_is_gone_is_forgotten() -> None:
+    apiserver = Apiserver()
+    apiserver.gone = True
+    writer = StatusWriter(apiserver)  # type: ignore[arg-type]
+    async with running(writer):
+        writer.pod_networks(POD, [OURS])
+        async with asyncio.timeout(1):
+            await writer.flushed()
+    assert apiserver.patches == 0
