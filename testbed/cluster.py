@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A real single-node Kubernetes on this machine, for cnidra's tests. Standard library only.
 
-    testbed.py up | down | status | env | build
+    testbed.py up | down | status | env | build | node2-up | node2-down
 
 `up` builds (or reuses) the components, then starts etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, containerd (NRI on) and kubelet as processes, each
@@ -10,6 +10,11 @@ exactly the processes `up` started (by pid, recorded in <root>/pids), removes th
 containers, unmounts everything under <root>, deletes the bridge and namespaces it made.
 Everything listens on loopback only; pod addresses come from 198.18.128.0/24; nothing is
 attached to the machine's real interfaces and nothing is masqueraded.
+
+`node2-up` adds a second node, `testbed-node2`, for the tests that need two (tainted, so no
+other pod lands there): its own network namespace joined to the machine's by a veth of
+198.18.126.0/30 (its kubelet listens there for the apiserver), its own containerd and kubelet,
+pods from 198.18.129.0/24. `node2-down` (and `down`) remove it.
 """
 
 from __future__ import annotations
@@ -103,25 +108,122 @@ class Bins:
         return all((d / ".complete").exists() for d in dirs)
 
 
+@dataclass(frozen=True)
+class Node:
+    """One node: a containerd and a kubelet with their own directories under `root`, in the
+    machine's network namespace or in `netns` (the second node's, reached over a veth)."""
+
+    name: str
+    root: Path
+    ip: str  # kubelet's node IP: where the apiserver reaches it
+    pod_subnet: str
+    pod_gateway: str
+    bridge: str  # the primary network's bridge, in the node's namespace
+    netns: str | None = None
+    cgroup_root: str = "/"
+    suffix: str = ""  # of its processes' names: containerd<suffix>, kubelet<suffix>
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.root / "var" / "lib" / "kubelet"
+
+    @property
+    def plugins_registry(self) -> Path:
+        return self.kubelet_dir / "plugins_registry"
+
+    @property
+    def plugins(self) -> Path:
+        return self.kubelet_dir / "plugins"
+
+    @property
+    def cni_conf(self) -> Path:
+        return self.etc / "cni" / "net.d"
+
+    @property
+    def cni_data(self) -> Path:
+        return self.root / "var" / "lib" / "cni"
+
+    @property
+    def containerd_sock(self) -> Path:
+        return self.run / "containerd" / "containerd.sock"
+
+    @property
+    def netns_dir(self) -> Path:
+        """Where containerd mounts the pods' network namespaces."""
+        return self.run / "containerd" / "io.containerd.grpc.v1.cri" / "netns"
+
+    @property
+    def nri_sock(self) -> Path:
+        return self.run / "nri" / "nri.sock"
+
+    @property
+    def cdi(self) -> Path:
+        """CDI specs containerd reads (the driver's device metadata mounts)."""
+        return self.root / "cdi"
+
+    @property
+    def kubelet_user(self) -> str:
+        return f"kubelet{self.suffix}"
+
+    def process(self, component: str) -> str:
+        return f"{component}{self.suffix}"
+
+    def inside(self, argv: Sequence[str]) -> list[str]:
+        """`argv` run in the node's network namespace (only that: the mounts stay shared)."""
+        if self.netns is None:
+            return list(argv)
+        return ["nsenter", f"--net=/run/netns/{self.netns}", "--", *argv]
+
+
+NODE1 = Node(NODE, ROOT, NODE_IP, POD_SUBNET, POD_GATEWAY, BRIDGE)
+
+# The second node, brought up only for the tests that need it (`node2_up`): its own network
+# namespace, joined to the machine's by a veth of 198.18.126.0/30; tainted, so that only pods
+# that tolerate SECOND_NODE_TAINT land on it.
+NODE2_NETNS = "cnidra-tb-n2"
+NODE2_UPLINK = ("cnidra-n2h", "tb-uplink")  # the machine's end, the node's end
+NODE2_HOST_IP = "198.18.126.1"
+NODE2 = Node(
+    "testbed-node2",
+    ROOT / "node2",
+    "198.18.126.2",
+    "198.18.129.0/24",
+    "198.18.129.1",
+    "cnidra-tb1",
+    netns=NODE2_NETNS,
+    cgroup_root="/testbed-node2",
+    suffix="-node2",
+)
+SECOND_NODE_TAINT = {"key": "cnidra.test/second-node", "value": "true", "effect": "NoSchedule"}
+
+
 class Paths:
     pki = ROOT / "pki"
     logs = ROOT / "logs"
     pids = ROOT / "pids"
     etc = ROOT / "etc"
-    run = ROOT / "run"
-    kubelet_dir = ROOT / "var" / "lib" / "kubelet"
-    plugins_registry = kubelet_dir / "plugins_registry"
-    plugins = kubelet_dir / "plugins"
-    cni_conf = ROOT / "etc" / "cni" / "net.d"
-    cni_data = ROOT / "var" / "lib" / "cni"
+    run = NODE1.run
+    kubelet_dir = NODE1.kubelet_dir
+    plugins_registry = NODE1.plugins_registry
+    plugins = NODE1.plugins
+    cni_conf = NODE1.cni_conf
+    cni_data = NODE1.cni_data
     # the test bed's own plugins, on containerd's and the driver's CNI path: the primary
     # network's recording bridge and a plugin slower than any hook budget
     cni_bin = ROOT / "cni-bin"
     primary_calls = ROOT / "logs" / "primary-cni.log"
-    containerd_sock = run / "containerd" / "containerd.sock"
-    netns = run / "containerd" / "io.containerd.grpc.v1.cri" / "netns"  # pods' namespaces
-    nri_sock = run / "nri" / "nri.sock"
-    cdi = ROOT / "cdi"  # CDI specs containerd reads (the driver's device metadata mounts)
+    containerd_sock = NODE1.containerd_sock
+    netns = NODE1.netns_dir  # pods' namespaces
+    nri_sock = NODE1.nri_sock
+    cdi = NODE1.cdi
     admin_kubeconfig = WORK / "admin.kubeconfig"
 
 
@@ -290,24 +392,28 @@ esac
 
 
 def write_configs(bins: Bins) -> None:
-    for d in (
-        Paths.logs,
-        Paths.pids,
-        Paths.etc,
-        Paths.run,
-        Paths.plugins_registry,
-        Paths.plugins,
-        Paths.cni_conf,
-        Paths.cni_data,
-        ROOT / "nri" / "conf.d",
-        ROOT / "nri" / "plugins",
-    ):
+    for d in (Paths.logs, Paths.pids, Paths.etc):
         d.mkdir(parents=True, exist_ok=True)
     for user in ("admin", "kubelet", "controller-manager", "scheduler"):
         kubeconfig(Paths.etc / f"{user}.kubeconfig", user)
     kubeconfig(Paths.admin_kubeconfig, "admin")
     write_test_plugins(bins)
-    (Paths.cni_conf / "10-testbed.conflist").write_text(
+    write_node_configs(bins, NODE1)
+
+
+def write_node_configs(bins: Bins, node: Node) -> None:
+    """The node's primary network conf, containerd's config and kubelet's."""
+    for d in (
+        node.run,
+        node.plugins_registry,
+        node.plugins,
+        node.cni_conf,
+        node.cni_data,
+        node.root / "nri" / "conf.d",
+        node.root / "nri" / "plugins",
+    ):
+        d.mkdir(parents=True, exist_ok=True)
+    (node.cni_conf / "10-testbed.conflist").write_text(
         json.dumps(
             {
                 "cniVersion": "1.0.0",
@@ -315,14 +421,14 @@ def write_configs(bins: Bins) -> None:
                 "plugins": [
                     {
                         "type": PRIMARY_PLUGIN,
-                        "bridge": BRIDGE,
+                        "bridge": node.bridge,
                         "isGateway": True,
                         "ipMasq": False,
                         "hairpinMode": True,
                         "ipam": {
                             "type": "host-local",
-                            "dataDir": str(Paths.cni_data / "networks"),
-                            "ranges": [[{"subnet": POD_SUBNET, "gateway": POD_GATEWAY}]],
+                            "dataDir": str(node.cni_data / "networks"),
+                            "ranges": [[{"subnet": node.pod_subnet, "gateway": node.pod_gateway}]],
                         },
                     },
                     {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False},
@@ -331,16 +437,16 @@ def write_configs(bins: Bins) -> None:
             indent=2,
         )
     )
-    (Paths.etc / "containerd.toml").write_text(f"""\
+    (node.etc / "containerd.toml").write_text(f"""\
 version = 3
-root = '{ROOT}/containerd'
-state = '{Paths.run}/containerd'
+root = '{node.root}/containerd'
+state = '{node.run}/containerd'
 
 [grpc]
-  address = '{Paths.containerd_sock}'
+  address = '{node.containerd_sock}'
 
 [ttrpc]
-  address = '{Paths.containerd_sock}.ttrpc'
+  address = '{node.containerd_sock}.ttrpc'
 
 [plugins]
   [plugins.'io.containerd.cri.v1.images']
@@ -354,7 +460,7 @@ state = '{Paths.run}/containerd'
     restrict_oom_score_adj = true
     netns_mounts_under_state_dir = true
     enable_cdi = true
-    cdi_spec_dirs = ['{Paths.cdi}']
+    cdi_spec_dirs = ['{node.cdi}']
     [plugins.'io.containerd.cri.v1.runtime'.containerd]
       default_runtime_name = 'runc'
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
@@ -364,26 +470,26 @@ state = '{Paths.run}/containerd'
           SystemdCgroup = false
     [plugins.'io.containerd.cri.v1.runtime'.cni]
       bin_dirs = ['{Paths.cni_bin}', '{bins.cni_plugins}']
-      conf_dir = '{Paths.cni_conf}'
+      conf_dir = '{node.cni_conf}'
 
   [plugins.'io.containerd.grpc.v1.cri']
     stream_server_address = '127.0.0.1'
 
   [plugins.'io.containerd.nri.v1.nri']
     disable = false
-    socket_path = '{Paths.nri_sock}'
-    plugin_path = '{ROOT}/nri/plugins'
-    plugin_config_path = '{ROOT}/nri/conf.d'
+    socket_path = '{node.nri_sock}'
+    plugin_path = '{node.root}/nri/plugins'
+    plugin_config_path = '{node.root}/nri/conf.d'
     plugin_registration_timeout = '5s'
     plugin_request_timeout = '2s'
 """)
     pki = Paths.pki
-    (Paths.etc / "kubelet.yaml").write_text(
+    (node.etc / "kubelet.yaml").write_text(
         json.dumps(
             {
                 "apiVersion": "kubelet.config.k8s.io/v1beta1",
                 "kind": "KubeletConfiguration",
-                "address": NODE_IP,
+                "address": node.ip,
                 "port": 10250,
                 "healthzBindAddress": "127.0.0.1",
                 "readOnlyPort": 0,
@@ -393,15 +499,16 @@ state = '{Paths.run}/containerd'
                     "anonymous": {"enabled": False},
                 },
                 "authorization": {"mode": "Webhook"},
-                "tlsCertFile": str(pki / "kubelet-serving.crt"),
-                "tlsPrivateKeyFile": str(pki / "kubelet-serving.key"),
+                "tlsCertFile": str(pki / f"kubelet-serving{node.suffix}.crt"),
+                "tlsPrivateKeyFile": str(pki / f"kubelet-serving{node.suffix}.key"),
                 "cgroupDriver": "cgroupfs",
+                "cgroupRoot": node.cgroup_root,
                 # this machine has cgroup v1, which kubelet refuses from 1.35 on unless told so
                 "failCgroupV1": False,
                 "failSwapOn": False,
-                "containerRuntimeEndpoint": f"unix://{Paths.containerd_sock}",
-                "podLogsDir": str(ROOT / "var" / "log" / "pods"),
-                "volumePluginDir": str(ROOT / "volume-plugins"),
+                "containerRuntimeEndpoint": f"unix://{node.containerd_sock}",
+                "podLogsDir": str(node.root / "var" / "log" / "pods"),
+                "volumePluginDir": str(node.root / "volume-plugins"),
                 "staticPodPath": "",
                 "evictionHard": {
                     "memory.available": "100Mi",
@@ -414,6 +521,7 @@ state = '{Paths.run}/containerd'
                 "serializeImagePulls": False,
                 "maxPods": 250,
                 "registerNode": True,
+                "registerWithTaints": [SECOND_NODE_TAINT] if node != NODE1 else [],
                 "resolvConf": "/etc/resolv.conf",
                 "syncFrequency": "10s",
                 "fileCheckFrequency": "10s",
@@ -525,14 +633,16 @@ def kubectl(
     return proc
 
 
-def crictl(bins: Bins, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def crictl(
+    bins: Bins, *args: str, check: bool = True, node: Node = NODE1
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             str(bins.crictl / "crictl"),
             "--runtime-endpoint",
-            f"unix://{Paths.containerd_sock}",
+            f"unix://{node.containerd_sock}",
             "--image-endpoint",
-            f"unix://{Paths.containerd_sock}",
+            f"unix://{node.containerd_sock}",
             "--timeout",
             "20s",
             *args,
@@ -650,11 +760,11 @@ def start_controllers(bins: Bins) -> None:
     )
 
 
-def share_netns_dir() -> None:
+def share_netns_dir(node: Node) -> None:
     """Pods' network namespaces as a shared mount, as on a systemd node: a DaemonSet mounting
     the directory with HostToContainer propagation (cnidra's) needs it (this sandbox's / is
     a private mount)."""
-    netns = Paths.netns
+    netns = node.netns_dir
     netns.mkdir(parents=True, exist_ok=True)
     mounted = subprocess.run(
         ["findmnt", "-n", "-o", "PROPAGATION", str(netns)],
@@ -668,23 +778,25 @@ def share_netns_dir() -> None:
         subprocess.run(["mount", "--make-rshared", str(netns)], check=True)
 
 
-def start_containerd(bins: Bins) -> None:
-    share_netns_dir()
+def start_containerd(bins: Bins, node: Node = NODE1) -> None:
+    share_netns_dir(node)
     path = f"{bins.containerd}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+    name = node.process("containerd")
     start(
-        "containerd",
-        [str(bins.containerd / "containerd"), "--config", str(Paths.etc / "containerd.toml")],
+        name,
+        node.inside(
+            [str(bins.containerd / "containerd"), "--config", str(node.etc / "containerd.toml")]
+        ),
         env={"PATH": path},
     )
-    wait_for("containerd CRI", lambda: crictl(bins, "info").returncode == 0, 60, "containerd")
-    import_images(bins)
+    wait_for(f"{name} CRI", lambda: crictl(bins, "info", node=node).returncode == 0, 60, name)
+    import_images(bins, node)
 
 
-def import_images(bins: Bins) -> None:
+def import_images(bins: Bins, node: Node = NODE1) -> None:
     images = ROOT / "images"
     images.mkdir(exist_ok=True)
-    have = crictl(bins, "images", "-q", check=False).stdout
-    listed = crictl(bins, "images", check=False).stdout
+    listed = crictl(bins, "images", check=False, node=node).stdout
     for ref, entrypoint in (
         (
             PAUSE_IMAGE,
@@ -711,7 +823,7 @@ def import_images(bins: Bins) -> None:
             [
                 str(bins.containerd / "ctr"),
                 "--address",
-                str(Paths.containerd_sock),
+                str(node.containerd_sock),
                 "-n",
                 "k8s.io",
                 "images",
@@ -723,39 +835,46 @@ def import_images(bins: Bins) -> None:
             capture_output=True,
             timeout=120,
         )
-        log(f"imported {ref}")
-    del have
+        log(f"imported {ref} into {node.process('containerd')}")
 
 
-def make_bridge() -> None:
-    """The primary network's bridge, made before kubelet so the node IP exists; host-only."""
-    shown = subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True, check=False)
+def make_bridge(node: Node) -> None:
+    """The primary network's bridge, made before kubelet; host-only. The first node's address
+    on it is the node IP (kubelet refuses a loopback one)."""
+    ip = node.inside(["ip"])
+    shown = subprocess.run([*ip, "link", "show", node.bridge], capture_output=True, check=False)
     if shown.returncode != 0:
-        subprocess.run(["ip", "link", "add", BRIDGE, "type", "bridge"], check=True)
-    subprocess.run(["ip", "addr", "replace", f"{NODE_IP}/24", "dev", BRIDGE], check=True)
-    subprocess.run(["ip", "link", "set", BRIDGE, "up"], check=True)
+        subprocess.run([*ip, "link", "add", node.bridge, "type", "bridge"], check=True)
+    prefix = node.pod_subnet.split("/")[1]
+    subprocess.run(
+        [*ip, "addr", "replace", f"{node.pod_gateway}/{prefix}", "dev", node.bridge], check=True
+    )
+    subprocess.run([*ip, "link", "set", node.bridge, "up"], check=True)
 
 
-def start_kubelet(bins: Bins) -> None:
-    make_bridge()
+def start_kubelet(bins: Bins, node: Node = NODE1) -> None:
+    make_bridge(node)
+    name = node.process("kubelet")
     start(
-        "kubelet",
-        [
-            str(bins.k8s / "kubelet"),
-            f"--config={Paths.etc / 'kubelet.yaml'}",
-            f"--kubeconfig={Paths.etc / 'kubelet.kubeconfig'}",
-            f"--root-dir={Paths.kubelet_dir}",
-            f"--hostname-override={NODE}",
-            f"--node-ip={NODE_IP}",
-            "--v=2",
-        ],
+        name,
+        node.inside(
+            [
+                str(bins.k8s / "kubelet"),
+                f"--config={node.etc / 'kubelet.yaml'}",
+                f"--kubeconfig={Paths.etc / f'{node.kubelet_user}.kubeconfig'}",
+                f"--root-dir={node.kubelet_dir}",
+                f"--hostname-override={node.name}",
+                f"--node-ip={node.ip}",
+                "--v=2",
+            ]
+        ),
         env={"PATH": f"{bins.containerd}:{os.environ.get('PATH', '')}"},
     )
-    wait_for(f"node {NODE} Ready", lambda: _node_ready(bins), 180, "kubelet")
+    wait_for(f"node {node.name} Ready", lambda: _node_ready(bins, node.name), 180, name)
 
 
-def _node_ready(bins: Bins) -> bool:
-    out = kubectl(bins, "get", "node", NODE, "-o", "json", check=False, timeout=10)
+def _node_ready(bins: Bins, name: str = NODE) -> bool:
+    out = kubectl(bins, "get", "node", name, "-o", "json", check=False, timeout=10)
     if out.returncode != 0:
         return False
     conditions = json.loads(out.stdout)["status"].get("conditions", [])
@@ -808,7 +927,7 @@ def up() -> None:
     log(f"up in {time.monotonic() - started:.0f}s; KUBECONFIG={Paths.admin_kubeconfig}")
 
 
-def _our_shims() -> list[int]:
+def _our_shims(node: Node = NODE1) -> list[int]:
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -818,23 +937,130 @@ def _our_shims() -> list[int]:
             if (
                 argv
                 and argv[0].endswith(b"containerd-shim-runc-v2")
-                and str(Paths.containerd_sock).encode() in b" ".join(argv)
+                and str(node.containerd_sock).encode() in b" ".join(argv)
             ):
                 pids.append(int(proc.name))
     return pids
 
 
-def _mounts_under_root() -> list[str]:
+def _mounts_under_root(under: Path = ROOT) -> list[str]:
     out = Path("/proc/self/mountinfo").read_text().splitlines()
     targets = [line.split()[4] for line in out]
-    root = str(ROOT)
+    root = str(under)
     return sorted(
         {t for t in targets if t == root or t.startswith(root + "/")}, key=len, reverse=True
     )
 
 
+def node_certs(node: Node) -> None:
+    """The kubelet's serving certificate (for the apiserver's calls: exec, logs) and its
+    client certificate as system:node:<name>, made once."""
+    if not (Paths.pki / f"{node.kubelet_user}.crt").exists():
+        _cert(
+            f"kubelet-serving{node.suffix}",
+            f"/CN={node.name}",
+            server=True,
+            sans=["IP:127.0.0.1", f"IP:{node.ip}", f"DNS:{node.name}"],
+        )
+        _cert(node.kubelet_user, f"/O=system:nodes/CN=system:node:{node.name}")
+    kubeconfig(Paths.etc / f"{node.kubelet_user}.kubeconfig", node.kubelet_user)
+
+
+def cgroup_roots(node: Node) -> list[Path]:
+    """The node's cgroup root in every hierarchy (cgroup v1: one per controller)."""
+    base = Path("/sys/fs/cgroup")
+    if (base / "cgroup.controllers").exists():
+        return [base / node.cgroup_root.strip("/")]
+    hierarchies = [d for d in base.iterdir() if d.is_dir() and not d.is_symlink()]
+    return [d / node.cgroup_root.strip("/") for d in hierarchies]
+
+
+def make_cgroup_roots(node: Node) -> None:
+    for path in cgroup_roots(node):
+        path.mkdir(exist_ok=True)
+        if path.parent.name == "cpuset":  # an empty cpuset takes no task
+            for knob in ("cpuset.cpus", "cpuset.mems"):
+                if not (path / knob).read_text().strip():
+                    (path / knob).write_text((path.parent / knob).read_text())
+
+
+def remove_cgroup_roots(node: Node) -> None:
+    for root in cgroup_roots(node):
+        if not root.exists():
+            continue
+        for path in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            if path.is_dir():
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+        with contextlib.suppress(OSError):
+            root.rmdir()
+
+
+def make_uplink(node: Node) -> None:
+    """The node's network namespace and the veth that joins it to the machine's: the
+    apiserver reaches the node's kubelet at node.ip; nothing else is routed."""
+    assert node.netns is not None
+    if not Path(f"/run/netns/{node.netns}").exists():
+        subprocess.run(["ip", "netns", "add", node.netns], check=True)
+    outside, inside = NODE2_UPLINK
+    shown = subprocess.run(["ip", "link", "show", outside], check=False, capture_output=True)
+    if shown.returncode != 0:
+        subprocess.run(
+            ["ip", "link", "add", outside, "type", "veth", "peer", "name", inside,
+             "netns", node.netns],
+            check=True,
+        )  # fmt: skip
+    subprocess.run(["ip", "addr", "replace", f"{NODE2_HOST_IP}/30", "dev", outside], check=True)
+    subprocess.run(["ip", "link", "set", outside, "up"], check=True)
+    ip = ["ip", "-n", node.netns]
+    subprocess.run([*ip, "addr", "replace", f"{node.ip}/30", "dev", inside], check=True)
+    subprocess.run([*ip, "link", "set", inside, "up"], check=True)
+    subprocess.run([*ip, "link", "set", "lo", "up"], check=True)
+
+
+def node2_up(bins: Bins, node: Node = NODE2) -> None:
+    """A second node on this machine, beside a running first one: its own network namespace,
+    containerd and kubelet, the same apiserver (reached on the namespace's loopback through
+    forward.py). Tainted with SECOND_NODE_TAINT."""
+    if running(node.process("kubelet")) and _node_ready(bins, node.name):
+        return
+    started = time.monotonic()
+    node_certs(node)
+    write_node_configs(bins, node)
+    make_uplink(node)
+    make_cgroup_roots(node)
+    start(
+        node.process("apiserver-forward"),
+        [sys.executable, str(HERE / "forward.py"), str(node.netns), str(APISERVER_PORT)],
+    )
+    start_containerd(bins, node)
+    start_kubelet(bins, node)
+    log(f"{node.name} up in {time.monotonic() - started:.0f}s")
+
+
+def node2_down(bins: Bins, node: Node = NODE2) -> None:
+    """Everything node2_up made, gone; the Node object too."""
+    if running(node.process("containerd")) and node.containerd_sock.exists():
+        crictl(bins, "rmp", "--all", "--force", check=False, node=node)
+    for component in ("kubelet", "containerd", "apiserver-forward"):
+        stop(node.process(component))
+    for pid in _our_shims(node):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for target in _mounts_under_root(node.root):
+        subprocess.run(["umount", "-l", target], check=False, capture_output=True)
+    if node.netns and Path(f"/run/netns/{node.netns}").exists():
+        subprocess.run(["ip", "netns", "del", node.netns], check=False, capture_output=True)
+    subprocess.run(["ip", "link", "del", NODE2_UPLINK[0]], check=False, capture_output=True)
+    remove_cgroup_roots(node)
+    if running("kube-apiserver"):
+        kubectl(bins, "delete", "node", node.name, "--ignore-not-found", check=False)
+    shutil.rmtree(node.root, ignore_errors=True)
+
+
 def down() -> None:
     bins = Bins.locate()
+    node2_down(bins)
     if running("containerd") and Paths.containerd_sock.exists():
         crictl(bins, "rmp", "--all", "--force", check=False)
     for name in reversed(COMPONENTS):
@@ -881,6 +1107,17 @@ def env_lines() -> list[str]:
     ]
 
 
+def node_env(node: Node) -> dict[str, str]:
+    """The driver's settings that name the node's own kubelet, runtime and CDI directory."""
+    return {
+        "CNIDRA_NODE_NAME": node.name,
+        "CNIDRA_PLUGINS_REGISTRY_DIR": str(node.plugins_registry),
+        "CNIDRA_PLUGINS_DIR": str(node.plugins),
+        "CNIDRA_NRI_SOCKET": str(node.nri_sock),
+        "CNIDRA_CDI_DIR": str(node.cdi),
+    }
+
+
 def env_dict() -> dict[str, str]:
     """The `env` exports as a dict for Python callers, with $PATH expanded as a shell would."""
     pairs = (line.removeprefix("export ").split("=", 1) for line in env_lines())
@@ -912,6 +1149,10 @@ def main(argv: Sequence[str]) -> int:
         print("\n".join(env_lines()))
     elif command == "build":
         build()
+    elif command == "node2-up":
+        node2_up(Bins.locate())
+    elif command == "node2-down":
+        node2_down(Bins.locate())
     else:
         print(__doc__, file=sys.stderr)
         return 2

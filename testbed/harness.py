@@ -108,21 +108,27 @@ class DriverProcess:
         *,
         defaults: bool = False,
         source: Path | None = None,
+        node: tb.Node = tb.NODE1,
         **settings: str,
     ) -> None:
         """`state_dir` holds the log, and the driver's state root unless `defaults`: then the
         driver keeps its state where deploy/ has it, /var/lib/cnidra. `source`: run the driver
-        from another checkout (benchmarks of an older commit)."""
+        from another checkout (benchmarks of an older commit). `node`: the test bed's node it
+        serves, in that node's network namespace (the second node's driver answers HTTP on
+        the node's IP, which the machine reaches over the node's veth)."""
         self.source = source or ROOT
         self.cluster = cluster
+        self.node = node
         self.state_root = DEFAULT_STATE_ROOT if defaults else state_dir / "state"
         self.port = free_port()  # a free port per process: drivers never collide
+        self.host = "127.0.0.1" if node.netns is None else node.ip
         self.log = state_dir / "driver.log"
         self.env = {
             **os.environ,
             **cluster.env,
+            **({} if node == tb.NODE1 else tb.node_env(node)),
             **({} if defaults else {"CNIDRA_STATE_DIR": str(self.state_root)}),
-            "CNIDRA_HTTP_ADDRESS": f"127.0.0.1:{self.port}",
+            "CNIDRA_HTTP_ADDRESS": f"{self.host}:{self.port}",
             "CNIDRA_RESYNC_SECONDS": "30",
             **{f"CNIDRA_{k.upper()}": v for k, v in settings.items()},
             **(extra_env or {}),
@@ -131,12 +137,12 @@ class DriverProcess:
 
     @property
     def dra_socket(self) -> str:
-        return f"{self.cluster.env['CNIDRA_PLUGINS_DIR']}/cni.dra.networking.x-k8s.io/dra.sock"
+        return f"{self.env['CNIDRA_PLUGINS_DIR']}/cni.dra.networking.x-k8s.io/dra.sock"
 
     def start(self, wait_registered: bool = True) -> None:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "cnidra", "driver"],
+                self.node.inside([sys.executable, "-m", "cnidra", "driver"]),
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -160,10 +166,10 @@ class DriverProcess:
         self.proc = None
 
     def health(self) -> dict[str, Any]:
-        return health_at(self.port)
+        return health_at(self.port, self.host)
 
     def metrics(self) -> str:
-        return metrics_at(self.port)
+        return metrics_at(self.port, self.host)
 
     def checkpoint(self) -> list[dict[str, Any]]:
         return read_checkpoint(self.state_root)
@@ -198,10 +204,10 @@ class DriverProcess:
         raise RuntimeError("no VmRSS")
 
 
-def health_at(port: int) -> dict[str, Any]:
-    """A driver's /healthz on loopback: its details, also when it says 503; {} when down."""
+def health_at(port: int, host: str = "127.0.0.1") -> dict[str, Any]:
+    """A driver's /healthz: its details, also when it says 503; {} when down."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+        with urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=2) as r:
             data: dict[str, Any] = json.loads(r.read())
             return data
     except urllib.error.HTTPError as exc:
@@ -211,8 +217,8 @@ def health_at(port: int) -> dict[str, Any]:
         return {}
 
 
-def metrics_at(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+def metrics_at(port: int, host: str = "127.0.0.1") -> str:
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=2) as r:
         return str(r.read().decode())
 
 

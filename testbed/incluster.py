@@ -54,6 +54,8 @@ def values(cluster: Cluster) -> dict[str, Any]:
     the tests' fault plugins) and its apiserver, which host-network pods reach on loopback (the
     test bed runs no kube-proxy). Everything else is the chart's default."""
     return {
+        # the paths below are the first node's (a second node, when up, has its own)
+        "nodeSelector": {"kubernetes.io/hostname": tb.NODE},
         "apiServer": {"host": "127.0.0.1", "port": str(tb.APISERVER_PORT)},
         "hostPaths": {
             "kubeletPluginsRegistry": str(tb.Paths.plugins_registry),
@@ -168,12 +170,16 @@ class InClusterDriver:
 
 
 def wait_gone(cluster: Cluster, timeout: float = 90) -> None:
-    """After an uninstall: kubelet removes the node's slices once the plugin is gone."""
-    cluster.wait(
-        "kubelet to remove the driver's slices",
-        lambda: (
-            "cni.dra.networking.x-k8s.io"
-            not in cluster.kubectl("get", "resourceslices", "-o", "json").stdout
-        ),
-        timeout,
-    )
+    """After an uninstall: kubelet removes the node's slices once the plugin is gone (the
+    first node's: a second node's driver is the test's own)."""
+
+    def ours() -> list[str]:
+        slices = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json").stdout)
+        return [
+            s["metadata"]["name"]
+            for s in slices["items"]
+            if s["spec"]["driver"] == "cni.dra.networking.x-k8s.io"
+            and s["spec"].get("nodeName") == tb.NODE
+        ]
+
+    cluster.wait("kubelet to remove the driver's slices", lambda: not ours(), timeout)

@@ -74,6 +74,17 @@ def test_link(request: pytest.FixtureRequest) -> Iterator[Callable[[str], str]]:
         subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
 
 
+@pytest.fixture(scope="module")
+def second_node(cluster: Cluster) -> Iterator[tb.Node]:
+    """The test bed's second node (tainted: only pods that tolerate it land there), up for the
+    module's tests."""
+    tb.node2_up(cluster.bins)
+    try:
+        yield tb.NODE2
+    finally:
+        tb.node2_down(cluster.bins)
+
+
 @pytest.fixture(scope="session")
 def image(cluster: Cluster) -> str:
     """`make image`'s image, built once per session and loaded into the test bed's containerd;

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -74,6 +75,24 @@ def node_driver(
         left = list(DEFAULT_STATE_ROOT.glob("[cs]*/*.json"))
         shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
         assert not left, f"claims or sandboxes left after the last pod went: {left}"
+
+
+@pytest.fixture(scope="module")
+def second_driver(
+    cluster: Cluster, second_node: tb.Node, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DriverProcess]:
+    """Node 2's driver: a host process in node 2's namespace, reading node 2's conf dir (its
+    own state root: two drivers on one machine cannot share deploy/'s)."""
+    proc = DriverProcess(
+        cluster,
+        tmp_path_factory.mktemp("node2"),
+        node=second_node,
+        cni_conf_dir=str(second_node.cni_conf),
+    )
+    proc.start()
+    cluster.wait("node 2's NRI plugin to connect", lambda: proc.health().get("nriConnected"), 60)
+    yield proc
+    proc.stop()
 
 
 @pytest.fixture
@@ -227,6 +246,86 @@ def test_one_template_follows_each_nodes_wiring_of_a_node_conf(
     finally:
         conf.unlink(missing_ok=True)
         cluster.kubectl("delete", "cninetwork", network_id, "--wait=false", check=False)
+
+
+def devices_by_node(cluster: Cluster) -> dict[tuple[str, str], dict[str, Any]]:
+    """(node, network) -> the network's device in that node's slice."""
+    slices = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json").stdout)["items"]
+    return {
+        (s["spec"]["nodeName"], d["attributes"]["network"]["string"]): d
+        for s in slices
+        if s["spec"]["driver"] == DRIVER
+        for d in s["spec"]["devices"]
+        if d["attributes"].get("type", {}).get("string") == "network"
+    }
+
+
+def on_node(doc: dict[str, Any], node: tb.Node) -> dict[str, Any]:
+    doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node.name}
+    if node != tb.NODE1:
+        doc["spec"]["tolerations"] = [{**tb.SECOND_NODE_TAINT, "operator": "Equal"}]
+    return doc
+
+
+def test_one_template_lands_on_two_differently_wired_nodes(
+    cluster: Cluster,
+    ns: str,
+    node_driver: Driver,
+    conf_dir: Path,
+    test_link: Any,
+    second_node: tb.Node,
+    second_driver: DriverProcess,
+) -> None:
+    """Two nodes side by side, one CNINetwork by NetworkID: node 1's conf names its link A
+    and one range, node 2's names its own link B (in node 2's namespace) and another. One
+    claim template lands on each node through that node's own wiring."""
+    tag = uuid.uuid4().hex[:5]
+    link_a, link_b = test_link(f"nA{tag}"), f"nB{tag}"
+    node2_ip = ["ip", "-n", str(second_node.netns)]
+    subprocess.run([*node2_ip, "link", "add", link_b, "type", "bridge"], check=True)
+    subprocess.run([*node2_ip, "link", "set", link_b, "up"], check=True)
+    network_id = f"tb-wired-{tag}"
+    confs = (conf_dir / f"{network_id}.conflist", second_node.cni_conf / f"{network_id}.conflist")
+    cluster.apply(
+        {
+            "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+            "kind": "CNINetwork",
+            "metadata": {"name": network_id},
+            "spec": {"type": "macvlan", "networkID": network_id, "namespaces": [ns]},
+        }
+    )
+    try:
+        confs[0].write_text(macvlan_conf(network_id, link_a, "198.18.214.0/24"))
+        confs[1].write_text(macvlan_conf(network_id, link_b, "198.18.215.0/24"))
+        where = {(tb.NODE1.name, network_id): link_a, (second_node.name, network_id): link_b}
+        cluster.wait(
+            "both nodes to publish the network, each on its own link",
+            lambda: (
+                {
+                    k: d["attributes"]["ifName"]["string"]
+                    for k, d in devices_by_node(cluster).items()
+                    if k[1] == network_id
+                }
+                == where
+            ),
+            60,
+        )
+        cluster.apply_in(ns, network_template("wired", network_id))
+        cluster.apply_in(ns, on_node(claimed_pod("p1", "wired"), tb.NODE1))
+        cluster.apply_in(ns, on_node(claimed_pod("p2", "wired"), second_node))
+        ready(cluster, ns, "p1")
+        ready(cluster, ns, "p2")
+        assert pod_addresses(cluster, ns, "p1", "net1") & {"198.18.214.2/24"}
+        assert pod_addresses(cluster, ns, "p2", "net1") & {"198.18.215.2/24"}
+        assert set(parents_in_checkpoint(node_driver, ns).values()) == {link_a}
+        assert set(parents_in_checkpoint(second_driver, ns).values()) == {link_b}
+        for name in ("p1", "p2"):
+            cluster.kubectl("delete", "pod", name, "-n", ns, "--timeout=90s", timeout=120)
+    finally:
+        for conf in confs:
+            conf.unlink(missing_ok=True)
+        cluster.kubectl("delete", "cninetwork", network_id, "--wait=false", check=False)
+        subprocess.run([*node2_ip, "link", "del", link_b], check=False, capture_output=True)
 
 
 def nad(name: str, config: dict[str, Any]) -> dict[str, Any]:
