@@ -219,7 +219,8 @@ def prepare_latency(
                 dra.NodePrepareResourcesRequest(claims=batch), timeout=60
             )
             hundred.append((time.perf_counter() - start) * 1000)
-            assert all(not reply.claims[c.uid].error for c in batch)
+            errors = [reply.claims[c.uid].error for c in batch if reply.claims[c.uid].error]
+            assert not errors, errors[:3]
             stub.NodeUnprepareResources(dra.NodeUnprepareResourcesRequest(claims=batch), timeout=60)
         # finally prepare everything, to measure memory with all claims prepared
         for i in range(0, len(claims), 100):
@@ -355,7 +356,7 @@ def pods_ready(
                 "spec": spec,
             }
         )
-    bed.apply(docs, namespace)
+    apply_many(bed, docs, namespace)
     deadline = time.monotonic() + 600
     latencies: list[float] = []
     while time.monotonic() < deadline:

@@ -27,36 +27,32 @@ if [[ "${1:-}" == env ]]; then env_lines; exit 0; fi
 
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 
-install() {  # install <dest-dir> <go install args...>
-  local dest="$1"; shift
-  [[ -f "$dest/.complete" ]] && return 0
-  rm -rf "$dest.tmp"; mkdir -p "$dest.tmp"
-  GOBIN="$dest.tmp" go install -trimpath -ldflags=-s "$@"
-  touch "$dest.tmp/.complete"
-  rm -rf "$dest"; mv "$dest.tmp" "$dest"
-}
-
-# whereabouts' go.mod has a replace line, which `go install pkg@version` refuses: a generated
-# module requires it with the same replace and builds its main package
-build_whereabouts() {
-  local dest="$WHEREABOUTS_DIR"
+# A generated module that requires the peer at its version (with the peer's own replace lines)
+# builds its main package: `go install pkg@version` would read the module's version list, which
+# the proxy refuses (403) for these modules although it serves the versions themselves.
+build() {  # build <dest-dir> <binary> <module> <version> <package> [replace...]
+  local dest="$1" binary="$2" module="$3" version="$4" package="$5"; shift 5
   [[ -f "$dest/.complete" ]] && return 0
   local work; work="$(mktemp -d /tmp/cnidra-peers.XXXXXX)"
-  trap 'rm -rf "$work"' RETURN
   rm -rf "$dest.tmp"; mkdir -p "$dest.tmp"
   (
     cd "$work"
     go mod init cnidra.local/peers >/dev/null 2>&1
-    go mod edit -replace github.com/gogo/protobuf=github.com/gogo/protobuf@v1.3.2
-    go get "github.com/k8snetworkplumbingwg/whereabouts/cmd@$WHEREABOUTS_VERSION" 2>/dev/null
-    go build -trimpath -ldflags=-s -o "$dest.tmp/whereabouts" \
-      github.com/k8snetworkplumbingwg/whereabouts/cmd
+    go mod edit -require "$module@$version"
+    for r in "$@"; do go mod edit -replace "$r"; done
+    go mod download "$module@$version"
+    GOFLAGS="$GOFLAGS -mod=mod" \
+      go build -trimpath -ldflags=-s -o "$dest.tmp/$binary" "$package"
   )
+  rm -rf "$work"
   touch "$dest.tmp/.complete"
   rm -rf "$dest"; mv "$dest.tmp" "$dest"
 }
 
-install "$MULTUS_DIR" "gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus@$MULTUS_VERSION"
-install "$DRA_EXAMPLE_DIR" \
-  "sigs.k8s.io/dra-example-driver/cmd/dra-example-kubeletplugin@$DRA_EXAMPLE_VERSION"
-build_whereabouts
+build "$MULTUS_DIR" multus gopkg.in/k8snetworkplumbingwg/multus-cni.v4 "$MULTUS_VERSION" \
+  gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus
+build "$DRA_EXAMPLE_DIR" dra-example-kubeletplugin sigs.k8s.io/dra-example-driver \
+  "$DRA_EXAMPLE_VERSION" sigs.k8s.io/dra-example-driver/cmd/dra-example-kubeletplugin
+build "$WHEREABOUTS_DIR" whereabouts github.com/k8snetworkplumbingwg/whereabouts \
+  "$WHEREABOUTS_VERSION" github.com/k8snetworkplumbingwg/whereabouts/cmd \
+  github.com/gogo/protobuf=github.com/gogo/protobuf@v1.3.2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from cnidra.inventory.links import Link, carrying_node
 
 
@@ -53,3 +55,18 @@ def test_a_veths_peer_index_in_another_namespace_is_not_a_link_here() -> None:
     # the node bridge and its port carry the node; the data link whose index the peer shares
     # in the pod's namespace does not
     assert carrying_node(links, ["198.51.100.1"]) == {"cni0", "veth1"}
+
+
+def test_a_link_change_in_the_nodes_namespace_wakes_the_publisher(in_node: Path) -> None:
+    """The publisher's netlink wakeup: raw rtnetlink events, counted and never decoded."""
+    import select
+
+    from cnidra.inventory.publisher import RTMGRP_LINK, drain, netlink_events
+    from tests.conftest import ip
+
+    with netlink_events(RTMGRP_LINK) as sock:
+        assert drain(sock) == 0
+        ip(in_node, "link", "add", "nlwake0", "type", "bridge")
+        assert select.select([sock], [], [], 5)[0], "no event within 5 s"
+        assert drain(sock) >= 1
+        assert drain(sock) == 0

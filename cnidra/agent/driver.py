@@ -34,6 +34,7 @@ from cnidra.nri.hooks import PodHooks
 from cnidra.nri.lifecycle import HookBudget, PlugError, PodLifecycle
 from cnidra.nri.plugin import NRIPlugin
 from cnidra.nri.reconcile import Reconciler
+from cnidra.observe import metrics
 from cnidra.observe.http import HTTPEndpoint
 from cnidra.observe.tasks import Supervisor
 from cnidra.state.checkpoint import Checkpoint
@@ -80,7 +81,10 @@ class Driver:
             networks=NetworkReader(self.client, settings.cni_conf_dir, settings.api_timeout),
         )
         self.runtime = CNIRuntime(
-            settings.cni_path, str(self.layout.cni_cache), settings.cni_timeout
+            settings.cni_path,
+            str(self.layout.cni_cache),
+            settings.cni_timeout,
+            on_exec=metrics.observe_cni_exec,
         )
         self.status = StatusWriter(self.client, releases=self.layout.finalizer_releases)
         self.sandboxes = SandboxStore(self.layout)

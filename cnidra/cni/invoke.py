@@ -8,7 +8,8 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,9 @@ class Deadline:
         return f"{self.what} of {self.budget:g}s"
 
 
+ExecObserver = Callable[[str, str, float], None]
+
+
 class PluginExec:
     """Finds plugins on a CNI path and runs them with a timeout that kills the process group."""
 
@@ -77,10 +81,13 @@ class PluginExec:
         cni_path: Sequence[str],
         timeout: float = DEFAULT_TIMEOUT,
         base_env: Mapping[str, str] | None = None,
+        on_exec: ExecObserver | None = None,
     ) -> None:
+        """`on_exec(plugin_type, command, seconds)` is told of every run that ended (metrics)."""
         self.cni_path = list(cni_path)
         self.timeout = timeout
         self.base_env = dict(os.environ if base_env is None else base_env)
+        self.on_exec = on_exec
         self._found: dict[str, str] = {}
 
     def find(self, plugin_type: str) -> str:
@@ -113,6 +120,7 @@ class PluginExec:
             if limit <= 0:
                 raise PluginTimeout(plugin_type, invocation.command, 0, budget)
         env = invocation.environment(self.cni_path, self.base_env)
+        started = time.perf_counter()
         proc = await asyncio.create_subprocess_exec(
             path,
             stdin=asyncio.subprocess.PIPE,
@@ -130,6 +138,8 @@ class PluginExec:
         except BaseException:
             await _kill_group(proc)  # cancelled: leave no plugin running behind us
             raise
+        if self.on_exec is not None:
+            self.on_exec(plugin_type, invocation.command, time.perf_counter() - started)
         return _interpret(plugin_type, invocation.command, proc.returncode, stdout, stderr)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from cnidra.cni.cache import DEFAULT_CACHE_DIR, ResultCache
 from cnidra.cni.errors import CNIRuntimeError, PluginOutputError
-from cnidra.cni.invoke import DEFAULT_TIMEOUT, Deadline, Invocation, PluginExec
+from cnidra.cni.invoke import DEFAULT_TIMEOUT, Deadline, ExecObserver, Invocation, PluginExec
 from cnidra.cni.result import Result, ResultError
 from cnidra.cni.types import GCAttachment, NetworkConfigList, RuntimeConf
 
@@ -91,8 +91,9 @@ class CNIRuntime:
         cache_dir: str = DEFAULT_CACHE_DIR,
         timeout: float = DEFAULT_TIMEOUT,
         exec_: PluginExec | None = None,
+        on_exec: ExecObserver | None = None,
     ) -> None:
-        self.exec = exec_ or PluginExec(cni_path, timeout)
+        self.exec = exec_ or PluginExec(cni_path, timeout, on_exec=on_exec)
         self.cache = ResultCache(cache_dir)
         self._locks = _NetworkLocks()
 

@@ -324,8 +324,9 @@ class Preparer:
                     answers.append(PrepareError(f"claim {ref}: internal error: {item}"))
                 else:
                     raise item
-            named = self._name(answers)
-            return [await self._commit(a) if isinstance(a, PreparedClaim) else a for a in named]
+            checked = self._check_pod_limits(self._name(answers))
+            # the checkpoint writes (an fsync each) and device metadata files, all at once
+            return list(await asyncio.gather(*(self._commit(a) for a in checked)))
 
     async def _resolve(self, ref: ObjectRef) -> PreparedClaim:
         known = self.checkpoint.get(ref.uid)
@@ -404,11 +405,29 @@ class Preparer:
             for a in answers
         ]
 
-    async def _commit(self, prepared: PreparedClaim) -> PreparedClaim | PrepareError:
-        try:
-            self._check_pod_limit(prepared)
-        except PrepareError as exc:
-            return exc
+    def _check_pod_limits(
+        self, answers: list[PreparedClaim | PrepareError]
+    ) -> list[PreparedClaim | PrepareError]:
+        """Each claim against the limit of its pods, counting the pods' other prepared claims
+        and the claims of this batch accepted before it."""
+        batch = {a.uid for a in answers if isinstance(a, PreparedClaim)}
+        accepted: dict[str, int] = {}
+        checked: list[PreparedClaim | PrepareError] = []
+        for answer in answers:
+            if isinstance(answer, PreparedClaim):
+                try:
+                    self._check_pod_limit(answer, batch, accepted)
+                except PrepareError as exc:
+                    checked.append(exc)
+                    continue
+                for pod in answer.pod_uids:
+                    accepted[pod] = accepted.get(pod, 0) + len(answer.devices)
+            checked.append(answer)
+        return checked
+
+    async def _commit(self, prepared: PreparedClaim | PrepareError) -> PreparedClaim | PrepareError:
+        if isinstance(prepared, PrepareError):
+            return prepared
         if self.checkpoint.get(prepared.uid) != prepared:
             await self.checkpoint.put(prepared)
         if self.metadata is not None:
@@ -420,12 +439,19 @@ class Preparer:
             return []
         return [self.metadata.cdi_id(claim.uid, base_request(request))]
 
-    def _check_pod_limit(self, prepared: PreparedClaim) -> None:
+    def _check_pod_limit(
+        self,
+        prepared: PreparedClaim,
+        batch: set[str],
+        accepted: Mapping[str, int],
+    ) -> None:
         """Every attachment of a pod is ADDed inside one NRI hook, whose time is bounded."""
         for pod in prepared.pod_uids:
             others = sum(
-                len(c.devices) for c in self.checkpoint.for_pod(pod) if c.uid != prepared.uid
-            )
+                len(c.devices)
+                for c in self.checkpoint.for_pod(pod)
+                if c.uid != prepared.uid and c.uid not in batch
+            ) + accepted.get(pod, 0)
             total = others + len(prepared.devices)
             if total > self.max_attachments:
                 raise PrepareError(

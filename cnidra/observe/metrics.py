@@ -43,6 +43,26 @@ HOOK_LATENCY = Histogram(
     registry=REGISTRY,
     buckets=(0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2),
 )
+CNI_EXEC = Histogram(
+    "cnidra_cni_exec_duration_seconds",
+    "CNI plugin runs by command (the part of the hook that is the plugins')",
+    ["command"],
+    registry=REGISTRY,
+    buckets=(0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1, 5),
+)
+STATUS_LAG = Histogram(
+    "cnidra_status_write_lag_seconds",
+    "From a claim's status change queued (by a hook) to the apiserver having it",
+    registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 30),
+)
+
+
+def observe_cni_exec(plugin_type: str, command: str, seconds: float) -> None:
+    del plugin_type  # by command only: plugin types are tenant input, unbounded labels
+    CNI_EXEC.labels(command).observe(seconds)
+
+
 ATTACH_FAILURES = Counter(
     "cnidra_attach_failures_total", "RunPodSandbox hooks that failed", registry=REGISTRY
 )

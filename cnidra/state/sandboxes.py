@@ -98,4 +98,9 @@ class SandboxStore(JsonDirStore[SandboxRecord]):
             SandboxRecord.from_json,
             SandboxRecord.to_json,
             lambda record: record.sandbox_id,
+            # a record guards against the driver dying mid-ADD, which keeps what the page cache
+            # holds; a machine crash ends every sandbox it describes, and GC at start frees
+            # what their plugins held: an fsync would only lengthen every hook (NRI runs the
+            # hooks of all pods one at a time)
+            durable=False,
         )

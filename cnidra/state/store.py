@@ -1,9 +1,11 @@
-"""A directory of JSON records, one atomic, fsynced file each, mirrored in memory: the shape of
-both the prepared-claims checkpoint and the sandbox records.
+"""A directory of JSON records, one atomic file each, mirrored in memory: the shape of both the
+prepared-claims checkpoint and the sandbox records.
 
-Writes are durable before they are visible. `put`/`remove` do the file work (an fsync of file
-and directory, milliseconds) in a worker thread, so the event loop keeps serving other hooks;
-`put_blocking` is for code that runs before the loop does (start-up, migration, tools)."""
+Writes are on disk before they are visible. A durable store (the checkpoint) fsyncs file and
+directory, milliseconds, in a worker thread, so the event loop keeps serving other hooks; a
+store that needs only to survive the process (the sandbox records: a machine crash ends every
+sandbox they describe) writes in place, atomically, without fsync. `put_blocking` is for code
+that runs before the loop does (start-up, migration, tools)."""
 
 from __future__ import annotations
 
@@ -27,8 +29,11 @@ class JsonDirStore(Generic[T]):
         decode: Callable[[Mapping[str, Any]], T],
         encode: Callable[[T], Mapping[str, Any]],
         key: Callable[[T], str],
+        *,
+        durable: bool = True,
     ) -> None:
         self.dir = directory
+        self.durable = durable
         self._encode = encode
         self._key = key
         self._items: dict[str, T] = {}
@@ -47,16 +52,22 @@ class JsonDirStore(Generic[T]):
 
     async def put(self, item: T) -> None:
         key, data = self._serialize(item)
-        await asyncio.to_thread(write_atomically, self.dir / f"{key}.json", data)
+        if self.durable:
+            await asyncio.to_thread(write_atomically, self.dir / f"{key}.json", data)
+        else:  # page cache only: microseconds, not worth a thread hop
+            write_atomically(self.dir / f"{key}.json", data, durable=False)
         self._items[key] = item
 
     def put_blocking(self, item: T) -> None:
         key, data = self._serialize(item)
-        write_atomically(self.dir / f"{key}.json", data)
+        write_atomically(self.dir / f"{key}.json", data, durable=self.durable)
         self._items[key] = item
 
     async def remove(self, key: str) -> bool:
-        await asyncio.to_thread((self.dir / f"{key}.json").unlink, True)
+        if self.durable:
+            await asyncio.to_thread((self.dir / f"{key}.json").unlink, True)
+        else:
+            (self.dir / f"{key}.json").unlink(missing_ok=True)
         return self._items.pop(key, None) is not None
 
     def all(self) -> Iterable[T]:

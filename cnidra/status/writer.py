@@ -80,6 +80,7 @@ class StatusWriter:
         self._pods_backoff = Backoff(0.5, 30.0)
         self._pods_due = 0.0
         self._dirty: dict[ObjectRef, float] = {}
+        self._queued_at: dict[ObjectRef, float] = {}  # the oldest change not yet written
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
 
@@ -156,6 +157,7 @@ class StatusWriter:
         # a new change is due now even while an earlier write waits out its backoff: a
         # finalizer release must not sit behind a 30 s retry of a status it supersedes
         self._dirty[claim] = 0.0
+        self._queued_at.setdefault(claim, time.monotonic())
         self._wake.set()
 
     # -- the worker
@@ -171,6 +173,9 @@ class StatusWriter:
                     self._dirty.pop(claim, None)
                     backoff.pop(claim, None)
                     metrics.STATUS_WRITES.labels("ok").inc()
+                    queued = self._queued_at.pop(claim, None)
+                    if queued is not None:
+                        metrics.STATUS_LAG.observe(time.monotonic() - queued)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:

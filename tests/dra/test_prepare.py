@@ -244,6 +244,28 @@ async def test_prepare_refuses_more_interfaces_per_pod_than_the_limit(tmp_path: 
     assert cp.get("u-b") is None
 
 
+async def test_the_limit_counts_the_claims_of_one_batch_written_together(tmp_path: Path) -> None:
+    """A kubelet batch is checkpointed concurrently; the limit still sees the whole batch."""
+    cp = Checkpoint(StateLayout(tmp_path))
+    preparer = Preparer(
+        "n1",
+        Claims(named("a", "u-a", 2), named("b", "u-b", 2)),
+        cp,
+        DIRS,
+        max_attachments=3,
+        view=lambda: VIEW,
+    )
+    first, second = await preparer.prepare_batch(
+        [ObjectRef("ns", "a", "u-a"), ObjectRef("ns", "b", "u-b")]
+    )
+    assert isinstance(first, PreparedClaim) and cp.get("u-a") is not None
+    assert isinstance(second, PrepareError) and "would get 4 cnidra interfaces" in str(second)
+    assert cp.get("u-b") is None
+    # prepared again as one batch (kubelet after a restart): not counted twice
+    again = await preparer.prepare_batch([ObjectRef("ns", "a", "u-a")])
+    assert isinstance(again[0], PreparedClaim)
+
+
 def test_a_checkpoint_of_cnidra_0_1_gets_owned_names_on_load(tmp_path: Path) -> None:
     old = prepared("u1", "a", ("p",))
     data = old.to_json()

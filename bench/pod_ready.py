@@ -1,0 +1,498 @@
+"""Pod creation to Ready, the same pods four ways in one run, alternating round by round (not a
+test: numbers).
+
+    python -m bench.pod_ready [--pods 50] [--rounds 3] [--json]
+
+none         pods with no secondary network
+dra_example  pods with a ResourceClaim served by dra-example-driver's kubelet plugin, a DRA
+             driver that does nothing on the node: kubelet's and the scheduler's DRA cost alone
+multus       pods with a macvlan + host-local network through Multus (thin plugin, a
+             NetworkAttachmentDefinition, the pod annotation): what users run today
+cnidra       the same network through cnidra (a ResourceClaimTemplate with the same conflist)
+
+Each round runs, for each way in turn, one pod alone and then a burst of --pods at once; the
+time of a pod is from the watch event that shows it created to the one that shows it Ready
+(client clock, millisecond resolution). cnidra's time is split from its own metrics: prepare,
+the RunPodSandbox hook, the plugins inside it, and the status write after it. The raw CNI time
+is the same macvlan + host-local ADD exec'd directly. The last line is one JSON object.
+
+Needs the test bed (`make test`'s cache) and the peers (hack/install-peers.sh, which `make
+bench` runs): about 4 minutes per round at 50 pods on 2 cores, plus the peers' first build
+(about 3 minutes). Only one driver serves each way's pods: cnidra's runs only during its turn,
+Multus is the runtime's CNI config only during its turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from lightkube import Client, KubeConfig
+from lightkube.resources.core_v1 import Pod
+
+from bench.driver_latency import pct, raw_cni_ms
+from cnidra.cni import netns
+from testbed import cluster as tb
+from testbed.crds import NAD_CRD
+from testbed.harness import ROOT, Cluster, DriverProcess
+
+DRIVER = "cni.dra.networking.x-k8s.io"
+EXAMPLE_DRIVER = "gpu.example.com"
+WAYS = ("none", "dra_example", "multus", "cnidra")
+SUBNETS = {"multus": "198.18.160.0/24", "cnidra": "198.18.161.0/24"}
+
+
+def peers() -> dict[str, str]:
+    """Where hack/install-peers.sh put the peers: {"multus": path, ...}; building them first."""
+    script = ROOT / "hack" / "install-peers.sh"
+    subprocess.run([script], check=True)
+    out = subprocess.run([script, "env"], check=True, capture_output=True, text=True).stdout
+    found = dict(line.removeprefix("export ").split("=", 1) for line in out.splitlines())
+    return {
+        "multus": found["CNIDRA_PEER_MULTUS"],
+        "dra_example": found["CNIDRA_PEER_DRA_EXAMPLE"],
+    }
+
+
+def macvlan(name: str, parent: str, subnet: str, data_dir: str | None = None) -> dict[str, Any]:
+    ipam: dict[str, Any] = {"type": "host-local", "ranges": [[{"subnet": subnet}]]}
+    if data_dir:
+        ipam["dataDir"] = data_dir
+    return {
+        "cniVersion": "1.0.0",
+        "name": name,
+        "plugins": [{"type": "macvlan", "master": parent, "mode": "bridge", "ipam": ipam}],
+    }
+
+
+# ----------------------------------------------------------------------------- the four ways
+
+
+def pod(name: str, way: str, tag: str, namespace: str) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": "c",
+        "image": tb.TEST_IMAGE,
+        "command": ["sleep", "3600"],
+    }
+    spec: dict[str, Any] = {"terminationGracePeriodSeconds": 1, "containers": [container]}
+    meta: dict[str, Any] = {"name": name, "labels": {"bench": tag}}
+    if way in ("dra_example", "cnidra"):
+        template = way.replace("_", "-")
+        spec["resourceClaims"] = [{"name": "dev", "resourceClaimTemplateName": template}]
+        container["resources"] = {"claims": [{"name": "dev"}]}
+    if way == "multus":
+        meta["annotations"] = {"k8s.v1.cni.cncf.io/networks": f"{namespace}/bench-macvlan"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def templates(parent: str) -> list[dict[str, Any]]:
+    def template(name: str, device_class: str, config: list[dict[str, Any]]) -> dict[str, Any]:
+        request: dict[str, Any] = {"name": "dev", "exactly": {"deviceClassName": device_class}}
+        if device_class == "cni.networking.x-k8s.io":
+            selector = f'device.attributes["{DRIVER}"].ifName == "{parent}"'
+            request["exactly"]["selectors"] = [{"cel": {"expression": selector}}]
+        devices: dict[str, Any] = {"requests": [request]}
+        if config:
+            devices["config"] = config
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": devices}},
+        }
+
+    params = {
+        "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+        "kind": "CNIConfig",
+        "ifName": "net1",
+        "config": macvlan("bench-cnidra", parent, SUBNETS["cnidra"]),
+    }
+    return [
+        template("dra-example", EXAMPLE_DRIVER, []),
+        template(
+            "cnidra",
+            "cni.networking.x-k8s.io",
+            [{"requests": ["dev"], "opaque": {"driver": DRIVER, "parameters": params}}],
+        ),
+    ]
+
+
+class ExampleDriver:
+    """dra-example-driver's kubelet plugin as a process on the test bed's node: 64 fake GPUs,
+    CDI specs where containerd reads them, and room to talk to the apiserver (its defaults of
+    5 QPS would make it, not kubelet, the bottleneck of a 50-pod burst)."""
+
+    def __init__(self, binary: str, log: Path) -> None:
+        self.argv = [
+            binary,
+            f"--node-name={tb.NODE}",
+            f"--kubeconfig={tb.Paths.admin_kubeconfig}",
+            f"--kubelet-registrar-directory-path={tb.Paths.plugins_registry}",
+            f"--kubelet-plugins-directory-path={tb.Paths.plugins}",
+            f"--cdi-root={tb.Paths.cdi}",
+            "--num-devices=64",
+            "--kube-api-qps=100",
+            "--kube-api-burst=200",
+        ]
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, bed: Cluster) -> None:
+        bed.apply(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": EXAMPLE_DRIVER},
+                "spec": {
+                    "selectors": [{"cel": {"expression": f"device.driver == '{EXAMPLE_DRIVER}'"}}]
+                },
+            }
+        )
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
+        bed.wait(
+            "dra-example-driver's ResourceSlice",
+            lambda: EXAMPLE_DRIVER in bed.kubectl("get", "resourceslices", "-o", "json").stdout,
+            60,
+        )
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@contextmanager
+def multus_installed(binary: str, work: Path) -> Iterator[None]:
+    """Multus thin as the runtime's CNI config (a file sorting before the test bed's primary
+    conflist, which it delegates to), its binary on containerd's plugin path."""
+    primary = json.loads((tb.Paths.cni_conf / "10-testbed.conflist").read_text())
+    conf = {
+        "cniVersion": "1.0.0",
+        "name": "multus-cni-network",
+        "type": "multus",
+        "kubeconfig": str(tb.Paths.admin_kubeconfig),
+        "cniDir": str(work / "multus-cache"),
+        "confDir": str(tb.Paths.cni_conf),
+        "delegates": [primary],
+    }
+    plugin = tb.Paths.cni_bin / "multus"
+    shutil.copy2(binary, plugin)
+    path = tb.Paths.cni_conf / "00-bench-multus.conf"
+    path.write_text(json.dumps(conf))
+    time.sleep(2)  # containerd reloads its CNI config on a file change
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        time.sleep(2)
+        plugin.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+class ReadyTimes:
+    """A watch on the namespace's pods: when each was first seen and first seen Ready."""
+
+    def __init__(self, client: Client, namespace: str) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.created: dict[str, float] = {}
+        self.ready: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        time.sleep(0.3)  # the watch is open before the first pod
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for _, obj in self.client.watch(Pod, namespace=self.namespace):
+                    now = time.monotonic()
+                    name = obj.metadata.name if obj.metadata else None
+                    if name is None:
+                        continue
+                    self.created.setdefault(name, now)
+                    conditions = (obj.status.conditions or []) if obj.status else []
+                    if any(c.type == "Ready" and c.status == "True" for c in conditions):
+                        self.ready.setdefault(name, now)
+                    if self._stop.is_set():
+                        return
+            except Exception:  # the watch ends now and then: open it again
+                time.sleep(0.1)
+
+    def wait(self, names: list[str], timeout: float) -> list[float]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(n in self.ready for n in names):
+                return [self.ready[n] - self.created[n] for n in names]
+            time.sleep(0.05)
+        missing = [n for n in names if n not in self.ready]
+        raise RuntimeError(f"{len(missing)}/{len(names)} pods not Ready: {missing[:5]}")
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def burst(
+    bed: Cluster, client: Client, namespace: str, way: str, count: int, tag: str
+) -> list[float]:
+    names = [f"{way.replace('_', '-')}-{tag}-{i:03d}" for i in range(count)]
+    watch = ReadyTimes(client, namespace)
+    try:
+        bed.kubectl(
+            "apply", "-n", namespace, "-f", "-",
+            input_="\n---\n".join(json.dumps(pod(n, way, tag, namespace)) for n in names),
+            timeout=120,
+        )  # fmt: skip
+        times = watch.wait(names, 600)
+        if way in SUBNETS:  # the network is there, from its range, in the first and last pod
+            for name in (names[0], names[-1]):
+                shown = bed.kubectl("exec", "-n", namespace, name, "--", "ip", "-o", "-4",
+                                    "addr", "show", "net1").stdout  # fmt: skip
+                prefix = SUBNETS[way].rsplit(".", 1)[0] + "."
+                if prefix not in shown:
+                    raise RuntimeError(f"{way}: pod {name} has no net1 from {SUBNETS[way]}")
+        return times
+    finally:
+        watch.close()
+        bed.kubectl(
+            "delete", "pods", "-n", namespace, "-l", f"bench={tag}", "--timeout=180s",
+            timeout=240,
+        )  # fmt: skip
+
+
+def metric_sums(text: str, name: str, labels: str = "") -> tuple[float, float]:
+    """(sum, count) of a histogram in Prometheus text, for series whose labels contain
+    `labels`."""
+    total = count = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name) or (labels and labels not in line):
+            continue
+        if line.startswith(f"{name}_sum"):
+            total += float(line.split()[-1])
+        elif line.startswith(f"{name}_count"):
+            count += float(line.split()[-1])
+    return total, count
+
+
+def breakdown(metrics: str, pods: int) -> dict[str, float]:
+    """Where cnidra's time went, per pod (mean ms), from one driver process's metrics."""
+
+    def per_pod(name: str, labels: str = "") -> float:
+        total, _ = metric_sums(metrics, name, labels)
+        return round(total * 1000 / max(pods, 1), 2)
+
+    return {
+        "prepare_ms": per_pod("cnidra_dra_request_duration_seconds", "NodePrepareResources"),
+        "hook_ms": per_pod("cnidra_nri_hook_duration_seconds", "RunPodSandbox"),
+        "plugins_ms": per_pod("cnidra_cni_exec_duration_seconds", 'command="ADD"'),
+        "status_lag_ms": per_pod("cnidra_status_write_lag_seconds"),
+    }
+
+
+def hook_ms(log: Path, namespace: str) -> list[float]:
+    pattern = rf"attached \d+ interface\(s\) to pod {re.escape(namespace)}/\S+ in ([\d.]+) ms"
+    return [float(m[1]) for m in re.finditer(pattern, log.read_text(errors="replace"))]
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    return {"p50_s": round(pct(values, 0.5), 3), "p99_s": round(pct(values, 0.99), 3)}
+
+
+def raw_cni(bins: tb.Bins) -> dict[str, float]:
+    """The same macvlan + host-local ADD, the plugin exec'd directly (60 times, one pod)."""
+    with netns.temporary("cnidra-bench-node") as node:
+        ip = ["ip", "-n", node.name]
+        subprocess.run([*ip, "link", "add", "data0", "type", "veth", "peer", "name", "data0p"],
+                       check=True)  # fmt: skip
+        subprocess.run([*ip, "link", "set", "data0", "up"], check=True)
+        with netns.entered(node):
+            found = raw_cni_ms(str(bins.cni_plugins), "data0", 1, 60)
+    return {"p50": found["p50"], "p99": found["p99"]}
+
+
+def start_cnidra(bed: Cluster, state_dir: Path, parent: str) -> DriverProcess:
+    """The driver with deploy/'s settings but a state root of the run's (the pods share one
+    parent link, so it may carry more sub-interfaces than the default)."""
+    state_dir.mkdir()
+    driver = DriverProcess(bed, state_dir, extra_env={"CNIDRA_SUB_INTERFACES": "1000"})
+    driver.start()
+    bed.wait("cnidra's NRI plugin", lambda: driver.health().get("nriConnected"), 60)
+    bed.wait(
+        "cnidra's slice with the parent",
+        lambda: parent in bed.kubectl("get", "resourceslices", "-o", "json").stdout,
+        60,
+    )
+    return driver
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def main() -> None:  # noqa: PLR0915 - one linear script of measurements
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--pods", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="only the JSON line")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="record py-spy flame graphs (SVG) of cnidra's driver during its bursts here",
+    )
+    args = parser.parse_args()
+    started = time.monotonic()
+    found = peers()
+    samples: dict[str, list[float]] = {w: [] for w in WAYS}
+    single: dict[str, list[float]] = {w: [] for w in WAYS}
+    cnidra_split: list[dict[str, float]] = []
+    driver_cpu: list[float] = []  # CPU seconds of cnidra's driver per burst (with its deletes)
+    hooks: dict[str, list[float]] = {"burst": [], "single": []}
+    parent = f"bpr{uuid.uuid4().hex[:4]}"
+    with tb.session() as bins, tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        bed = Cluster(bins, tb.env_dict())
+        client = Client(KubeConfig.from_file(str(tb.Paths.admin_kubeconfig)))
+        bed.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
+        bed.apply(NAD_CRD)
+        bed.wait(
+            "the NAD CRD",
+            lambda: bed.kubectl("get", "net-attach-def", "-A", check=False).returncode == 0,
+            60,
+        )
+        subprocess.run(["ip", "link", "add", parent, "type", "bridge"], check=True)
+        subprocess.run(["ip", "link", "set", parent, "up"], check=True)
+        namespace = f"bench-{uuid.uuid4().hex[:6]}"
+        bed.kubectl("create", "namespace", namespace)
+        bed.kubectl("label", "namespace", namespace, "cni.networking.x-k8s.io/claim-config=true")
+        bed.wait(
+            "the namespace's ServiceAccount",
+            lambda: bed.kubectl(
+                "get", "serviceaccount", "default", "-n", namespace, check=False
+            ).returncode == 0,
+            60,
+        )  # fmt: skip
+        nad_config = macvlan("bench-multus", parent, SUBNETS["multus"], str(work / "hl"))
+        bed.apply_in(
+            namespace,
+            {
+                "apiVersion": "k8s.cni.cncf.io/v1",
+                "kind": "NetworkAttachmentDefinition",
+                "metadata": {"name": "bench-macvlan"},
+                "spec": {"config": json.dumps(nad_config)},
+            },
+            *templates(parent),
+        )
+        example = ExampleDriver(found["dra_example"], work / "dra-example.log")
+        example.start(bed)
+        try:
+            for round_ in range(args.rounds):
+                for way in WAYS:
+                    tag = f"r{round_}"
+                    driver: DriverProcess | None = None
+                    if way == "cnidra":
+                        driver = start_cnidra(bed, work / f"cnidra-{round_}", parent)
+                    ctx = multus_installed(found["multus"], work) if way == "multus" else _nothing()
+                    with ctx:
+                        single[way] += burst(bed, client, namespace, way, 1, f"{tag}s")
+                        cpu = cpu_seconds(driver)
+                        with profiled(driver, args.profile, f"cnidra-{args.pods}-pods-{tag}"):
+                            samples[way] += burst(bed, client, namespace, way, args.pods, tag)
+                        if driver is not None:
+                            driver_cpu.append(cpu_seconds(driver) - cpu)
+                    if driver is not None:
+                        split = breakdown(driver.metrics(), args.pods + 1)
+                        cnidra_split.append(split)
+                        times = hook_ms(driver.log, namespace)
+                        hooks["single"] += times[:1]
+                        hooks["burst"] += times[1:]
+                        driver.stop()
+                    if not args.json:
+                        print(
+                            f"round {round_ + 1}/{args.rounds} {way:12} "
+                            f"p50 {pct(samples[way][-args.pods :], 0.5):.2f} s  "
+                            f"p99 {pct(samples[way][-args.pods :], 0.99):.2f} s  "
+                            f"(1 pod {single[way][-1]:.2f} s)",
+                            flush=True,
+                        )
+        finally:
+            example.stop()
+            bed.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+            subprocess.run(["ip", "link", "del", parent], check=False, capture_output=True)
+        raw = raw_cni(bins)
+    result: dict[str, Any] = {"pods": args.pods, "rounds": args.rounds}
+    for way in WAYS:
+        result[way] = stats(samples[way])
+    result["raw_cni_ms"] = raw
+    result["one_pod"] = {way: stats(single[way]) for way in WAYS}
+    result["cnidra_time_per_pod_ms"] = {
+        key: round(sum(s[key] for s in cnidra_split) / len(cnidra_split), 2)
+        for key in cnidra_split[0]
+    }
+    result["cnidra_hook_ms"] = {
+        phase: {"p50": round(pct(v, 0.5), 2), "p99": round(pct(v, 0.99), 2)}
+        for phase, v in hooks.items()
+        if v
+    }
+    result["cnidra_driver_cpu_s_per_burst"] = round(sum(driver_cpu) / len(driver_cpu), 2)
+    result["seconds"] = round(time.monotonic() - started)
+    if not args.json:
+        print(json.dumps(result, indent=2))
+    print(json.dumps(result))
+
+
+def cpu_seconds(driver: DriverProcess | None) -> float:
+    """User + system CPU time of the driver process so far."""
+    if driver is None or driver.proc is None:
+        return 0.0
+    fields = Path(f"/proc/{driver.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+@contextmanager
+def profiled(driver: DriverProcess | None, into: Path | None, name: str) -> Iterator[None]:
+    """py-spy sampling the driver (all threads, idle included: the hook waits on plugins)."""
+    if driver is None or into is None or driver.proc is None:
+        yield
+        return
+    into.mkdir(parents=True, exist_ok=True)
+    spy = subprocess.Popen(
+        ["py-spy", "record", "--pid", str(driver.proc.pid), "--rate", "250",
+         "--format", os.environ.get("PYSPY_FORMAT", "flamegraph"),
+         "--output", str(into / f"{name}.{os.environ.get('PYSPY_EXT', 'svg')}")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(1)
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
+
+
+if __name__ == "__main__":
+    main()
