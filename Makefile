@@ -43,8 +43,11 @@ image-cni-plugins: install
 deploy:
 	hack/render-deploy.sh
 
+# the quick ones (no test bed, about 2 minutes); the test-bed benchmarks, with how long they
+# take, are listed in docs/performance.md
 bench: install cni-plugins
 	$(BIN)/python -m bench.cni_overhead
+	$(BIN)/python -m bench.attach_parallel
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis dist

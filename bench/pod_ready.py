@@ -15,6 +15,8 @@ time of a pod is from the watch event that shows it created to the one that show
 (client clock, millisecond resolution). cnidra's time is split from its own metrics: prepare,
 the RunPodSandbox hook, the plugins inside it, and the status write after it. The raw CNI time
 is the same macvlan + host-local ADD exec'd directly. The last line is one JSON object.
+`CNIDRA_ATTACH_BEHIND_SANDBOX=false` in the environment measures the ADDs inside the sandbox
+hook instead.
 
 Needs the test bed (`make test`'s cache) and the peers (hack/install-peers.sh, which `make
 bench` runs): about 4 minutes per round at 50 pods on 2 cores, plus the peers' first build
@@ -300,9 +302,14 @@ def breakdown(metrics: str, pods: int) -> dict[str, float]:
         total, _ = metric_sums(metrics, name, labels)
         return round(total * 1000 / max(pods, 1), 2)
 
+    hooks = "cnidra_nri_hook_duration_seconds"
     return {
         "prepare_ms": per_pod("cnidra_dra_request_duration_seconds", "NodePrepareResources"),
-        "hook_ms": per_pod("cnidra_nri_hook_duration_seconds", "RunPodSandbox"),
+        # inside containerd's NRI lock: the sandbox hook, and the first container's wait
+        "sandbox_hook_ms": per_pod(hooks, 'hook="RunPodSandbox"'),
+        "container_wait_ms": per_pod(hooks, 'hook="CreateContainer"'),
+        # the ADDs, behind the sandbox (or inside its hook with --attach-in-sandbox-hook)
+        "attach_ms": per_pod(hooks, 'hook="Attach"') or per_pod(hooks, 'hook="RunPodSandbox"'),
         "plugins_ms": per_pod("cnidra_cni_exec_duration_seconds", 'command="ADD"'),
         "status_lag_ms": per_pod("cnidra_status_write_lag_seconds"),
     }

@@ -106,7 +106,7 @@ class Driver:
         )
         self.reconciler = Reconciler(self.lifecycle)
         self.nri = NRIPlugin(
-            PodHooks(self.lifecycle, self.reconciler),
+            PodHooks(self.lifecycle, self.reconciler, background=settings.attach_behind_sandbox),
             settings.nri_socket,
             settings.nri_plugin_name,
             settings.nri_plugin_index,

@@ -31,6 +31,8 @@ class DriverSettings:
     nri_plugin_index: str = "50"
     cni_timeout: float = 10.0
     concurrent_attach: bool = False
+    # ADDs behind the sandbox: RunPodSandbox answers at once, CreateContainer waits for them
+    attach_behind_sandbox: bool = True
     attach_budget: float = 0.0
     max_attachments: int = DEFAULT_MAX_ATTACHMENTS
     sweep_seconds: float = 10.0

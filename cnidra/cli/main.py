@@ -324,6 +324,16 @@ def driver(
             help="ADD a pod's attachments at once instead of in order",
         ),
     ] = False,
+    attach_behind_sandbox: Annotated[
+        bool,
+        typer.Option(
+            "--attach-behind-sandbox/--attach-in-sandbox-hook",
+            envvar="CNIDRA_ATTACH_BEHIND_SANDBOX",
+            help="start a pod's ADDs in RunPodSandbox and wait for them at its first "
+            "CreateContainer (containerd runs all pods' NRI hooks one at a time), or do them "
+            "inside RunPodSandbox",
+        ),
+    ] = DEFAULTS.attach_behind_sandbox,
     attach_budget: Annotated[
         float,
         typer.Option(
@@ -393,6 +403,7 @@ def driver(
         nri_plugin_name=nri_plugin_name,
         nri_plugin_index=nri_plugin_index,
         concurrent_attach=concurrent_attach,
+        attach_behind_sandbox=attach_behind_sandbox,
         cni_timeout=cni_timeout,
         attach_budget=attach_budget,
         max_attachments=max_attachments,

@@ -285,6 +285,9 @@ class StatusWriter:
         if obj.metadata is None or obj.metadata.uid != pod.uid:
             self._written_interfaces.pop(pod, None)
             return  # another pod of the same name now
+        if obj.metadata.deletionTimestamp is not None:
+            self._written_interfaces.pop(pod, None)
+            return  # going away: nobody reads its networks any more
         ours = {s["interface"] for s in statuses} | self._written_interfaces.get(pod, set())
         current = (obj.metadata.annotations or {}).get(NETWORK_STATUS_ANNOTATION)
         try:

@@ -210,6 +210,7 @@ class Node:
         plugins: FakePlugins | None = None,
         gone: set[str] | None = None,
         journal: Journal | None = None,
+        background: bool = False,
     ) -> Node:
         """A fresh process over `root`: what is on disk is all it knows."""
         plugins = plugins or FakePlugins()
@@ -229,7 +230,8 @@ class Node:
             journal=journal,
         )
         reconciler = Reconciler(lifecycle)
-        return cls(lifecycle, reconciler, PodHooks(lifecycle, reconciler), plugins, status, gone)
+        hooks = PodHooks(lifecycle, reconciler, background=background)
+        return cls(lifecycle, reconciler, hooks, plugins, status, gone)
 
     @property
     def store(self) -> SandboxStore:

@@ -1,0 +1,84 @@
+"""ADDs behind the sandbox (the driver's default): RunPodSandbox answers before any plugin
+runs, the pod's first CreateContainer waits for its interfaces, pods' ADDs overlap, a failure
+fails the container (and the next try attaches again), and a sandbox stopped mid-ADD is
+DELed after the ADDs, never before."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from cnidra.nri.lifecycle import AttachError
+from cnidra.state.sandboxes import State
+from tests.nri.fakes import FakePlugins, Node, network, pod, prepare
+
+
+def one_network(node: Node, name: str) -> None:
+    prepare(node.checkpoint, f"c-{name}", f"{name}-uid", ("net1", network(f"n-{name}", "macvlan")))
+
+
+async def test_the_sandbox_hook_answers_before_the_plugins_and_containers_wait(
+    tmp_path: Path,
+) -> None:
+    node = Node.start(tmp_path, FakePlugins(slow={"macvlan": 0.1}), background=True)
+    one_network(node, "a")
+    start = time.perf_counter()
+    await node.hooks.run_pod_sandbox(pod("a"))
+    assert time.perf_counter() - start < 0.05
+    await node.hooks.create_container(pod("a"))
+    assert time.perf_counter() - start >= 0.1
+    record = node.store.get("a-sandbox")
+    assert record is not None and record.state is State.ADDED
+    await node.hooks.create_container(pod("a"))  # the next container: nothing to wait for
+    assert len(node.plugins.commands("ADD")) == 1
+
+
+async def test_a_burst_of_pods_adds_side_by_side(tmp_path: Path) -> None:
+    """What containerd's one NRI lock serialises when the ADDs run inside RunPodSandbox."""
+    node = Node.start(tmp_path, FakePlugins(slow={"macvlan": 0.1}), background=True)
+    names = [f"p{i}" for i in range(10)]
+    for name in names:
+        one_network(node, name)
+    start = time.perf_counter()
+    for name in names:  # the runtime calls the hooks one at a time
+        await node.hooks.run_pod_sandbox(pod(name))
+    for name in names:
+        await node.hooks.create_container(pod(name))
+    assert time.perf_counter() - start < 0.5  # in the hook: 10 x 0.1 s
+
+
+async def test_a_failed_add_fails_the_container_and_the_next_try_attaches_again(
+    tmp_path: Path,
+) -> None:
+    plugins = FakePlugins(failing={"macvlan": "ADD"})
+    node = Node.start(tmp_path, plugins, background=True)
+    one_network(node, "a")
+    await node.hooks.run_pod_sandbox(pod("a"))  # answers: the failure is the container's
+    with pytest.raises(AttachError, match="it broke"):
+        await node.hooks.create_container(pod("a"))
+    assert node.store.get("a-sandbox") is None  # rolled back
+    plugins.failing.clear()
+    await node.hooks.create_container(pod("a"))  # kubelet's next try
+    record = node.store.get("a-sandbox")
+    assert record is not None and record.state is State.ADDED
+
+
+async def test_a_sandbox_stopped_mid_add_is_deleted_after_it(tmp_path: Path) -> None:
+    node = Node.start(tmp_path, FakePlugins(slow={"macvlan": 0.1}), background=True)
+    one_network(node, "a")
+    await node.hooks.run_pod_sandbox(pod("a"))
+    await asyncio.sleep(0.01)  # the ADD is running
+    await node.hooks.stop_pod_sandbox(pod("a"))
+    commands = [c.command for c in node.plugins.calls]
+    assert commands == ["ADD", "DEL"]
+    assert node.store.get("a-sandbox") is None
+
+
+async def test_pods_without_cnidra_claims_are_not_waited_for(tmp_path: Path) -> None:
+    node = Node.start(tmp_path, background=True)
+    await node.hooks.run_pod_sandbox(pod("plain"))
+    await node.hooks.create_container(pod("plain"))
+    assert node.plugins.calls == []
