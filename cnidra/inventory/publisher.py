@@ -154,12 +154,24 @@ class SlicePublisher:
                     self._published = None  # retry on the next round
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._trigger.wait(), self.resync)
-                self._trigger.clear()
-                await asyncio.sleep(self.min_interval)  # coalesce bursts of link events
+                await self._quiet()
         finally:
             watcher.cancel()
             if networks is not None:
                 networks.cancel()
+
+    async def _quiet(self) -> None:
+        """After a change: publish once events pause for `min_interval`, or at the latest
+        `BURST_LIMIT` intervals after the first. A burst of pods makes link events for seconds
+        (veths, macvlans made and moved away); re-reading every link each second of it cost
+        more CPU than the burst's hooks."""
+        first = time.monotonic()
+        while time.monotonic() - first < self.min_interval * BURST_LIMIT:
+            self._trigger.clear()
+            try:
+                await asyncio.wait_for(self._trigger.wait(), self.min_interval)
+            except TimeoutError:
+                return
 
     async def publish_if_changed(self, owner: dict[str, Any] | None) -> bool:
         every = await asyncio.to_thread(self.read_links)
@@ -244,8 +256,8 @@ class SlicePublisher:
                     self.generation = max(self.generation, int(data["spec"]["pool"]["generation"]))
 
     async def _watch_netlink(self) -> None:
-        """Any link or address change in the node's namespace triggers a publish (coalesced
-        by min_interval). The messages are only counted, never decoded: a burst of pods makes
+        """Any link or address change in the node's namespace triggers a publish (coalesced:
+        `_quiet`). The messages are only counted, never decoded: a burst of pods makes
         hundreds of them (veths, macvlans moving away), and decoding each cost more CPU than
         the publish itself."""
         while True:
@@ -268,6 +280,8 @@ class SlicePublisher:
                 log.warning("netlink monitor failed (%s); relying on resync", exc)
                 await asyncio.sleep(5)
 
+
+BURST_LIMIT = 10  # a publish waits at most this many min_intervals for events to pause
 
 # rtnetlink multicast groups (linux/rtnetlink.h)
 RTMGRP_LINK = 0x1
