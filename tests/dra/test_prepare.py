@@ -228,16 +228,15 @@ def named(name: str, uid: str, requests: int) -> dict[str, Any]:
     return c
 
 
-async def test_prepare_refuses_more_interfaces_per_pod_than_the_limit(tmp_path: Path) -> None:
+def limited(tmp_path: Path) -> tuple[Checkpoint, Preparer]:
+    """Claims a and b of one pod, two interfaces each, a limit of three per pod."""
     cp = Checkpoint(StateLayout(tmp_path))
-    preparer = Preparer(
-        "n1",
-        Claims(named("a", "u-a", 2), named("b", "u-b", 2)),
-        cp,
-        DIRS,
-        max_attachments=3,
-        view=lambda: VIEW,
-    )
+    claims = Claims(named("a", "u-a", 2), named("b", "u-b", 2))
+    return cp, Preparer("n1", claims, cp, DIRS, max_attachments=3, view=lambda: VIEW)
+
+
+async def test_prepare_refuses_more_interfaces_per_pod_than_the_limit(tmp_path: Path) -> None:
+    cp, preparer = limited(tmp_path)
     await preparer.prepare(ObjectRef("ns", "a", "u-a"))
     with pytest.raises(PrepareError, match="would get 4 cnidra interfaces; at most 3 per pod"):
         await preparer.prepare(ObjectRef("ns", "b", "u-b"))
@@ -246,15 +245,7 @@ async def test_prepare_refuses_more_interfaces_per_pod_than_the_limit(tmp_path: 
 
 async def test_the_limit_counts_the_claims_of_one_batch_written_together(tmp_path: Path) -> None:
     """A kubelet batch is checkpointed concurrently; the limit still sees the whole batch."""
-    cp = Checkpoint(StateLayout(tmp_path))
-    preparer = Preparer(
-        "n1",
-        Claims(named("a", "u-a", 2), named("b", "u-b", 2)),
-        cp,
-        DIRS,
-        max_attachments=3,
-        view=lambda: VIEW,
-    )
+    cp, preparer = limited(tmp_path)
     first, second = await preparer.prepare_batch(
         [ObjectRef("ns", "a", "u-a"), ObjectRef("ns", "b", "u-b")]
     )

@@ -166,6 +166,16 @@ def parents_in_checkpoint(driver: Driver, namespace: str) -> dict[str, str]:
     }
 
 
+def node_conf_network(network_id: str, namespace: str) -> dict[str, Any]:
+    """A CNINetwork whose config is each node's conf file `<network_id>.conflist`."""
+    return {
+        "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+        "kind": "CNINetwork",
+        "metadata": {"name": network_id},
+        "spec": {"type": "macvlan", "networkID": network_id, "namespaces": [namespace]},
+    }
+
+
 def macvlan_conf(network_id: str, parent: str, subnet: str) -> str:
     return json.dumps(
         {
@@ -192,14 +202,7 @@ def test_one_template_follows_each_nodes_wiring_of_a_node_conf(
     link_a, link_b = test_link(f"nA{tag}"), test_link(f"nB{tag}")
     network_id = f"tb-data-{uuid.uuid4().hex[:6]}"
     conf = conf_dir / f"{network_id}.conflist"
-    cluster.apply(
-        {
-            "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
-            "kind": "CNINetwork",
-            "metadata": {"name": network_id},
-            "spec": {"type": "macvlan", "networkID": network_id, "namespaces": [ns]},
-        }
-    )
+    cluster.apply(node_conf_network(network_id, ns))
     try:
         cluster.apply_in(ns, network_template("data", network_id))
         # no conf on the node: the scheduler finds no device, the pod stays Pending
@@ -286,14 +289,7 @@ def test_one_template_lands_on_two_differently_wired_nodes(
     subprocess.run([*node2_ip, "link", "set", link_b, "up"], check=True)
     network_id = f"tb-wired-{tag}"
     confs = (conf_dir / f"{network_id}.conflist", second_node.cni_conf / f"{network_id}.conflist")
-    cluster.apply(
-        {
-            "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
-            "kind": "CNINetwork",
-            "metadata": {"name": network_id},
-            "spec": {"type": "macvlan", "networkID": network_id, "namespaces": [ns]},
-        }
-    )
+    cluster.apply(node_conf_network(network_id, ns))
     try:
         confs[0].write_text(macvlan_conf(network_id, link_a, "198.18.214.0/24"))
         confs[1].write_text(macvlan_conf(network_id, link_b, "198.18.215.0/24"))
