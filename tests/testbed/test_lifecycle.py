@@ -136,48 +136,61 @@ def select_link(link: str) -> str:
     return f'device.attributes["{DRIVER}"].ifName == "{link}"'
 
 
+def device_template(
+    name: str, device_class: str, requests: list[tuple[str, str, dict[str, Any] | None]]
+) -> dict[str, Any]:
+    """A ResourceClaimTemplate: (request, CEL selector, CNIConfig fields or None) per request."""
+    devices: dict[str, Any] = {
+        "requests": [
+            {
+                "name": req,
+                "exactly": {
+                    "deviceClassName": device_class,
+                    "selectors": [{"cel": {"expression": selector}}],
+                },
+            }
+            for req, selector, _ in requests
+        ]
+    }
+    config = [
+        {
+            "requests": [req],
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+                    "kind": "CNIConfig",
+                    **fields,
+                },
+            },
+        }
+        for req, _, fields in requests
+        if fields is not None
+    ]
+    if config:
+        devices["config"] = config
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": devices}},
+    }
+
+
 def template(
     name: str,
     requests: list[tuple[str, str, dict[str, Any], str]],
     device_class: str = "cni.networking.x-k8s.io",
 ) -> dict[str, Any]:
     """requests: (request name, parent link, CNI config, ifName)."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": req,
-                            "exactly": {
-                                "deviceClassName": device_class,
-                                "selectors": [{"cel": {"expression": select_link(link)}}],
-                            },
-                        }
-                        for req, link, _, _ in requests
-                    ],
-                    "config": [
-                        {
-                            "requests": [req],
-                            "opaque": {
-                                "driver": DRIVER,
-                                "parameters": {
-                                    "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
-                                    "kind": "CNIConfig",
-                                    "ifName": if_name,
-                                    "config": conf,
-                                },
-                            },
-                        }
-                        for req, _, conf, if_name in requests
-                    ],
-                }
-            }
-        },
-    }
+    return device_template(
+        name,
+        device_class,
+        [
+            (req, select_link(link), {"ifName": if_name, "config": conf})
+            for req, link, conf, if_name in requests
+        ],
+    )
 
 
 def claiming_pod(name: str, *templates: str) -> dict[str, Any]:

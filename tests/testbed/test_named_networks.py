@@ -21,7 +21,14 @@ from testbed.crds import NAD_CRD
 from testbed.harness import ROOT, Cluster, DriverProcess, read_checkpoint
 from testbed.incluster import InClusterDriver, Release
 from tests.testbed.conftest import env_image, pod
-from tests.testbed.test_lifecycle import Driver, claims_of, pod_addresses, ready
+from tests.testbed.test_lifecycle import (
+    Driver,
+    claims_of,
+    device_template,
+    pod_addresses,
+    ready,
+    select_link,
+)
 
 pytestmark = pytest.mark.testbed
 DRIVER = "cni.dra.networking.x-k8s.io"
@@ -118,26 +125,7 @@ def network_devices(cluster: Cluster) -> dict[str, dict[str, Any]]:
 def network_template(name: str, network: str) -> dict[str, Any]:
     """Users reference the network by name and nothing else: no config, an implicit name."""
     selector = f'device.attributes["{DRIVER}"].network == "{network}"'
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "data",
-                            "exactly": {
-                                "deviceClassName": NETWORK_CLASS,
-                                "selectors": [{"cel": {"expression": selector}}],
-                            },
-                        }
-                    ]
-                }
-            }
-        },
-    }
+    return device_template(name, NETWORK_CLASS, [("data", selector, None)])
 
 
 def claimed_pod(name: str, *templates: str) -> dict[str, Any]:
@@ -335,48 +323,9 @@ def nad(name: str, config: dict[str, Any]) -> dict[str, Any]:
 
 def nad_template(name: str, requests: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
     """(request, link, extra CNIConfig fields) per request, each referencing a NAD."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": request,
-                            "exactly": {
-                                "deviceClassName": LINK_CLASS,
-                                "selectors": [
-                                    {
-                                        "cel": {
-                                            "expression": f'device.attributes["{DRIVER}"]'
-                                            f'.ifName == "{link}"'
-                                        }
-                                    }
-                                ],
-                            },
-                        }
-                        for request, link, _ in requests
-                    ],
-                    "config": [
-                        {
-                            "requests": [request],
-                            "opaque": {
-                                "driver": DRIVER,
-                                "parameters": {
-                                    "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
-                                    "kind": "CNIConfig",
-                                    **fields,
-                                },
-                            },
-                        }
-                        for request, _, fields in requests
-                    ],
-                }
-            }
-        },
-    }
+    return device_template(
+        name, LINK_CLASS, [(req, select_link(link), fields) for req, link, fields in requests]
+    )
 
 
 def multus_macvlan(name: str, subnet: str) -> dict[str, Any]:
