@@ -20,5 +20,5 @@ render deploy/daemonset.yaml daemonset.yaml
 render deploy/admission.yaml admission.yaml
 {
   echo "# Copied from charts/cnidra/crds by \`make deploy\` (hack/render-deploy.sh): edit the chart."
-  cat charts/cnidra/crds/*.yaml
+  for crd in charts/cnidra/crds/*.yaml; do echo "---"; cat "$crd"; done
 } > deploy/crds.yaml

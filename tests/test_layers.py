@@ -13,7 +13,7 @@ LAYERS: list[set[str]] = [
     {"api", "util", "_proto"},
     {"cni", "observe"},
     {"state", "kube"},
-    {"status", "inventory"},
+    {"status", "inventory", "ipam"},
     {"dra", "nri", "admission", "nodeapi"},
     {"agent"},
     {"cli"},

@@ -24,8 +24,11 @@ from cnidra.dra.prepare import Preparer
 from cnidra.inventory.links import LinkFilter
 from cnidra.inventory.publisher import SlicePublisher
 from cnidra.inventory.slices import SliceSettings
+from cnidra.ipam.allocator import Allocator
+from cnidra.ipam.reconcile import Reconciler as IPAMReconciler
 from cnidra.kube.claims import ClaimGetter, NamespaceGetter
 from cnidra.kube.client import make_client
+from cnidra.kube.ipam import KubeIPAM
 from cnidra.kube.networks import NetworkReader, ServedNetworks
 from cnidra.nodeapi.service import NodeNetworksService
 from cnidra.nodeapi.service import serve as serve_node_api
@@ -38,6 +41,7 @@ from cnidra.observe import metrics
 from cnidra.observe.http import HTTPEndpoint
 from cnidra.observe.tasks import Supervisor
 from cnidra.state.checkpoint import Checkpoint
+from cnidra.state.ipam import IPAMState
 from cnidra.state.journal import Journal
 from cnidra.state.layout import StateLayout
 from cnidra.state.migrate import migrate_legacy
@@ -69,6 +73,14 @@ class Driver:
             if settings.device_metadata
             else None
         )
+        self.ipam = Allocator(
+            settings.node_name,
+            IPAMState(self.layout),
+            KubeIPAM(self.client, settings.api_timeout),
+        )
+        self.ipam_reconciler = IPAMReconciler(
+            self.ipam, lambda: {claim.uid for claim in self.checkpoint.all()}
+        )
         self.preparer = Preparer(
             settings.node_name,
             ClaimGetter(self.client, settings.api_timeout),
@@ -79,6 +91,7 @@ class Driver:
             namespaces=NamespaceGetter(self.client, settings.api_timeout),
             metadata=self.metadata,
             networks=NetworkReader(self.client, settings.cni_conf_dir, settings.api_timeout),
+            ipam=self.ipam,
         )
         self.runtime = CNIRuntime(
             settings.cni_path,
@@ -180,6 +193,7 @@ class Driver:
         self.tasks.spawn("nri", self.nri.run)
         self.tasks.spawn("sandbox-sweeper", lambda: self.reconciler.run_sweeper(s.sweep_seconds))
         self.tasks.spawn("slice-publisher", self.publisher.run)
+        self.tasks.spawn("ipam-reconciler", self._reconcile_ipam)
         log.info(
             "driver %s up on node %s: registration %s, DRA %s, http %s",
             DRIVER_NAME,
@@ -187,6 +201,12 @@ class Driver:
             s.registration_socket,
             s.dra_socket,
             s.http_address,
+        )
+
+    async def _reconcile_ipam(self) -> None:
+        await self.ipam.sync_blocks()
+        await self.ipam_reconciler.run(
+            self.settings.ipam_reconcile_seconds, self.settings.ipam_lost_node_passes
         )
 
     async def stop(self) -> None:

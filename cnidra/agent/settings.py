@@ -36,6 +36,10 @@ class DriverSettings:
     attach_budget: float = 0.0
     max_attachments: int = DEFAULT_MAX_ATTACHMENTS
     sweep_seconds: float = 10.0
+    # cnidra IPAM's reconciler: a pass this often (unprepared claims' and deleted IPAMClaims'
+    # addresses), lost nodes' blocks every `ipam_lost_node_passes` passes
+    ipam_reconcile_seconds: float = 30.0
+    ipam_lost_node_passes: int = 10
     # device metadata for containers (KEP-5304): CDI specs go where the runtime reads them
     device_metadata: bool = True
     cdi_dir: Path = Path("/var/run/cdi")

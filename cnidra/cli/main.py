@@ -287,6 +287,14 @@ def driver(
     resync_seconds: Annotated[
         float, typer.Option("--resync-seconds", envvar="CNIDRA_RESYNC_SECONDS")
     ] = DEFAULTS.resync_seconds,
+    ipam_reconcile_seconds: Annotated[
+        float,
+        typer.Option(
+            "--ipam-reconcile-seconds",
+            envvar="CNIDRA_IPAM_RECONCILE_SECONDS",
+            help="how often cnidra IPAM frees addresses nobody holds (docs/ipam.md)",
+        ),
+    ] = DEFAULTS.ipam_reconcile_seconds,
     cni_conf_dir: Annotated[
         Path,
         typer.Option(
@@ -399,6 +407,7 @@ def driver(
         include_interfaces=include_interfaces,
         exclude_interfaces=exclude_interfaces or DEFAULTS.exclude_interfaces,
         resync_seconds=resync_seconds,
+        ipam_reconcile_seconds=ipam_reconcile_seconds,
         nri_socket=nri_socket,
         nri_plugin_name=nri_plugin_name,
         nri_plugin_index=nri_plugin_index,

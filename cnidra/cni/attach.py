@@ -57,6 +57,8 @@ class Attachment:
     if_name_prefix: str | None = None
     # the name a referenced network has for readers of Multus' network-status annotation
     status_name: str = ""
+    # the IPAMClaim (in the claim's namespace) whose addresses a cnidra-IPAM network gets
+    ipam_claim: str | None = None
 
     @cached_property
     def netconf(self) -> NetworkConfigList:
@@ -203,6 +205,7 @@ def attachment_from(
         explicit_name=config.if_name is not None,
         if_name_prefix=config.if_name_prefix,
         status_name=resolved.network.status_name if resolved.network else "",
+        ipam_claim=config.ipam_claim_reference,
     )
 
 

@@ -22,6 +22,7 @@ from cnidra.api.constants import (
     POD_CLAIM_NAME_ANNOTATION,
 )
 from cnidra.api.errors import UnusableObject
+from cnidra.api.ipam import cnidra_ipam
 from cnidra.api.issues import FieldPath, Issues
 from cnidra.api.merge import ConfigEntry, Source
 from cnidra.api.naming import NamingError, assign_names
@@ -37,6 +38,7 @@ from cnidra.api.ownership import PrivateDirs
 from cnidra.api.refs import ObjectRef
 from cnidra.api.validate import is_dns_label
 from cnidra.cni.attach import Attachment, Device, resolve_attachment
+from cnidra.ipam.allocator import AllocationError, Allocator
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
 from cnidra.status.metadata import DeviceMetadata, base_request
 from cnidra.util.locks import KeyedLocks
@@ -287,6 +289,7 @@ class Preparer:
         namespaces: NamespaceLabels | None = None,
         metadata: DeviceMetadata | None = None,
         networks: NetworkReader | None = None,
+        ipam: Allocator | None = None,
     ) -> None:
         self.node = node
         self.claims = claims
@@ -297,6 +300,7 @@ class Preparer:
         self.namespaces = namespaces
         self.metadata = metadata
         self.networks = networks
+        self.ipam = ipam
         self._locks = KeyedLocks()
 
     async def prepare(self, ref: ObjectRef) -> PreparedClaim:
@@ -325,6 +329,10 @@ class Preparer:
                 else:
                     raise item
             checked = self._check_pod_limits(self._name(answers))
+            if self.ipam is not None:  # addresses leased for a claim that is not prepared
+                for ref, answer in zip(refs, checked, strict=True):
+                    if isinstance(answer, PrepareError) and self.checkpoint.get(ref.uid) is None:
+                        await self.ipam.release_claim(ref.uid)
             # the checkpoint writes (an fsync each) and device metadata files, all at once
             return list(await asyncio.gather(*(self._commit(a) for a in checked)))
 
@@ -353,9 +361,29 @@ class Preparer:
         )
         if self.namespaces and selecting:  # a GET only when a policy or a network asks
             labels = await self.namespaces.labels(ref.namespace)
-        return resolve_claim(
+        prepared = resolve_claim(
             claim, ref, self.node, self.dirs, view, labels, catalog, device_networks
         )
+        return await self._addresses(prepared, claim)
+
+    async def _addresses(self, prepared: PreparedClaim, claim: Mapping[str, Any]) -> PreparedClaim:
+        """cnidra-IPAM networks get their addresses now, while the apiserver can be asked."""
+        if not any(cnidra_ipam(a.network) for a in prepared.devices):
+            return prepared
+        if self.ipam is None:
+            raise PrepareError(
+                f"claim {prepared.ref}: its network asks for cnidra IPAM, which this driver "
+                "runs only with an apiserver connection"
+            )
+        pods = [
+            str(r.get("name"))
+            for r in (claim.get("status") or {}).get("reservedFor") or []
+            if r.get("resource") == "pods" and r.get("name")
+        ]
+        try:
+            return await self.ipam.assign(prepared, pods)
+        except AllocationError as exc:
+            raise PrepareError(f"claim {prepared.ref}: {exc}") from None
 
     async def _networks(
         self, claim: Mapping[str, Any], ref: ObjectRef, view: NodeView
@@ -465,5 +493,7 @@ class Preparer:
         async with self._locks.hold(ref.uid):
             if await self.checkpoint.remove(ref.uid):
                 log.info("unprepared claim %s (%s)", ref, ref.uid)
+            if self.ipam is not None:
+                await self.ipam.release_claim(ref.uid)
             if self.metadata is not None:
                 await asyncio.to_thread(self.metadata.remove, ref)

@@ -40,6 +40,7 @@ def attachment_to_json(att: Attachment) -> dict[str, Any]:
         "explicit_name": att.explicit_name,
         "if_name_prefix": att.if_name_prefix,
         "status_name": att.status_name,
+        "ipam_claim": att.ipam_claim,
     }
 
 
@@ -61,6 +62,7 @@ def attachment_from_json(data: Mapping[str, Any], claim: ObjectRef) -> Attachmen
         explicit_name=bool(data.get("explicit_name", True)),
         if_name_prefix=data.get("if_name_prefix"),
         status_name=str(data.get("status_name") or ""),
+        ipam_claim=data.get("ipam_claim"),
     )
 
 

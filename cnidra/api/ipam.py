@@ -1,0 +1,449 @@
+"""cnidra's cluster-wide IPAM, the pure part: pools, the blocks they are cut into, and the static
+IPAM config an allocation becomes. No I/O (cnidra/ipam allocates, cnidra/kube reads and writes
+the objects). docs/ipam.md.
+
+- A **CNIIPPool** (cluster-scoped, the admin's) has one range per address family, exclusions,
+  routes, the block size and whether IPAMClaims may hold its addresses (`allowPersistentIPs`).
+- A network asks for it with `"ipam": {"type": "cnidra", "pool": "<name>"}`; at prepare the
+  driver picks the addresses and the plugin gets `static` IPAM with them.
+- A pool's ranges are cut into aligned **blocks** of `blockSize` addresses. A node reserves a
+  block by creating a **CNIIPBlock** named after it (creation is the reservation: the
+  apiserver refuses a second one), then hands out the block's addresses itself, with no
+  apiserver call per pod. Two nodes never hold the same block, so never the same address.
+- An **IPAMClaim** (k8s.cni.cncf.io, KubeVirt's persistent IPs) named by a CNIConfig's
+  `ipamClaimReference` keeps its addresses until it is deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from cnidra.api.constants import API_GROUP, API_VERSION
+
+IPAM_TYPE = "cnidra"
+POOL_KIND = "CNIIPPool"
+POOL_PLURAL = "cniippools"
+BLOCK_KIND = "CNIIPBlock"
+BLOCK_PLURAL = "cniipblocks"
+LABEL_POOL = f"{API_GROUP}/pool"
+LABEL_NODE = f"{API_GROUP}/node"
+IPAMCLAIM_GROUP = "k8s.cni.cncf.io"
+IPAMCLAIM_VERSION = "v1alpha1"
+IPAMCLAIM_KIND = "IPAMClaim"
+IPAMCLAIM_PLURAL = "ipamclaims"
+# held on an IPAMClaim from the moment cnidra wrote its addresses until the node holding them
+# freed them
+IPAMCLAIM_FINALIZER = "cni.dra.networking.x-k8s.io/ipam"
+# which node holds an IPAMClaim's addresses (in one of its blocks): that node releases them
+IPAMCLAIM_NODE_LABEL = f"ipam.{API_GROUP}/node"
+CONDITION_IPS_ALLOCATED = "IPsAllocated"
+# pool names leave room for ".<range>.<block index>" in a block's name (253 at most)
+POOL_NAME_MAX = 200
+BLOCK_SIZE_DEFAULT = 16
+BLOCK_SIZE_MAX = 1024
+_OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Interface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+
+
+def pool_name_problem(name: Any) -> str | None:
+    if not isinstance(name, str) or not name:
+        return "must name a CNIIPPool"
+    if len(name) > POOL_NAME_MAX or not _OBJECT_NAME.match(name):
+        return (
+            f"{name!r} is not a CNIIPPool name: lower-case letters, digits, '-' and '.', "
+            f"at most {POOL_NAME_MAX} characters"
+        )
+    return None
+
+
+class IPRange(BaseModel):
+    """One address family of a pool: the subnet plugins see (prefix length, gateway) and the
+    part of it cnidra hands out."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    subnet: Network
+    range_start: Address | None = Field(None, alias="rangeStart")
+    range_end: Address | None = Field(None, alias="rangeEnd")
+    gateway: Address | None = None
+
+    @model_validator(mode="after")
+    def _inside(self) -> IPRange:
+        for name, ip in (
+            ("rangeStart", self.range_start),
+            ("rangeEnd", self.range_end),
+            ("gateway", self.gateway),
+        ):
+            if ip is not None and (ip.version != self.subnet.version or ip not in self.subnet):
+                raise ValueError(f"{name} {ip} is not in subnet {self.subnet}")
+        if int(self.first) > int(self.last):
+            raise ValueError(f"the range {self.first}-{self.last} holds no address")
+        return self
+
+    @property
+    def first(self) -> Address:
+        if self.range_start is not None:
+            return self.range_start
+        net = self.subnet
+        small = net.version == 4 and net.prefixlen >= 31
+        return net.network_address if small else net.network_address + 1
+
+    @property
+    def last(self) -> Address:
+        if self.range_end is not None:
+            return self.range_end
+        net = self.subnet
+        small = net.version == 4 and net.prefixlen >= 31
+        return net.broadcast_address if small or net.version == 6 else net.broadcast_address - 1
+
+
+class Route(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    dst: Network
+    gw: Address | None = None
+
+
+class PoolSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    ranges: list[IPRange] = Field(min_length=1, max_length=2)
+    exclude: list[Network] = Field(default_factory=list)
+    routes: list[Route] = Field(default_factory=list)
+    block_size: int = Field(BLOCK_SIZE_DEFAULT, alias="blockSize", ge=1, le=BLOCK_SIZE_MAX)
+    allow_persistent_ips: bool = Field(False, alias="allowPersistentIPs")
+    namespaces: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> PoolSpec:
+        if len({r.subnet.version for r in self.ranges}) != len(self.ranges):
+            raise ValueError("ranges: at most one range per address family (one IPv4, one IPv6)")
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"blockSize: {self.block_size} is not a power of two")
+        for r in self.ranges:
+            if self.block_size > r.subnet.num_addresses:
+                raise ValueError(
+                    f"blockSize: {self.block_size} addresses do not fit in subnet {r.subnet}"
+                )
+        return self
+
+
+@dataclass(frozen=True)
+class BlockObject:
+    """A CNIIPBlock as the apiserver has it."""
+
+    name: str
+    pool: str
+    node: str
+    uid: str
+    resource_version: str = ""
+
+
+@dataclass(frozen=True)
+class Block:
+    """An aligned run of `size` addresses of a pool's range, reserved by one node at a time."""
+
+    pool: str
+    range_index: int
+    index: int
+    cidr: Network
+
+    @property
+    def name(self) -> str:
+        return block_name(self.pool, self.range_index, self.index)
+
+
+def block_name(pool: str, range_index: int, index: int) -> str:
+    return f"{pool}.{range_index}.{index}"
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    spec: PoolSpec
+
+    def block_indices(self, range_index: int) -> range:
+        """The blocks of a range that hold at least one of its addresses."""
+        r = self.spec.ranges[range_index]
+        base = int(r.subnet.network_address)
+        size = self.spec.block_size
+        return range((int(r.first) - base) // size, (int(r.last) - base) // size + 1)
+
+    def block(self, range_index: int, index: int) -> Block:
+        r = self.spec.ranges[range_index]
+        start = int(r.subnet.network_address) + index * self.spec.block_size
+        prefix = r.subnet.max_prefixlen - (self.spec.block_size.bit_length() - 1)
+        network = ipaddress.IPv6Network if r.subnet.version == 6 else ipaddress.IPv4Network
+        return Block(self.name, range_index, index, network((start, prefix)))
+
+    def block_of(self, address: Address) -> Block | None:
+        for i, r in enumerate(self.spec.ranges):
+            if address.version == r.subnet.version and int(r.first) <= int(address) <= int(r.last):
+                offset = int(address) - int(r.subnet.network_address)
+                return self.block(i, offset // self.spec.block_size)
+        return None
+
+    def usable(self, block: Block) -> Iterator[Address]:
+        """The block's addresses a pod may get, lowest first: inside the range, not excluded,
+        not the gateway."""
+        r = self.spec.ranges[block.range_index]
+        excluded = [n for n in self.spec.exclude if n.version == r.subnet.version]
+        low = max(int(block.cidr.network_address), int(r.first))
+        high = min(int(block.cidr.broadcast_address), int(r.last))
+        make = ipaddress.IPv6Address if r.subnet.version == 6 else ipaddress.IPv4Address
+        for value in range(low, high + 1):
+            address: Address = make(value)
+            if address == r.gateway or any(address in n for n in excluded):
+                continue
+            yield address
+
+    def range_capacity(self, range_index: int) -> int:
+        """How many addresses of a range pods can get (counted, not walked: an IPv6 range may
+        hold 2**64)."""
+        r = self.spec.ranges[range_index]
+        first, last = int(r.first), int(r.last)
+        excluded = list(
+            ipaddress.collapse_addresses(  # type: ignore[type-var]
+                n for n in self.spec.exclude if n.version == r.subnet.version
+            )
+        )
+        count = last - first + 1
+        for net in excluded:
+            low = max(first, int(net.network_address))
+            high = min(last, int(net.broadcast_address))
+            count -= max(0, high - low + 1)
+        gw = r.gateway
+        if gw is not None and first <= int(gw) <= last and not any(gw in n for n in excluded):
+            count -= 1
+        return max(count, 0)
+
+    def capacity(self) -> int:
+        """Pods the pool can serve: a dual-stack pod takes one address of each range."""
+        return min(self.range_capacity(i) for i in range(len(self.spec.ranges)))
+
+    def first_block_to_try(self, range_index: int, node: str) -> int:
+        """Where a node starts looking for a free block: spread by its name, so nodes do not all
+        race for the first one."""
+        indices = self.block_indices(range_index)
+        digest = int.from_bytes(hashlib.sha256(node.encode()).digest()[:8], "big")
+        return indices.start + digest % len(indices)
+
+    def interface(self, address: Address) -> Interface:
+        for r in self.spec.ranges:
+            if address.version == r.subnet.version and address in r.subnet:
+                return ipaddress.ip_interface(f"{address}/{r.subnet.prefixlen}")
+        raise ValueError(f"{address} is in no range of CNIIPPool {self.name}")
+
+    def static_ipam(self, addresses: Sequence[Address], extra: Mapping[str, Any]) -> dict[str, Any]:
+        """What the plugin gets: the `static` IPAM plugin with the chosen addresses, the pool's
+        gateways and routes, and whatever else the network's ipam object carried (dns)."""
+        entries = []
+        for address in addresses:
+            entry: dict[str, Any] = {"address": str(self.interface(address))}
+            gateway = next(
+                (
+                    r.gateway
+                    for r in self.spec.ranges
+                    if r.gateway is not None and address.version == r.gateway.version
+                ),
+                None,
+            )
+            if gateway is not None:
+                entry["gateway"] = str(gateway)
+            entries.append(entry)
+        ipam: dict[str, Any] = {
+            k: v for k, v in extra.items() if k not in ("type", "pool", "addresses", "routes")
+        }
+        ipam.update({"type": "static", "addresses": entries})
+        routes: list[Mapping[str, Any]] = [
+            {"dst": str(r.dst), **({"gw": str(r.gw)} if r.gw is not None else {})}
+            for r in self.spec.routes
+        ]
+        routes += [r for r in extra.get("routes") or [] if isinstance(r, Mapping)]
+        if routes:
+            ipam["routes"] = routes
+        return ipam
+
+    def allows_namespace(self, namespace: str) -> bool:
+        return self.spec.namespaces is None or namespace in self.spec.namespaces
+
+
+class PoolError(ValueError):
+    """A pool that cannot be used, or a use of it that is not allowed: the message names it."""
+
+
+def pool_from_object(obj: Mapping[str, Any]) -> Pool:
+    name = str((obj.get("metadata") or {}).get("name") or "?")
+    problem = pool_name_problem(name)
+    if problem:
+        raise PoolError(f"{POOL_KIND} {problem}")
+    try:
+        spec = PoolSpec.model_validate(obj.get("spec") or {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise PoolError(f"{POOL_KIND} {name} is invalid: spec.{loc}: {message}") from None
+    return Pool(name, spec)
+
+
+def cnidra_ipam(conflist: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]:
+    """The plugins (index, ipam object) of a conflist that ask for cnidra's IPAM."""
+    found = []
+    for i, plugin in enumerate(conflist.get("plugins") or []):
+        ipam = plugin.get("ipam") if isinstance(plugin, Mapping) else None
+        if isinstance(ipam, Mapping) and ipam.get("type") == IPAM_TYPE:
+            found.append((i, ipam))
+    return found
+
+
+def with_static_ipam(
+    conflist: Mapping[str, Any], pool: Pool, addresses: Sequence[Address]
+) -> dict[str, Any]:
+    """The conflist with its cnidra IPAM replaced by static IPAM of these addresses."""
+    plugins = []
+    for plugin in conflist.get("plugins") or []:
+        ipam = plugin.get("ipam") if isinstance(plugin, Mapping) else None
+        if isinstance(ipam, Mapping) and ipam.get("type") == IPAM_TYPE:
+            plugins.append({**plugin, "ipam": pool.static_ipam(addresses, ipam)})
+        else:
+            plugins.append(plugin)
+    return {**conflist, "plugins": plugins}
+
+
+def parse_claim_ips(values: Any) -> list[Interface]:
+    """An IPAMClaim's `status.ips` (CIDR strings); ValueError for anything else."""
+    if values is None:
+        return []
+    if not isinstance(values, list):
+        raise ValueError("status.ips must be a list of CIDR strings")
+    return [ipaddress.ip_interface(str(v)) for v in values]
+
+
+def pool_crd() -> dict[str, Any]:
+    ip = {"type": "string", "maxLength": 45}
+    cidr = {"type": "string", "maxLength": 49}
+    immutable = [{"rule": "self == oldSelf", "message": "is immutable: make a new pool"}]
+    spec = {
+        "type": "object",
+        "required": ["ranges"],
+        "properties": {
+            "ranges": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 2,
+                "x-kubernetes-validations": immutable,
+                "items": {
+                    "type": "object",
+                    "required": ["subnet"],
+                    "properties": {
+                        "subnet": cidr,
+                        "rangeStart": ip,
+                        "rangeEnd": ip,
+                        "gateway": ip,
+                    },
+                },
+            },
+            "exclude": {"type": "array", "items": cidr},
+            "routes": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["dst"],
+                    "properties": {"dst": cidr, "gw": ip},
+                },
+            },
+            "blockSize": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": BLOCK_SIZE_MAX,
+                "x-kubernetes-validations": immutable,
+            },
+            "allowPersistentIPs": {"type": "boolean"},
+            "namespaces": {"type": "array", "items": {"type": "string"}},
+        },
+    }
+    return _crd(
+        POOL_KIND,
+        POOL_PLURAL,
+        ["cnipool"],
+        spec,
+        [
+            {"name": "Ranges", "type": "string", "jsonPath": ".spec.ranges[*].subnet"},
+            {"name": "BlockSize", "type": "integer", "jsonPath": ".spec.blockSize"},
+            {"name": "Persistent", "type": "boolean", "jsonPath": ".spec.allowPersistentIPs"},
+        ],
+    )
+
+
+def block_crd() -> dict[str, Any]:
+    spec = {
+        "type": "object",
+        "required": ["pool", "range", "cidr", "node"],
+        "properties": {
+            "pool": {"type": "string", "maxLength": POOL_NAME_MAX},
+            "range": {"type": "integer", "minimum": 0, "maximum": 1},
+            "cidr": {"type": "string", "maxLength": 49},
+            "node": {"type": "string", "maxLength": 253},
+        },
+    }
+    return _crd(
+        BLOCK_KIND,
+        BLOCK_PLURAL,
+        ["cniblock"],
+        spec,
+        [
+            {"name": "Pool", "type": "string", "jsonPath": ".spec.pool"},
+            {"name": "CIDR", "type": "string", "jsonPath": ".spec.cidr"},
+            {"name": "Node", "type": "string", "jsonPath": ".spec.node"},
+        ],
+    )
+
+
+def _crd(
+    kind: str,
+    plural: str,
+    short: list[str],
+    spec: dict[str, Any],
+    columns: list[dict[str, Any]],
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{API_GROUP}"},
+        "spec": {
+            "group": API_GROUP,
+            "scope": "Cluster",
+            "names": {
+                "kind": kind,
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": short,
+            },
+            "versions": [
+                {
+                    "name": API_VERSION.split("/")[1],
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "required": ["spec"],
+                            "properties": {"spec": spec},
+                        }
+                    },
+                    "additionalPrinterColumns": [
+                        *columns,
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                }
+            ],
+        },
+    }

@@ -1,0 +1,340 @@
+"""cnidra's IPAM at prepare: a claim's cnidra-IPAM networks get addresses from the node's blocks
+(a block reserved by creating its CNIIPBlock when the node has no free address left), or from
+the IPAMClaim they reference; the networks are rewritten to static IPAM with them, so the NRI
+hook runs plugins as it always does and never asks the apiserver anything. docs/ipam.md."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Protocol
+
+from cnidra.api.ipam import (
+    Address,
+    Block,
+    BlockObject,
+    Pool,
+    PoolError,
+    cnidra_ipam,
+    parse_claim_ips,
+    pool_from_object,
+    with_static_ipam,
+)
+from cnidra.api.refs import ObjectRef
+from cnidra.cni.attach import Attachment
+from cnidra.state.checkpoint import PreparedClaim
+from cnidra.state.ipam import HeldBlock, IPAMState, Lease, claim_owner, ipamclaim_owner
+from cnidra.util.locks import KeyedLocks
+
+log = logging.getLogger(__name__)
+POOL_TTL_SECONDS = 10.0
+
+
+class AllocationError(Exception):
+    """Why a claim gets no address; the message names the pool or IPAMClaim."""
+
+
+class IPAMCluster(Protocol):
+    """What the allocator needs of the apiserver (cnidra.kube.ipam; tests use a fake)."""
+
+    async def pool(self, name: str) -> Mapping[str, Any] | None: ...
+
+    async def blocks(
+        self, pool: str | None = None, node: str | None = None
+    ) -> list[BlockObject]: ...
+
+    async def create_block(self, block: Block, node: str) -> str | None:
+        """The new object's UID; None when the block is someone's already."""
+        ...
+
+    async def delete_block(self, name: str, uid: str) -> None: ...
+
+    async def take_block(self, block: BlockObject, node: str) -> bool:
+        """Move a lost node's block to `node`; False when someone else moved it first."""
+        ...
+
+    async def ipamclaim(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
+
+    async def bind_ipamclaim(
+        self, claim: Mapping[str, Any], ips: Sequence[str], pod: str, node: str
+    ) -> bool:
+        """Write the addresses into the IPAMClaim (finalizer and node label first); False when
+        it changed since it was read (someone else bound it)."""
+        ...
+
+    async def bound_ipamclaims(self) -> list[Mapping[str, Any]]:
+        """Every IPAMClaim cnidra wrote addresses into (its node label set), all namespaces."""
+        ...
+
+    async def relabel_ipamclaim(self, claim: Mapping[str, Any], node: str) -> None: ...
+
+    async def unbind_ipamclaim(self, claim: Mapping[str, Any]) -> None:
+        """Drop cnidra's finalizer: its addresses are free."""
+        ...
+
+    async def node_exists(self, name: str) -> bool: ...
+
+
+class Allocator:
+    def __init__(
+        self,
+        node: str,
+        state: IPAMState,
+        cluster: IPAMCluster,
+        *,
+        pool_ttl: float = POOL_TTL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.node = node
+        self.state = state
+        self.cluster = cluster
+        self.pool_ttl = pool_ttl
+        self.clock = clock
+        self._pools: dict[str, tuple[float, Pool]] = {}
+        self._locks = KeyedLocks()
+
+    # ------------------------------------------------------------------ prepare
+
+    async def assign(self, prepared: PreparedClaim, pods: Sequence[str] = ()) -> PreparedClaim:
+        """The claim with addresses in its cnidra-IPAM networks. The same claim and request
+        get the same addresses every time (kubelet prepares a claim again after a restart)."""
+        devices = []
+        for attachment in prepared.devices:
+            uses = cnidra_ipam(attachment.network)
+            if not uses:
+                devices.append(attachment)
+                continue
+            if len(uses) > 1:
+                raise AllocationError(
+                    f"request {attachment.request!r}: {len(uses)} plugins of network "
+                    f"{attachment.network_name!r} ask for cnidra IPAM; one may"
+                )
+            pool = await self.pool(str(uses[0][1].get("pool", "")))
+            if not pool.allows_namespace(prepared.ref.namespace):
+                raise AllocationError(
+                    f"request {attachment.request!r}: CNIIPPool {pool.name} does not serve "
+                    f"namespace {prepared.ref.namespace} (its spec.namespaces)"
+                )
+            if attachment.ipam_claim:
+                addresses = await self._persistent(pool, prepared.ref, attachment, pods)
+            else:
+                owner = claim_owner(prepared.uid, attachment.request)
+                addresses = await self._allocate(pool, owner, f"claim {prepared.ref}")
+            network = with_static_ipam(attachment.network, pool, addresses)
+            devices.append(replace(attachment, network=network))
+        return replace(prepared, devices=tuple(devices))
+
+    async def release_claim(self, uid: str) -> int:
+        """Free what a claim's requests hold (not what IPAMClaims hold)."""
+        released = 0
+        for owner in self.state.owners():
+            if owner.startswith(f"claim/{uid}/"):
+                released += len(await self.state.release(owner))
+        return released
+
+    async def pool(self, name: str) -> Pool:
+        cached = self._pools.get(name)
+        if cached is not None and self.clock() - cached[0] < self.pool_ttl:
+            return cached[1]
+        try:
+            obj = await self.cluster.pool(name)
+        except Exception as exc:
+            if cached is not None:
+                return cached[1]  # the pool as last read, while the apiserver cannot answer
+            raise AllocationError(f"CNIIPPool {name} could not be read: {exc}") from None
+        if obj is None:
+            raise AllocationError(f"CNIIPPool {name} not found")
+        try:
+            pool = pool_from_object(obj)
+        except PoolError as exc:
+            raise AllocationError(str(exc)) from None
+        self._pools[name] = (self.clock(), pool)
+        return pool
+
+    async def _allocate(self, pool: Pool, owner: str, holder: str) -> list[Address]:
+        """One address of each of the pool's ranges for `owner` (the ones it has, if any)."""
+        async with self._locks.hold(pool.name):
+            held = {ipaddress.ip_address(a.address) for a in self.state.of_owner(owner)}
+            addresses: list[Address] = []
+            for index, r in enumerate(pool.spec.ranges):
+                mine = [a for a in held if a.version == r.subnet.version]
+                if mine:
+                    addresses.append(min(mine))
+                    continue
+                address, block = await self._free_address(pool, index)
+                await self.state.lease(Lease(pool.name, str(address), block.name, owner, holder))
+                addresses.append(address)
+            return addresses
+
+    async def _free_address(self, pool: Pool, range_index: int) -> tuple[Address, HeldBlock]:
+        for held in self.state.held_blocks(pool.name, range_index):
+            block = pool.block(range_index, held.index)
+            for address in pool.usable(block):
+                if not self.state.is_taken(pool.name, str(address)):
+                    return address, held
+        held = await self._reserve_block(pool, range_index)
+        block = pool.block(range_index, held.index)
+        for address in pool.usable(block):
+            if not self.state.is_taken(pool.name, str(address)):
+                return address, held
+        raise AllocationError(f"CNIIPPool {pool.name}: block {held.name} has no free address")
+
+    async def _reserve_block(self, pool: Pool, range_index: int) -> HeldBlock:
+        """A block no node holds, reserved by creating its object (one LIST to skip the taken
+        ones, then creates until one succeeds)."""
+        family = pool.spec.ranges[range_index].subnet
+        try:
+            taken = {b.name for b in await self.cluster.blocks(pool=pool.name)}
+        except Exception as exc:
+            raise AllocationError(
+                f"CNIIPPool {pool.name}: this node's blocks of {family} are full and the "
+                f"apiserver could not be asked for another: {exc}"
+            ) from None
+        indices = pool.block_indices(range_index)
+        start = pool.first_block_to_try(range_index, self.node) - indices.start
+        for step in range(len(indices)):
+            index = indices.start + (start + step) % len(indices)
+            block = pool.block(range_index, index)
+            if block.name in taken or next(pool.usable(block), None) is None:
+                continue
+            try:
+                uid = await self.cluster.create_block(block, self.node)
+            except Exception as exc:
+                raise AllocationError(
+                    f"CNIIPPool {pool.name}: block {block.name} could not be reserved: {exc}"
+                ) from None
+            if uid is None:
+                continue  # another node created it since the LIST
+            held = HeldBlock(pool.name, block.name, range_index, index, str(block.cidr), uid)
+            await self.state.hold(held)
+            log.info("reserved block %s (%s) of CNIIPPool %s", block.name, block.cidr, pool.name)
+            return held
+        raise AllocationError(
+            f"CNIIPPool {pool.name} is exhausted: every block of {family} is held by a node "
+            f"and this node's are full ({pool.range_capacity(range_index)} addresses in all)"
+        )
+
+    # ------------------------------------------------------------------ IPAMClaims
+
+    async def _persistent(
+        self, pool: Pool, claim: ObjectRef, attachment: Attachment, pods: Sequence[str]
+    ) -> list[Address]:
+        name = attachment.ipam_claim or ""
+        what = f"request {attachment.request!r}: IPAMClaim {claim.namespace}/{name}"
+        if not pool.spec.allow_persistent_ips:
+            raise AllocationError(
+                f"{what} cannot be honoured: CNIIPPool {pool.name} does not allow persistent "
+                "IPs (spec.allowPersistentIPs is false)"
+            )
+        for _ in range(5):  # an IPAMClaim another node binds meanwhile is read again
+            try:
+                obj = await self.cluster.ipamclaim(claim.namespace, name)
+            except Exception as exc:
+                raise AllocationError(f"{what} could not be read: {exc}") from None
+            if obj is None:
+                raise AllocationError(
+                    f"{what} not found (the workload's controller creates it before the pod)"
+                )
+            meta = obj.get("metadata") or {}
+            if meta.get("deletionTimestamp"):
+                raise AllocationError(f"{what} is being deleted")
+            try:
+                ips = parse_claim_ips((obj.get("status") or {}).get("ips"))
+            except ValueError as exc:
+                raise AllocationError(f"{what}: status.ips: {exc}") from None
+            if ips:
+                return self._claimed(pool, what, [i.ip for i in ips])
+            owner = ipamclaim_owner(claim.namespace, name, str(meta.get("uid")))
+            addresses = await self._allocate(pool, owner, f"IPAMClaim {claim.namespace}/{name}")
+            cidrs = [str(pool.interface(a)) for a in addresses]
+            try:
+                bound = await self.cluster.bind_ipamclaim(
+                    obj, cidrs, pods[0] if pods else "", self.node
+                )
+            except Exception as exc:
+                await self.state.release(owner)
+                raise AllocationError(f"{what}: its status could not be written: {exc}") from None
+            if bound:
+                log.info("IPAMClaim %s/%s holds %s", claim.namespace, name, ", ".join(cidrs))
+                return addresses
+            await self.state.release(owner)
+        raise AllocationError(f"{what} kept changing while its addresses were written")
+
+    @staticmethod
+    def _claimed(pool: Pool, what: str, addresses: list[Address]) -> list[Address]:
+        outside = [str(a) for a in addresses if pool.block_of(a) is None]
+        if outside:
+            raise AllocationError(
+                f"{what} holds {', '.join(outside)}, which is not in CNIIPPool {pool.name}"
+            )
+        families = [r.subnet.version for r in pool.spec.ranges]
+        if sorted(a.version for a in addresses) != sorted(families):
+            raise AllocationError(
+                f"{what} holds {', '.join(map(str, addresses))}, not one address of each of "
+                f"CNIIPPool {pool.name}'s ranges"
+            )
+        return sorted(addresses, key=lambda a: families.index(a.version))
+
+    # ------------------------------------------------------------------ start-up
+
+    async def sync_blocks(self) -> None:
+        """Blocks the apiserver says are this node's but the disk does not know (a crash
+        between creating one and recording it) are recorded; with the IPAMClaim addresses in
+        them leased first, so none is handed out twice."""
+        objects = await self.cluster.blocks(node=self.node)
+        for obj in objects:
+            if self.state.blocks.get(obj.name) is None:
+                await self.adopt(obj, take=False)
+
+    async def adopt(self, obj: BlockObject, *, take: bool = True) -> bool:
+        """Make a block this node's: a lost node's (take) or one of its own it forgot."""
+        try:
+            pool = await self.pool(obj.pool)
+        except AllocationError as exc:
+            log.warning("block %s not adopted: %s", obj.name, exc)
+            return False
+        _, range_text, index_text = obj.name.rsplit(".", 2)
+        block = pool.block(int(range_text), int(index_text))
+        async with self._locks.hold(pool.name):
+            if take and not await self.cluster.take_block(obj, self.node):
+                return False
+            persistent = await self._persistent_in(pool, block)
+            for lease in persistent:
+                await self.state.lease(lease)
+            for owner in {lease.owner for lease in persistent}:
+                _, namespace, name, _ = owner.split("/", 3)
+                claim = await self.cluster.ipamclaim(namespace, name)
+                if claim is not None:
+                    await self.cluster.relabel_ipamclaim(claim, self.node)
+            held = HeldBlock(
+                pool.name, block.name, block.range_index, block.index, str(block.cidr), obj.uid
+            )
+            await self.state.hold(held)
+        log.info(
+            "adopted block %s of CNIIPPool %s from node %s with %d persistent addresses",
+            obj.name,
+            pool.name,
+            obj.node,
+            len(persistent),
+        )
+        return True
+
+    async def _persistent_in(self, pool: Pool, block: Block) -> list[Lease]:
+        leases = []
+        for obj in await self.cluster.bound_ipamclaims():
+            meta = obj.get("metadata") or {}
+            try:
+                ips = parse_claim_ips((obj.get("status") or {}).get("ips"))
+            except ValueError:
+                continue
+            for ip in ips:
+                if ip.ip in block.cidr and not self.state.is_taken(pool.name, str(ip.ip)):
+                    owner = ipamclaim_owner(
+                        str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
+                    )
+                    holder = f"IPAMClaim {meta.get('namespace')}/{meta.get('name')}"
+                    leases.append(Lease(pool.name, str(ip.ip), block.name, owner, holder))
+        return leases

@@ -1,0 +1,262 @@
+"""The apiserver side of cnidra's IPAM (cnidra.ipam.allocator.IPAMCluster): CNIIPPools,
+CNIIPBlocks (creation is the reservation), IPAMClaims and Nodes, each call with a timeout.
+Called at prepare and by the reconciler, never on the NRI hook path."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lightkube import AsyncClient, operators
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
+
+from cnidra.api.constants import API_GROUP, API_VERSION
+from cnidra.api.ipam import (
+    BLOCK_KIND,
+    BLOCK_PLURAL,
+    CONDITION_IPS_ALLOCATED,
+    IPAMCLAIM_FINALIZER,
+    IPAMCLAIM_GROUP,
+    IPAMCLAIM_KIND,
+    IPAMCLAIM_NODE_LABEL,
+    IPAMCLAIM_PLURAL,
+    IPAMCLAIM_VERSION,
+    LABEL_NODE,
+    LABEL_POOL,
+    POOL_KIND,
+    POOL_PLURAL,
+    Block,
+    BlockObject,
+)
+
+log = logging.getLogger(__name__)
+CNIIPPool = create_global_resource(API_GROUP, "v1alpha1", POOL_KIND, POOL_PLURAL)
+CNIIPBlock = create_global_resource(API_GROUP, "v1alpha1", BLOCK_KIND, BLOCK_PLURAL)
+IPAMClaim = create_namespaced_resource(
+    IPAMCLAIM_GROUP, IPAMCLAIM_VERSION, IPAMCLAIM_KIND, IPAMCLAIM_PLURAL
+)
+
+
+def _missing(exc: ApiError) -> bool:
+    return exc.status.code == 404
+
+
+def _block_object(obj: Any) -> BlockObject:
+    data = obj.to_dict() if hasattr(obj, "to_dict") else obj
+    meta = data.get("metadata") or {}
+    spec = data.get("spec") or {}
+    return BlockObject(
+        str(meta.get("name")),
+        str(spec.get("pool")),
+        str(spec.get("node")),
+        str(meta.get("uid")),
+        str(meta.get("resourceVersion") or ""),
+    )
+
+
+class KubeIPAM:
+    def __init__(self, client: AsyncClient, timeout: float = 5.0) -> None:
+        self.client = client
+        self.timeout = timeout
+
+    async def pool(self, name: str) -> Mapping[str, Any] | None:
+        try:
+            async with asyncio.timeout(self.timeout):
+                obj = await self.client.get(CNIIPPool, name)
+        except ApiError as exc:
+            if _missing(exc):
+                return None
+            raise
+        data: dict[str, Any] = obj.to_dict()  # type: ignore[no-untyped-call]
+        return data
+
+    async def blocks(self, pool: str | None = None, node: str | None = None) -> list[BlockObject]:
+        labels: dict[str, Any] = {
+            k: v for k, v in ((LABEL_POOL, pool), (LABEL_NODE, node)) if v is not None
+        }
+        try:
+            async with asyncio.timeout(self.timeout * 4):
+                return [
+                    _block_object(o)
+                    async for o in self.client.list(CNIIPBlock, labels=labels or None)
+                ]
+        except ApiError as exc:
+            if _missing(exc):  # the CRD is not installed: no blocks
+                return []
+            raise
+
+    async def create_block(self, block: Block, node: str) -> str | None:
+        obj = CNIIPBlock(
+            metadata=ObjectMeta(name=block.name, labels={LABEL_POOL: block.pool, LABEL_NODE: node}),
+            spec={
+                "pool": block.pool,
+                "range": block.range_index,
+                "cidr": str(block.cidr),
+                "node": node,
+            },
+        )
+        try:
+            async with asyncio.timeout(self.timeout):
+                created = await self.client.create(obj, field_manager="cnidra")
+        except ApiError as exc:
+            if exc.status.code == 409:
+                return None
+            raise
+        return str(created.metadata.uid if created.metadata else "")
+
+    async def delete_block(self, name: str, uid: str) -> None:
+        try:
+            async with asyncio.timeout(self.timeout):
+                current = await self.client.get(CNIIPBlock, name)
+                if current.metadata is None or current.metadata.uid != uid:
+                    return  # deleted and reserved again since: not ours to delete
+                await self.client.delete(CNIIPBlock, name)
+        except ApiError as exc:
+            if not _missing(exc):
+                raise
+
+    async def take_block(self, block: BlockObject, node: str) -> bool:
+        patch = {
+            "metadata": {
+                "resourceVersion": block.resource_version,
+                "labels": {LABEL_NODE: node},
+            },
+            "spec": {"node": node},
+        }
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self.client.patch(CNIIPBlock, block.name, patch, patch_type=PatchType.MERGE)
+        except ApiError as exc:
+            if exc.status.code in (404, 409):
+                return False
+            raise
+        return True
+
+    async def ipamclaim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            async with asyncio.timeout(self.timeout):
+                obj = await self.client.get(IPAMClaim, name, namespace=namespace)
+        except ApiError as exc:
+            if _missing(exc):
+                return None
+            raise
+        data: dict[str, Any] = obj.to_dict()  # type: ignore[no-untyped-call]
+        return data
+
+    async def bind_ipamclaim(
+        self, claim: Mapping[str, Any], ips: Sequence[str], pod: str, node: str
+    ) -> bool:
+        meta = claim.get("metadata") or {}
+        name, namespace = str(meta.get("name")), str(meta.get("namespace"))
+        finalizers = list(meta.get("finalizers") or [])
+        if IPAMCLAIM_FINALIZER not in finalizers:
+            finalizers.append(IPAMCLAIM_FINALIZER)
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            async with asyncio.timeout(self.timeout):
+                held = await self.client.patch(
+                    IPAMClaim,
+                    name,
+                    {
+                        "metadata": {
+                            "resourceVersion": meta.get("resourceVersion"),
+                            "finalizers": finalizers,
+                            "labels": {IPAMCLAIM_NODE_LABEL: node},
+                        }
+                    },
+                    namespace=namespace,
+                    patch_type=PatchType.MERGE,
+                )
+                version = held.metadata.resourceVersion if held.metadata else None
+                status = {
+                    "ips": list(ips),
+                    "ownerPod": {"name": pod},
+                    "conditions": [
+                        {
+                            "type": CONDITION_IPS_ALLOCATED,
+                            "status": "True",
+                            "reason": "SuccessfulAllocation",
+                            "message": f"allocated by {API_VERSION} IPAM on node {node}",
+                            "lastTransitionTime": now,
+                            "observedGeneration": int(meta.get("generation") or 0),
+                        }
+                    ],
+                }
+                await self.client.patch(
+                    IPAMClaim.Status,
+                    name,
+                    {"metadata": {"resourceVersion": version}, "status": status},
+                    namespace=namespace,
+                    patch_type=PatchType.MERGE,
+                )
+        except ApiError as exc:
+            if exc.status.code == 409:
+                return False
+            raise
+        return True
+
+    async def bound_ipamclaims(self) -> list[Mapping[str, Any]]:
+        try:
+            async with asyncio.timeout(self.timeout * 4):
+                return [
+                    o.to_dict()  # type: ignore[no-untyped-call]
+                    async for o in self.client.list(
+                        IPAMClaim, namespace="*", labels={IPAMCLAIM_NODE_LABEL: operators.exists()}
+                    )
+                ]
+        except ApiError as exc:
+            if _missing(exc):  # the IPAMClaim CRD is not installed
+                return []
+            raise
+
+    async def relabel_ipamclaim(self, claim: Mapping[str, Any], node: str) -> None:
+        meta = claim.get("metadata") or {}
+        async with asyncio.timeout(self.timeout):
+            await self.client.patch(
+                IPAMClaim,
+                str(meta.get("name")),
+                {"metadata": {"labels": {IPAMCLAIM_NODE_LABEL: node}}},
+                namespace=str(meta.get("namespace")),
+                patch_type=PatchType.MERGE,
+            )
+
+    async def unbind_ipamclaim(self, claim: Mapping[str, Any]) -> None:
+        """Drop the finalizer (JSON patch: test the list is as read, then replace it)."""
+        meta = claim.get("metadata") or {}
+        finalizers = list(meta.get("finalizers") or [])
+        if IPAMCLAIM_FINALIZER not in finalizers:
+            return
+        left = [f for f in finalizers if f != IPAMCLAIM_FINALIZER]
+        patch = [
+            {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+            {"op": "replace", "path": "/metadata/finalizers", "value": left},
+        ]
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self.client.patch(
+                    IPAMClaim,
+                    str(meta.get("name")),
+                    patch,
+                    namespace=str(meta.get("namespace")),
+                    patch_type=PatchType.JSON,
+                )
+        except ApiError as exc:
+            if not _missing(exc):
+                raise
+
+    async def node_exists(self, name: str) -> bool:
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self.client.get(Node, name)
+        except ApiError as exc:
+            if _missing(exc):
+                return False
+            raise
+        return True

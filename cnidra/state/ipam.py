@@ -1,0 +1,120 @@
+"""The node's part of cnidra's cluster-wide IPAM, on disk: the blocks it holds and which owner
+has each address it handed out from them (docs/ipam.md).
+
+Write-through like the checkpoint: an address is on disk (fsynced) before prepare checkpoints the
+claim that uses it, so a crash between the two leaves an address the reconciler frees, never a
+claim whose address is unrecorded. One file per block and per address under
+`<state>/pools/{blocks,addresses}/`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cnidra.state.layout import StateLayout
+from cnidra.state.store import JsonDirStore
+
+
+@dataclass(frozen=True)
+class HeldBlock:
+    pool: str
+    name: str
+    range_index: int
+    index: int
+    cidr: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One address handed out. `owner` is what keeps it: `claim/<uid>/<request>` (freed when the
+    claim is unprepared) or `ipamclaim/<namespace>/<name>/<uid>` (persistent: freed when the
+    IPAMClaim is deleted)."""
+
+    pool: str
+    address: str
+    block: str
+    owner: str
+    holder: str = ""  # for people: the claim or IPAMClaim, namespace/name
+    since: float = 0.0
+
+    @property
+    def persistent(self) -> bool:
+        return self.owner.startswith("ipamclaim/")
+
+    @property
+    def key(self) -> str:
+        return f"{self.pool}_{self.address.replace(':', '-')}"
+
+
+def claim_owner(uid: str, request: str) -> str:
+    return f"claim/{uid}/{request}"
+
+
+def ipamclaim_owner(namespace: str, name: str, uid: str) -> str:
+    return f"ipamclaim/{namespace}/{name}/{uid}"
+
+
+def owner_claim_uid(owner: str) -> str | None:
+    kind, _, rest = owner.partition("/")
+    return rest.split("/", 1)[0] if kind == "claim" else None
+
+
+def _lease(data: Mapping[str, Any]) -> Lease:
+    return Lease(**{k: data[k] for k in Lease.__dataclass_fields__ if k in data})
+
+
+def _block(data: Mapping[str, Any]) -> HeldBlock:
+    return HeldBlock(**{k: data[k] for k in HeldBlock.__dataclass_fields__})
+
+
+class IPAMState:
+    def __init__(self, layout: StateLayout) -> None:
+        root = layout.root / "pools"
+        self.blocks = JsonDirStore[HeldBlock](root / "blocks", _block, asdict, lambda b: b.name)
+        self.leases = JsonDirStore[Lease](root / "addresses", _lease, asdict, lambda a: a.key)
+        self._by_owner: dict[str, list[Lease]] = {}
+        for lease in self.leases.all():
+            self._by_owner.setdefault(lease.owner, []).append(lease)
+
+    def held_blocks(self, pool: str, range_index: int | None = None) -> list[HeldBlock]:
+        return sorted(
+            (
+                b
+                for b in self.blocks.all()
+                if b.pool == pool and (range_index is None or b.range_index == range_index)
+            ),
+            key=lambda b: b.index,
+        )
+
+    def is_taken(self, pool: str, address: str) -> bool:
+        return self.leases.get(f"{pool}_{address.replace(':', '-')}") is not None
+
+    def of_owner(self, owner: str) -> list[Lease]:
+        return list(self._by_owner.get(owner, ()))
+
+    def in_block(self, block: str) -> list[Lease]:
+        return [a for a in self.leases.all() if a.block == block]
+
+    def owners(self) -> Iterable[str]:
+        return list(self._by_owner)
+
+    async def hold(self, block: HeldBlock) -> None:
+        await self.blocks.put(block)
+
+    async def drop_block(self, name: str) -> None:
+        await self.blocks.remove(name)
+
+    async def lease(self, lease: Lease) -> Lease:
+        lease = Lease(**{**asdict(lease), "since": lease.since or time.time()})
+        await self.leases.put(lease)
+        self._by_owner.setdefault(lease.owner, []).append(lease)
+        return lease
+
+    async def release(self, owner: str) -> list[Lease]:
+        released = self._by_owner.pop(owner, [])
+        for lease in released:
+            await self.leases.remove(lease.key)
+        return released

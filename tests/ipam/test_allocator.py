@@ -1,0 +1,239 @@
+"""cnidra IPAM at prepare and its reconciler, against a fake apiserver: no address twice across
+nodes, exhaustion named, the same claim the same addresses, IPAMClaims kept until deleted,
+lost nodes' blocks adopted, nothing live ever freed."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from pathlib import Path
+
+import pytest
+
+from cnidra.ipam.allocator import AllocationError
+from cnidra.ipam.reconcile import Reconciler
+from tests.ipam.fakes import (
+    FakeApiserver,
+    FakeCluster,
+    addresses_of,
+    claim_using,
+    node_allocator,
+)
+
+V4 = {"ranges": [{"subnet": "198.18.130.0/24", "gateway": "198.18.130.1"}], "blockSize": 16}
+
+
+@pytest.fixture
+def api() -> FakeApiserver:
+    server = FakeApiserver()
+    server.pool("data", V4)
+    return server
+
+
+async def test_nodes_allocating_at_once_never_share_an_address(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    api.latency = 0.001  # so the nodes interleave at every apiserver call
+    nodes = [node_allocator(api, tmp_path, f"node-{n}") for n in range(5)]
+    claims = [[claim_using("data", f"{n}-{i}") for i in range(40)] for n in range(5)]
+    assigned = await asyncio.gather(*(nodes[n].assign(c) for n in range(5) for c in claims[n]))
+    addresses = [a for claim in assigned for a in addresses_of(claim)]
+    assert len(addresses) == 200 == len(set(addresses))
+    owners = {b.name: b.node for b in api.blocks.values()}
+    for n, node in enumerate(nodes):  # each node's addresses are in blocks it holds
+        for claim in assigned[n * 40 : (n + 1) * 40]:
+            ip = ipaddress.ip_interface(addresses_of(claim)[0]).ip
+            block = (await node.pool("data")).block_of(ip)
+            assert block is not None and owners[block.name] == node.node
+
+
+async def test_the_common_path_asks_the_apiserver_nothing(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    node = node_allocator(api, tmp_path, "node-a")
+    await node.assign(claim_using("data", "first"))
+    pool = await node.pool("data")
+    (held,) = node.state.blocks.all()
+    room = len(list(pool.usable(pool.block(0, held.index))))
+    api.calls.clear()
+    for i in range(room - 1):  # the rest of the first block
+        await node.assign(claim_using("data", f"c{i}"))
+    assert api.calls == []
+    await node.assign(claim_using("data", "next-block"))
+    assert [c.split()[0] for c in api.calls] == ["list", "create"]
+
+
+async def test_an_exhausted_pool_is_named(api: FakeApiserver, tmp_path: Path) -> None:
+    api.pool("tiny", {"ranges": [{"subnet": "198.18.131.0/29"}], "blockSize": 4})
+    a, b = node_allocator(api, tmp_path, "a"), node_allocator(api, tmp_path, "b")
+    got = [await a.assign(claim_using("tiny", "a1")), await b.assign(claim_using("tiny", "b1"))]
+    got += [await a.assign(claim_using("tiny", f"a{i}")) for i in (2, 3)]
+    got += [await b.assign(claim_using("tiny", f"b{i}")) for i in (2, 3)]
+    assert len({addresses_of(c)[0] for c in got}) == 6  # .1 to .6
+    with pytest.raises(AllocationError, match=r"CNIIPPool tiny is exhausted.*6 addresses"):
+        await a.assign(claim_using("tiny", "a4"))
+
+
+async def test_the_same_claim_gets_the_same_addresses_until_released(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    api.pool(
+        "dual",
+        {"ranges": [{"subnet": "198.18.132.0/24"}, {"subnet": "2001:db8:132::/64"}]},
+    )
+    node = node_allocator(api, tmp_path, "a")
+    first = addresses_of(await node.assign(claim_using("dual", "x")))
+    assert [ipaddress.ip_interface(a).version for a in first] == [4, 6]
+    again = node_allocator(api, tmp_path, "a")  # a restart: read back from disk
+    assert addresses_of(await again.assign(claim_using("dual", "x"))) == first
+    assert await again.release_claim("x") == 2
+    other = addresses_of(await again.assign(claim_using("dual", "y")))
+    assert other == first  # free again, lowest first
+
+
+async def test_a_pool_that_does_not_serve_the_namespace_is_refused(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    api.pool("team", {**V4, "namespaces": ["team-a"]})
+    node = node_allocator(api, tmp_path, "a")
+    await node.assign(claim_using("team", "ok", namespace="team-a"))
+    with pytest.raises(AllocationError, match="does not serve namespace team-b"):
+        await node.assign(claim_using("team", "no", namespace="team-b"))
+    with pytest.raises(AllocationError, match="CNIIPPool nope not found"):
+        await node.assign(claim_using("nope", "z"))
+
+
+async def test_the_reconciler_frees_unprepared_claims_after_the_grace_only(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    node = node_allocator(api, tmp_path, "a")
+    await node.assign(claim_using("data", "live"))
+    await node.assign(claim_using("data", "orphan"))  # leased, then prepare failed or crashed
+    now = [0.0]
+    reconciler = Reconciler(node, lambda: {"live"}, grace=60, clock=lambda: now[0] + 1e12)
+    now[0] = -1e12  # within the grace: a prepare may still be in flight
+    assert (await reconciler.once()).freed_claim_addresses == 0
+    now[0] = 0
+    report = await reconciler.once()
+    assert report.freed_claim_addresses == 1
+    assert [x.owner for x in node.state.leases.all()] == ["claim/live/net"]
+
+
+async def test_an_ipamclaim_keeps_its_addresses_across_pods_and_nodes(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    api.pool("vms", {**V4, "allowPersistentIPs": True})
+    api.ipamclaim("vm-ns", "vm-a.data")
+    a, b = node_allocator(api, tmp_path, "a"), node_allocator(api, tmp_path, "b")
+    pod1 = await a.assign(
+        claim_using("vms", "p1", namespace="vm-ns", ipam_claim="vm-a.data"), ["virt-launcher-1"]
+    )
+    held = api.ipamclaims[("vm-ns", "vm-a.data")]
+    (address,) = held["status"]["ips"]
+    assert addresses_of(pod1) == [address]
+    ip = address.split("/")[0]
+    assert held["status"]["ownerPod"] == {"name": "virt-launcher-1"}
+    assert held["metadata"]["finalizers"] == ["cni.dra.networking.x-k8s.io/ipam"]
+    await a.release_claim("p1")  # the pod goes: the address stays the IPAMClaim's
+    assert a.state.is_taken("vms", ip)
+    pod2 = await b.assign(claim_using("vms", "p2", namespace="vm-ns", ipam_claim="vm-a.data"))
+    assert addresses_of(pod2) == [address]  # on the other node, the same address
+    other = await a.assign(claim_using("vms", "p3", namespace="vm-ns"))
+    assert addresses_of(other) != addresses_of(pod1)  # never handed out while held
+    # deleted: the node holding it frees it and drops the finalizer
+    api.delete_ipamclaim("vm-ns", "vm-a.data")
+    report = await Reconciler(a, lambda: {"p3"}).once()
+    assert report.freed_ipamclaim_addresses == 1
+    assert ("vm-ns", "vm-a.data") not in api.ipamclaims
+    assert not a.state.is_taken("vms", ip)
+
+
+async def test_an_ipamclaim_on_a_pool_without_persistent_ips_is_refused(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    api.ipamclaim("vm-ns", "vm-a.data")
+    node = node_allocator(api, tmp_path, "a")
+    with pytest.raises(AllocationError, match=r"allowPersistentIPs is false"):
+        await node.assign(claim_using("data", "p", namespace="vm-ns", ipam_claim="vm-a.data"))
+    api.pool("vms", {**V4, "allowPersistentIPs": True})
+    with pytest.raises(AllocationError, match="IPAMClaim vm-ns/missing not found"):
+        await node.assign(claim_using("vms", "p", namespace="vm-ns", ipam_claim="missing"))
+    api.ipamclaim("vm-ns", "foreign", ips=["192.0.2.7/24"])
+    with pytest.raises(AllocationError, match=r"holds 192\.0\.2\.7, which is not in CNIIPPool vms"):
+        await node.assign(claim_using("vms", "p", namespace="vm-ns", ipam_claim="foreign"))
+    assert len(node.state.leases) == 0
+
+
+async def test_two_nodes_binding_one_ipamclaim_at_once_agree(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    """A live migration: the target's pod is prepared while the source's runs."""
+    api.pool("vms", {**V4, "allowPersistentIPs": True})
+    api.ipamclaim("vm-ns", "vm-a.data")
+    api.latency = 0.001
+    a, b = node_allocator(api, tmp_path, "a"), node_allocator(api, tmp_path, "b")
+    one, two = await asyncio.gather(
+        a.assign(claim_using("vms", "p1", namespace="vm-ns", ipam_claim="vm-a.data")),
+        b.assign(claim_using("vms", "p2", namespace="vm-ns", ipam_claim="vm-a.data")),
+    )
+    assert addresses_of(one) == addresses_of(two)
+    persistent = [x for n in (a, b) for x in n.state.leases.all()]
+    assert len(persistent) == 1  # the loser released what it leased
+
+
+async def test_a_lost_nodes_blocks_are_adopted_keeping_ipamclaim_addresses(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    api.pool("vms", {**V4, "allowPersistentIPs": True})
+    api.ipamclaim("vm-ns", "vm-a.data")
+    lost, survivor = node_allocator(api, tmp_path, "lost"), node_allocator(api, tmp_path, "b")
+    held = addresses_of(
+        await lost.assign(claim_using("vms", "p1", namespace="vm-ns", ipam_claim="vm-a.data"))
+    )
+    await lost.assign(claim_using("vms", "p2"))  # an ordinary pod of the lost node
+    for i in range(20):  # a second block on the lost node, with no persistent address
+        await lost.assign(claim_using("vms", f"more{i}"))
+    assert len([b for b in api.blocks.values() if b.node == "lost"]) == 2
+    api.nodes.discard("lost")  # the node is deleted
+    report = await Reconciler(survivor, set).once()
+    assert (report.adopted_blocks, report.released_blocks) == (2, 1)
+    assert {b.node for b in api.blocks.values()} == {"b"}
+    labels = api.ipamclaims[("vm-ns", "vm-a.data")]["metadata"]["labels"]
+    assert labels["ipam.cni.networking.x-k8s.io/node"] == "b"
+    handed = set()
+    for i in range(30):
+        handed.update(addresses_of(await survivor.assign(claim_using("vms", f"new{i}"))))
+    assert held[0] not in handed
+    api.delete_ipamclaim("vm-ns", "vm-a.data")
+    assert (await Reconciler(survivor, set).once()).freed_ipamclaim_addresses == 1
+
+
+async def test_a_block_created_but_not_recorded_is_recovered_at_start(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    node = node_allocator(api, tmp_path, "a")
+    await node.assign(claim_using("data", "x"))
+    (block,) = node.state.blocks.all()
+    await node.state.drop_block(block.name)  # as if the driver died before recording it
+    restarted = node_allocator(api, tmp_path, "a")
+    await restarted.sync_blocks()
+    assert [b.name for b in restarted.state.blocks.all()] == [block.name]
+    second = addresses_of(await restarted.assign(claim_using("data", "y")))
+    assert second != addresses_of(await restarted.assign(claim_using("data", "x")))
+
+
+async def test_a_down_apiserver_fails_only_what_needs_a_new_block(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    node = node_allocator(api, tmp_path, "a")
+    await node.assign(claim_using("data", "x"))
+    pool = await node.pool("data")
+    (held,) = node.state.blocks.all()
+    room = len(list(pool.usable(pool.block(0, held.index))))
+    api.down = True
+    node.pool_ttl = 0  # the cached pool serves while the apiserver is down
+    for i in range(room - 1):
+        await node.assign(claim_using("data", f"c{i}"))
+    with pytest.raises(AllocationError, match="could not be asked for another"):
+        await node.assign(claim_using("data", "one-too-many"))
+    assert isinstance(node.cluster, FakeCluster)
