@@ -1,0 +1,397 @@
+"""cnidra IPAM on the test bed, two nodes and real pods: one pool, no address twice across the
+nodes; an exhausted pool keeps the pod Pending with the pool named; a persistent IP follows its
+IPAMClaim from a pod on one node to a pod on the other and is freed with the IPAMClaim; a deleted
+node's blocks are adopted.
+
+Node 1's driver runs with deploy/'s defaults but a 1 s reconcile pass (the default 30 s would
+make the IPAMClaim and lost-node tests wait minutes); node 2's has its own state root."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cnidra.state.layout import DEFAULT_STATE_ROOT
+from testbed import cluster as tb
+from testbed.harness import ROOT, Cluster, DriverProcess
+from tests.testbed.test_lifecycle import pod_addresses, ready
+from tests.testbed.test_named_networks import (
+    claimed_pod,
+    network_template,
+    node_conf_network,
+    on_node,
+)
+
+pytestmark = pytest.mark.testbed
+DRIVER = "cni.dra.networking.x-k8s.io"
+RECONCILE = {"ipam_reconcile_seconds": "1"}
+
+
+@pytest.fixture(scope="module")
+def ipam_crds(cluster: Cluster) -> None:
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "crds.yaml"))
+    cluster.wait(
+        "the CRDs to be served",
+        lambda: (
+            cluster.kubectl(
+                "get", "cniippools,cniipblocks,ipamclaims", "-A", check=False
+            ).returncode
+            == 0
+        ),
+        60,
+    )
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
+
+
+@pytest.fixture(scope="module")
+def node1(
+    cluster: Cluster, ipam_crds: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DriverProcess]:
+    assert not DEFAULT_STATE_ROOT.exists() or not any(DEFAULT_STATE_ROOT.glob("*/*"))
+    proc = DriverProcess(
+        cluster,
+        tmp_path_factory.mktemp("ipam1"),
+        defaults=True,
+        cni_conf_dir=str(tb.Paths.cni_conf),
+        **RECONCILE,
+    )
+    proc.start()
+    cluster.wait("the NRI plugin to connect", lambda: proc.health().get("nriConnected"), 60)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def node2(
+    cluster: Cluster,
+    ipam_crds: None,
+    second_node: tb.Node,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[DriverProcess]:
+    proc = DriverProcess(
+        cluster,
+        tmp_path_factory.mktemp("ipam2"),
+        node=second_node,
+        cni_conf_dir=str(second_node.cni_conf),
+        **RECONCILE,
+    )
+    proc.start()
+    cluster.wait("node 2's NRI plugin to connect", lambda: proc.health().get("nriConnected"), 60)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def ns(cluster: Cluster, namespace: str) -> Iterator[str]:
+    yield namespace
+    cluster.kubectl(
+        "delete", "pods", "--all", "-n", namespace, "--timeout=90s", check=False, timeout=120
+    )
+
+
+@pytest.fixture
+def network(
+    cluster: Cluster, ns: str, node1: DriverProcess, test_link: Any, second_node: tb.Node
+) -> Iterator[str]:
+    """A CNINetwork by NetworkID whose node confs put macvlan on each node's own link and ask
+    cnidra IPAM for addresses from one pool (named like the network); the test makes the pool."""
+    tag = uuid.uuid4().hex[:5]
+    name = f"tb-ipam-{tag}"
+    link_a, link_b = test_link(f"iA{tag}"), f"iB{tag}"
+    node2_ip = ["ip", "-n", str(second_node.netns)]
+    subprocess.run([*node2_ip, "link", "add", link_b, "type", "bridge"], check=True)
+    subprocess.run([*node2_ip, "link", "set", link_b, "up"], check=True)
+    confs = {tb.Paths.cni_conf / f"{name}.conflist": link_a}
+    confs[second_node.cni_conf / f"{name}.conflist"] = link_b
+    for path, link in confs.items():
+        path.write_text(
+            json.dumps(
+                {
+                    "cniVersion": "1.0.0",
+                    "name": name,
+                    "plugins": [
+                        {
+                            "type": "macvlan",
+                            "master": link,
+                            "ipam": {"type": "cnidra", "pool": name},
+                        }
+                    ],
+                }
+            )
+        )
+    cluster.apply(node_conf_network(name, ns))
+    cluster.apply_in(ns, network_template("net", name))
+    try:
+        yield name
+    finally:
+        cluster.kubectl(
+            "delete", "pods", "--all", "-n", ns, "--timeout=90s", check=False, timeout=120
+        )
+        for path in confs:
+            path.unlink(missing_ok=True)
+        cluster.kubectl("delete", "cninetwork", name, "--wait=false", check=False)
+        cluster.kubectl("delete", "cniippool", name, "--ignore-not-found", check=False)
+        cluster.kubectl(
+            "delete", "cniipblocks", "-l", f"cni.networking.x-k8s.io/pool={name}", check=False
+        )
+        subprocess.run([*node2_ip, "link", "del", link_b], check=False, capture_output=True)
+
+
+def make_pool(cluster: Cluster, name: str, **spec: Any) -> None:
+    cluster.apply(
+        {
+            "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+            "kind": "CNIIPPool",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+    )
+
+
+def blocks(cluster: Cluster, pool: str) -> dict[str, str]:
+    """block name -> node, as `kubectl get cniipblocks` shows them."""
+    items = json.loads(
+        cluster.kubectl(
+            "get", "cniipblocks", "-l", f"cni.networking.x-k8s.io/pool={pool}", "-o", "json"
+        ).stdout
+    )["items"]
+    return {b["metadata"]["name"]: b["spec"]["node"] for b in items}
+
+
+def served(cluster: Cluster, network: str, *nodes: tb.Node) -> None:
+    def published() -> bool:
+        slices = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json").stdout)
+        have = {
+            s["spec"]["nodeName"]
+            for s in slices["items"]
+            if s["spec"]["driver"] == DRIVER
+            for d in s["spec"]["devices"]
+            if d["attributes"].get("network", {}).get("string") == network
+        }
+        return {n.name for n in nodes} <= have
+
+    cluster.wait("the nodes to publish the network", published, 60)
+
+
+def test_pods_on_two_nodes_never_get_the_same_address(
+    cluster: Cluster, ns: str, network: str, node2: DriverProcess, second_node: tb.Node
+) -> None:
+    make_pool(
+        cluster,
+        network,
+        ranges=[{"subnet": "198.18.140.0/27", "gateway": "198.18.140.1"}],
+        blockSize=4,
+    )
+    served(cluster, network, tb.NODE1, second_node)
+    pods = {f"a{i}": tb.NODE1 for i in range(6)} | {f"b{i}": second_node for i in range(6)}
+    for name, node in pods.items():
+        cluster.apply_in(ns, on_node(claimed_pod(name, "net"), node))
+    for name in pods:
+        ready(cluster, ns, name)
+    got = {name: pod_addresses(cluster, ns, name, "net1") for name in pods}
+    addresses = [a for found in got.values() for a in found]
+    assert len(addresses) == 12 == len(set(addresses)), got
+    pool = ipaddress.ip_network("198.18.140.0/27")
+    assert all(ipaddress.ip_interface(a).network == pool for a in addresses)
+    assert "198.18.140.1/27" not in addresses  # the gateway
+    held = blocks(cluster, network)
+    assert set(held.values()) == {tb.NODE1.name, second_node.name}
+    for name, node in pods.items():  # each pod's address is in a block its node holds
+        (address,) = got[name]
+        index = (int(ipaddress.ip_interface(address).ip) - int(pool.network_address)) // 4
+        assert held[f"{network}.0.{index}"] == node.name
+
+
+def test_an_exhausted_pool_keeps_the_pod_pending_naming_the_pool(
+    cluster: Cluster, ns: str, network: str
+) -> None:
+    make_pool(
+        cluster,
+        network,
+        ranges=[
+            {"subnet": "198.18.141.0/29", "rangeStart": "198.18.141.1", "rangeEnd": "198.18.141.2"}
+        ],
+        blockSize=4,
+    )
+    served(cluster, network, tb.NODE1)
+    for name in ("p1", "p2"):
+        cluster.apply_in(ns, on_node(claimed_pod(name, "net"), tb.NODE1))
+        ready(cluster, ns, name)
+    cluster.apply_in(ns, on_node(claimed_pod("p3", "net"), tb.NODE1))
+
+    def refusal() -> str:
+        events = cluster.kubectl(
+            "get", "events", "-n", ns, "--field-selector", "involvedObject.name=p3", "-o", "json"
+        )
+        return " ".join(e["message"] for e in json.loads(events.stdout)["items"])
+
+    cluster.wait("the third pod's prepare to be refused", lambda: "is exhausted" in refusal(), 60)
+    assert f"CNIIPPool {network} is exhausted" in refusal()
+    assert cluster.get("pod", "p3", ns)["status"]["phase"] == "Pending"
+    cluster.kubectl("delete", "pod", "p1", "-n", ns, "--timeout=90s", timeout=120)
+    ready(cluster, ns, "p3", timeout="120s")  # kubelet's retry finds p1's address free
+    assert pod_addresses(cluster, ns, "p3", "net1") <= {"198.18.141.1/29", "198.18.141.2/29"}
+
+
+def ipamclaim(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "k8s.cni.cncf.io/v1alpha1",
+        "kind": "IPAMClaim",
+        "metadata": {"name": name},
+        "spec": {"network": "data", "interface": "net1"},
+    }
+
+
+def persistent_pod(
+    cluster: Cluster, ns: str, name: str, network: str, claim: str
+) -> dict[str, Any]:
+    template = f"keep-{name}"
+    doc = network_template(template, network)
+    doc["spec"]["spec"]["devices"]["config"] = [
+        {
+            "requests": ["data"],
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+                    "kind": "CNIConfig",
+                    "ipamClaimReference": claim,
+                },
+            },
+        }
+    ]
+    cluster.apply_in(ns, doc)
+    return claimed_pod(name, template)
+
+
+def test_a_persistent_ip_follows_its_ipamclaim_to_the_other_node(
+    cluster: Cluster,
+    ns: str,
+    network: str,
+    node2: DriverProcess,
+    second_node: tb.Node,
+) -> None:
+    make_pool(
+        cluster,
+        network,
+        ranges=[{"subnet": "198.18.142.0/24"}],
+        blockSize=16,
+        allowPersistentIPs=True,
+    )
+    served(cluster, network, tb.NODE1, second_node)
+    cluster.apply_in(ns, ipamclaim("vm-a.data"))
+    cluster.apply_in(
+        ns, on_node(persistent_pod(cluster, ns, "vm1", network, "vm-a.data"), tb.NODE1)
+    )
+    ready(cluster, ns, "vm1")
+    (address,) = pod_addresses(cluster, ns, "vm1", "net1")
+    held = cluster.get("ipamclaim", "vm-a.data", ns)
+    assert held["status"]["ips"] == [address]
+    assert held["status"]["ownerPod"] == {"name": "vm1"}
+    assert "cni.dra.networking.x-k8s.io/ipam" in held["metadata"]["finalizers"]
+    cluster.kubectl("delete", "pod", "vm1", "-n", ns, "--timeout=90s", timeout=120)
+    # an ordinary pod meanwhile never gets the held address
+    cluster.apply_in(ns, on_node(claimed_pod("other", "net"), tb.NODE1))
+    ready(cluster, ns, "other")
+    assert address not in pod_addresses(cluster, ns, "other", "net1")
+    vm2 = on_node(persistent_pod(cluster, ns, "vm2", network, "vm-a.data"), second_node)
+    cluster.apply_in(ns, vm2)
+    ready(cluster, ns, "vm2")
+    assert pod_addresses(cluster, ns, "vm2", "net1") == {address}
+    cluster.kubectl("delete", "pod", "vm2", "-n", ns, "--timeout=90s", timeout=120)
+    # deleted: node 1, which holds the address, frees it and lets the IPAMClaim go
+    cluster.kubectl("delete", "ipamclaim", "vm-a.data", "-n", ns, "--wait=false")
+    cluster.wait(
+        "the IPAMClaim to be released",
+        lambda: (
+            cluster.kubectl("get", "ipamclaim", "vm-a.data", "-n", ns, check=False).returncode != 0
+        ),
+        60,
+    )
+    cluster.apply_in(ns, on_node(claimed_pod("reuse", "net"), tb.NODE1))
+    ready(cluster, ns, "reuse")
+    assert pod_addresses(cluster, ns, "reuse", "net1") == {address}  # lowest free again
+
+
+def test_an_ipamclaim_on_a_pool_without_persistent_ips_is_refused(
+    cluster: Cluster, ns: str, network: str
+) -> None:
+    make_pool(cluster, network, ranges=[{"subnet": "198.18.143.0/24"}])
+    served(cluster, network, tb.NODE1)
+    cluster.apply_in(ns, ipamclaim("vm-b.data"))
+    cluster.apply_in(ns, on_node(persistent_pod(cluster, ns, "vm", network, "vm-b.data"), tb.NODE1))
+
+    def refusal() -> str:
+        events = cluster.kubectl(
+            "get", "events", "-n", ns, "--field-selector", "involvedObject.name=vm", "-o", "json"
+        )
+        return " ".join(e["message"] for e in json.loads(events.stdout)["items"])
+
+    cluster.wait("the pod's prepare to be refused", lambda: "allowPersistentIPs" in refusal(), 60)
+    assert "does not allow persistent IPs" in refusal()
+    assert not cluster.get("ipamclaim", "vm-b.data", ns).get("status")
+
+
+def test_a_deleted_nodes_blocks_are_adopted_by_a_live_node(
+    cluster: Cluster,
+    ns: str,
+    network: str,
+    node1: DriverProcess,
+    node2: DriverProcess,
+    second_node: tb.Node,
+) -> None:
+    """Last in the module: it takes node 2 away."""
+    make_pool(
+        cluster,
+        network,
+        ranges=[{"subnet": "198.18.144.0/24"}],
+        blockSize=4,
+        allowPersistentIPs=True,
+    )
+    served(cluster, network, second_node)
+    cluster.apply_in(ns, ipamclaim("vm-c.data"))
+    cluster.apply_in(
+        ns, on_node(persistent_pod(cluster, ns, "vm", network, "vm-c.data"), second_node)
+    )
+    for i in range(4):
+        cluster.apply_in(ns, on_node(claimed_pod(f"p{i}", "net"), second_node))
+    for name in ("vm", "p0", "p1", "p2", "p3"):
+        ready(cluster, ns, name)
+    (address,) = pod_addresses(cluster, ns, "vm", "net1")
+    before = blocks(cluster, network)
+    assert set(before.values()) == {second_node.name} and len(before) >= 2
+    node2.stop()
+    tb.node2_down(cluster.bins)  # the node is lost: its Node object goes
+    cluster.wait(
+        "node 1 to adopt the lost node's blocks",
+        lambda: set(blocks(cluster, network).values()) == {tb.NODE1.name},
+        90,
+    )
+    kept = blocks(cluster, network)
+    assert len(kept) == 1  # only the block with the IPAMClaim's address: the rest are free
+    labels = cluster.get("ipamclaim", "vm-c.data", ns)["metadata"]["labels"]
+    assert labels["ipam.cni.networking.x-k8s.io/node"] == tb.NODE1.name
+    cluster.kubectl("delete", "pods", "--all", "-n", ns, "--force", "--grace-period=0", check=False)
+    for i in range(6):
+        cluster.apply_in(ns, on_node(claimed_pod(f"n{i}", "net"), tb.NODE1))
+    for i in range(6):
+        ready(cluster, ns, f"n{i}")
+        assert address not in pod_addresses(cluster, ns, f"n{i}", "net1")
+    cluster.kubectl("delete", "ipamclaim", "vm-c.data", "-n", ns, "--wait=false")
+    cluster.wait(
+        "the adopted IPAMClaim to be released",
+        lambda: (
+            cluster.kubectl("get", "ipamclaim", "vm-c.data", "-n", ns, check=False).returncode != 0
+        ),
+        60,
+    )
