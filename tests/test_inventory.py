@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cnidra.api.issues import FieldPath
+from cnidra.api.networks import NamedNetwork
 from cnidra.inventory.links import Link, carrying_node
+from cnidra.inventory.slices import SliceSettings, network_device
 
 
 def link(name: str, index: int, **kw: object) -> Link:
@@ -70,3 +73,19 @@ def test_a_link_change_in_the_nodes_namespace_wakes_the_publisher(in_node: Path)
         assert select.select([sock], [], [], 5)[0], "no event within 5 s"
         assert drain(sock) >= 1
         assert drain(sock) == 0
+
+
+def test_a_network_with_cnidra_ipam_publishes_its_pool_and_addresses() -> None:
+    network = NamedNetwork(
+        reference="CNINetwork data",
+        config={"name": "data", "plugins": [{"type": "macvlan", "ipam": {"type": "cnidra"}}]},
+        path=FieldPath(),
+        trusted=True,
+    )
+    dev = network_device("net-data", "data", network, None, SliceSettings("n1"), ("data-v4", 12))
+    assert dev["attributes"]["ipPool"] == {"string": "data-v4"}
+    assert dev["capacity"]["addresses"] == {
+        "value": "12",
+        "requestPolicy": {"default": "1", "validValues": ["1"]},
+    }
+    assert dev["allowMultipleAllocations"] is True

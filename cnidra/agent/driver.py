@@ -59,6 +59,11 @@ class Driver:
         self.client = make_client(settings.kubeconfig, settings.api_timeout)
         self.layout = StateLayout(settings.state_dir)
         self.checkpoint = Checkpoint(self.layout)
+        self.ipam = Allocator(
+            settings.node_name,
+            IPAMState(self.layout),
+            KubeIPAM(self.client, settings.api_timeout),
+        )
         self.publisher = SlicePublisher(
             self.client,
             SliceSettings(settings.node_name, settings.sub_interfaces),
@@ -67,16 +72,13 @@ class Driver:
             resync=settings.resync_seconds,
             publish_node_links=settings.publish_node_links,
             networks=ServedNetworks(self.client, settings.cni_conf_dir),
+            pool_capacity=self.ipam.capacity,
         )
+        self.ipam.blocks_changed = self.publisher.poke
         self.metadata = (
             DeviceMetadata(settings.plugin_data_dir, settings.cdi_dir)
             if settings.device_metadata
             else None
-        )
-        self.ipam = Allocator(
-            settings.node_name,
-            IPAMState(self.layout),
-            KubeIPAM(self.client, settings.api_timeout),
         )
         self.ipam_reconciler = IPAMReconciler(
             self.ipam, lambda: {claim.uid for claim in self.checkpoint.all()}

@@ -304,6 +304,13 @@ def cnidra_ipam(conflist: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any
     return found
 
 
+def pool_of(conflist: Mapping[str, Any]) -> str | None:
+    """The CNIIPPool a network's cnidra IPAM names, if it uses it."""
+    found = cnidra_ipam(conflist)
+    pool = found[0][1].get("pool") if found else None
+    return pool if isinstance(pool, str) else None
+
+
 def with_static_ipam(
     conflist: Mapping[str, Any], pool: Pool, addresses: Sequence[Address]
 ) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import errno
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -19,6 +19,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
 
 from cnidra.api.constants import DRIVER_NAME
+from cnidra.api.ipam import pool_of
 from cnidra.api.networks import NamedNetwork
 from cnidra.api.nodes import NodeView
 from cnidra.inventory.links import Link, LinkFilter, carrying_node, cni_plugins, read_links
@@ -56,6 +57,7 @@ class SlicePublisher:
         links: Callable[[], list[Link]] = read_links,
         publish_node_links: Sequence[str] = (),
         networks: NetworkSource | None = None,
+        pool_capacity: Callable[[str], Awaitable[int | None]] | None = None,
     ) -> None:
         self.client = client
         self.settings = settings
@@ -75,6 +77,7 @@ class SlicePublisher:
         self.node_labels: dict[str, str] | None = None
         self.networks = networks
         self._served: dict[str, tuple[str, NamedNetwork, Link | None]] = {}
+        self.pool_capacity = pool_capacity
 
     def view(self) -> NodeView:
         """The node as prepare and the hook see it: each published device's link, the links
@@ -124,6 +127,25 @@ class SlicePublisher:
             dev: (name, network, parent_of[name])
             for dev, (name, network) in network_device_names(usable, taken).items()
         }
+
+    async def _addresses(self) -> dict[str, tuple[str, int]]:
+        """Per served network with cnidra IPAM: its pool and the addresses this node can
+        still give (a pool that cannot be read now is published without a count)."""
+        if self.pool_capacity is None:
+            return {}
+        found: dict[str, tuple[str, int]] = {}
+        for dev, (_, network, _) in self._served.items():
+            pool = pool_of(network.config)
+            if pool is None:
+                continue
+            try:
+                count = await self.pool_capacity(pool)
+            except Exception as exc:
+                log.warning("addresses of CNIIPPool %s not counted: %s", pool, exc)
+                continue
+            if count is not None:
+                found[dev] = (pool, count)
+        return found
 
     def _publishable(self, link: Link, protected: frozenset[str]) -> bool:
         if not self.filter.eligible(link):
@@ -189,6 +211,7 @@ class SlicePublisher:
             owner,
             view.protected,
             self._served,
+            await self._addresses(),
         )
         self._view = replace(
             view,

@@ -165,9 +165,12 @@ def network_device(
     network: NamedNetwork,
     parent: Link | None,
     settings: SliceSettings,
+    addresses: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
     """A named network this node serves: the scheduler sends a claim that selects it by
-    `network` only to nodes that can serve it."""
+    `network` only to nodes that can serve it. `addresses`: the CNIIPPool its cnidra IPAM
+    names and how many addresses this node can still give its claims; every claim of the
+    device consumes one, so the scheduler leaves a pod Pending when the pool has none."""
     attrs: dict[str, dict[str, Any]] = {
         "type": {"string": NETWORK_TYPE},
         "network": {"string": network_name[:STRING_MAX]},
@@ -183,13 +186,18 @@ def network_device(
         attrs["state"] = {"string": parent.state}
         attrs["mtu"] = {"int": parent.mtu}
     out: dict[str, Any] = {"name": name, "attributes": attrs}
+    if addresses is not None:
+        attrs["ipPool"] = {"string": addresses[0][:STRING_MAX]}
     if settings.shared_capacity:
+        one_each = {"default": "1", "validRange": {"min": "1", "step": "1"}}
         out["capacity"] = {
-            "subInterfaces": {
-                "value": str(settings.sub_interfaces),
-                "requestPolicy": {"default": "1", "validRange": {"min": "1", "step": "1"}},
-            }
+            "subInterfaces": {"value": str(settings.sub_interfaces), "requestPolicy": one_each}
         }
+        if addresses is not None:
+            out["capacity"]["addresses"] = {
+                "value": str(addresses[1]),
+                "requestPolicy": {"default": "1", "validValues": ["1"]},
+            }
         out["allowMultipleAllocations"] = True
     return out
 
@@ -202,6 +210,7 @@ def build_slices(
     owner: Mapping[str, Any] | None = None,
     node_links: frozenset[str] = frozenset(),
     networks: Mapping[str, tuple[str, NamedNetwork, Link | None]] | None = None,
+    addresses: Mapping[str, tuple[str, int]] | None = None,
 ) -> list[dict[str, Any]]:
     """`node_links`: links among `links` that carry the node (published only because the admin
     opted in), marked with the `nodeLink` attribute for classes to select or avoid.
@@ -211,7 +220,7 @@ def build_slices(
         for name, link in device_names(links).items()
     ]
     devices += [
-        network_device(dev, name, network, parent, settings)
+        network_device(dev, name, network, parent, settings, (addresses or {}).get(dev))
         for dev, (name, network, parent) in (networks or {}).items()
     ]
     chunks = [

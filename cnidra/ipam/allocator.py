@@ -87,12 +87,14 @@ class Allocator:
         *,
         pool_ttl: float = POOL_TTL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        blocks_changed: Callable[[], None] = lambda: None,
     ) -> None:
         self.node = node
         self.state = state
         self.cluster = cluster
         self.pool_ttl = pool_ttl
         self.clock = clock
+        self.blocks_changed = blocks_changed  # the inventory recounts the pools' addresses
         self._pools: dict[str, tuple[float, Pool]] = {}
         self._locks = KeyedLocks()
 
@@ -210,12 +212,44 @@ class Allocator:
                 continue  # another node created it since the LIST
             held = HeldBlock(pool.name, block.name, range_index, index, str(block.cidr), uid)
             await self.state.hold(held)
+            self.blocks_changed()
             log.info("reserved block %s (%s) of CNIIPPool %s", block.name, block.cidr, pool.name)
             return held
         raise AllocationError(
             f"CNIIPPool {pool.name} is exhausted: every block of {family} is held by a node "
             f"and this node's are full ({pool.range_capacity(range_index)} addresses in all)"
         )
+
+    async def capacity(self, name: str) -> int | None:
+        """How many addresses of a pool this node can give its claims: the ones its claims
+        hold, the free ones of its blocks, and those of blocks no node holds (one LIST). It
+        does not change when a claim here takes an address, so the ResourceSlice that
+        carries it is rewritten only when blocks or the pool change; the scheduler counts
+        the claims. Nodes count the unheld blocks alike, so near the end two may both
+        promise the last one: prepare then refuses, naming the pool."""
+        try:
+            pool = await self.pool(name)
+        except AllocationError:
+            return None
+        taken = await self.cluster.blocks(pool=name)
+        counts = []
+        for index in range(len(pool.spec.ranges)):
+            mine = self.state.held_blocks(name, index)
+            held_anywhere = {b.name for b in taken} | {b.name for b in mine}
+            in_blocks = 0
+            for block_name in held_anywhere:
+                _, range_text, block_index = block_name.rsplit(".", 2)
+                if int(range_text) == index:
+                    in_blocks += sum(1 for _ in pool.usable(pool.block(index, int(block_index))))
+            unheld = pool.range_capacity(index) - in_blocks
+            own = 0
+            for held in mine:
+                for address in pool.usable(pool.block(index, held.index)):
+                    lease = self.state.at(name, str(address))
+                    if lease is None or not lease.persistent:
+                        own += 1
+            counts.append(unheld + own)
+        return max(min(counts), 0)
 
     # ------------------------------------------------------------------ IPAMClaims
 
@@ -313,6 +347,7 @@ class Allocator:
                 pool.name, block.name, block.range_index, block.index, str(block.cidr), obj.uid
             )
             await self.state.hold(held)
+        self.blocks_changed()
         log.info(
             "adopted block %s of CNIIPPool %s from node %s with %d persistent addresses",
             obj.name,

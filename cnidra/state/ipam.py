@@ -89,8 +89,11 @@ class IPAMState:
             key=lambda b: b.index,
         )
 
+    def at(self, pool: str, address: str) -> Lease | None:
+        return self.leases.get(f"{pool}_{address.replace(':', '-')}")
+
     def is_taken(self, pool: str, address: str) -> bool:
-        return self.leases.get(f"{pool}_{address.replace(':', '-')}") is not None
+        return self.at(pool, address) is not None
 
     def of_owner(self, owner: str) -> list[Lease]:
         return list(self._by_owner.get(owner, ()))

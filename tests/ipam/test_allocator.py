@@ -237,3 +237,23 @@ async def test_a_down_apiserver_fails_only_what_needs_a_new_block(
     with pytest.raises(AllocationError, match="could not be asked for another"):
         await node.assign(claim_using("data", "one-too-many"))
     assert isinstance(node.cluster, FakeCluster)
+
+
+async def test_the_published_count_moves_with_blocks_not_with_pods(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    """What a node publishes as its network device's `addresses` capacity: the scheduler
+    counts the claims against it, so a pod taking an address here changes nothing, and
+    another node taking a block lowers it."""
+    api.pool("small", {"ranges": [{"subnet": "198.18.133.0/28"}], "blockSize": 4})
+    a, b = node_allocator(api, tmp_path, "a"), node_allocator(api, tmp_path, "b")
+    assert await a.capacity("small") == 14  # .1 to .14
+    await a.assign(claim_using("small", "a1"))
+    await a.assign(claim_using("small", "a2"))
+    assert await a.capacity("small") == 14
+    await b.assign(claim_using("small", "b1"))
+    taken_by_b = next(x for x in api.blocks.values() if x.node == "b")
+    pool = await b.pool("small")
+    in_b = len(list(pool.usable(pool.block(0, int(taken_by_b.name.rsplit(".", 1)[1])))))
+    assert await a.capacity("small") == 14 - in_b
+    assert await a.capacity("missing") is None
