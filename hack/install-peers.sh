@@ -56,3 +56,13 @@ build "$DRA_EXAMPLE_DIR" dra-example-kubeletplugin sigs.k8s.io/dra-example-drive
 build "$WHEREABOUTS_DIR" whereabouts github.com/k8snetworkplumbingwg/whereabouts \
   "$WHEREABOUTS_VERSION" github.com/k8snetworkplumbingwg/whereabouts/cmd \
   github.com/gogo/protobuf=github.com/gogo/protobuf@v1.3.2
+# whereabouts' CRDs (IPPool, OverlappingRangeIPReservation), as its release ships them, for
+# bench.ipam to install
+if [[ ! -f "$WHEREABOUTS_DIR/crds/.complete" ]]; then
+  src="$(go env GOMODCACHE)/github.com/k8snetworkplumbingwg/whereabouts@$WHEREABOUTS_VERSION"
+  [[ -d "$src" ]] || (cd "$(mktemp -d)" && go mod download "github.com/k8snetworkplumbingwg/whereabouts@$WHEREABOUTS_VERSION")
+  mkdir -p "$WHEREABOUTS_DIR/crds"
+  cp "$src"/doc/crds/whereabouts.cni.cncf.io_*.yaml "$WHEREABOUTS_DIR/crds/"
+  chmod u+w "$WHEREABOUTS_DIR/crds/"*.yaml
+  touch "$WHEREABOUTS_DIR/crds/.complete"
+fi

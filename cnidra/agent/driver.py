@@ -81,7 +81,9 @@ class Driver:
             else None
         )
         self.ipam_reconciler = IPAMReconciler(
-            self.ipam, lambda: {claim.uid for claim in self.checkpoint.all()}
+            self.ipam,
+            lambda: {claim.uid for claim in self.checkpoint.all()},
+            grace=settings.ipam_grace_seconds,
         )
         self.preparer = Preparer(
             settings.node_name,

@@ -40,6 +40,9 @@ class DriverSettings:
     # addresses), lost nodes' blocks every `ipam_lost_node_passes` passes
     ipam_reconcile_seconds: float = 30.0
     ipam_lost_node_passes: int = 10
+    # an address leased for a claim that is not in the checkpoint is freed after this long
+    # (longer than any prepare in flight)
+    ipam_grace_seconds: float = 120.0
     # device metadata for containers (KEP-5304): CDI specs go where the runtime reads them
     device_metadata: bool = True
     cdi_dir: Path = Path("/var/run/cdi")

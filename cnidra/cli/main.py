@@ -295,6 +295,14 @@ def driver(
             help="how often cnidra IPAM frees addresses nobody holds (docs/ipam.md)",
         ),
     ] = DEFAULTS.ipam_reconcile_seconds,
+    ipam_grace_seconds: Annotated[
+        float,
+        typer.Option(
+            "--ipam-grace-seconds",
+            envvar="CNIDRA_IPAM_GRACE_SECONDS",
+            help="how old an address of an unprepared claim must be before it is freed",
+        ),
+    ] = DEFAULTS.ipam_grace_seconds,
     cni_conf_dir: Annotated[
         Path,
         typer.Option(
@@ -408,6 +416,7 @@ def driver(
         exclude_interfaces=exclude_interfaces or DEFAULTS.exclude_interfaces,
         resync_seconds=resync_seconds,
         ipam_reconcile_seconds=ipam_reconcile_seconds,
+        ipam_grace_seconds=ipam_grace_seconds,
         nri_socket=nri_socket,
         nri_plugin_name=nri_plugin_name,
         nri_plugin_index=nri_plugin_index,

@@ -1,26 +1,33 @@
 """cnidra IPAM on the test bed, two nodes and real pods: one pool, no address twice across the
 nodes; an exhausted pool keeps the pod Pending with the pool named; a persistent IP follows its
 IPAMClaim from a pod on one node to a pod on the other and is freed with the IPAMClaim; a deleted
-node's blocks are adopted.
+node's blocks are adopted; churn with driver kills and apiserver restarts leaks nothing.
 
-Node 1's driver runs with deploy/'s defaults but a 1 s reconcile pass (the default 30 s would
-make the IPAMClaim and lost-node tests wait minutes); node 2's has its own state root."""
+Node 1's driver runs with deploy/'s defaults but a 1 s reconcile pass and a 5 s grace for a
+killed prepare's addresses (the defaults, 30 s and 120 s, would make these tests wait minutes);
+node 2's has its own state root."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import shutil
+import signal
 import subprocess
+import threading
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
-from testbed.harness import ROOT, Cluster, DriverProcess
+from testbed.harness import ROOT, Cluster, DriverProcess, read_checkpoint
 from tests.testbed.test_lifecycle import pod_addresses, ready
 from tests.testbed.test_named_networks import (
     claimed_pod,
@@ -31,7 +38,7 @@ from tests.testbed.test_named_networks import (
 
 pytestmark = pytest.mark.testbed
 DRIVER = "cni.dra.networking.x-k8s.io"
-RECONCILE = {"ipam_reconcile_seconds": "1"}
+RECONCILE = {"ipam_reconcile_seconds": "1", "ipam_grace_seconds": "5"}
 
 
 @pytest.fixture(scope="module")
@@ -369,6 +376,156 @@ def test_an_ipamclaim_on_a_pool_without_persistent_ips_is_refused(
     cluster.wait("the pod's prepare to be refused", lambda: "allowPersistentIPs" in refusal(), 60)
     assert "does not allow persistent IPs" in refusal()
     assert not cluster.get("ipamclaim", "vm-b.data", ns).get("status")
+
+
+def allocated_claim(name: str, node: tb.Node, device: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A claim as the scheduler leaves it: allocated to the network's device on `node`."""
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "data",
+                        "exactly": {"deviceClassName": "cni-network.networking.x-k8s.io"},
+                    }
+                ]
+            }
+        },
+    }
+    status = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "data", "driver": DRIVER, "pool": node.name, "device": device}
+                ]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": [node.name]}
+                        ]
+                    }
+                ]
+            },
+        }
+    }
+    return claim, status
+
+
+def held_addresses(*drivers: DriverProcess) -> list[str]:
+    """The addresses of every claim the drivers have prepared, as their checkpoints hold them."""
+    return [
+        a["address"]
+        for driver in drivers
+        for c in read_checkpoint(driver.state_root)
+        for d in c["devices"]
+        for p in d["network"]["plugins"]
+        if (p.get("ipam") or {}).get("type") == "static"
+        for a in p["ipam"]["addresses"]
+    ]
+
+
+def leases(driver: DriverProcess) -> list[Path]:
+    return sorted((driver.state_root / "pools" / "addresses").glob("*.json"))
+
+
+def attempt(driver: DriverProcess, batch: list[tuple[str, str, str]]) -> None:
+    with contextlib.suppress(grpc.RpcError):
+        driver.prepare(*batch)
+
+
+def test_churn_with_driver_kills_and_apiserver_restarts_leaks_nothing_and_never_doubles(
+    cluster: Cluster,
+    ns: str,
+    network: str,
+    node1: DriverProcess,
+    node2: DriverProcess,
+    second_node: tb.Node,
+) -> None:
+    """2,000 claims prepared and unprepared on two nodes, 20 at a time per node, as kubelet
+    does for pods; node 1's driver is killed (SIGKILL) every 15 rounds and the apiserver
+    restarted every 40. At every round the prepared claims' addresses are unique across the
+    nodes; at the end nothing is leased."""
+    make_pool(
+        cluster,
+        network,
+        ranges=[{"subnet": "198.18.146.0/25"}],  # 126 addresses for 40 claims held at once
+        blockSize=8,
+    )
+    served(cluster, network, tb.NODE1, second_node)
+    devices = {
+        n.name: network_device_of(cluster, network, n)["name"] for n in (tb.NODE1, second_node)
+    }
+    drivers = {tb.NODE1.name: node1, second_node.name: node2}
+    rounds, per_node = 50, 20
+    names: dict[str, list[tuple[str, str, str]]] = {tb.NODE1.name: [], second_node.name: []}
+    docs, statuses = [], {}
+    for node in (tb.NODE1, second_node):
+        for i in range(rounds * per_node):
+            name = f"churn-{node.name[-1]}-{i}"
+            claim, status = allocated_claim(name, node, devices[node.name])
+            docs.append(claim)
+            statuses[name] = status
+    cluster.kubectl(
+        "apply",
+        "-n",
+        ns,
+        "-f",
+        "-",
+        input_="\n---\n".join(json.dumps(d) for d in docs),
+        timeout=300,
+    )
+    uids = {
+        c["metadata"]["name"]: c["metadata"]["uid"]
+        for c in json.loads(
+            cluster.kubectl("get", "resourceclaims", "-n", ns, "-o", "json").stdout
+        )["items"]
+    }
+    for name, status in statuses.items():
+        cluster.kubectl(
+            "patch", "resourceclaim", name, "-n", ns, "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": status}),
+        )  # fmt: skip
+    for node in (tb.NODE1, second_node):
+        names[node.name] = [
+            (ns, f"churn-{node.name[-1]}-{i}", uids[f"churn-{node.name[-1]}-{i}"])
+            for i in range(rounds * per_node)
+        ]
+    failed = refused = 0
+    for r in range(rounds):
+        if r and r % 15 == 0:  # killed in the middle of a prepare, then kubelet's retry
+            batch = names[tb.NODE1.name][r * per_node : (r + 1) * per_node]
+            killed = threading.Thread(target=attempt, args=(node1, batch))
+            killed.start()
+            time.sleep(0.05)
+            node1.stop(signal.SIGKILL)
+            killed.join()
+            node1.start()
+        if r and r % 40 == 0:
+            tb.stop("kube-apiserver")
+        for node_name, driver in drivers.items():
+            batch = names[node_name][r * per_node : (r + 1) * per_node]
+            try:
+                answer = driver.prepare(*batch)
+            except grpc.RpcError:
+                failed += 1
+                continue
+            refused += sum(1 for c in answer.claims.values() if c.error)
+        if r and r % 40 == 0:
+            tb.start_apiserver(cluster.bins)
+        held = held_addresses(node1, node2)
+        assert len(held) == len(set(held)), f"round {r}: an address held twice: {sorted(held)}"
+        for node_name, driver in drivers.items():
+            batch = names[node_name][r * per_node : (r + 1) * per_node]
+            driver.unprepare(*batch)
+    assert held_addresses(node1, node2) == []
+    # what a killed prepare leased and never checkpointed is freed after the grace
+    cluster.wait("every lease to be freed", lambda: not leases(node1) and not leases(node2), 60)
+    assert refused <= per_node * 2 * 2, refused  # only the rounds the apiserver was down
 
 
 def test_a_deleted_nodes_blocks_are_adopted_by_a_live_node(
