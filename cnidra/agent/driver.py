@@ -208,7 +208,6 @@ class Driver:
         )
 
     async def _reconcile_ipam(self) -> None:
-        await self.ipam.sync_blocks()
         await self.ipam_reconciler.run(
             self.settings.ipam_reconcile_seconds, self.settings.ipam_lost_node_passes
         )

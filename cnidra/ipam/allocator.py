@@ -5,6 +5,7 @@ hook runs plugins as it always does and never asks the apiserver anything. docs/
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import time
@@ -97,6 +98,10 @@ class Allocator:
         self.blocks_changed = blocks_changed  # the inventory recounts the pools' addresses
         self._pools: dict[str, tuple[float, Pool]] = {}
         self._locks = KeyedLocks()
+
+    def pool_lock(self, pool: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Held while a pool's addresses or blocks of this node change."""
+        return self._locks.hold(pool)
 
     # ------------------------------------------------------------------ prepare
 

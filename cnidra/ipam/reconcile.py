@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from cnidra.ipam.allocator import Allocator
+from cnidra.ipam.allocator import Allocator, IPAMCluster
 from cnidra.state.ipam import owner_claim_uid
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class Reconciler:
         self.clock = clock
 
     @property
-    def cluster(self):  # type: ignore[no-untyped-def]
+    def cluster(self) -> IPAMCluster:
         return self.allocator.cluster
 
     async def once(self, *, lost_nodes: bool = True) -> Report:
@@ -122,7 +122,7 @@ class Reconciler:
         held = state.blocks.get(name)
         if held is None or state.in_block(name):
             return False
-        async with self.allocator._locks.hold(held.pool):
+        async with self.allocator.pool_lock(held.pool):
             if state.in_block(name):
                 return False
             await self.cluster.delete_block(name, held.uid)
@@ -131,12 +131,21 @@ class Reconciler:
         return True
 
     async def run(self, interval: float, lost_node_every: int = 10) -> None:
-        """For the agent's supervised tasks: a pass every `interval` (with jitter, so nodes
-        do not scan in step), lost nodes every `lost_node_every` passes."""
+        """For the agent's supervised tasks: the start-up sync, then a pass every `interval`
+        (with jitter, so nodes do not scan in step), lost nodes every `lost_node_every`
+        passes. An apiserver that cannot be reached fails a pass, not the task: the next pass
+        tries again, and the driver stays healthy."""
+        synced = False
         passes = 0
         while True:
-            report = await self.once(lost_nodes=passes % lost_node_every == 0)
-            if any(vars(report).values()):
-                log.info("IPAM reconcile: %s", report)
+            try:
+                if not synced:
+                    await self.allocator.sync_blocks()
+                    synced = True
+                report = await self.once(lost_nodes=passes % lost_node_every == 0)
+                if any(vars(report).values()):
+                    log.info("IPAM reconcile: %s", report)
+            except Exception as exc:
+                log.warning("IPAM reconcile pass failed, next in %.0f s: %s", interval, exc)
             passes += 1
             await asyncio.sleep(interval * random.uniform(0.9, 1.1))

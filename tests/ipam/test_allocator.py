@@ -257,3 +257,18 @@ async def test_the_published_count_moves_with_blocks_not_with_pods(
     in_b = len(list(pool.usable(pool.block(0, int(taken_by_b.name.rsplit(".", 1)[1])))))
     assert await a.capacity("small") == 14 - in_b
     assert await a.capacity("missing") is None
+
+
+async def test_a_down_apiserver_fails_a_reconcile_pass_not_the_task(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    node = node_allocator(api, tmp_path, "a")
+    await node.assign(claim_using("data", "x"))
+    api.down = True
+    task = asyncio.create_task(Reconciler(node, set, grace=0).run(0.01, lost_node_every=1))
+    await asyncio.sleep(0.1)
+    assert not task.done()  # still passing, every pass failing
+    api.down = False
+    await asyncio.sleep(0.1)
+    task.cancel()
+    assert len(node.state.leases) == 0  # the pass after the outage freed the orphan

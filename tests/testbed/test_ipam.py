@@ -279,11 +279,24 @@ def test_an_exhausted_pool_keeps_the_pod_pending_naming_the_pool(
     assert pod_addresses(cluster, ns, "p3", "net1") <= {"198.18.141.1/29", "198.18.141.2/29"}
 
 
-def ipamclaim(name: str) -> dict[str, Any]:
+def ipamclaim(name: str, owner: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An IPAMClaim as KubeVirt makes one for a VM's network (`owner`: the VM's object)."""
+    meta: dict[str, Any] = {"name": name}
+    if owner is not None:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": "v1",
+                "kind": owner["kind"],
+                "name": owner["metadata"]["name"],
+                "uid": owner["metadata"]["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
     return {
         "apiVersion": "k8s.cni.cncf.io/v1alpha1",
         "kind": "IPAMClaim",
-        "metadata": {"name": name},
+        "metadata": meta,
         "spec": {"network": "data", "interface": "net1"},
     }
 
@@ -325,7 +338,10 @@ def test_a_persistent_ip_follows_its_ipamclaim_to_the_other_node(
         allowPersistentIPs=True,
     )
     served(cluster, network, tb.NODE1, second_node)
-    cluster.apply_in(ns, ipamclaim("vm-a.data"))
+    # the VM, for garbage collection: a ConfigMap stands in for KubeVirt's VirtualMachine
+    cluster.kubectl("create", "configmap", "vm-a", "-n", ns)
+    vm = cluster.get("configmap", "vm-a", ns)
+    cluster.apply_in(ns, ipamclaim("vm-a.data", owner=vm))
     cluster.apply_in(
         ns, on_node(persistent_pod(cluster, ns, "vm1", network, "vm-a.data"), tb.NODE1)
     )
@@ -345,8 +361,9 @@ def test_a_persistent_ip_follows_its_ipamclaim_to_the_other_node(
     ready(cluster, ns, "vm2")
     assert pod_addresses(cluster, ns, "vm2", "net1") == {address}
     cluster.kubectl("delete", "pod", "vm2", "-n", ns, "--timeout=90s", timeout=120)
-    # deleted: node 1, which holds the address, frees it and lets the IPAMClaim go
-    cluster.kubectl("delete", "ipamclaim", "vm-a.data", "-n", ns, "--wait=false")
+    # the VM is deleted, garbage collection deletes its IPAMClaim: node 1, which holds the
+    # address, frees it and lets the IPAMClaim go
+    cluster.kubectl("delete", "configmap", "vm-a", "-n", ns, "--cascade=background")
     cluster.wait(
         "the IPAMClaim to be released",
         lambda: (

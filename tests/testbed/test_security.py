@@ -563,9 +563,11 @@ def test_a_nodes_driver_writes_only_its_own_nodes_slices_and_claims(
         assert "may change only the annotation" in other.stderr, other.stderr
         label = as_driver("label", "pod", "here", "-n", namespace, "app=x")
         assert label.returncode != 0 and "may change only the annotation" in label.stderr
+        ipam_writes_are_node_scoped(cluster, namespace, as_driver)
     finally:
         for name in (f"scope-test-{tb.NODE}", "scope-test-some-other-node"):
             cluster.kubectl("delete", "resourceslice", name, "--ignore-not-found")
+        cluster.kubectl("delete", "cniipblocks", "-l", "cni.networking.x-k8s.io/pool=scope-test")
         for name in ("here", "there"):
             cluster.kubectl(
                 "delete", "pod", name, "-n", namespace, "--wait=false", "--ignore-not-found"
@@ -578,6 +580,101 @@ def test_a_nodes_driver_writes_only_its_own_nodes_slices_and_claims(
         cluster.kubectl(
             "delete", "-f", str(ROOT / "deploy" / "admission.yaml"), "--ignore-not-found"
         )
+
+
+def ipam_writes_are_node_scoped(
+    cluster: Cluster, namespace: str, as_driver: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    """cnidra IPAM's objects: blocks only for its own node, IPAMClaims only its finalizer, its
+    node label and the status of those it holds."""
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "crds.yaml"))
+    cluster.wait(
+        "the IPAM CRDs",
+        lambda: cluster.kubectl("get", "cniipblocks,ipamclaims", "-A", check=False).returncode == 0,
+        60,
+    )
+
+    def block(index: int, node: str) -> subprocess.CompletedProcess[str]:
+        doc = {
+            "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+            "kind": "CNIIPBlock",
+            "metadata": {
+                "name": f"scope-test.0.{index}",
+                "labels": {
+                    "cni.networking.x-k8s.io/pool": "scope-test",
+                    "cni.networking.x-k8s.io/node": node,
+                },
+            },
+            "spec": {"pool": "scope-test", "range": 0, "cidr": "198.18.9.0/28", "node": node},
+        }
+        return as_driver("create", "-f", "-", input_=json.dumps(doc))
+
+    mine = block(0, tb.NODE)
+    assert mine.returncode == 0, mine.stderr
+    theirs = block(1, "some-other-node")
+    assert theirs.returncode != 0
+    assert "may reserve, take and release blocks only for that node" in theirs.stderr
+    cluster.apply(  # as the admin: another node's block
+        {
+            "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+            "kind": "CNIIPBlock",
+            "metadata": {
+                "name": "scope-test.0.2",
+                "labels": {"cni.networking.x-k8s.io/pool": "scope-test"},
+            },
+            "spec": {
+                "pool": "scope-test",
+                "range": 0,
+                "cidr": "198.18.9.32/28",
+                "node": "some-other-node",
+            },
+        }
+    )
+    delete = as_driver("delete", "cniipblock", "scope-test.0.2")
+    assert delete.returncode != 0 and "only for that node" in delete.stderr, delete.stderr
+    steal = as_driver(
+        "patch", "cniipblock", "scope-test.0.0", "--type=merge",
+        "-p", json.dumps({"spec": {"cidr": "198.18.9.64/28"}}),
+    )  # fmt: skip
+    assert steal.returncode != 0 and "only for that node" in steal.stderr, steal.stderr
+
+    cluster.apply_in(
+        namespace,
+        {
+            "apiVersion": "k8s.cni.cncf.io/v1alpha1",
+            "kind": "IPAMClaim",
+            "metadata": {"name": "vm.scope"},
+            "spec": {"network": "data", "interface": "net1"},
+        },
+    )
+
+    def patch_claim(patch: dict[str, Any], *extra: str) -> subprocess.CompletedProcess[str]:
+        return as_driver(
+            "patch", "ipamclaim", "vm.scope", "-n", namespace, "--type=merge",
+            "-p", json.dumps(patch), *extra,
+        )  # fmt: skip
+
+    foreign = patch_claim({"status": {"ips": ["198.18.9.5/28"]}}, "--subresource=status")
+    assert foreign.returncode != 0 and "IPAMClaims it holds" in foreign.stderr, foreign.stderr
+    other_holder = patch_claim(
+        {"metadata": {"labels": {"ipam.cni.networking.x-k8s.io/node": "some-other-node"}}}
+    )
+    assert other_holder.returncode != 0 and "only its finalizer" in other_holder.stderr
+    hold = patch_claim(
+        {
+            "metadata": {
+                "labels": {"ipam.cni.networking.x-k8s.io/node": tb.NODE},
+                "finalizers": ["cni.dra.networking.x-k8s.io/ipam"],
+            }
+        }
+    )
+    assert hold.returncode == 0, hold.stderr
+    status = patch_claim({"status": {"ips": ["198.18.9.5/28"]}}, "--subresource=status")
+    assert status.returncode == 0, status.stderr
+    spec = patch_claim({"spec": {"interface": "net9"}})
+    assert spec.returncode != 0 and "only its finalizer" in spec.stderr, spec.stderr
+    release = patch_claim({"metadata": {"finalizers": None}})
+    assert release.returncode == 0, release.stderr
 
 
 def test_a_namespace_without_the_label_may_not_carry_configs(
