@@ -18,6 +18,7 @@ from cnidra.api.constants import (
     LEGACY_KIND,
     RESOURCE_API_VERSIONS,
 )
+from cnidra.api.ipam import cnidra_ipam
 from cnidra.api.issues import ROOT, FieldPath, Issue, Issues, Severity, describe
 from cnidra.api.loading import LoadError, load_json
 from cnidra.api.merge import ConfigEntry, Source, applicable, merge_parameters, provenance
@@ -162,6 +163,19 @@ def _has_error_at(issues: Issues, path: FieldPath) -> bool:
 def _cross_check(
     params: Mapping[str, Any], config: Mapping[str, Any], path: FieldPath, issues: Issues
 ) -> None:
+    uses_pool = cnidra_ipam(to_conflist(config))
+    if len(uses_pool) > 1:
+        issues.error(
+            path / "config",
+            f"{len(uses_pool)} plugins ask for cnidra IPAM (ipam.type cnidra); one network gets "
+            "one set of addresses, so one plugin may",
+        )
+    if params.get("ipamClaimReference") and not uses_pool:
+        issues.warn(
+            path / "ipamClaimReference",
+            "is ignored: only a network whose IPAM is cnidra's (ipam: {type: cnidra, pool: ...}, "
+            "a CNIIPPool with allowPersistentIPs) keeps addresses in an IPAMClaim",
+        )
     caps = params.get("capabilities")
     if isinstance(caps, dict) and caps:
         plugins = to_conflist(config).get("plugins")

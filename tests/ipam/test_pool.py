@@ -131,3 +131,29 @@ def test_the_plugin_gets_static_ipam_with_the_pools_gateway_and_routes() -> None
         "routes": [{"dst": "198.51.100.0/24", "gw": "198.18.130.1"}],
     }
     assert out["plugins"][1] == {"type": "tuning"}
+
+
+def test_a_network_asks_one_pool_and_an_ipamclaim_needs_cnidra_ipam() -> None:
+    from cnidra.api.issues import FieldPath, Issues
+    from cnidra.api.validate import parse_parameters
+    from tests.api.helpers import conflist, params
+
+    pooled = {"type": "macvlan", "ipam": {"type": "cnidra", "pool": "data"}}
+    issues = Issues()
+    assert parse_parameters(params(conflist(pooled)), FieldPath(), issues, complete=True)
+    assert not issues.items
+    twice = params(conflist(pooled, {"type": "tuning", "ipam": {"type": "cnidra", "pool": "b"}}))
+    issues = Issues()
+    assert parse_parameters(twice, FieldPath(), issues, complete=True) is None
+    assert "2 plugins ask for cnidra IPAM" in issues.errors[0].message
+    ignored = params(
+        conflist({"type": "macvlan", "ipam": {"type": "host-local", "subnet": "198.18.0.0/24"}}),
+        ipamClaimReference="vm-a.data",
+    )
+    issues = Issues()
+    assert parse_parameters(ignored, FieldPath(), issues, complete=True)
+    assert [str(w.path) for w in issues.warnings] == ["ipamClaimReference"]
+    bad_pool = params(conflist({"type": "macvlan", "ipam": {"type": "cnidra", "pool": "Not/A"}}))
+    issues = Issues()
+    parse_parameters(bad_pool, FieldPath(), issues, complete=True)
+    assert any("pool" in str(i.path) for i in issues.items), issues.items
