@@ -89,3 +89,19 @@ def test_a_network_with_cnidra_ipam_publishes_its_pool_and_addresses() -> None:
         "requestPolicy": {"default": "1", "validValues": ["1"]},
     }
     assert dev["allowMultipleAllocations"] is True
+
+
+def test_a_network_whose_pool_has_nothing_left_here_is_not_offered() -> None:
+    from cnidra.inventory.slices import build_slices
+
+    network = NamedNetwork(
+        reference="CNINetwork data",
+        config={"name": "data", "plugins": [{"type": "macvlan", "ipam": {"type": "cnidra"}}]},
+        path=FieldPath(),
+        trusted=True,
+    )
+    served = {"net-data": ("data", network, None), "net-other": ("other", network, None)}
+    slices = build_slices(
+        [], [], SliceSettings("n1"), 1, networks=served, addresses={"net-data": ("p", 0)}
+    )
+    assert [d["name"] for d in slices[0]["spec"]["devices"]] == ["net-other"]

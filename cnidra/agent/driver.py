@@ -80,11 +80,6 @@ class Driver:
             if settings.device_metadata
             else None
         )
-        self.ipam_reconciler = IPAMReconciler(
-            self.ipam,
-            lambda: {claim.uid for claim in self.checkpoint.all()},
-            grace=settings.ipam_grace_seconds,
-        )
         self.preparer = Preparer(
             settings.node_name,
             ClaimGetter(self.client, settings.api_timeout),
@@ -96,6 +91,13 @@ class Driver:
             metadata=self.metadata,
             networks=NetworkReader(self.client, settings.cni_conf_dir, settings.api_timeout),
             ipam=self.ipam,
+        )
+        # live: prepared, or being prepared (an address is leased before the claim is
+        # checkpointed, and a prepare may wait on the apiserver for longer than the grace)
+        self.ipam_reconciler = IPAMReconciler(
+            self.ipam,
+            lambda: {claim.uid for claim in self.checkpoint.all()} | self.preparer.in_flight(),
+            grace=settings.ipam_grace_seconds,
         )
         self.runtime = CNIRuntime(
             settings.cni_path,

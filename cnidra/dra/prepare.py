@@ -303,6 +303,10 @@ class Preparer:
         self.ipam = ipam
         self._locks = KeyedLocks()
 
+    def in_flight(self) -> set[str]:
+        """UIDs of the claims being prepared or unprepared right now."""
+        return self._locks.busy()
+
     async def prepare(self, ref: ObjectRef) -> PreparedClaim:
         answer = (await self.prepare_batch([ref]))[0]
         if isinstance(answer, Exception):

@@ -219,9 +219,12 @@ def build_slices(
         device(link, name, plugins, settings, link.name in node_links)
         for name, link in device_names(links).items()
     ]
+    counts = addresses or {}
     devices += [
-        network_device(dev, name, network, parent, settings, (addresses or {}).get(dev))
+        network_device(dev, name, network, parent, settings, counts.get(dev))
         for dev, (name, network, parent) in (networks or {}).items()
+        # none left: not offered (the API refuses a capacity smaller than one claim's share)
+        if dev not in counts or counts[dev][1] > 0
     ]
     chunks = [
         devices[i : i + MAX_DEVICES_PER_SLICE]

@@ -1,8 +1,8 @@
 """What frees addresses nobody holds, and only those (docs/ipam.md):
 
-- an address of a claim this node has not prepared (its checkpoint entry is gone: the claim was
-  unprepared, or prepare failed after the address was leased), once older than a grace period
-  that covers any prepare in flight;
+- an address of a claim this node has not prepared and is not preparing (its checkpoint entry
+  is gone: the claim was unprepared, or a prepare died after the address was leased), once
+  older than a grace period;
 - an IPAMClaim's addresses once it is being deleted or is gone; its finalizer is dropped then;
 - a lost node's blocks (its Node object is gone): a live node adopts them with the IPAMClaim
   addresses in them and releases those that hold none.
@@ -63,12 +63,12 @@ class Reconciler:
 
     async def free_unprepared(self) -> int:
         state = self.allocator.state
-        live = set(self.prepared())
         now = self.clock()
         freed = 0
         for owner in state.owners():
             uid = owner_claim_uid(owner)
-            if uid is None or uid in live:
+            # asked afresh for each: a prepare may have started during the last release
+            if uid is None or uid in self.prepared():
                 continue
             leases = state.of_owner(owner)
             if leases and all(now - lease.since > self.grace for lease in leases):

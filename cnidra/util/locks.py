@@ -28,3 +28,7 @@ class KeyedLocks:
 
     def __len__(self) -> int:
         return len(self._locks)
+
+    def busy(self) -> set[str]:
+        """The keys held or waited for now."""
+        return set(self._locks)

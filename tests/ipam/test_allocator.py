@@ -272,3 +272,17 @@ async def test_a_down_apiserver_fails_a_reconcile_pass_not_the_task(
     await asyncio.sleep(0.1)
     task.cancel()
     assert len(node.state.leases) == 0  # the pass after the outage freed the orphan
+
+
+async def test_a_claim_being_prepared_keeps_its_address_however_long_it_takes(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    """The address is leased before the claim is checkpointed; a prepare that waits on a slow
+    apiserver past the grace is still live (the driver counts claims in flight as prepared)."""
+    node = node_allocator(api, tmp_path, "a")
+    await node.assign(claim_using("data", "slow"))
+    in_flight = {"slow"}
+    reconciler = Reconciler(node, lambda: in_flight, grace=0)
+    assert (await reconciler.once()).freed_claim_addresses == 0
+    in_flight.clear()  # it failed and nobody gave the address back
+    assert (await reconciler.once()).freed_claim_addresses == 1
