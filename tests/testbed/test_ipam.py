@@ -465,8 +465,9 @@ def test_churn_with_driver_kills_and_apiserver_restarts_leaks_nothing_and_never_
 ) -> None:
     """2,000 claims prepared and unprepared on two nodes, 20 at a time per node, as kubelet
     does for pods; node 1's driver is killed (SIGKILL) in the middle of a prepare every 15
-    rounds, and the apiserver is stopped during the prepares of every 20th round. At every round the prepared claims' addresses are unique across the
-    nodes; at the end nothing is leased."""
+    rounds, and the apiserver is stopped during the prepares of every 20th round. At every
+    round the prepared claims' addresses are unique across the nodes; at the end nothing is
+    leased."""
     make_pool(
         cluster,
         network,
