@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cnidra.ipam.allocator import AllocationError
+from cnidra.ipam.allocator import AllocationError, Allocator
 from cnidra.ipam.reconcile import Reconciler
 from tests.ipam.fakes import (
     FakeApiserver,
@@ -21,6 +21,13 @@ from tests.ipam.fakes import (
 )
 
 V4 = {"ranges": [{"subnet": "198.18.130.0/24", "gateway": "198.18.130.1"}], "blockSize": 16}
+
+
+async def room_in_its_block(node: Allocator) -> int:
+    """How many addresses the node's one block of pool `data` holds."""
+    pool = await node.pool("data")
+    (held,) = node.state.blocks.all()
+    return len(list(pool.usable(pool.block(0, held.index))))
 
 
 @pytest.fixture
@@ -52,9 +59,7 @@ async def test_the_common_path_asks_the_apiserver_nothing(
 ) -> None:
     node = node_allocator(api, tmp_path, "node-a")
     await node.assign(claim_using("data", "first"))
-    pool = await node.pool("data")
-    (held,) = node.state.blocks.all()
-    room = len(list(pool.usable(pool.block(0, held.index))))
+    room = await room_in_its_block(node)
     api.calls.clear()
     for i in range(room - 1):  # the rest of the first block
         await node.assign(claim_using("data", f"c{i}"))
@@ -227,9 +232,7 @@ async def test_a_down_apiserver_fails_only_what_needs_a_new_block(
 ) -> None:
     node = node_allocator(api, tmp_path, "a")
     await node.assign(claim_using("data", "x"))
-    pool = await node.pool("data")
-    (held,) = node.state.blocks.all()
-    room = len(list(pool.usable(pool.block(0, held.index))))
+    room = await room_in_its_block(node)
     api.down = True
     node.pool_ttl = 0  # the cached pool serves while the apiserver is down
     for i in range(room - 1):
