@@ -28,6 +28,7 @@ from typing import Any
 import grpc
 import yaml
 
+from bench.profile import profiled
 from cnidra._proto.dra.v1 import api_pb2 as dra
 from cnidra._proto.dra.v1 import api_pb2_grpc as dra_grpc
 from cnidra.cni import netns
@@ -423,7 +424,8 @@ def prepare_and_memory(
         apply_many(bed, claims, ns)
         names = [c["metadata"]["name"] for c in claims]
         allocate(bed, ns, names, parent)
-        out.update(prepare_latency(bed, driver, ns, names, args.rounds))
+        with profiled(driver, args.profile, "cnidra-prepare"):
+            out.update(prepare_latency(bed, driver, ns, names, args.rounds))
         out[f"rss_{args.claims}_prepared_mib"] = round(driver.rss_kib() / 1024, 1)
         out["claim_gets"] = claim_gets(driver)
     finally:
@@ -445,6 +447,9 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--claims", type=int, default=1000)
     parser.add_argument("--only", choices=["prepare", "pods"], help="run one half")
+    parser.add_argument(
+        "--profile", type=Path, help="record a py-spy flame graph (SVG) of prepare here"
+    )
     args = parser.parse_args()
     results: dict[str, Any] = {}
     parent = f"bench{uuid.uuid4().hex[:4]}"

@@ -31,7 +31,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -46,6 +45,7 @@ from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Pod
 
 from bench.driver_latency import pct, raw_cni_ms
+from bench.profile import profiled
 from cnidra.cni import netns
 from testbed import cluster as tb
 from testbed.crds import NAD_CRD
@@ -478,27 +478,6 @@ def cpu_seconds(driver: DriverProcess | None) -> float:
 @contextmanager
 def _nothing() -> Iterator[None]:
     yield
-
-
-@contextmanager
-def profiled(driver: DriverProcess | None, into: Path | None, name: str) -> Iterator[None]:
-    """py-spy sampling the driver (all threads, idle included: the hook waits on plugins)."""
-    if driver is None or into is None or driver.proc is None:
-        yield
-        return
-    into.mkdir(parents=True, exist_ok=True)
-    spy = subprocess.Popen(
-        ["py-spy", "record", "--pid", str(driver.proc.pid), "--rate", "250",
-         "--format", os.environ.get("PYSPY_FORMAT", "flamegraph"),
-         "--output", str(into / f"{name}.{os.environ.get('PYSPY_EXT', 'svg')}")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    time.sleep(1)
-    try:
-        yield
-    finally:
-        spy.send_signal(signal.SIGINT)
-        spy.wait(60)
 
 
 if __name__ == "__main__":

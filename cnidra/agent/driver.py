@@ -48,6 +48,7 @@ from cnidra.state.migrate import migrate_legacy
 from cnidra.state.sandboxes import SandboxStore
 from cnidra.status.metadata import DeviceMetadata
 from cnidra.status.writer import StatusWriter
+from cnidra.util.memory import cap_malloc_arenas
 
 log = logging.getLogger(__name__)
 STATUS_FLUSH_SECONDS = 5.0
@@ -241,6 +242,7 @@ class Driver:
 
 
 async def run(settings: DriverSettings) -> None:
+    cap_malloc_arenas()
     driver = Driver(settings)
     await driver.start()
     stopping = asyncio.Event()
