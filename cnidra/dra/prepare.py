@@ -337,7 +337,14 @@ class Preparer:
                 for ref, answer in zip(refs, checked, strict=True):
                     if isinstance(answer, PrepareError) and self.checkpoint.get(ref.uid) is None:
                         await self.ipam.release_claim(ref.uid)
-            # the checkpoint writes (an fsync each) and device metadata files, all at once
+            # the checkpoint's writes in one go (the directory fsynced once), then the device
+            # metadata files, all at once
+            changed = [
+                a
+                for a in checked
+                if isinstance(a, PreparedClaim) and self.checkpoint.get(a.uid) != a
+            ]
+            await self.checkpoint.put_many(changed)
             return list(await asyncio.gather(*(self._commit(a) for a in checked)))
 
     async def _resolve(self, ref: ObjectRef) -> PreparedClaim:
@@ -460,8 +467,6 @@ class Preparer:
     async def _commit(self, prepared: PreparedClaim | PrepareError) -> PreparedClaim | PrepareError:
         if isinstance(prepared, PrepareError):
             return prepared
-        if self.checkpoint.get(prepared.uid) != prepared:
-            await self.checkpoint.put(prepared)
         if self.metadata is not None:
             await asyncio.to_thread(self.metadata.prepare, prepared, self.view().attributes)
         return prepared

@@ -8,7 +8,30 @@ import tempfile
 from pathlib import Path
 
 
-def write_atomically(path: Path, data: bytes, mode: int = 0o600, *, durable: bool = True) -> None:
+def write_all_atomically(items: list[tuple[Path, bytes]], mode: int = 0o600) -> None:
+    """Several files as `write_atomically(durable=True)` writes one, with each directory
+    fsynced once for all of them rather than once per file (a prepare of 100 claims: 100
+    directory fsyncs fewer). Each file is durable when this returns."""
+    parents: set[Path] = set()
+    for path, data in items:
+        write_atomically(path, data, mode, durable=False, sync_file=True)
+        parents.add(path.parent)
+    for parent in parents:
+        dir_fd = os.open(parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def write_atomically(
+    path: Path,
+    data: bytes,
+    mode: int = 0o600,
+    *,
+    durable: bool = True,
+    sync_file: bool = False,
+) -> None:
     """Write to a temp file in the same directory and rename it over `path`: readers see the
     old or the new content, never a mix. `durable` also fsyncs the file and the directory, so
     that holds across a power loss too, not only across a process crash."""
@@ -17,7 +40,7 @@ def write_atomically(path: Path, data: bytes, mode: int = 0o600, *, durable: boo
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            if durable:
+            if durable or sync_file:
                 f.flush()
                 os.fsync(f.fileno())
         os.chmod(tmp, mode)

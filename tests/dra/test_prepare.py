@@ -357,6 +357,26 @@ async def test_checkpoint_survives_a_restart_and_orders_a_pods_claims(tmp_path: 
     assert [p.name for p in (tmp_path / "claims").iterdir()] == ["u2.json"]
 
 
+async def test_a_batch_is_checkpointed_with_one_directory_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each claim's file is fsynced, their directory once for the batch."""
+    import os
+
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append("dir" if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")) else "file")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    cp = Checkpoint(StateLayout(tmp_path))
+    await cp.put_many([prepared(f"u{i}", f"c{i}", ("pod",)) for i in range(5)])
+    assert sorted(synced) == ["dir", *["file"] * 5]
+    assert len(Checkpoint(StateLayout(tmp_path)).for_pod("pod")) == 5
+
+
 def test_a_corrupt_checkpoint_entry_is_moved_aside(tmp_path: Path) -> None:
     Checkpoint(StateLayout(tmp_path)).put_blocking(prepared("u1", "a", ("p",)))
     (tmp_path / "claims" / "bad.json").write_text("{not json")
