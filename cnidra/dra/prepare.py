@@ -45,6 +45,7 @@ from cnidra.util.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
 ALLOCATION_CONFIG = FieldPath(("status", "allocation", "devices", "config"))
+APISERVER_SLOTS = 32
 
 
 # What one opaque config may be: real CNIConfigs are a few KiB and a dozen levels deep.
@@ -302,6 +303,7 @@ class Preparer:
         self.networks = networks
         self.ipam = ipam
         self._locks = KeyedLocks()
+        self._apiserver_slots = asyncio.Semaphore(APISERVER_SLOTS)
 
     def in_flight(self) -> set[str]:
         """UIDs of the claims being prepared or unprepared right now."""
@@ -321,7 +323,7 @@ class Preparer:
             for uid in sorted({r.uid for r in refs}):  # one order: no deadlock between batches
                 await stack.enter_async_context(self._locks.hold(uid))
             resolved = await asyncio.gather(
-                *(self._resolve(r) for r in refs), return_exceptions=True
+                *(self._resolve_in_slot(r) for r in refs), return_exceptions=True
             )
             answers: list[PreparedClaim | PrepareError] = []
             for ref, item in zip(refs, resolved, strict=True):
@@ -346,6 +348,13 @@ class Preparer:
             ]
             await self.checkpoint.put_many(changed)
             return list(await asyncio.gather(*(self._commit(a) for a in checked)))
+
+    async def _resolve_in_slot(self, ref: ObjectRef) -> PreparedClaim:
+        """At most APISERVER_SLOTS claims ask the apiserver at once: the client's one HTTP/2
+        connection carries at most 100 streams and fails the 101st instead of queueing it
+        (seen with a 100-claim batch while the driver's other work had requests open)."""
+        async with self._apiserver_slots:
+            return await self._resolve(ref)
 
     async def _resolve(self, ref: ObjectRef) -> PreparedClaim:
         known = self.checkpoint.get(ref.uid)
