@@ -509,9 +509,11 @@ class Preparer:
 
     async def unprepare(self, ref: ObjectRef) -> None:
         async with self._locks.hold(ref.uid):
+            known = self.checkpoint.get(ref.uid)
             if await self.checkpoint.remove(ref.uid):
                 log.info("unprepared claim %s (%s)", ref, ref.uid)
             if self.ipam is not None:
                 await self.ipam.release_claim(ref.uid)
             if self.metadata is not None:
-                await asyncio.to_thread(self.metadata.remove, ref)
+                requests = [d.request for d in known.devices] if known is not None else None
+                await asyncio.to_thread(self.metadata.remove, ref, requests)
