@@ -243,7 +243,8 @@ class Pool:
 
     def static_ipam(self, addresses: Sequence[Address], extra: Mapping[str, Any]) -> dict[str, Any]:
         """What the plugin gets: the `static` IPAM plugin with the chosen addresses, the pool's
-        gateways and routes, and whatever else the network's ipam object carried (dns)."""
+        gateways and routes, and the network's own routes and dns (pod-side only); no other
+        field of a network's ipam object reaches the plugin."""
         entries = []
         for address in addresses:
             entry: dict[str, Any] = {"address": str(self.interface(address))}
@@ -258,10 +259,9 @@ class Pool:
             if gateway is not None:
                 entry["gateway"] = str(gateway)
             entries.append(entry)
-        ipam: dict[str, Any] = {
-            k: v for k, v in extra.items() if k not in ("type", "pool", "addresses", "routes")
-        }
-        ipam.update({"type": "static", "addresses": entries})
+        ipam: dict[str, Any] = {"type": "static", "addresses": entries}
+        if isinstance(extra.get("dns"), Mapping):  # the network's own, nothing else passes
+            ipam["dns"] = dict(extra["dns"])
         routes: list[Mapping[str, Any]] = [
             {"dst": str(r.dst), **({"gw": str(r.gw)} if r.gw is not None else {})}
             for r in self.spec.routes

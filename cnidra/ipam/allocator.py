@@ -22,6 +22,7 @@ from cnidra.api.ipam import (
     cnidra_ipam,
     parse_claim_ips,
     pool_from_object,
+    pool_name_problem,
     with_static_ipam,
 )
 from cnidra.api.refs import ObjectRef
@@ -143,6 +144,9 @@ class Allocator:
         return released
 
     async def pool(self, name: str) -> Pool:
+        problem = pool_name_problem(name)
+        if problem:  # a tenant's config: never a path in an apiserver URL
+            raise AllocationError(f"ipam.pool: {problem}")
         cached = self._pools.get(name)
         if cached is not None and self.clock() - cached[0] < self.pool_ttl:
             return cached[1]

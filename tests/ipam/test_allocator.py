@@ -289,3 +289,15 @@ async def test_a_claim_being_prepared_keeps_its_address_however_long_it_takes(
     assert (await reconciler.once()).freed_claim_addresses == 0
     in_flight.clear()  # it failed and nobody gave the address back
     assert (await reconciler.once()).freed_claim_addresses == 1
+
+
+async def test_a_pool_name_that_is_no_object_name_is_refused_before_the_apiserver(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    """The pool's name comes from a tenant's config and goes into an apiserver URL."""
+    node = node_allocator(api, tmp_path, "a")
+    with pytest.raises(
+        AllocationError, match=r"ipam\.pool: '\.\./\.\./nodes' is not a CNIIPPool name"
+    ):
+        await node.assign(claim_using("../../nodes", "x"))
+    assert api.calls == [] and len(node.state.leases) == 0

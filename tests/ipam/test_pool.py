@@ -157,3 +157,30 @@ def test_a_network_asks_one_pool_and_an_ipamclaim_needs_cnidra_ipam() -> None:
     issues = Issues()
     parse_parameters(bad_pool, FieldPath(), issues, complete=True)
     assert any("pool" in str(i.path) for i in issues.items), issues.items
+
+
+def test_only_the_networks_dns_and_routes_reach_the_static_plugin() -> None:
+    p = pool({"ranges": [{"subnet": "198.18.130.0/24"}]})
+    conflist = {
+        "name": "data",
+        "plugins": [
+            {
+                "type": "macvlan",
+                "ipam": {
+                    "type": "cnidra",
+                    "pool": "data",
+                    "addresses": [{"address": "192.0.2.9/24"}],
+                    "dataDir": "/etc",
+                    "routes": [{"dst": "198.51.100.0/24"}],
+                },
+            }
+        ],
+    }
+    ipam = with_static_ipam(conflist, p, [ipaddress.ip_address("198.18.130.9")])["plugins"][0][
+        "ipam"
+    ]
+    assert ipam == {
+        "type": "static",
+        "addresses": [{"address": "198.18.130.9/24"}],
+        "routes": [{"dst": "198.51.100.0/24"}],
+    }

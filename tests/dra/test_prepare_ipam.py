@@ -1,0 +1,125 @@
+"""Prepare with cnidra IPAM and prepare's use of the apiserver: addresses given at prepare and
+given back when a claim is not prepared after all, a bounded number of claims asking the
+apiserver at once, claims in flight visible to the IPAM reconciler."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from pathlib import Path
+from typing import Any
+
+from cnidra.api.refs import ObjectRef
+from cnidra.dra.prepare import APISERVER_SLOTS, PrepareError, Preparer
+from cnidra.state.checkpoint import Checkpoint, PreparedClaim
+from cnidra.state.layout import StateLayout
+from tests.dra.test_prepare import DIRS, DRIVER, POLICY, VIEW, Claims, claim, params
+from tests.ipam.fakes import FakeApiserver, node_allocator
+
+
+def pooled(name: str, uid: str) -> dict[str, Any]:
+    """A claim whose network takes its address from CNIIPPool `data`, under a class whose
+    policy allows cnidra IPAM."""
+    policy = copy.deepcopy(POLICY)
+    policy["opaque"]["parameters"]["claims"]["plugins"].append("cnidra")
+    network = {
+        "cniVersion": "1.0.0",
+        "name": "n",
+        "plugins": [
+            {"type": "macvlan", "master": "eth1", "ipam": {"type": "cnidra", "pool": "data"}}
+        ],
+    }
+    configs = [
+        policy,
+        {
+            "source": "FromClaim",
+            "requests": ["net"],
+            "opaque": {"driver": DRIVER, "parameters": params(config=network, ifName=f"{name}0")},
+        },
+    ]
+    c = claim(configs)
+    c["metadata"].update(name=name, uid=uid)
+    del c["status"]["allocation"]["devices"]["config"][0]  # the default POLICY: one per class
+    return c
+
+
+def ipam_preparer(tmp_path: Path, *claims: dict[str, Any], limit: int = 8) -> Preparer:
+    api = FakeApiserver()
+    api.pool("data", {"ranges": [{"subnet": "198.18.130.0/24"}], "blockSize": 16})
+    return Preparer(
+        "n1",
+        Claims(*claims),
+        Checkpoint(StateLayout(tmp_path / "state")),
+        DIRS,
+        max_attachments=limit,
+        view=lambda: VIEW,
+        ipam=node_allocator(api, tmp_path, "n1"),
+    )
+
+
+async def test_prepare_gives_static_addresses_and_unprepare_frees_them(tmp_path: Path) -> None:
+    preparer = ipam_preparer(tmp_path, pooled("a", "u-a"))
+    prepared = await preparer.prepare(ObjectRef("ns", "a", "u-a"))
+    ipam = prepared.devices[0].network["plugins"][0]["ipam"]
+    assert ipam["type"] == "static" and len(ipam["addresses"]) == 1
+    assert preparer.checkpoint.get("u-a") == prepared
+    assert preparer.ipam is not None and len(preparer.ipam.state.leases) == 1
+    await preparer.unprepare(ObjectRef("ns", "a", "u-a"))
+    assert len(preparer.ipam.state.leases) == 0
+
+
+async def test_a_claim_refused_after_its_address_was_leased_gives_it_back(
+    tmp_path: Path,
+) -> None:
+    """One pod, two claims in one batch, one interface allowed: the second is refused after
+    both got addresses, and its address is free again at once."""
+    preparer = ipam_preparer(tmp_path, pooled("a", "u-a"), pooled("b", "u-b"), limit=1)
+    first, second = await preparer.prepare_batch(
+        [ObjectRef("ns", "a", "u-a"), ObjectRef("ns", "b", "u-b")]
+    )
+    assert isinstance(first, PreparedClaim) and isinstance(second, PrepareError)
+    assert preparer.ipam is not None
+    assert [x.owner for x in preparer.ipam.state.leases.all()] == ["claim/u-a/net"]
+
+
+class SlowClaims(Claims):
+    """An apiserver that answers after a while, counting the requests open at once."""
+
+    def __init__(self, *claims: dict[str, Any]) -> None:
+        super().__init__(*claims)
+        self.open = self.most = 0
+        self.release = asyncio.Event()
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.open += 1
+        self.most = max(self.most, self.open)
+        try:
+            await self.release.wait()
+            return await super().get(namespace, name)
+        finally:
+            self.open -= 1
+
+
+async def test_at_most_a_bounded_number_of_claims_ask_the_apiserver_at_once(
+    tmp_path: Path,
+) -> None:
+    """The client's one HTTP/2 connection fails its 101st stream rather than queueing it."""
+    uids = [f"u-{i}" for i in range(100)]
+    source = SlowClaims(*(pooled(f"c{i}", uid) for i, uid in enumerate(uids)))
+    preparer = Preparer(
+        "n1",
+        source,
+        Checkpoint(StateLayout(tmp_path)),
+        DIRS,
+        max_attachments=200,
+        view=lambda: VIEW,
+    )
+    batch = asyncio.create_task(
+        preparer.prepare_batch([ObjectRef("ns", f"c{i}", uid) for i, uid in enumerate(uids)])
+    )
+    await asyncio.sleep(0.05)
+    assert source.open == APISERVER_SLOTS
+    assert preparer.in_flight() == set(uids)  # all of them live for the IPAM reconciler
+    source.release.set()
+    await batch
+    assert source.most == APISERVER_SLOTS and preparer.in_flight() == set()
