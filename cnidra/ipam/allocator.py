@@ -288,9 +288,9 @@ class Allocator:
                 ips = parse_claim_ips((obj.get("status") or {}).get("ips"))
             except ValueError as exc:
                 raise AllocationError(f"{what}: status.ips: {exc}") from None
-            if ips:
-                return self._claimed(pool, what, [i.ip for i in ips])
             owner = ipamclaim_owner(claim.namespace, name, str(meta.get("uid")))
+            if ips:
+                return self._claimed(pool, what, [i.ip for i in ips], owner)
             addresses = await self._allocate(pool, owner, f"IPAMClaim {claim.namespace}/{name}")
             cidrs = [str(pool.interface(a)) for a in addresses]
             try:
@@ -306,8 +306,17 @@ class Allocator:
             await self.state.release(owner)
         raise AllocationError(f"{what} kept changing while its addresses were written")
 
-    @staticmethod
-    def _claimed(pool: Pool, what: str, addresses: list[Address]) -> list[Address]:
+    def _claimed(
+        self, pool: Pool, what: str, addresses: list[Address], owner: str
+    ) -> list[Address]:
+        """An IPAMClaim's addresses, as far as this node can tell not anyone else's: the
+        status is written by cnidra, but whoever may write it otherwise must not take an
+        address this node gave to another pod."""
+        for address in addresses:
+            lease = self.state.at(pool.name, str(address))
+            if lease is not None and lease.owner != owner:
+                holder = lease.holder or "another owner"
+                raise AllocationError(f"{what} holds {address}, which this node gave to {holder}")
         outside = [str(a) for a in addresses if pool.block_of(a) is None]
         if outside:
             raise AllocationError(

@@ -301,3 +301,15 @@ async def test_a_pool_name_that_is_no_object_name_is_refused_before_the_apiserve
     ):
         await node.assign(claim_using("../../nodes", "x"))
     assert api.calls == [] and len(node.state.leases) == 0
+
+
+async def test_an_ipamclaim_naming_an_address_this_node_gave_to_a_pod_is_refused(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    """Whoever could write an IPAMClaim's status must not take a live pod's address with it."""
+    api.pool("vms", {**V4, "allowPersistentIPs": True})
+    node = node_allocator(api, tmp_path, "a")
+    (taken,) = addresses_of(await node.assign(claim_using("vms", "pod", namespace="other")))
+    api.ipamclaim("vm-ns", "thief", ips=[taken])
+    with pytest.raises(AllocationError, match=f"holds {taken.split('/')[0]}, which this node gave"):
+        await node.assign(claim_using("vms", "p", namespace="vm-ns", ipam_claim="thief"))
