@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,9 +85,35 @@ def _text(data: bytes, name: str) -> str:
         ) from None
 
 
+def _nesting(text: str, name: str) -> None:
+    """Refuse text whose brackets nest deeper than MAX_DEPTH, before a parser recurses into it
+    (Python's JSON reader raises RecursionError, libyaml's composer can overflow the C stack).
+    Quoted strings are skipped; a bracket inside a YAML plain or block scalar counts, which can
+    only refuse a document with more than MAX_DEPTH unbalanced brackets in its text."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return
+    depth = 0
+    for token in _TOKENS.finditer(text):
+        ch = token.group()
+        if ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise LoadError(f"{name} is nested more than {MAX_DEPTH} levels deep")
+        elif ch in "]}":
+            depth = max(depth - 1, 0)
+
+
+# a quoted string (opened at the start or after a separator, as YAML and JSON open one: a
+# quote inside a plain scalar, as in don't, opens nothing), or a bracket
+_TOKENS = re.compile(
+    r"""(?<![^\s:\[{,\-?])(?:"(?:[^"\\]|\\.)*"|'(?:[^']|'')*')|[\[\]{}]"""
+)
+
+
 def load_yaml(data: bytes, name: str = "input") -> list[Any]:
     """Every document of a (multi-document) YAML stream, empty documents dropped."""
     text = _text(data, name)
+    _nesting(text, name)
     try:
         docs = [d for d in yaml.load_all(text, Loader=_StrictLoader) if d is not None]
     except LoadError as exc:
@@ -119,6 +146,7 @@ def load_json(text: str | bytes, name: str = "input") -> Any:
     """Strict JSON, as libcni reads a .conf/.conflist."""
     if isinstance(text, bytes):
         text = _text(text, name)
+    _nesting(text, name)
     try:
         value = json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant)
     except LoadError as exc:

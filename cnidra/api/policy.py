@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from cnidra.api.constants import API_VERSION
 from cnidra.api.issues import FieldPath, Issues
 from cnidra.api.merge import ConfigEntry, Source
-from cnidra.api.netconf import to_conflist
+from cnidra.api.tenant import TenantNetwork, address_outside, decode_network, is_zero
 
 POLICY_KIND = "CNIPolicy"
 
@@ -48,8 +48,11 @@ DANGEROUS: Mapping[tuple[str, str], str] = {
     ("bridge", "macspoofchk"): "adds nftables rules on the host",
     ("ptp", "ipMasq"): "adds NAT rules on the host",
     ("ptp", "ipMasqBackend"): "chooses how NAT is added on the host",
+    ("*", "cni.dev/valid-attachments"): "the runtime's list for garbage collection",
     ("host-device", "kernelpath"): "a host path the root driver reads",
     ("host-device", "pciBusID"): "moves any PCI device of the node",
+    ("host-device", "hwaddr"): "picks a host link by its address, not the allocated one",
+    ("host-device", "deviceID"): "picks a host device other than the allocated link",
     ("tuning", "dataDir"): "a host path the root driver writes",
     ("tap", "selinuxContext"): "a host security label",
     ("portmap", "externalSetMarkChain"): "host iptables chains",
@@ -63,10 +66,11 @@ DANGEROUS: Mapping[tuple[str, str], str] = {
 }
 DANGEROUS_IPAM: Mapping[tuple[str, str], str] = {
     ("host-local", "dataDir"): "a host path the root driver writes",
+    ("host-local", "resolvConf"): "a host file the root driver reads into the result",
     ("dhcp", "daemonSocketPath"): "a host socket the root driver connects to",
 }
-_DANGEROUS_LOWER = {(t, k.lower()): why for (t, k), why in DANGEROUS.items()}
-_DANGEROUS_IPAM_LOWER = {(t, k.lower()): why for (t, k), why in DANGEROUS_IPAM.items()}
+# macvlan's passthru gives the pod the parent link itself: every other pod on it loses it
+EXCLUSIVE_MODES: Mapping[tuple[str, str], str] = {("macvlan", "passthru"): "macvlan passthru"}
 # CNIConfig.capabilities no claim may ask for: portMappings DNATs node ports.
 DANGEROUS_CAPABILITIES = {"portMappings": "DNATs node ports to the pod, past the hostPort rules"}
 # CNI_ARGS the driver sets for the pod; a claim's would come after and win.
@@ -124,20 +128,38 @@ class ClaimRules(BaseModel):
         None, alias="ipRanges"
     )
     vlan_ids: list[str] | None = Field(None, alias="vlanIDs")
+    # fields of a plugin (or IPAM plugin) type beyond those cnidra knows, opened by name
+    plugin_fields: dict[str, list[str]] = Field(default_factory=dict, alias="pluginFields")
+    # modes that take the parent link for one pod (macvlan passthru)
+    exclusive_link_modes: bool = Field(False, alias="exclusiveLinkModes")
     # namespaces besides the claim's own whose NetworkAttachmentDefinitions claims may use
     # (Multus' namespaceIsolation with its global namespaces)
     attachment_definition_namespaces: list[str] = Field(
         default_factory=list, alias="attachmentDefinitionNamespaces"
     )
 
+    def _spans(self) -> list[tuple[int, int]]:
+        out = []
+        for item in self.vlan_ids or []:
+            low, _, high = item.partition("-")
+            if low.isdigit() and (not high or high.isdigit()):
+                out.append((int(low), int(high or low)))
+        return out
+
     def vlan_allowed(self, vlan: int) -> bool:
+        return self.vlan_ids is None or any(lo <= vlan <= hi for lo, hi in self._spans())
+
+    def span_allowed(self, low: int, high: int) -> bool:
+        """Every VLAN of low..high is allowed (a trunk carries them all)."""
         if self.vlan_ids is None:
             return True
-        for item in self.vlan_ids:
-            low, _, high = item.partition("-")
-            if int(low) <= vlan <= int(high or low):
+        wanted = low
+        for lo, hi in sorted(self._spans()):
+            if lo <= wanted <= hi:
+                wanted = hi + 1
+            if wanted > high:
                 return True
-        return False
+        return wanted > high
 
 
 # without a policy (or outside its namespaces) a claim may set ifName and nothing else
@@ -299,7 +321,7 @@ def check_claim(
                 "defineNetworks",
             )
     if any("config" in e.parameters for e in claim_entries) and rules.define_networks:
-        _check_network(merged.get("config"), claim_entries, rules, issues)
+        _check_network(merged.get("config"), claim_entries, class_entries, rules, issues)
 
 
 def _check_field(
@@ -331,6 +353,8 @@ def _check_field(
     if head in ("args", "capabilities", "ipamClaimReference") and (
         head in rules.fields or name in rules.fields
     ):
+        for text in _requested_addresses(path, value):
+            _check_address(text, where, rules, issues)
         return
     issues.error(
         where,
@@ -340,37 +364,85 @@ def _check_field(
 
 
 def _check_network(
-    config: Any, claim_entries: Sequence[ConfigEntry], rules: ClaimRules, issues: Issues
-) -> None:
-    """The claim's own network: plugin types, dangerous fields, IP ranges and VLAN IDs."""
+    config: Any,
+    claim_entries: Sequence[ConfigEntry],
+    class_entries: Sequence[ConfigEntry],
+    rules: ClaimRules,
+    issues: Issues,
+) -> TenantNetwork | None:
+    """The claim's own network (None: not an object, which the validator names), decoded into the form the plugins read
+    (`cnidra.api.tenant`) and judged in that form: plugin types, never-settable fields, link
+    modes, IP ranges and VLAN IDs from every field a plugin reads them from."""
     if not isinstance(config, Mapping):
-        return
+        return None  # the validator names what it must be
     anchor = next(e.path / "config" for e in reversed(claim_entries) if "config" in e.parameters)
-    conflist = to_conflist(config)
-    plugins = conflist.get("plugins")
-    if not isinstance(plugins, list):
-        return
-    single = "plugins" not in config
-    for i, plugin in enumerate(plugins):
-        if not isinstance(plugin, Mapping):
-            continue
-        ppath = anchor if single else anchor / "plugins" / i
-        ptype = str(plugin.get("type", ""))
-        _check_type("plugin", ptype, ppath, rules, issues)
-        for key in plugin:
-            # the plugins match field names case-insensitively (Go), so IsGateway is isGateway
-            reason = _DANGEROUS_LOWER.get((ptype, key.lower())) or _DANGEROUS_LOWER.get(
-                ("*", key.lower())
+    admin = frozenset(
+        p[1:]
+        for e in class_entries
+        if not is_policy(e.parameters)
+        for p, _ in leaves({"config": e.parameters.get("config")})
+        if p[:1] == ("config",) and e.parameters.get("config") is not None
+    )
+    network = decode_network(config, anchor, issues, admin=admin, opened=rules.plugin_fields)
+    for plugin in network.plugins:
+        if not network.is_admin((*plugin.raw, "type")):
+            _check_type("plugin", plugin.type, plugin.path, rules, issues)
+        if plugin.ipam is not None and not network.is_admin((*plugin.raw, "ipam", "type")):
+            _check_type("IPAM plugin", plugin.ipam.type, plugin.ipam.path, rules, issues)
+    for plugin, key, where in network.tenant_fields():
+        reason = DANGEROUS.get((plugin.type, key)) or DANGEROUS.get(("*", key))
+        if reason and not is_zero(plugin.get(key)):
+            issues.error(where, f"never claim-settable: {reason}")
+        mode = EXCLUSIVE_MODES.get((plugin.type, str(plugin.get(key)))) if key == "mode" else None
+        if mode and not rules.exclusive_link_modes:
+            issues.error(
+                where,
+                f"{mode} takes the parent link for one pod, so every other pod on it loses it; "
+                "the DeviceClass's CNIPolicy must set claims.exclusiveLinkModes",
             )
-            if reason:
-                issues.error(ppath / key, f"never claim-settable: {reason}")
-        vlan = plugin.get("vlanId")
-        if ptype == "vlan" and isinstance(vlan, int) and not rules.vlan_allowed(vlan):
-            allowed = ", ".join(rules.vlan_ids or [])
-            issues.error(ppath / "vlanId", f"VLAN {vlan} is not allowed; allowed: {allowed}")
-        ipam = plugin.get("ipam")
-        if isinstance(ipam, Mapping) and ipam:
-            _check_ipam(ipam, ppath / "ipam", rules, issues)
+    for plugin, key, where in network.tenant_ipam_fields():
+        assert plugin.ipam is not None
+        reason = DANGEROUS_IPAM.get((plugin.ipam.type, key))
+        if reason and not is_zero(plugin.ipam.fields.get(key)):
+            issues.error(where, f"never claim-settable: {reason}")
+    if rules.ip_ranges is not None:
+        for address in network.addresses():
+            if not network.is_admin(address.raw):
+                _check_address(address.text, address.path, rules, issues)
+    if rules.vlan_ids is not None:
+        allowed = ", ".join(rules.vlan_ids)
+        for span in network.vlans():
+            if network.is_admin(span.raw):
+                continue
+            outside = [v for v in (span.low, span.high) if not rules.vlan_allowed(v)]
+            if outside or not rules.span_allowed(span.low, span.high):
+                shown = str(span.low) if span.low == span.high else f"{span.low}-{span.high}"
+                issues.error(span.path, f"VLAN {shown} is not allowed; allowed: {allowed}")
+    return network
+
+
+# CNI_ARGS the IPAM plugins read addresses from (host-local: IP; static: IP and GATEWAY), a
+# comma-separated list; capabilities.ips reaches them as runtimeConfig.ips
+ADDRESS_ARGS = ("IP", "GATEWAY")
+
+
+def _requested_addresses(path: Path, value: Any) -> list[str]:
+    if path[:1] == ("args",) and len(path) == 2 and path[1] in ADDRESS_ARGS:
+        return [part.strip() for part in str(value).split(",") if part.strip()]
+    if path == ("capabilities", "ips") and isinstance(value, list):
+        return [str(v) for v in value]
+    return []
+
+
+def _check_address(text: str, where: FieldPath, rules: ClaimRules, issues: Issues) -> None:
+    if rules.ip_ranges is None:
+        return
+    if address_outside(text, rules.ip_ranges):
+        issues.error(
+            where,
+            f"{text} is outside the ranges this DeviceClass allows: "
+            + ", ".join(str(r) for r in rules.ip_ranges),
+        )
 
 
 def _check_type(what: str, ptype: str, path: FieldPath, rules: ClaimRules, issues: Issues) -> None:
@@ -380,46 +452,6 @@ def _check_type(what: str, ptype: str, path: FieldPath, rules: ClaimRules, issue
             path / "type",
             f"{what} {ptype!r} is not allowed for claims of this DeviceClass; allowed: {allowed}",
         )
-
-
-def _check_ipam(
-    ipam: Mapping[str, Any], path: FieldPath, rules: ClaimRules, issues: Issues
-) -> None:
-    itype = str(ipam.get("type", ""))
-    _check_type("IPAM plugin", itype, path, rules, issues)
-    for key in ipam:
-        reason = _DANGEROUS_IPAM_LOWER.get((itype, key.lower()))
-        if reason:
-            issues.error(path / key, f"never claim-settable: {reason}")
-    if rules.ip_ranges is None:
-        return
-    for where, text in _addresses(ipam, path):
-        try:
-            net = ipaddress.ip_network(text, strict=False)
-        except ValueError:
-            continue  # the validator reports malformed addresses
-        if not any(
-            net.version == allowed.version and net.subnet_of(allowed)  # type: ignore[arg-type]
-            for allowed in rules.ip_ranges
-        ):
-            issues.error(
-                where,
-                f"{text} is outside the ranges this DeviceClass allows: "
-                + ", ".join(str(r) for r in rules.ip_ranges),
-            )
-
-
-def _addresses(ipam: Mapping[str, Any], path: FieldPath) -> Iterator[tuple[FieldPath, str]]:
-    """Every subnet and address an IPAM config would hand out or route."""
-    if isinstance(ipam.get("subnet"), str):
-        yield path / "subnet", ipam["subnet"]
-    for i, rset in enumerate(ipam.get("ranges") or []):
-        for j, rng in enumerate(rset if isinstance(rset, list) else []):
-            if isinstance(rng, Mapping) and isinstance(rng.get("subnet"), str):
-                yield path / "ranges" / i / j / "subnet", rng["subnet"]
-    for i, addr in enumerate(ipam.get("addresses") or []):
-        if isinstance(addr, Mapping) and isinstance(addr.get("address"), str):
-            yield path / "addresses" / i / "address", addr["address"]
 
 
 def parent_links(conflist: Mapping[str, Any]) -> list[str]:

@@ -3,7 +3,6 @@ and bare CNIConfig. Every problem is reported at once, each at a path from the d
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -35,6 +34,7 @@ from cnidra.api.networks import (
     expand_network,
     nad,
 )
+from cnidra.api.parameters import read_parameters
 from cnidra.api.plugin_schema import ifname_problem
 from cnidra.api.policy import check_claim, is_policy, parse_policy
 from cnidra.api.types import CNICONFIG_FIELDS, CNIConfig
@@ -87,22 +87,13 @@ def parse_parameters(
 ) -> CNIConfig | None:
     """Check one CNIConfig object; None when it has errors. `network` False leaves its CNI
     config to a later check (a claim's, checked once merged with its class's)."""
+    before = len(issues.errors)
+    params = read_parameters(params, path, issues)
+    if params is None:
+        return None
     if not isinstance(params, dict):
         issues.error(path, f"must be a {KIND} object, got {describe(params)}")
         return None
-    before = len(issues.errors)
-    params = dict(params)
-    raw = params.get("config")
-    if isinstance(raw, str):
-        try:
-            params["config"] = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            issues.error(
-                path / "config",
-                f"is a string but not valid JSON: {exc.msg} at line "
-                f"{exc.lineno} column {exc.colno}",
-            )
-            params.pop("config")
     if params.get("kind") == LEGACY_KIND:
         issues.warn(path / "kind", f"kind {LEGACY_KIND!r} is deprecated; use {KIND!r}")
     try:
@@ -343,7 +334,12 @@ def claim_entries(
         if driver != DRIVER_NAME:
             continue
         ppath = cpath / "opaque" / "parameters"
-        params = opaque.get("parameters")
+        # read once (bounds, a JSON-string config parsed): the policy and the validator judge
+        # this form, and it is what reaches the plugins
+        before = len(issues.errors)
+        params = read_parameters(opaque.get("parameters"), ppath, issues)
+        if len(issues.errors) > before:
+            continue
         if isinstance(params, dict) and is_policy(params):
             if source is Source.CLASS:
                 parse_policy(params, ppath, issues)

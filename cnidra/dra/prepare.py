@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -35,6 +34,7 @@ from cnidra.api.networks import (
 )
 from cnidra.api.nodes import NodeView, named_nodes, selects
 from cnidra.api.ownership import PrivateDirs
+from cnidra.api.parameters import read_parameters
 from cnidra.api.refs import ObjectRef
 from cnidra.api.validate import is_dns_label
 from cnidra.cni.attach import Attachment, Device, resolve_attachment
@@ -46,29 +46,6 @@ from cnidra.util.locks import KeyedLocks
 log = logging.getLogger(__name__)
 ALLOCATION_CONFIG = FieldPath(("status", "allocation", "devices", "config"))
 APISERVER_SLOTS = 32
-
-
-# What one opaque config may be: real CNIConfigs are a few KiB and a dozen levels deep.
-MAX_PARAMETERS_DEPTH = 32
-MAX_PARAMETERS_BYTES = 64 * 1024
-
-
-def too_big(value: Any) -> str | None:
-    """Why a config is refused before it is parsed any further (depth first, iteratively, so a
-    config nested thousands of levels deep cannot exhaust the stack)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_PARAMETERS_DEPTH:
-            return f"is nested more than {MAX_PARAMETERS_DEPTH} levels deep"
-        if isinstance(item, Mapping):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-    size = len(json.dumps(value, separators=(",", ":")))
-    if size > MAX_PARAMETERS_BYTES:
-        return f"is {size} bytes; at most {MAX_PARAMETERS_BYTES} are allowed"
-    return None
 
 
 class PrepareError(Exception):
@@ -255,14 +232,16 @@ def _config_entries(configs: Sequence[Mapping[str, Any]]) -> list[ConfigEntry]:
         opaque = cfg.get("opaque") or {}
         if opaque.get("driver") != DRIVER_NAME:
             continue
-        problem = too_big(opaque.get("parameters"))
-        if problem:
-            raise PrepareError(f"{ALLOCATION_CONFIG / i}.opaque.parameters {problem}")
+        path = ALLOCATION_CONFIG / i / "opaque" / "parameters"
+        issues = Issues()
+        params = read_parameters(opaque.get("parameters"), path, issues)
+        if issues.errors:
+            raise PrepareError("; ".join(str(e) for e in issues.errors))
         source = Source.CLASS if cfg.get("source") == Source.CLASS else Source.CLAIM
         entries.append(
             ConfigEntry(
                 source,
-                opaque.get("parameters") or {},
+                params if isinstance(params, Mapping) else {},
                 tuple(cfg.get("requests") or ()),
                 ALLOCATION_CONFIG / i / "opaque" / "parameters",
             )
