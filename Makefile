@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test test-unit demo cni-plugins bench deploy image image-cni-plugins clean
+.PHONY: install lint test test-unit fuzz demo cni-plugins bench deploy image image-cni-plugins clean
 
 install: $(STAMP)
 
@@ -27,6 +27,12 @@ test: install lint cni-plugins
 
 test-unit: install
 	$(BIN)/pytest -q -m "not netns and not testbed"
+
+# the tenant-config fuzzers at length: the differential test against the plugins' own Go
+# decoders (tests/cni/test_decoders.py) and the parsers' fuzzers; `make test` runs them bounded
+fuzz: install
+	CNIDRA_FUZZ_EXAMPLES=$${CNIDRA_FUZZ_EXAMPLES:-20000} $(BIN)/pytest -q -p no:cacheprovider \
+		tests/cni/test_decoders.py tests/api/test_loading_fuzz.py tests/api/test_tenant.py
 
 demo: install cni-plugins
 	hack/demo.sh

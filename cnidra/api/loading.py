@@ -105,9 +105,7 @@ def _nesting(text: str, name: str) -> None:
 
 # a quoted string (opened at the start or after a separator, as YAML and JSON open one: a
 # quote inside a plain scalar, as in don't, opens nothing), or a bracket
-_TOKENS = re.compile(
-    r"""(?<![^\s:\[{,\-?])(?:"(?:[^"\\]|\\.)*"|'(?:[^']|'')*')|[\[\]{}]"""
-)
+_TOKENS = re.compile(r"""(?<![^\s:\[{,\-?])(?:"(?:[^"\\]|\\.)*"|'(?:[^']|'')*')|[\[\]{}]""")
 
 
 def load_yaml(data: bytes, name: str = "input") -> list[Any]:

@@ -370,9 +370,10 @@ def _check_network(
     rules: ClaimRules,
     issues: Issues,
 ) -> TenantNetwork | None:
-    """The claim's own network (None: not an object, which the validator names), decoded into the form the plugins read
-    (`cnidra.api.tenant`) and judged in that form: plugin types, never-settable fields, link
-    modes, IP ranges and VLAN IDs from every field a plugin reads them from."""
+    """The claim's own network (None: not an object, which the validator names), decoded into
+    the form the plugins read (`cnidra.api.tenant`) and judged in that form: plugin types,
+    never-settable fields, link modes, IP ranges and VLAN IDs from every field a plugin reads
+    them from."""
     if not isinstance(config, Mapping):
         return None  # the validator names what it must be
     anchor = next(e.path / "config" for e in reversed(claim_entries) if "config" in e.parameters)

@@ -246,13 +246,13 @@ class TenantNetwork:
         """Every VLAN ID a plugin would put the pod's traffic on."""
         for plugin in self.plugins:
             path, raw = plugin.path, plugin.raw
-            if plugin.type == "vlan" and _is_int(plugin.get("vlanId")):
-                vid = plugin.get("vlanId")
+            vid = plugin.get("vlanId")
+            if plugin.type == "vlan" and isinstance(vid, int):
                 yield VlanSpan(path / "vlanId", (*raw, "vlanId"), vid, vid)
             if plugin.type != "bridge":
                 continue
             vid = plugin.get("vlan")
-            if _is_int(vid) and vid != 0:
+            if isinstance(vid, int) and vid != 0:
                 yield VlanSpan(path / "vlan", (*raw, "vlan"), vid, vid)
             trunks = plugin.get("vlanTrunk")
             for i, trunk in enumerate(trunks if isinstance(trunks, list) else []):
@@ -264,8 +264,8 @@ class TenantNetwork:
                 low, high = trunk.get("minID"), trunk.get("maxID")
                 if _is_int(low) or _is_int(high):
                     # the bridge plugin trunks minID..maxID; a missing bound is the far end
-                    lo = int(low) if _is_int(low) else 1
-                    hi = int(high) if _is_int(high) else 4094
+                    lo = low if isinstance(low, int) and not isinstance(low, bool) else 1
+                    hi = high if isinstance(high, int) and not isinstance(high, bool) else 4094
                     yield VlanSpan(where / "minID", at, lo, hi)
 
 
