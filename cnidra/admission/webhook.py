@@ -9,38 +9,31 @@ can be bypassed (a webhook down with failurePolicy Ignore, objects created befor
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import uvicorn
+
 from cnidra.api.issues import Severity
+from cnidra.api.loading import LoadError, load_json
 from cnidra.api.validate import validate_documents
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 3 * 1024 * 1024  # the apiserver's own request limit
-MAX_DEPTH = 64
 MESSAGE_MAX = 4096
+REVIEW_WORKERS = 4  # reviews at once (CPU-bound; more threads only contend for the GIL)
+MAX_CONNECTIONS = 2048  # open connections and requests at once; beyond, 503 at once
+KEEP_ALIVE_SECONDS = 30  # an idle kept-alive connection is closed after this
+BODY_SECONDS = 10  # a request body that does not arrive within this is refused
 
 Lookup = Callable[[str], Mapping[str, Any] | None]
-
-
-def depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return False
-        if isinstance(item, Mapping):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-    return True
 
 
 def device_classes_of(obj: Mapping[str, Any]) -> set[str]:
@@ -130,6 +123,11 @@ class TTLCache:
 
 
 class WebhookServer:
+    """The webhook on uvicorn (a maintained ASGI server): TLS handshakes run on the event loop,
+    one per connection, never in the accept path; an idle or slow connection holds nothing but
+    its own socket (handshake and keep-alive timeouts close it); reviews run on a bounded pool
+    of threads, so a burst queues instead of starving the loop."""
+
     def __init__(
         self,
         address: str,
@@ -137,63 +135,114 @@ class WebhookServer:
         key: str,
         device_class: Lookup,
         namespace_labels: Lookup,
+        *,
+        workers: int = REVIEW_WORKERS,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         host, _, port = address.rpartition(":")
-        lookups = (device_class, namespace_labels)
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > MAX_BODY:
-                    self._send(413, {"error": "request too large"})
-                    return
-                raw = self.rfile.read(length)
-                try:
-                    body = json.loads(raw)
-                except RecursionError:
-                    self._send(200, denied("", "the object is nested too deeply"))
-                    return
-                except ValueError:
-                    self._send(400, {"error": "not JSON"})
-                    return
-                uid = str(((body or {}).get("request") or {}).get("uid", ""))
-                if not depth_ok(body):
-                    self._send(200, denied(uid, f"the object is nested more than {MAX_DEPTH} deep"))
-                    return
-                try:
-                    self._send(200, review(body, *lookups))
-                except Exception as exc:
-                    log.exception("reviewing %s failed", uid)
-                    self._send(200, denied(uid, f"internal error: {exc}"))
-
-            def do_GET(self) -> None:
-                self._send(200 if self.path.startswith("/healthz") else 404, {"ok": True})
-
-            def _send(self, code: int, payload: Mapping[str, Any]) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                log.debug("webhook: " + format, *args)
-
-        self.server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
-        self.server.daemon_threads = True
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(cert, key)
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self._app = _App(device_class, namespace_labels, workers)
+        self.config = uvicorn.Config(
+            self._app,
+            host=host or "0.0.0.0",
+            port=int(port),
+            ssl_certfile=cert,
+            ssl_keyfile=key,
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
+            timeout_graceful_shutdown=5,
+            limit_concurrency=max_connections,
+            h11_max_incomplete_event_size=64 * 1024,
+        )
+        self.server = uvicorn.Server(self.config)
 
     @property
     def port(self) -> int:
-        return int(self.server.server_address[1])
+        for server in getattr(self.server, "servers", []):
+            for sock in server.sockets:
+                return int(sock.getsockname()[1])
+        return int(self.config.port)
 
     def serve_forever(self) -> None:
-        self.server.serve_forever()
+        self.server.run()
+
+    def start(self, timeout: float = 10.0) -> threading.Thread:
+        """Serve on a thread (tests, benchmarks); returns once listening."""
+        thread = threading.Thread(target=self.serve_forever, name="webhook", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the webhook did not start")
+            time.sleep(0.02)
+        return thread
 
     def shutdown(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.should_exit = True
+
+
+class _App:
+    """POST /validate (any POST path): an AdmissionReview; GET /healthz."""
+
+    def __init__(self, device_class: Lookup, namespace_labels: Lookup, workers: int) -> None:
+        self.lookups = (device_class, namespace_labels)
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="review")
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["method"] == "GET":
+            ok = scope["path"].startswith("/healthz")
+            await _send(send, 200 if ok else 404, {"ok": ok})
+            return
+        if scope["method"] != "POST":
+            await _send(send, 405, {"error": "POST an AdmissionReview"})
+            return
+        raw = bytearray()
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), BODY_SECONDS)
+            except TimeoutError:
+                await _send(send, 408, {"error": "the request body was too slow"})
+                return
+            raw += message.get("body", b"")
+            if len(raw) > MAX_BODY:
+                await _send(send, 413, {"error": "request too large"})
+                return
+            if not message.get("more_body"):
+                break
+        loop = asyncio.get_running_loop()
+        code, answer = await loop.run_in_executor(self.pool, self.answer, bytes(raw))
+        await _send(send, code, answer)
+
+    def answer(self, raw: bytes) -> tuple[int, dict[str, Any]]:
+        try:
+            body = load_json(raw, "the AdmissionReview")
+        except LoadError as exc:  # refused, not failed: a failure would be failurePolicy's
+            return 200, denied("", str(exc))
+        if not isinstance(body, Mapping):
+            return 200, denied("", "the AdmissionReview must be a JSON object")
+        request = body.get("request")
+        uid = str(request.get("uid", "")) if isinstance(request, Mapping) else ""
+        try:
+            return 200, review(body, *self.lookups)
+        except Exception as exc:
+            log.exception("reviewing %s failed", uid)
+            return 200, denied(uid, f"internal error: {exc}")
+
+
+async def _send(send: Any, code: int, payload: Mapping[str, Any]) -> None:
+    data = json.dumps(payload).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": code,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})

@@ -154,6 +154,9 @@ class NamedNetwork:
     # the name readers of Multus' network-status annotation know it by
     status_name: str = ""
     network_id: str | None = None
+    # a NetworkAttachmentDefinition's namespace: the network runs under a name of that
+    # namespace (cnidra.api.ownership), so two namespaces' `blue` never share a pool
+    owner_namespace: str | None = None
 
     def admits(self, namespace: str, labels: Mapping[str, str] | None) -> str | None:
         """Why `namespace` may not use this network; None when it may."""
@@ -308,6 +311,7 @@ def nad(obj: Mapping[str, Any], trusted: bool) -> NamedNetwork | Unresolved:
         path=FieldPath((ref, "spec")),
         trusted=trusted,
         status_name=f"{meta.get('namespace')}/{meta.get('name')}",
+        owner_namespace=str(meta.get("namespace")),
     )
 
 
@@ -414,6 +418,19 @@ def expand_network(
             "a claim may not name a node conf: the CNI conf directory holds the node's own "
             "networks; reference a CNINetwork that uses it (network.name), or use a "
             "DeviceClass that names it",
+        )
+        return Expansion(list(entries))
+    if (
+        source is Source.CLASS
+        and ref.attachment_definition is not None
+        and "/" not in ref.attachment_definition
+    ):
+        issues.error(
+            path / "attachmentDefinition",
+            f"{ref.attachment_definition!r} has no namespace: a DeviceClass serves every "
+            "namespace, so the NetworkAttachmentDefinition it names must be given as "
+            "namespace/name (without one it would be read from each tenant's own namespace "
+            "and trusted as the admin's)",
         )
         return Expansion(list(entries))
     if source is Source.CLAIM and ref.attachment_definition is not None:

@@ -23,16 +23,9 @@ from cnidra.api.ownership import owned_network
 from cnidra.api.refs import ObjectRef
 from cnidra.api.validate import DocumentReport
 from cnidra.cni import netns
-from cnidra.cni.attach import (
-    AttachFailed,
-    Attachment,
-    Device,
-    Outcome,
-    attach_all,
-    attachment_from,
-    detach_all,
-)
+from cnidra.cni.attach import AttachFailed, Attachment, Outcome, attach_all, detach_all
 from cnidra.cni.runtime import CNIRuntime
+from cnidra.dra.resolve import Device, attachment_from
 from cnidra.state.layout import StateLayout
 from cnidra.status.devices import device_status
 

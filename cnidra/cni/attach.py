@@ -1,5 +1,6 @@
 """A pod's attachments as one unit: ADD all in a fixed order or none (rollback), DEL all in
-reverse. Used by `cnidra try` and by the NRI hook; needs nothing but the runtime."""
+reverse. Used by `cnidra try` and by the NRI hook; needs nothing but the runtime. What an
+Attachment holds is decided before, by prepare (`cnidra.dra.resolve`)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from cnidra.api.constants import DRIVER_NAME
-from cnidra.api.issues import FieldPath, Issues
-from cnidra.api.merge import ConfigEntry, Source, applicable
 from cnidra.api.naming import Slot
-from cnidra.api.netconf import to_conflist
-from cnidra.api.networks import NamedNetwork, NetworkCatalog
-from cnidra.api.ownership import PrivateDirs, owned_network, owned_network_name
-from cnidra.api.policy import bind_to_device, governing_policy
 from cnidra.api.refs import ObjectRef
-from cnidra.api.validate import ResolvedRequest, check_request
 from cnidra.cni.errors import CNIRuntimeError
 from cnidra.cni.invoke import Deadline
 from cnidra.cni.result import Result
@@ -102,110 +95,6 @@ def pod_args(pod: ObjectRef, sandbox_id: str) -> tuple[tuple[str, str], ...]:
         ("K8S_POD_NAME", pod.name),
         ("K8S_POD_INFRA_CONTAINER_ID", sandbox_id),
         ("K8S_POD_UID", pod.uid),
-    )
-
-
-def resolve_attachment(
-    entries: Sequence[ConfigEntry],
-    request: str,
-    claim: ObjectRef,
-    device: Device,
-    dirs: PrivateDirs,
-    issues: Issues,
-    where: FieldPath,
-    *,
-    namespace_labels: Mapping[str, str] | None = None,
-    catalog: NetworkCatalog | None = None,
-    device_network: NamedNetwork | None = None,
-) -> Attachment | None:
-    """The one path from a claim's configs to what the runtime executes: checked against the
-    class's CNIPolicy, merged and validated as `cnidra validate` does, bound to the allocated
-    link, named and given state directories as cnidra owns them. None (with the reasons in
-    `issues`) when the request cannot be attached."""
-    before = len(issues.errors)
-    resolved = check_request(
-        entries,
-        request,
-        claim.namespace,
-        namespace_labels,
-        issues,
-        where,
-        class_known=True,
-        catalog=catalog,
-        device_network=device_network,
-    )
-    if resolved is None:
-        if len(issues.errors) == before:
-            issues.error(
-                where,
-                f"request {request!r} has no {DRIVER_NAME} config: add an opaque config "
-                "with a CNIConfig (ifName and config) to the claim or its DeviceClass",
-            )
-        return None
-    chosen = applicable(entries, request)
-    verdict = governing_policy([e for e in chosen if e.source is Source.CLASS], "", {}, Issues())
-    node_links = verdict.policy.node_links if verdict.policy else []
-    attachment = attachment_from(resolved, claim, device, dirs, issues, where)
-    if attachment is None:
-        return None
-    return replace(attachment, node_link_allowed=attachment.parent in node_links)
-
-
-@dataclass(frozen=True)
-class Device:
-    """Where the scheduler put a request: the allocated device, and the host link it is
-    (None: no link to bind to, as in `cnidra try`)."""
-
-    pool: str
-    name: str
-    share_id: str | None = None
-    link: str | None = None
-
-
-def attachment_from(
-    resolved: ResolvedRequest,
-    claim: ObjectRef,
-    device: Device,
-    dirs: PrivateDirs,
-    issues: Issues | None = None,
-    where: FieldPath | None = None,
-) -> Attachment | None:
-    """None only when binding to the allocated link fails (the reasons in `issues`)."""
-    config = resolved.config
-    assert config.config is not None  # complete when resolved
-    conflist = to_conflist(config.config)
-    if device.link is not None:
-        issues = issues if issues is not None else Issues()
-        before = len(issues.errors)
-        anchor = next(
-            (e.path / "config" for e in reversed(resolved.entries) if "config" in e.parameters),
-            where or FieldPath(),
-        )
-        conflist = bind_to_device(conflist, device.link, anchor, issues)
-        if len(issues.errors) > before:
-            return None
-    label = str(conflist["name"])
-    # a network the claim defines or changes is its namespace's; one wholly from the class is
-    # the admin's, shared by every namespace using the class (docs/state.md)
-    tenant = any(e.source is Source.CLAIM and "config" in e.parameters for e in resolved.entries)
-    name = owned_network_name(label, claim.namespace if tenant else None)
-    return Attachment(
-        claim=claim,
-        request=resolved.request,
-        if_name=config.if_name or "",
-        network=owned_network(conflist, name, dirs),
-        pool=device.pool,
-        device=device.name,
-        capability_args=config.capabilities.runtime_values() if config.capabilities else {},
-        cni_args=tuple(sorted((config.args or {}).items())),
-        share_id=device.share_id,
-        network_label=label,
-        parent=device.link or "",
-        on_demand=config.attach == "OnDemand",
-        explicit_name=config.if_name is not None,
-        if_name_prefix=config.if_name_prefix,
-        status_name=resolved.network.status_name if resolved.network else "",
-        ipam_claim=config.ipam_claim_reference,
     )
 
 

@@ -4,13 +4,15 @@
 PrepareError saying what a person should fix. DRA copied the DeviceClass configs into the
 allocation (source FromClass), so no DeviceClass lookup is needed; each request becomes an
 attachment through the one path `cnidra validate` and `cnidra try` use too
-(`cnidra.cni.attach.resolve_attachment`)."""
+(`cnidra.dra.resolve.resolve_attachment`); the claim is read once into a typed view
+(`cnidra.dra.claim`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -18,11 +20,10 @@ from typing import Any, Protocol
 from cnidra.api.constants import (
     DEFAULT_MAX_ATTACHMENTS,
     DRIVER_NAME,
-    POD_CLAIM_NAME_ANNOTATION,
 )
 from cnidra.api.errors import UnusableObject
 from cnidra.api.ipam import cnidra_ipam
-from cnidra.api.issues import FieldPath, Issues
+from cnidra.api.issues import Issues
 from cnidra.api.merge import ConfigEntry, Source
 from cnidra.api.naming import NamingError, assign_names
 from cnidra.api.networks import (
@@ -34,17 +35,16 @@ from cnidra.api.networks import (
 )
 from cnidra.api.nodes import NodeView, named_nodes, selects
 from cnidra.api.ownership import PrivateDirs
-from cnidra.api.parameters import read_parameters
 from cnidra.api.refs import ObjectRef
-from cnidra.api.validate import is_dns_label
-from cnidra.cni.attach import Attachment, Device, resolve_attachment
+from cnidra.cni.attach import Attachment
+from cnidra.dra.claim import ALLOCATION_CONFIG, AllocatedClaim, ClaimShapeError, read_claim
+from cnidra.dra.resolve import Device, resolve_attachment
 from cnidra.ipam.allocator import AllocationError, Allocator
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
 from cnidra.status.metadata import DeviceMetadata, base_request
 from cnidra.util.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
-ALLOCATION_CONFIG = FieldPath(("status", "allocation", "devices", "config"))
 APISERVER_SLOTS = 32
 
 
@@ -63,7 +63,7 @@ class NamespaceLabels(Protocol):
 
 
 def resolve_claim(
-    claim: Mapping[str, Any],
+    claim: Mapping[str, Any] | AllocatedClaim,
     ref: ObjectRef,
     node: str,
     dirs: PrivateDirs,
@@ -74,35 +74,28 @@ def resolve_claim(
 ) -> PreparedClaim:
     """The claim's attachments in connection order (its requests' order), not yet named where
     the names are computed (`name_pod_interfaces` does that for all of a pod's claims)."""
-    meta = claim.get("metadata") or {}
-    if meta.get("uid") != ref.uid:
+    typed = claim if isinstance(claim, AllocatedClaim) else read(claim, ref)
+    if typed.uid != ref.uid:
         raise PrepareError(
-            f"claim {ref} has UID {meta.get('uid')}, kubelet asked for {ref.uid}: "
+            f"claim {ref} has UID {typed.uid or None}, kubelet asked for {ref.uid}: "
             "it was deleted and created again; the pod must be recreated"
         )
-    status = claim.get("status") or {}
-    allocation = status.get("allocation")
-    if not allocation:
+    if not typed.allocated:
         raise PrepareError(f"claim {ref} is not allocated")
-    selector = allocation.get("nodeSelector")
-    if not selects(selector, node, view.labels):
-        nodes = ", ".join(sorted(named_nodes(selector))) or "other nodes"
+    if not selects(typed.node_selector, node, view.labels):
+        nodes = ", ".join(sorted(named_nodes(typed.node_selector))) or "other nodes"
         raise PrepareError(f"claim {ref} is allocated to {nodes}, not to this node {node}")
-    devices = allocation.get("devices") or {}
-    results = [r for r in devices.get("results") or [] if r.get("driver") == DRIVER_NAME]
+    order = typed.request_order
+    results = sorted(typed.ours, key=lambda r: order.get(r.request.split("/", 1)[0], len(order)))
     if not results:
         raise PrepareError(f"claim {ref} has no devices of driver {DRIVER_NAME}")
-    order = _request_order(claim)
-    results.sort(key=lambda r: order.get(str(r.get("request", "")).split("/", 1)[0], len(order)))
-    entries = _config_entries(devices.get("config") or [])
+    entries = list(typed.configs)
     networks = device_networks if device_networks is not None else view.networks
-    per_request: dict[str, int] = {}
-    for result in results:
-        per_request[result["request"]] = per_request.get(result["request"], 0) + 1
+    per_request = Counter(r.request for r in results)
     problems: list[str] = []
     prepared: list[Attachment] = []
     for result in results:
-        request = result["request"]
+        request = result.request
         if per_request[request] > 1:
             problems.append(
                 f"request {request!r} was allocated {per_request[request]} devices, but "
@@ -110,14 +103,14 @@ def resolve_claim(
             )
             continue
         issues = Issues()
-        link = view.links.get(result["device"])
+        link = view.links.get(result.device)
         if link is None:
             problems.append(
-                f"request {request!r} was allocated device {result['device']!r}, which is not "
+                f"request {request!r} was allocated device {result.device!r}, which is not "
                 "a link or network of this node (any more); the pod must be scheduled again"
             )
             continue
-        device = Device(result["pool"], result["device"], result.get("shareID"), link or None)
+        device = Device(result.pool, result.device, result.share_id, link or None)
         attachment = resolve_attachment(
             entries,
             request,
@@ -128,7 +121,7 @@ def resolve_claim(
             ALLOCATION_CONFIG,
             namespace_labels=namespace_labels,
             catalog=catalog,
-            device_network=networks.get(result["device"]),
+            device_network=networks.get(result.device),
         )
         if attachment is None:
             problems.append(_describe(request, entries, issues))
@@ -143,26 +136,17 @@ def resolve_claim(
         prepared.append(attachment)
     if problems:
         raise PrepareError(f"claim {ref}: " + "; ".join(dict.fromkeys(problems)))
-    pods = tuple(
-        r["uid"]
-        for r in status.get("reservedFor") or []
-        if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("uid")
-    )
-    # a path segment in the pod's containers (device metadata): only what Kubernetes can set,
-    # a pod's claim name, never whatever a claim's author wrote into the annotation
-    pod_claim_name = (meta.get("annotations") or {}).get(POD_CLAIM_NAME_ANNOTATION)
     return PreparedClaim(
-        ref,
-        pods,
-        tuple(prepared),
-        int(meta.get("generation") or 0),
-        pod_claim_name if is_dns_label(pod_claim_name) else None,
+        ref, typed.pod_uids, tuple(prepared), typed.generation, typed.pod_claim_name
     )
 
 
-def _request_order(claim: Mapping[str, Any]) -> dict[str, int]:
-    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
-    return {str(r.get("name")): i for i, r in enumerate(requests) if isinstance(r, Mapping)}
+def read(claim: Mapping[str, Any], ref: ObjectRef) -> AllocatedClaim:
+    """The claim's typed view, or a PrepareError naming the field that is not as the API says."""
+    try:
+        return read_claim(claim)
+    except ClaimShapeError as exc:
+        raise PrepareError(f"claim {ref}: {exc}") from None
 
 
 def name_pod_interfaces(
@@ -184,17 +168,12 @@ def name_pod_interfaces(
     ]
 
 
-def network_references(claim: Mapping[str, Any], namespace: str) -> list[tuple[NetworkRef, str]]:
+def network_references(claim: AllocatedClaim, namespace: str) -> list[tuple[NetworkRef, str]]:
     """The network references of the claim's allocation configs that parse (a bad one is
     reported by the resolution, where its path is known)."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
     refs: list[tuple[NetworkRef, str]] = []
-    for cfg in (allocation.get("devices") or {}).get("config") or []:
-        opaque = cfg.get("opaque") or {}
-        params = opaque.get("parameters")
-        if opaque.get("driver") != DRIVER_NAME or not isinstance(params, Mapping):
-            continue
-        raw = params.get("network")
+    for entry in claim.configs:
+        raw = entry.parameters.get("network")
         if raw is None:
             continue
         with contextlib.suppress(ValueError):
@@ -207,16 +186,6 @@ def _known(catalog: StaticCatalog | None) -> list[NamedNetwork]:
     return [n for n in networks if isinstance(n, NamedNetwork)]
 
 
-def _selects_namespaces(claim: Mapping[str, Any]) -> bool:
-    """Whether a CNIPolicy in the allocation selects namespaces by label."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    for cfg in (allocation.get("devices") or {}).get("config") or []:
-        params = (cfg.get("opaque") or {}).get("parameters")
-        if isinstance(params, Mapping) and params.get("namespaceSelector") is not None:
-            return True
-    return False
-
-
 def _describe(request: str, entries: Sequence[ConfigEntry], issues: Issues) -> str:
     chosen = [e for e in entries if e.applies_to(request)]
     if not chosen:
@@ -224,29 +193,6 @@ def _describe(request: str, entries: Sequence[ConfigEntry], issues: Issues) -> s
     origin = "DeviceClass" if all(e.source is Source.CLASS for e in chosen) else "claim"
     details = "; ".join(f"{i.path}: {i.message}" for i in issues.errors) or "incomplete config"
     return f"request {request!r} ({origin} config) is invalid: {details}"
-
-
-def _config_entries(configs: Sequence[Mapping[str, Any]]) -> list[ConfigEntry]:
-    entries = []
-    for i, cfg in enumerate(configs):
-        opaque = cfg.get("opaque") or {}
-        if opaque.get("driver") != DRIVER_NAME:
-            continue
-        path = ALLOCATION_CONFIG / i / "opaque" / "parameters"
-        issues = Issues()
-        params = read_parameters(opaque.get("parameters"), path, issues)
-        if issues.errors:
-            raise PrepareError("; ".join(str(e) for e in issues.errors))
-        source = Source.CLASS if cfg.get("source") == Source.CLASS else Source.CLAIM
-        entries.append(
-            ConfigEntry(
-                source,
-                params if isinstance(params, Mapping) else {},
-                tuple(cfg.get("requests") or ()),
-                ALLOCATION_CONFIG / i / "opaque" / "parameters",
-            )
-        )
-    return entries
 
 
 class NetworkReader(Protocol):
@@ -352,20 +298,21 @@ class Preparer:
             if known is not None:
                 return known
             raise PrepareError(f"claim {ref} not found")
+        typed = read(claim, ref)
         view = self.view()
-        catalog, device_networks = await self._networks(claim, ref, view)
+        catalog, device_networks = await self._networks(typed, ref, view)
         labels = None
-        selecting = _selects_namespaces(claim) or any(
+        selecting = typed.selects_namespaces() or any(
             n.namespace_selector is not None for n in [*device_networks.values(), *_known(catalog)]
         )
         if self.namespaces and selecting:  # a GET only when a policy or a network asks
             labels = await self.namespaces.labels(ref.namespace)
         prepared = resolve_claim(
-            claim, ref, self.node, self.dirs, view, labels, catalog, device_networks
+            typed, ref, self.node, self.dirs, view, labels, catalog, device_networks
         )
-        return await self._addresses(prepared, claim)
+        return await self._addresses(prepared, typed)
 
-    async def _addresses(self, prepared: PreparedClaim, claim: Mapping[str, Any]) -> PreparedClaim:
+    async def _addresses(self, prepared: PreparedClaim, claim: AllocatedClaim) -> PreparedClaim:
         """cnidra-IPAM networks get their addresses now, while the apiserver can be asked."""
         if not any(cnidra_ipam(a.network) for a in prepared.devices):
             return prepared
@@ -374,31 +321,19 @@ class Preparer:
                 f"claim {prepared.ref}: its network asks for cnidra IPAM, which this driver "
                 "runs only with an apiserver connection"
             )
-        pods = [
-            str(r.get("name"))
-            for r in (claim.get("status") or {}).get("reservedFor") or []
-            if r.get("resource") == "pods" and r.get("name")
-        ]
         try:
-            return await self.ipam.assign(prepared, pods)
+            return await self.ipam.assign(prepared, list(claim.pod_names))
         except AllocationError as exc:
             raise PrepareError(f"claim {prepared.ref}: {exc}") from None
 
     async def _networks(
-        self, claim: Mapping[str, Any], ref: ObjectRef, view: NodeView
+        self, claim: AllocatedClaim, ref: ObjectRef, view: NodeView
     ) -> tuple[StaticCatalog | None, dict[str, NamedNetwork]]:
         """What the claim's references and its allocated network devices name, read now (a
         node conf as it is on disk at this moment)."""
         if self.networks is None:
             return None, dict(view.networks)
-        allocated = [
-            str(r.get("device"))
-            for r in (
-                ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
-            ).get("results")
-            or []
-            if r.get("driver") == DRIVER_NAME and r.get("device") in view.networks
-        ]
+        allocated = [r.device for r in claim.ours if r.device in view.networks]
         device_networks: dict[str, NamedNetwork] = {}
         for name in allocated:
             fresh = await self.networks.refresh(view.networks[name])

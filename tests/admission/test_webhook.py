@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import ssl
 import subprocess
-import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,8 +59,7 @@ def webhook(tmp_path: Path) -> Iterator[tuple[str, ssl.SSLContext]]:
         CLASSES.get,
         lambda ns: {"team": ns},
     )
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server.start()
     context = ssl.create_default_context(cafile=str(cert))
     yield f"https://127.0.0.1:{server.port}/validate", context
     server.shutdown()
@@ -131,3 +129,40 @@ def test_deletes_are_admitted(webhook: tuple[str, ssl.SSLContext]) -> None:
 def test_the_shipped_classes_parse() -> None:
     assert [c["kind"] for c in DEFAULT_CLASSES] == ["DeviceClass", "DeviceClass"]
     assert yaml.safe_dump(DEFAULT_CLASSES[0])
+
+
+def test_idle_and_slow_connections_do_not_stop_reviews(
+    webhook: tuple[str, ssl.SSLContext],
+) -> None:
+    """One idle TCP connection used to block every review (the TLS handshake ran in the accept
+    loop with no timeout; with failurePolicy Fail that stops every claim in the cluster)."""
+    import socket
+    import time
+    from urllib.parse import urlparse
+
+    url, context = webhook
+    port = urlparse(url).port
+    assert port is not None
+    held: list[socket.socket] = []
+    try:
+        for _ in range(50):  # connected, never a ClientHello
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        for _ in range(20):  # TLS done, then a request that never ends
+            raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+            tls = context.wrap_socket(raw, server_hostname="127.0.0.1")
+            tls.sendall(b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")
+            held.append(tls)
+        start = time.monotonic()
+        for _ in range(10):
+            answer = post(url, context, admission(claim(network(MACVLAN))))["response"]
+            assert answer["allowed"] is True
+        assert time.monotonic() - start < 5
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_bodies_that_are_not_reviews_are_refused(webhook: tuple[str, ssl.SSLContext]) -> None:
+    for body in (b"not json", b'{"a": 1, "a": 2}', b"[1]", b'{"x": ' + b"9" * 5000 + b"}"):
+        answer = post(*webhook, body)
+        assert answer.get("response", {}).get("allowed") is False or "error" in answer, answer

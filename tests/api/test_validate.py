@@ -60,7 +60,7 @@ def test_config_as_json_string_means_the_same_as_an_object() -> None:
 
 def test_config_string_that_is_not_json() -> None:
     assert errors_of(params('{"cniVersion": "1.0.0",'))["config"].startswith(
-        "is a string but not valid JSON"
+        "is a string but not a network configuration: the JSON text is not JSON"
     )
 
 

@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 from cnidra.api.ownership import PrivateDirs
 from cnidra.api.refs import ObjectRef
 from cnidra.api.validate import validate_documents
-from cnidra.cni.attach import Device, attachment_from
 from cnidra.cni.runtime import _plugin_stdin
+from cnidra.dra.resolve import Device, attachment_from
 from tests.api.test_policy import DEFAULT_CLASSES, claim
 from tests.api.test_tenant import RESTRICTED
 

@@ -1,0 +1,184 @@
+"""An allocated ResourceClaim, read once into a typed view: what prepare needs of it and
+nothing else, so no code below walks dictionary chains over the claim. Pure: no I/O.
+
+The apiserver has validated the object's shape, but a claim is tenant input and an old or
+foreign apiserver may hand anything: a field of the wrong type is a PrepareError naming it,
+never an AttributeError."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cnidra.api.constants import DRIVER_NAME, POD_CLAIM_NAME_ANNOTATION
+from cnidra.api.issues import FieldPath, Issues, describe
+from cnidra.api.merge import ConfigEntry, Source
+from cnidra.api.parameters import read_parameters
+from cnidra.api.validate import is_dns_label
+
+ALLOCATION_CONFIG = FieldPath(("status", "allocation", "devices", "config"))
+
+
+class ClaimShapeError(ValueError):
+    """A claim whose fields cnidra reads are not of the shape the API defines."""
+
+
+@dataclass(frozen=True)
+class Result:
+    """One device the scheduler allocated to one of the claim's requests."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+    share_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """A consumer the claim is reserved for (pods only matter to cnidra)."""
+
+    uid: str
+    name: str
+    is_pod: bool
+
+
+@dataclass(frozen=True)
+class AllocatedClaim:
+    uid: str
+    generation: int
+    request_order: Mapping[str, int]
+    node_selector: Mapping[str, Any] | None
+    allocated: bool
+    results: tuple[Result, ...]
+    configs: tuple[ConfigEntry, ...]  # our driver's opaque configs, read once
+    reserved_for: tuple[Reserved, ...]
+    pod_claim_name: str | None  # the pod's claim name, only when Kubernetes' own form
+
+    @property
+    def ours(self) -> tuple[Result, ...]:
+        return tuple(r for r in self.results if r.driver == DRIVER_NAME)
+
+    @property
+    def pod_uids(self) -> tuple[str, ...]:
+        return tuple(r.uid for r in self.reserved_for if r.is_pod and r.uid)
+
+    @property
+    def pod_names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.reserved_for if r.is_pod and r.name)
+
+    def selects_namespaces(self) -> bool:
+        """Whether a CNIPolicy in the allocation selects namespaces by label."""
+        return any(e.parameters.get("namespaceSelector") is not None for e in self.configs)
+
+
+def _obj(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ClaimShapeError(f"{where} must be an object, got {describe(value)}")
+    return value
+
+
+def _list(value: Any, where: str) -> Sequence[Any]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ClaimShapeError(f"{where} must be a list, got {describe(value)}")
+    return value
+
+
+def _str(value: Any, where: str, default: str = "") -> str:
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ClaimShapeError(f"{where} must be a string, got {describe(value)}")
+    return value
+
+
+def read_claim(claim: Any) -> AllocatedClaim:
+    """The typed view; ClaimShapeError names the first field that is not what the API says."""
+    claim = _obj(claim, "the claim")
+    meta = _obj(claim.get("metadata"), "metadata")
+    spec = _obj(claim.get("spec"), "spec")
+    status = _obj(claim.get("status"), "status")
+    allocation_raw = status.get("allocation")
+    allocation = _obj(allocation_raw, "status.allocation")
+    devices = _obj(allocation.get("devices"), "status.allocation.devices")
+    order: dict[str, int] = {}
+    requests = _list(_obj(spec.get("devices"), "spec.devices").get("requests"), "requests")
+    for i, req in enumerate(requests):
+        name = _obj(req, f"spec.devices.requests[{i}]").get("name")
+        order.setdefault(str(name), i)
+    results = []
+    for i, raw in enumerate(_list(devices.get("results"), "status.allocation.devices.results")):
+        where = f"status.allocation.devices.results[{i}]"
+        item = _obj(raw, where)
+        share = item.get("shareID")
+        results.append(
+            Result(
+                request=_str(item.get("request"), f"{where}.request"),
+                driver=_str(item.get("driver"), f"{where}.driver"),
+                pool=_str(item.get("pool"), f"{where}.pool"),
+                device=_str(item.get("device"), f"{where}.device"),
+                share_id=_str(share, f"{where}.shareID") if share is not None else None,
+            )
+        )
+    reserved = []
+    for i, raw in enumerate(_list(status.get("reservedFor"), "status.reservedFor")):
+        item = _obj(raw, f"status.reservedFor[{i}]")
+        reserved.append(
+            Reserved(
+                uid=_str(item.get("uid"), f"status.reservedFor[{i}].uid"),
+                name=_str(item.get("name"), f"status.reservedFor[{i}].name"),
+                is_pod=item.get("resource") == "pods" and not item.get("apiGroup"),
+            )
+        )
+    annotations = _obj(meta.get("annotations"), "metadata.annotations")
+    pod_claim_name = annotations.get(POD_CLAIM_NAME_ANNOTATION)
+    generation = meta.get("generation") or 0
+    selector = allocation.get("nodeSelector")
+    return AllocatedClaim(
+        uid=_str(meta.get("uid"), "metadata.uid"),
+        generation=generation if isinstance(generation, int) else 0,
+        request_order=order,
+        node_selector=_obj(selector, "status.allocation.nodeSelector") if selector else None,
+        allocated=bool(allocation_raw),
+        results=tuple(results),
+        configs=tuple(_config_entries(_list(devices.get("config"), "allocation config"))),
+        reserved_for=tuple(reserved),
+        # a path segment in the pod's containers (device metadata): only what Kubernetes can
+        # set, a pod's claim name, never whatever a claim's author wrote into the annotation
+        pod_claim_name=pod_claim_name if is_dns_label(pod_claim_name) else None,
+    )
+
+
+def _config_entries(configs: Sequence[Any]) -> list[ConfigEntry]:
+    """Our driver's opaque configs, each read once by the one reader (bounds, a JSON-string
+    config parsed) that `cnidra validate` and the webhook use too."""
+    entries = []
+    for i, raw in enumerate(configs):
+        cfg = _obj(raw, f"{ALLOCATION_CONFIG / i}")
+        opaque = _obj(cfg.get("opaque"), f"{ALLOCATION_CONFIG / i}.opaque")
+        if opaque.get("driver") != DRIVER_NAME:
+            continue
+        path = ALLOCATION_CONFIG / i / "opaque" / "parameters"
+        issues = Issues()
+        params = read_parameters(opaque.get("parameters"), path, issues)
+        if issues.errors:
+            raise ClaimShapeError("; ".join(str(e) for e in issues.errors))
+        requests = [
+            _str(r, f"{ALLOCATION_CONFIG / i}.requests")
+            for r in _list(cfg.get("requests"), f"{ALLOCATION_CONFIG / i}.requests")
+        ]
+        source = Source.CLASS if cfg.get("source") == Source.CLASS else Source.CLAIM
+        entries.append(
+            ConfigEntry(
+                source,
+                params if isinstance(params, Mapping) else {},
+                tuple(requests),
+                path,
+            )
+        )
+    return entries
