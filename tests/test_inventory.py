@@ -27,6 +27,30 @@ def test_default_route_node_address_and_what_hangs_off_them() -> None:
     assert carrying_node(links, ["198.51.100.7"]) == {"lo", "eth0", "br0", "eth2", "eth2.5"}
 
 
+def test_a_bridge_of_another_network_of_pods_is_never_a_pods() -> None:
+    """kubenet's cbr0: the pods' gateway address, pod veths as ports. A pod plugged into it
+    would sit on the primary network; cnidra's own bridges (no host address) stay free."""
+    links = [
+        link("eth1", 3),
+        Link("cbr0", 5, "", 1500, "bridge", "bridge", "up", ipv4=("198.18.240.1/24",)),
+        Link("vethab", 6, "", 1500, "virtual", "veth", "up", master=5, peer_elsewhere=True),
+        Link("br-storage", 7, "", 1500, "bridge", "bridge", "up"),
+        Link("vethcd", 8, "", 1500, "virtual", "veth", "up", master=7, peer_elsewhere=True),
+        Link("br-empty", 9, "", 1500, "bridge", "bridge", "up", ipv4=("198.18.241.1/24",)),
+    ]
+    assert carrying_node(links) == {"cbr0", "vethab"}
+
+
+def test_other_cnis_devices_are_never_published() -> None:
+    from cnidra.inventory.links import LinkFilter
+
+    others = ["antrea-gw0", "antrea-tun0", "vxlan.calico", "weave", "nodelocaldns", "virbr0",
+              "cbr0", "cni0", "docker0", "flannel.1", "cilium_host", "lxc12ab", "tunl0",
+              "kube-ipvs0", "ovn-k8s-mp0", "br-int", "genev_sys_6081", "cni-podman0"]  # fmt: skip
+    assert [n for n in others if LinkFilter().eligible(link(n, 1))] == []
+    assert all(LinkFilter().eligible(link(n, 1)) for n in ("eth1", "ens2f0np0", "br-data"))
+
+
 def test_a_veths_peer_index_in_another_namespace_is_not_a_link_here() -> None:
     from unittest import mock
 

@@ -37,6 +37,8 @@ class Link:
     master: int | None = None  # the bridge or bond it is a port of
     lower: int | None = None  # the link a vlan/macvlan sits on
     default_route: bool = False  # a default route (IPv4 or IPv6) leaves through it
+    # a veth whose peer lives in another network namespace (a pod's, or a container's)
+    peer_elsewhere: bool = False
 
 
 def classify(link_kind: str | None, has_device: bool) -> str:
@@ -128,15 +130,32 @@ def read_links() -> list[Link]:
                 if msg.get("IFLA_LINK_NETNSID") is not None
                 else (msg.get("IFLA_LINK") or None),
                 default_route=msg["index"] in defaults,
+                peer_elsewhere=link_kind == "veth" and msg.get("IFLA_LINK_NETNSID") is not None,
             )
         )
     return links
 
 
+def primary_bridges(links: Iterable[Link]) -> frozenset[int]:
+    """Bridges of another network of pods: a bridge holding a host address (the pods' gateway)
+    with a port whose veth peer lives in another network namespace. That is kubenet's cbr0,
+    the bridge CNI's cni0, docker0, podman's: a pod plugged into one would sit on the primary
+    network with whatever address it asked for. cnidra's own bridge networks hold no host
+    address (isGateway is never a tenant's), so they stay publishable."""
+    links = list(links)
+    with_pods = {link.master for link in links if link.peer_elsewhere and link.master}
+    return frozenset(
+        link.index
+        for link in links
+        if link.kind == "bridge" and link.index in with_pods and (link.ipv4 or link.ipv6)
+    )
+
+
 def carrying_node(links: Iterable[Link], node_ips: Iterable[str] = ()) -> frozenset[str]:
-    """Links that carry the node itself: loopback, links with a default route or one of the
-    node's addresses (its InternalIP), and every link bound to one of those (the bridge or bond
-    it is a port of, its ports, the link a vlan sits on). A pod must not get them."""
+    """Links no pod may get: those that carry the node itself (loopback, links with a default
+    route or one of the node's addresses, its InternalIP), the bridges of another network of
+    pods (`primary_bridges`), and every link bound to one of those (the bridge or bond it is a
+    port of, its ports, the link a vlan sits on)."""
     links = list(links)
     by_index = {link.index: link for link in links}
     ips = {ip.split("/")[0] for ip in node_ips}
@@ -146,7 +165,7 @@ def carrying_node(links: Iterable[Link], node_ips: Iterable[str] = ()) -> frozen
         if link.loopback
         or link.default_route
         or ips & {a.split("/")[0] for a in (*link.ipv4, *link.ipv6)}
-    }
+    } | primary_bridges(links)
     grew = True
     while grew:
         before = len(carrying)

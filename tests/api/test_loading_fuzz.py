@@ -1,6 +1,6 @@
 """No bytes crash, hang or balloon the readers: every input is either documents or a LoadError
 with a message, through every entry point that parses (validate's loader, convert, the NAD
-config reader, the webhook's depth check). Property-based, with hypothesis."""
+config reader, the parameters' bound). Property-based, with hypothesis."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cnidra.admission.webhook import depth_ok
 from cnidra.api.convert import ConvertError, read_sources
 from cnidra.api.loading import LoadError, load_json, load_yaml
+from cnidra.api.parameters import bounds_problem
 from cnidra.api.validate import validate_documents
 
 YAML_PIECES = [
@@ -81,9 +81,10 @@ def test_an_alias_bomb_is_refused_without_expanding() -> None:
     assert time.perf_counter() - start < 1
 
 
-def test_the_webhook_depth_check_is_iterative() -> None:
+def test_the_parameters_bound_is_iterative() -> None:
+    """The one bound validate, the webhook and prepare hold a config to."""
     deep: Any = 1
     for _ in range(100_000):
         deep = [deep]
-    assert not depth_ok(deep)
-    assert depth_ok(json.loads('{"a": [1, {"b": 2}]}'))
+    assert "nested more than" in str(bounds_problem(deep))
+    assert bounds_problem(json.loads('{"a": [1, {"b": 2}]}')) is None
