@@ -297,7 +297,8 @@ def pool_from_object(obj: Mapping[str, Any]) -> Pool:
 def cnidra_ipam(conflist: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]:
     """The plugins (index, ipam object) of a conflist that ask for cnidra's IPAM."""
     found = []
-    for i, plugin in enumerate(conflist.get("plugins") or []):
+    plugins = conflist.get("plugins")
+    for i, plugin in enumerate(plugins if isinstance(plugins, list) else []):
         ipam = plugin.get("ipam") if isinstance(plugin, Mapping) else None
         if isinstance(ipam, Mapping) and ipam.get("type") == IPAM_TYPE:
             found.append((i, ipam))

@@ -11,6 +11,8 @@ import base64
 import difflib
 import json
 import re
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -114,6 +116,92 @@ ATTACKS: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
     ),
 ]
 
+
+# Issue 22's classes: what the plugins read differently from a deny-list. Each aims at the
+# node (a host file, NAT, a host IFB, kubelet's port) and must be refused in the form it runs.
+STATIC = {"type": "static", "addresses": [{"address": "198.18.230.9/24"}]}
+ATTACK_DIR = "/tmp/cnidra-attack-datadir"
+ATTACKS += [
+    (
+        "string-ptp-masq",
+        {},
+        {"config": json.dumps(conf({"type": "ptp", "ipMasq": True, "ipam": MACVLAN_IPAM}))},
+        "plugins[0].type: plugin 'ptp' is not allowed",
+    ),
+    (
+        "string-portmap-kubelet",
+        {},
+        {
+            "config": json.dumps(
+                conf(
+                    {"type": "macvlan", "ipam": MACVLAN_IPAM},
+                    {
+                        "type": "portmap",
+                        "runtimeConfig": {
+                            "portMappings": [{"hostPort": 10250, "containerPort": 80}]
+                        },
+                    },
+                )
+            )
+        },
+        "plugins[1].runtimeConfig: never claim-settable",
+    ),
+    (
+        "string-bandwidth-ifb",
+        {},
+        {
+            "config": json.dumps(
+                conf(
+                    {"type": "macvlan", "ipam": MACVLAN_IPAM},
+                    {"type": "bandwidth", "ingressRate": 1000, "ingressBurst": 1000},
+                )
+            )
+        },
+        "plugins[1].type: plugin 'bandwidth' is not allowed",
+    ),
+    (
+        "long-s-gateway",
+        conf({"type": "bridge", "i\u017fGateway": True, "ipMa\u017fq": True, "ipam": STATIC}),
+        {},
+        "keys must be ASCII",
+    ),
+    (
+        "second-ipam-type",
+        conf({"type": "macvlan", "ipam": {**STATIC, "Type": "host-local", "dataDir": ATTACK_DIR}}),
+        {},
+        "ipam.Type: is the same field as 'type'",
+    ),
+    (
+        "ipam-type-as-portmap",
+        conf({"type": "macvlan", "ipam": {"TYPE": "portmap"}}),
+        {},
+        "ipam.TYPE: is spelled differently from the field 'type'",
+    ),
+    (
+        "another-tenants-pool",
+        conf({"type": "macvlan", "Name": "cnidra-ns.default.blue", "ipam": MACVLAN_IPAM}),
+        {},
+        "plugins[0].Name: is spelled differently from the field 'name'",
+    ),
+    (
+        "resolvconf-into-status",
+        conf({"type": "macvlan", "ipam": {**MACVLAN_IPAM, "resolvConf": "/etc/shadow"}}),
+        {},
+        "ipam.resolvConf: never claim-settable",
+    ),
+    (
+        "passthru-locks-the-parent",
+        conf({"type": "macvlan", "mode": "passthru", "ipam": MACVLAN_IPAM}),
+        {},
+        "claims.exclusiveLinkModes",
+    ),
+    (
+        "deep-string",
+        {},
+        {"config": "[" * 2000 + "]" * 2000},
+        "nested more than",
+    ),
+]
 
 # Admission cannot know which link the scheduler will allocate; prepare refuses these.
 PREPARE_ONLY = {"other-link"}
@@ -236,10 +324,11 @@ def admission(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[[], None]]:
                     "url": f"https://127.0.0.1:{port}/validate",
                     "caBundle": base64.b64encode(cert.read_bytes()).decode(),
                 },
+                "matchPolicy": "Equivalent",  # as the chart registers it
                 "rules": [
                     {
                         "apiGroups": ["resource.k8s.io"],
-                        "apiVersions": ["*"],
+                        "apiVersions": ["v1"],
                         "operations": ["CREATE", "UPDATE"],
                         "resources": ["resourceclaims", "resourceclaimtemplates"],
                     }
@@ -261,6 +350,7 @@ def admission(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[[], None]]:
             "delete", "-f", str(ROOT / "deploy" / "admission.yaml"), "--ignore-not-found"
         )
 
+    remove.port = port  # type: ignore[attr-defined]  # for tests that hold connections open
     try:
         yield remove
     finally:
@@ -268,6 +358,31 @@ def admission(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[[], None]]:
         proc.terminate()
         proc.wait(10)
         log.close()
+
+
+def v1beta1(doc: dict[str, Any]) -> dict[str, Any]:
+    """A v1 ResourceClaimTemplate in the v1beta1 shape (deviceClassName on the request)."""
+    out = json.loads(json.dumps(doc))
+    out["apiVersion"] = "resource.k8s.io/v1beta1"
+    out["metadata"]["name"] = f"{out['metadata']['name']}-beta"
+    for request in out["spec"]["spec"]["devices"]["requests"]:
+        request.update(request.pop("exactly"))
+    return out
+
+
+def hold_connections(port: int, count: int) -> list[socket.socket]:
+    """`count` connections to the webhook: half idle before TLS, half with a request begun."""
+    held: list[socket.socket] = []
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    for i in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if i % 2:
+            tls = context.wrap_socket(sock)
+            tls.sendall(b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Length: 9999\r\n\r\n{")
+            sock = tls
+        held.append(sock)
+    return held
 
 
 def apply_policies(cluster: Cluster) -> None:
@@ -330,7 +445,9 @@ def test_a_tenant_cannot_reach_the_node(
         cluster.wait("NRI", lambda: driver.health().get("nriConnected"), 30)
         cluster.wait("the slice", lambda: parent in driver_devices(cluster), 30)
 
-        # 1. admission refuses each attack, naming the field
+        # 1. admission refuses each attack, naming the field, while idle and half-sent
+        #    connections are held open to the webhook (one used to stop every review)
+        held = hold_connections(admission.port, 50)  # type: ignore[attr-defined]
         for name, config, extra, expected in ATTACKS:
             out = tenant.apply(attack_template(name, parent, config, extra))
             if name in PREPARE_ONLY:
@@ -347,6 +464,16 @@ def test_a_tenant_cannot_reach_the_node(
         )
         out = tenant.apply(granted)
         assert out.returncode != 0 and "may not use DeviceClass(es) macvlan-data" in out.stderr
+        # the same in the v1beta1 shape (deviceClassName on the request itself): every served
+        # version is judged converted to v1
+        beta = v1beta1(granted)
+        out = tenant.apply(beta)
+        assert out.returncode != 0 and "may not use DeviceClass(es) macvlan-data" in out.stderr
+        hostile = v1beta1(attack_template("beta-masq", parent, ATTACKS[2][1], {}))
+        out = tenant.apply(hostile)
+        assert out.returncode != 0 and "ipMasq: never claim-settable" in out.stderr
+        for sock in held:
+            sock.close()
         # allowed configs still work end to end, as the tenant
         good = template(
             "good", [("net", parent, cni_config("good", parent, "198.18.231.0/24"), "net1")]
@@ -376,6 +503,7 @@ def test_a_tenant_cannot_reach_the_node(
             )
             assert any(expected in m for m in messages), (name, messages)
         after = node_state()
+        assert not Path(ATTACK_DIR).exists(), "a plugin wrote where a tenant said"
         for part, text in before.items():
             diff = "\n".join(difflib.unified_diff(text.splitlines(), after[part].splitlines()))
             assert text == after[part], f"{part} changed:\n{diff}"
