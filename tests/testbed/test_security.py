@@ -169,7 +169,7 @@ ATTACKS += [
         "second-ipam-type",
         conf({"type": "macvlan", "ipam": {**STATIC, "Type": "host-local", "dataDir": ATTACK_DIR}}),
         {},
-        "ipam.Type: is the same field as 'type'",
+        "is the same field as",  # which of type and Type is named: the apiserver sorts keys
     ),
     (
         "ipam-type-as-portmap",
@@ -835,3 +835,34 @@ def test_a_namespace_without_the_label_may_not_carry_configs(
         cluster.kubectl(
             "delete", "-f", str(ROOT / "deploy" / "admission.yaml"), "--ignore-not-found"
         )
+
+
+def test_a_primary_network_bridge_is_never_published(
+    cluster: Cluster, test_link: Callable[[str], str], tmp_path: Path
+) -> None:
+    """A kubenet-like bridge (the pods' gateway address, a pod's veth as a port) is the primary
+    network's: a tenant plugged into it would sit beside every pod with the address it asked
+    for. It is never a device; a bridge cnidra's own networks use (no address) still is."""
+    tag = uuid.uuid4().hex[:5]
+    bridge, ns, veth = f"tbk{tag}", f"tbk{tag}", f"tbkv{tag}"
+    control = test_link(f"tbc{tag}")
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+    driver = DriverProcess(cluster, tmp_path)
+    try:
+        ip("link", "add", bridge, "type", "bridge")
+        ip("addr", "add", "198.18.242.1/24", "dev", bridge)
+        ip("link", "set", bridge, "up")
+        ip("netns", "add", ns)
+        ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        ip("link", "set", veth, "master", bridge, "up")
+        driver.start()
+        cluster.wait("the slice", lambda: control in driver_devices(cluster), 30)
+        assert bridge not in driver_devices(cluster)
+        assert veth not in driver_devices(cluster)
+    finally:
+        driver.stop()
+        for args in (["link", "del", veth], ["link", "del", bridge], ["netns", "del", ns]):
+            subprocess.run(["ip", *args], check=False, capture_output=True, timeout=30)
