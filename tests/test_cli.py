@@ -76,3 +76,25 @@ def test_convert_output_validates_and_round_trips() -> None:
 def test_convert_rejects_non_cni_input_with_exit_2() -> None:
     out = cnidra("convert", "-", stdin='{"hello": "world"}')
     assert out.returncode == 2 and "not a CNI config" in out.stderr
+
+
+def test_unbounded_input_is_an_answer_not_a_traceback(tmp_path: Path) -> None:
+    """A deeply nested .json file used to kill `cnidra validate` with a segmentation fault, and a
+    JSON-string config 10,000 levels deep or with a 5,000-digit number with a traceback."""
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    claim = yaml.safe_load((ROOT / "examples" / "two-networks-claim.yaml").read_text())
+    params = claim["spec"]["devices"]["config"][1]["opaque"]["parameters"]
+    strings = tmp_path / "strings.yaml"
+    docs = []
+    for i, text in enumerate(["[" * 10_000 + "]" * 10_000, '{"mtu": ' + "9" * 5000 + "}"]):
+        params["config"] = text
+        claim["metadata"]["name"] = f"c{i}"
+        docs.append(yaml.safe_dump(claim))
+    strings.write_text("---\n".join(docs))
+    for path, expected in ((deep, "nested more than"), (strings, "opaque.parameters")):
+        result = cnidra(
+            "validate", "--policy", str(ROOT / "deploy" / "deviceclass.yaml"), str(path)
+        )
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert expected in result.stdout and "Traceback" not in result.stderr, result.stderr
