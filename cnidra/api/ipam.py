@@ -70,7 +70,7 @@ class IPRange(BaseModel):
     """One address family of a pool: the subnet plugins see (prefix length, gateway) and the
     part of it cnidra hands out."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
     subnet: Network
     range_start: Address | None = Field(None, alias="rangeStart")
     range_end: Address | None = Field(None, alias="rangeEnd")
@@ -113,7 +113,7 @@ class Route(BaseModel):
 
 
 class PoolSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
     ranges: list[IPRange] = Field(min_length=1, max_length=2)
     exclude: list[Network] = Field(default_factory=list)
     routes: list[Route] = Field(default_factory=list)

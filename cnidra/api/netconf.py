@@ -309,8 +309,9 @@ def _validate_plugin_semantics(
             "must name the parent interface, or be left out to use the "
             "node's default-route interface",
         )
-    if ptype == "bridge":
-        for i, trunk in enumerate(plugin.get("vlanTrunk") or []):
+    trunks = plugin.get("vlanTrunk")
+    if ptype == "bridge" and isinstance(trunks, list):
+        for i, trunk in enumerate(trunks):
             if isinstance(trunk, dict):
                 lo, hi = trunk.get("minID"), trunk.get("maxID")
                 if isinstance(lo, int) and isinstance(hi, int) and lo > hi:

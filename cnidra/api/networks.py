@@ -64,7 +64,7 @@ def _object_name(value: str) -> bool:
 class NetworkRef(BaseModel):
     """`CNIConfig.network`: which named network, exactly one key."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
     name: str | None = None
     network_id: str | None = Field(default=None, alias="networkID")
     attachment_definition: str | None = Field(default=None, alias="attachmentDefinition")
@@ -115,7 +115,7 @@ class Route(BaseModel):
 class CNINetworkSpec(BaseModel):
     """A CNINetwork's spec (cluster-scoped, group cni.networking.x-k8s.io)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
     # DANM's NetworkType: the plugin binary; the config's (first) plugin must be of this type
     type: str | None = None
     config: dict[str, Any] | str | None = None

@@ -54,6 +54,9 @@ DANGEROUS: Mapping[tuple[str, str], str] = {
     ("host-device", "hwaddr"): "picks a host link by its address, not the allocated one",
     ("host-device", "deviceID"): "picks a host device other than the allocated link",
     ("tuning", "dataDir"): "a host path the root driver writes",
+    # a macvlan, ipvlan or vlan child passes these flags to its parent: the host link
+    ("tuning", "promisc"): "a promiscuous macvlan or vlan makes its host parent promiscuous",
+    ("tuning", "allmulti"): "an all-multicast macvlan or vlan makes its host parent so too",
     ("tap", "selinuxContext"): "a host security label",
     ("portmap", "externalSetMarkChain"): "host iptables chains",
     ("portmap", "masqAll"): "adds NAT rules on the host",
@@ -95,7 +98,7 @@ class LabelRequirement(BaseModel):
 
 
 class LabelSelector(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid")
     match_labels: dict[str, str] = Field(default_factory=dict, alias="matchLabels")
     match_expressions: list[LabelRequirement] = Field(
         default_factory=list, alias="matchExpressions"
@@ -120,7 +123,7 @@ class LabelSelector(BaseModel):
 class ClaimRules(BaseModel):
     """What claims using the class may set besides ifName."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid")
     define_networks: bool = Field(False, alias="defineNetworks")
     plugins: list[str] = Field(default_factory=list)
     fields: list[str] = Field(default_factory=list)
@@ -169,7 +172,7 @@ NO_RULES = ClaimRules.model_validate({})
 class CNIPolicy(BaseModel):
     """Carried in a DeviceClass's config (an opaque config of the driver, kind CNIPolicy)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid")
     api_version: str = Field(API_VERSION, alias="apiVersion")
     kind: str = POLICY_KIND
     claims: ClaimRules = Field(default_factory=lambda: NO_RULES)
@@ -401,6 +404,10 @@ def _check_network(
                 f"{mode} takes the parent link for one pod, so every other pod on it loses it; "
                 "the DeviceClass's CNIPolicy must set claims.exclusiveLinkModes",
             )
+    for plugin, where, key, value in network.tenant_args():
+        reason = DANGEROUS.get((plugin.type, key))
+        if reason and not is_zero(value):
+            issues.error(where, f"never claim-settable: {reason}")
     for plugin, key, where in network.tenant_ipam_fields():
         assert plugin.ipam is not None
         reason = DANGEROUS_IPAM.get((plugin.ipam.type, key))

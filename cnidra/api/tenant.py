@@ -225,6 +225,17 @@ class TenantNetwork:
                 if not self.is_admin((*plugin.raw, key)):
                     yield plugin, key, plugin.path / key
 
+    def tenant_args(self) -> Iterator[tuple[TenantPlugin, FieldPath, str, Any]]:
+        """Each `args.cni` setting the tenant wrote (tuning reads its link settings there
+        too): the plugin, where, the key and its value."""
+        for plugin in self.plugins:
+            args = plugin.get("args")
+            cni = args.get("cni") if isinstance(args, Mapping) else None
+            if not isinstance(cni, Mapping) or self.is_admin((*plugin.raw, "args")):
+                continue
+            for key, value in cni.items():
+                yield plugin, plugin.path / "args" / "cni" / key, str(key), value
+
     def tenant_ipam_fields(self) -> Iterator[tuple[TenantPlugin, str, FieldPath]]:
         for plugin in self.plugins:
             if plugin.ipam is None:
@@ -254,6 +265,14 @@ class TenantNetwork:
             vid = plugin.get("vlan")
             if isinstance(vid, int) and vid != 0:
                 yield VlanSpan(path / "vlan", (*raw, "vlan"), vid, vid)
+            else:
+                # no access VLAN: the port is on the bridge's default VLAN 1 (the plugin makes
+                # 1 the native VLAN of a trunk, and a port of a VLAN-filtering bridge gets 1);
+                # the tenant's doing if they wrote the trunk, or the bridge itself
+                cause = "vlanTrunk" if plugin.get("vlanTrunk") else "type"
+                yield VlanSpan(path / "vlan", (*raw, cause), 1, 1)
+            if plugin.get("preserveDefaultVlan") is True:  # VLAN 1 kept beside the others
+                yield VlanSpan(path / "preserveDefaultVlan", (*raw, "preserveDefaultVlan"), 1, 1)
             trunks = plugin.get("vlanTrunk")
             for i, trunk in enumerate(trunks if isinstance(trunks, list) else []):
                 if not isinstance(trunk, Mapping):

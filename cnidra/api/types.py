@@ -76,7 +76,7 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class PortMapping(_Strict):

@@ -125,7 +125,7 @@ def parse_parameters(
         validate_network_config(config, path / "config", issues, complete=complete)
     elif (
         complete
-        and "config" not in params
+        and config is None
         and params.get("network") is None
         and not _has_error_at(issues, path / "config")
     ):
@@ -161,6 +161,8 @@ def _cross_check(
             f"{len(uses_pool)} plugins ask for cnidra IPAM (ipam.type cnidra); one network gets "
             "one set of addresses, so one plugin may",
         )
+    if uses_pool:
+        _no_other_addresses(params, config, path, issues)
     if params.get("ipamClaimReference") and not uses_pool:
         issues.warn(
             path / "ipamClaimReference",
@@ -187,6 +189,31 @@ def _cross_check(
                 path / "ipamClaimReference",
                 "cannot be combined with capabilities.ips: the IPAMClaim decides the addresses",
             )
+
+
+def _no_other_addresses(
+    params: Mapping[str, Any], config: Mapping[str, Any], path: FieldPath, issues: Issues
+) -> None:
+    """cnidra IPAM's addresses are the pool's: prepare hands them to the static plugin, which
+    would let CNI_ARGS IP, args.cni.ips or runtimeConfig ips replace them."""
+    why = (
+        "would replace the addresses cnidra IPAM gives from the pool (the static plugin reads "
+        "it over its own); a network with cnidra IPAM takes its addresses from the pool only"
+    )
+    args = params.get("args")
+    for key in ("IP", "GATEWAY"):
+        if isinstance(args, Mapping) and key in args:
+            issues.error(path / "args" / key, why)
+    caps = params.get("capabilities")
+    if isinstance(caps, Mapping) and "ips" in caps:
+        issues.error(path / "capabilities" / "ips", why)
+    plugins = config.get("plugins") if "plugins" in config else [config]
+    for i, plugin in enumerate(plugins if isinstance(plugins, list) else []):
+        pargs = plugin.get("args") if isinstance(plugin, Mapping) else None
+        cni = pargs.get("cni") if isinstance(pargs, Mapping) else None
+        if isinstance(cni, Mapping) and "ips" in cni:
+            where = path / "config" / "plugins" / i if "plugins" in config else path / "config"
+            issues.error(where / "args" / "cni" / "ips", why)
 
 
 def _report_pydantic(exc: ValidationError, path: FieldPath, issues: Issues) -> None:

@@ -409,3 +409,72 @@ def test_the_decoded_form_is_the_config_unchanged() -> None:
     assert network.valid and network.config is config and not issues.errors
     assert [p.type for p in network.plugins] == ["bridge", "tuning"]
     assert [a.text for a in network.addresses()] == ["198.18.1.10/24"]
+
+
+# Found by a hostile-tenant review of this decoder (each was allowed before its fix).
+def test_python_field_names_are_not_a_second_spelling() -> None:
+    """pydantic accepted `port_mappings` beside the alias `portMappings`, and the rule that
+    refuses port mappings looked for the alias only."""
+    params = {
+        "ifName": "net1",
+        "capabilities": {"port_mappings": [{"hostPort": 10250, "containerPort": 80}]},
+        "config": conflist({"type": "macvlan", "capabilities": {"portMappings": True},
+                            "ipam": STATIC}),
+    }  # fmt: skip
+    refused(params, "capabilities.port_mappings", "unknown field", cls="restricted")
+    refused({"if_name": "net1", "config": conflist(MACVLAN)}, "if_name", "unknown field")
+
+
+@pytest.mark.parametrize(
+    "tuning",
+    [{"type": "tuning", "promisc": True}, {"type": "tuning", "allmulti": True},
+     {"type": "tuning", "args": {"cni": {"promisc": True}}}],
+)  # fmt: skip
+def test_a_macvlan_child_cannot_make_its_host_parent_promiscuous(tuning: dict[str, Any]) -> None:
+    for params in both_forms(conflist({"type": "macvlan", "ipam": STATIC}, tuning)):
+        refused(params, "plugins[1]", "never claim-settable")
+
+
+@pytest.mark.parametrize(
+    ("bridge", "where"),
+    [({"vlanTrunk": [{"minID": 100, "maxID": 199}]}, "plugins[0].vlan"),
+     ({"vlan": 150, "preserveDefaultVlan": True}, "plugins[0].preserveDefaultVlan"),
+     ({}, "plugins[0].vlan")],
+)  # fmt: skip
+def test_the_bridges_implicit_vlan_1_is_judged(bridge: dict[str, Any], where: str) -> None:
+    """A trunk without an access VLAN makes VLAN 1 native; preserveDefaultVlan keeps it; a port
+    with no VLAN is on the bridge's default VLAN 1."""
+    params = {"ifName": "net1", "config": conflist({**BRIDGE, **bridge, "ipam": STATIC})}
+    refused(params, where, "VLAN 1 is not allowed", cls="restricted")
+
+
+POOL_CLASS = copy.deepcopy(RESTRICTED)
+POOL_CLASS["metadata"]["name"] = "pool"
+_rules = POOL_CLASS["spec"]["config"][0]["opaque"]["parameters"]["claims"]
+_rules["plugins"].append("cnidra")
+_rules.pop("ipRanges")
+
+
+@pytest.mark.parametrize(
+    ("extra", "plugin_extra", "where"),
+    [({"args": {"IP": "10.96.0.10"}}, {}, "args.IP"),
+     ({"capabilities": {"ips": ["10.96.0.10/12"]}}, {"capabilities": {"ips": True}},
+      "capabilities.ips"),
+     ({}, {"args": {"cni": {"ips": ["10.96.0.10/12"]}}}, "args.cni.ips")],
+)  # fmt: skip
+def test_cnidra_ipam_addresses_are_the_pools_only(
+    extra: dict[str, Any], plugin_extra: dict[str, Any], where: str
+) -> None:
+    plugin = {"type": "macvlan", "ipam": {"type": "cnidra", "pool": "data-a"}, **plugin_extra}
+    params = {"ifName": "net1", "config": conflist(plugin), **extra}
+    found = errors(claim(params, "pool"), [POOL_CLASS])
+    assert any(where in e and "from the pool only" in e for e in found), found
+
+
+@pytest.mark.parametrize("params", [
+    {"ifName": "net1", "config": conflist({**BRIDGE, "vlanTrunk": 5, "ipam": STATIC})},
+    {"ifName": "net1", "config": conflist({**BRIDGE, "vlanTrunk": True, "ipam": STATIC})},
+    {"ifName": "net1", "config": None},
+])  # fmt: skip
+def test_malformed_configs_are_errors_not_exceptions(params: dict[str, Any]) -> None:
+    assert errors(claim(params)), "refused with the field named"

@@ -112,16 +112,20 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "prevResult": st.just({"cniVersion": "1.0.0", "ips": []}),
     "args": st.builds(lambda ip: {"cni": {"ips": [ip]}}, HOSTS),
     "table": st.sampled_from([100, 254]),
+    "promisc": st.booleans(),
+    "allmulti": st.booleans(),
+    "preserveDefaultVlan": st.booleans(),
     "vrfname": st.just("vrf0"),
     "kernelpath": PATHS,
 }
 PLUGIN_FIELDS = {
     "bridge": ["bridge", "isGateway", "isDefaultGateway", "ipMasq", "forceAddress",
-               "hairpinMode", "promiscMode", "macspoofchk", "vlan", "vlanTrunk", "mtu"],
+               "hairpinMode", "promiscMode", "macspoofchk", "vlan", "vlanTrunk", "mtu",
+               "preserveDefaultVlan"],
     "macvlan": ["master", "mode", "mtu"],
     "ipvlan": ["master", "mode", "mtu"],
     "vlan": ["master", "vlanId", "mtu"],
-    "tuning": ["mtu"],
+    "tuning": ["mtu", "promisc", "allmulti"],
     "sbr": ["table"],
     "vrf": ["vrfname", "table"],
     "ptp": ["ipMasq", "mtu"],
@@ -262,8 +266,13 @@ def check_plugin(net: dict[str, Any], plugin: dict[str, Any], restricted: bool) 
                 assert got == want, (key, go, plugin)
                 continue
             assert go[key] == want, (key, go[key], plugin)
-    if ptype == "tuning":
+    if ptype == "tuning":  # a macvlan child's flags reach its host parent
         assert go.get("dataDir") == DIRS.tuning
+        assert not go.get("promisc") and not go.get("allmulti"), go
+    if ptype == "bridge":
+        assert not any(go.get(k) for k in ("isGateway", "ipMasq", "forceAddress", "promiscMode"))
+        if restricted:  # the port's VLANs, VLAN 1 included where the plugin leaves it
+            assert go.get("vlan") in ALLOWED_VLANS and not go.get("preserveDefaultVlan"), go
     if restricted:
         for key in ("vlan", "vlanId"):
             if go.get(key):

@@ -59,6 +59,9 @@ def plugins_class() -> dict[str, Any]:
                                     "fault-del-fails",
                                     "tb-sleepy",
                                 ],
+                                # the test plugins' own fields, opened by name (a claim may
+                                # set only fields cnidra knows unless the admin opens them)
+                                "pluginFields": {"fault-del-fails": ["failDelWhile"]},
                             },
                         },
                     }
