@@ -8,8 +8,10 @@ config names)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -113,3 +115,23 @@ def test_the_fuzzers_claims_get_one_verdict(config: Any) -> None:
     for device_class in ("cni.networking.x-k8s.io", "restricted"):
         validate, webhook, prepare = verdicts({"ifName": "net1", "config": config}, device_class)
         assert validate == webhook == prepare, (validate, webhook, prepare, config)
+
+
+CORPUS = Path(__file__).parents[1] / "corpus"
+CONF_FILES = sorted(
+    p for p in CORPUS.iterdir() if p.suffix in (".conf", ".conflist")
+)  # the NAD files are checked as NADs by tests/api/test_corpus.py
+
+
+@pytest.mark.parametrize("path", CONF_FILES, ids=lambda p: p.name)
+def test_the_corpus_gets_one_verdict_as_a_tenants_claim(path: Path) -> None:
+    """Each real-world config as a tenant's claim on the default class and on the restricted
+    one, as text (the string form) and, where it is JSON, as an object."""
+    text = path.read_text()
+    forms: list[Any] = [text]
+    with contextlib.suppress(ValueError):
+        forms.append(json.loads(text))
+    for form in forms:
+        for device_class in ("cni.networking.x-k8s.io", "restricted"):
+            validate, webhook, prepare = verdicts({"ifName": "net1", "config": form}, device_class)
+            assert validate == webhook == prepare, (path.name, device_class, validate, prepare)
