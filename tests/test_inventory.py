@@ -129,3 +129,65 @@ def test_a_network_whose_pool_has_nothing_left_here_is_not_offered() -> None:
         [], [], SliceSettings("n1"), 1, networks=served, addresses={"net-data": ("p", 0)}
     )
     assert [d["name"] for d in slices[0]["spec"]["devices"]] == ["net-other"]
+
+
+def test_nothing_is_published_while_the_node_cannot_be_read() -> None:
+    """Fail closed on a missing fact: without the Node's addresses the link holding its
+    InternalIP is not known, so until the Node is read nothing is published, and the view that
+    prepare and the hook read protects every link that holds an address."""
+    import asyncio
+    import contextlib
+    from types import SimpleNamespace
+
+    from cnidra.inventory.publisher import SlicePublisher
+
+    links = [
+        link("eth0", 2, ipv4=("192.0.2.7/24",)),  # the InternalIP, but no default route
+        link("eth1", 3),
+    ]
+
+    class Client:
+        def __init__(self) -> None:
+            self.reads = 0
+            self.applied: list[object] = []
+
+        async def get(self, kind: object, name: str) -> object:
+            self.reads += 1
+            if self.reads < 4:
+                raise OSError("apiserver unreachable")
+            meta = SimpleNamespace(labels={}, uid="node-uid")
+            addresses = [SimpleNamespace(type="InternalIP", address="192.0.2.7")]
+            return SimpleNamespace(metadata=meta, status=SimpleNamespace(addresses=addresses))
+
+        async def apply(self, obj: object, force: bool = False) -> None:
+            self.applied.append(obj)
+
+        async def delete(self, *args: object) -> None: ...
+
+        def list(self, *args: object, **kw: object) -> object:
+            raise OSError("no list here")
+
+    async def scenario() -> None:
+        client = Client()
+        publisher = SlicePublisher(
+            client,  # type: ignore[arg-type]
+            SliceSettings("n1"), [], min_interval=0.01, links=lambda: links,
+        )  # fmt: skip
+        view = await publisher.refresh_view()
+        assert view.protected == {"eth0"} and "eth1" in view.links
+        task = asyncio.create_task(publisher.run())
+        await asyncio.sleep(0.3)  # three failed reads (0.2 s, 0.4 s, ... of backoff)
+        assert client.applied == [] and client.reads >= 2
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if client.applied:
+                break
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert client.applied, "published once the Node was read"
+        assert publisher.node_known and publisher.view().protected == {"eth0"}
+        devices = [d["name"] for d in client.applied[0].to_dict()["spec"]["devices"]]  # type: ignore[attr-defined]
+        assert devices == ["eth1"]
+
+    asyncio.run(scenario())

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 3 * 1024 * 1024  # the apiserver's own request limit
 MESSAGE_MAX = 4096
+CACHE_MAX = 1024  # DeviceClasses and namespaces kept; a flood of names cannot grow it further
 REVIEW_WORKERS = 4  # reviews at once (CPU-bound; more threads only contend for the GIL)
 MAX_CONNECTIONS = 2048  # open connections and requests at once; beyond, 503 at once
 KEEP_ALIVE_SECONDS = 30  # an idle kept-alive connection is closed after this
@@ -68,10 +69,21 @@ def review(
     if request.get("operation") in ("CREATE", "UPDATE") and isinstance(obj, Mapping):
         namespace = request.get("namespace") or (obj.get("metadata") or {}).get("namespace")
         obj = {**obj, "metadata": {**(obj.get("metadata") or {}), "namespace": namespace}}
-        classes = [c for c in map(device_class, sorted(device_classes_of(obj))) if c]
+        names = sorted(device_classes_of(obj))
+        found = {name: device_class(name) for name in names}
+        classes = [c for c in found.values() if c]
         labels = namespace_labels(namespace) if namespace else {}
         [report] = validate_documents([obj], classes, dict(labels or {}))
         errors = [i for i in report.issues.items if i.severity is Severity.ERROR]
+        # a class that cannot be read is a missing fact: refused, not admitted unchecked
+        missing = [name for name, cls in found.items() if not cls]
+        if missing:
+            message = (
+                f"cnidra: spec.devices.requests: DeviceClass(es) {', '.join(missing)} not found; "
+                "a claim with a cnidra config is checked against its class's CNIPolicy, so the "
+                "class must exist first"
+            )
+            return _answer(uid, False, message, [])
         warnings = [
             f"{i.path}: {i.message}"[:512]
             for i in report.issues.items
@@ -80,6 +92,10 @@ def review(
         if errors:
             allowed = False
             message = "cnidra: " + "; ".join(f"{i.path}: {i.message}" for i in errors)
+    return _answer(uid, allowed, message, warnings)
+
+
+def _answer(uid: str, allowed: bool, message: str, warnings: list[str]) -> dict[str, Any]:
     response: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if not allowed:
         response["status"] = {"code": 422, "reason": "Invalid", "message": message[:MESSAGE_MAX]}
@@ -117,8 +133,11 @@ class TTLCache:
         if hit and now - hit[0] < self.ttl:
             return hit[1]
         value = self.read(key)
-        with self._lock:
-            self._items[key] = (now, value)
+        if value is not None:  # a miss is asked again: the object may be created any moment
+            with self._lock:
+                self._items[key] = (now, value)
+                if len(self._items) > CACHE_MAX:  # bounded: drop the oldest
+                    del self._items[min(self._items, key=lambda k: self._items[k][0])]
         return value
 
 

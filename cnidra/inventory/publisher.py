@@ -32,6 +32,7 @@ from cnidra.inventory.slices import (
     parents,
 )
 from cnidra.observe import metrics
+from cnidra.util.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ class SlicePublisher:
         self.last_publish: float | None = None
         self.publish_node_links = frozenset(publish_node_links)
         self.node_ips: tuple[str, ...] = ()
+        # False until the Node object is read: until then its addresses are unknown, so every
+        # link holding an address is taken to carry the node (a missing fact means no)
+        self.node_known = False
         self._view: NodeView | None = None
         self.node_labels: dict[str, str] | None = None
         self.networks = networks
@@ -91,8 +95,14 @@ class SlicePublisher:
         self._view = self._make_view(links)
         return self._view
 
-    def _make_view(self, links: list[Link]) -> NodeView:
+    def _protected(self, links: list[Link]) -> frozenset[str]:
         protected = carrying_node(links, self.node_ips)
+        if self.node_known:
+            return protected
+        return protected | {link.name for link in links if link.ipv4 or link.ipv6}
+
+    def _make_view(self, links: list[Link]) -> NodeView:
+        protected = self._protected(links)
         published = [link for link in links if self._publishable(link, protected)]
         names = {name: link.name for name, link in device_names(published).items()}
         for dev, (_, _, parent) in self._served.items():
@@ -110,7 +120,7 @@ class SlicePublisher:
         except Exception as exc:
             log.warning("named networks not read (%s); keeping the last known", exc)
             return
-        protected = carrying_node(links, self.node_ips)
+        protected = self._protected(links)
         by_name = {link.name: link for link in links if self._publishable(link, protected)}
         taken = set(device_names(by_name.values()))
         usable: list[tuple[str, NamedNetwork]] = []
@@ -195,7 +205,7 @@ class SlicePublisher:
             except TimeoutError:
                 return
 
-    async def publish_if_changed(self, owner: dict[str, Any] | None) -> bool:
+    async def publish_if_changed(self, owner: dict[str, Any]) -> bool:
         every = await asyncio.to_thread(self.read_links)
         await self._serve(every)
         view = self._make_view(every)
@@ -242,8 +252,12 @@ class SlicePublisher:
         )
         return True
 
-    async def _node_owner(self) -> dict[str, Any] | None:
-        for attempt in range(30):
+    async def _node_owner(self) -> dict[str, Any]:
+        """The Node object, as the slices' owner; its addresses and labels. Nothing is published
+        until it is read: without its addresses the links that carry the node are not known
+        (the view meanwhile protects every link that holds an address)."""
+        backoff = Backoff(initial=0.2, maximum=10.0)
+        while True:
             try:
                 node = await self.client.get(Node, self.settings.node)
                 assert node.metadata is not None
@@ -252,6 +266,7 @@ class SlicePublisher:
                 self.node_ips = tuple(
                     a.address for a in addresses or [] if a.type in ("InternalIP", "ExternalIP")
                 )
+                self.node_known = True
                 return {
                     "apiVersion": "v1",
                     "kind": "Node",
@@ -261,11 +276,14 @@ class SlicePublisher:
                 }
             except ApiError as exc:
                 if exc.status.code == 404:
-                    log.warning("node %s not registered yet", self.settings.node)
+                    log.warning("node %s not registered yet; nothing published", self.settings.node)
+                else:
+                    log.warning(
+                        "cannot read node %s: %s; nothing published", self.settings.node, exc
+                    )
             except Exception as exc:
-                log.warning("cannot read node %s: %s", self.settings.node, exc)
-            await asyncio.sleep(min(2.0, 0.2 * (attempt + 1)))
-        return None
+                log.warning("cannot read node %s: %s; nothing published", self.settings.node, exc)
+            await asyncio.sleep(backoff.next())
 
     async def _adopt_existing(self) -> None:
         """Continue the pool generation across restarts, and know which slices are ours."""

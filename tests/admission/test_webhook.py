@@ -166,3 +166,21 @@ def test_bodies_that_are_not_reviews_are_refused(webhook: tuple[str, ssl.SSLCont
     for body in (b"not json", b'{"a": 1, "a": 2}', b"[1]", b'{"x": ' + b"9" * 5000 + b"}"):
         answer = post(*webhook, body)
         assert answer.get("response", {}).get("allowed") is False or "error" in answer, answer
+
+
+def test_a_class_that_cannot_be_found_is_a_refusal_not_an_unchecked_admission() -> None:
+    """Found on the test bed: a lookup before the class existed was cached as None, and the
+    next claim was admitted with only a warning that its policy was not checked."""
+    from cnidra.admission.webhook import TTLCache, review
+
+    reads: list[str] = []
+
+    def read(name: str) -> dict[str, Any] | None:
+        reads.append(name)
+        return CLASSES.get(name) if len(reads) > 1 else None  # created after the first read
+
+    lookup = TTLCache(read)
+    body = admission(claim(network(MACVLAN)))
+    first = review(body, lookup, lambda ns: {})["response"]
+    assert first["allowed"] is False and "not found" in first["status"]["message"]
+    assert review(body, lookup, lambda ns: {})["response"]["allowed"] is True  # not cached

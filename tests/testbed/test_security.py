@@ -27,6 +27,7 @@ import yaml
 from testbed import cluster as tb
 from testbed.harness import ROOT, Cluster, DriverProcess, free_port
 from tests.admission.test_webhook import self_signed
+from tests.test_chart import docs as chart_docs
 from tests.testbed.conftest import env_image, pod
 from tests.testbed.test_lifecycle import claiming_pod, cni_config, ready, template
 
@@ -309,32 +310,13 @@ def admission(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[[], None]]:
         stderr=subprocess.STDOUT,
         cwd=ROOT,
     )
-    webhook = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": "test.cni.networking.x-k8s.io"},
-        "webhooks": [
-            {
-                "name": "claims.cni.networking.x-k8s.io",
-                "admissionReviewVersions": ["v1"],
-                "sideEffects": "None",
-                "failurePolicy": "Fail",
-                "timeoutSeconds": 5,
-                "clientConfig": {
-                    "url": f"https://127.0.0.1:{port}/validate",
-                    "caBundle": base64.b64encode(cert.read_bytes()).decode(),
-                },
-                "matchPolicy": "Equivalent",  # as the chart registers it
-                "rules": [
-                    {
-                        "apiGroups": ["resource.k8s.io"],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": ["resourceclaims", "resourceclaimtemplates"],
-                    }
-                ],
-            }
-        ],
+    # the chart's own registration (rules, matchPolicy, namespaceSelector, matchConditions),
+    # pointed at the process by URL
+    webhook = chart_webhook()
+    webhook["metadata"]["name"] = "test.cni.networking.x-k8s.io"
+    webhook["webhooks"][0]["clientConfig"] = {
+        "url": f"https://127.0.0.1:{port}/validate",
+        "caBundle": base64.b64encode(cert.read_bytes()).decode(),
     }
     cluster.apply(webhook)
     apply_policies(cluster)
@@ -358,6 +340,15 @@ def admission(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[[], None]]:
         proc.terminate()
         proc.wait(10)
         log.close()
+
+
+def chart_webhook() -> dict[str, Any]:
+    """The chart's ValidatingWebhookConfiguration, as `helm install` would register it."""
+    return next(
+        d
+        for d in chart_docs("admission.webhook.enabled=true")
+        if d["kind"] == "ValidatingWebhookConfiguration"
+    )
 
 
 def v1beta1(doc: dict[str, Any]) -> dict[str, Any]:
@@ -866,3 +857,49 @@ def test_a_primary_network_bridge_is_never_published(
         driver.stop()
         for args in (["link", "del", veth], ["link", "del", bridge], ["netns", "del", ns]):
             subprocess.run(["ip", *args], check=False, capture_output=True, timeout=30)
+
+
+def test_a_webhook_that_is_down_blocks_only_what_it_judges(
+    cluster: Cluster, tenant: Tenant, tmp_path: Path
+) -> None:
+    """The chart's registration (failurePolicy Fail) with nothing listening: a claim carrying a
+    cnidra config is refused, but a claim without one is admitted and an update of a claim
+    (its finalizers, labels: the spec is immutable) is never blocked."""
+    cert, _ = self_signed(tmp_path)
+    webhook = chart_webhook()
+    webhook["metadata"]["name"] = "down.cni.networking.x-k8s.io"
+    webhook["webhooks"][0]["clientConfig"] = {
+        "url": f"https://127.0.0.1:{free_port()}/validate",  # nothing listens there
+        "caBundle": base64.b64encode(cert.read_bytes()).decode(),
+    }
+    plain = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "plain", "namespace": tenant.namespace},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "net", "exactly": {"deviceClassName": "cni.networking.x-k8s.io"}}
+                ]
+            }
+        },
+    }
+    ours = template("ours", [("net", "x", cni_config("ours", "x", "198.18.233.0/24"), "net1")])
+    cluster.apply(webhook)
+    try:
+        cluster.wait(
+            "the webhook registration to be enforced",
+            lambda: tenant.apply(ours).returncode != 0,
+            30,
+        )
+        assert "failed calling webhook" in tenant.apply(ours).stderr
+        assert tenant.apply(plain).returncode == 0
+        patched = cluster.kubectl(
+            "label", "resourceclaim", "plain", "-n", tenant.namespace, "x=y", check=False
+        )
+        assert patched.returncode == 0, patched.stderr
+    finally:
+        cluster.kubectl(
+            "delete", "validatingwebhookconfiguration", webhook["metadata"]["name"],
+            "--ignore-not-found",
+        )  # fmt: skip
