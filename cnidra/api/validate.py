@@ -584,7 +584,12 @@ def validate_document(
         model = parse_parameters(doc, ROOT, issues, complete=True)
         if model is not None:
             entry = ConfigEntry(Source.CLAIM, doc, (), ROOT)
-            report.resolved.append(ResolvedRequest(model.if_name or "net1", model, [entry]))
+            # named as prepare names a claim's one interface (ifName optional: net1, or the
+            # prefix's first name)
+            slot = Slot("the CNIConfig", model.if_name, model.if_name_prefix)
+            [name] = assign_names([slot])
+            model = model.model_copy(update={"if_name": name})
+            report.resolved.append(ResolvedRequest(name, model, [entry], slot=slot))
     elif kind in ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass"):
         if api_version not in RESOURCE_API_VERSIONS:
             issues.error(

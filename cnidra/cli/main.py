@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 
 from cnidra.agent.settings import DEFAULTS, DriverSettings  # light: no driver imports
 from cnidra.api.convert import ConvertError, OutputKind, read_sources, render_yaml, to_document
@@ -37,7 +39,7 @@ class Format(StrEnum):
 
 
 def usage_error(message: str) -> typer.Exit:
-    err.print(f"[red]error:[/] {message}", highlight=False)
+    err.print(f"[red]error:[/] {escape(message)}", highlight=False)
     return typer.Exit(EXIT_USAGE)
 
 
@@ -60,7 +62,7 @@ def load_yaml_documents(path: Path) -> list[Any]:
     """For commands that need documents to go on (`try`, `--policy`): unreadable is final."""
     docs = load_documents(path)
     if isinstance(docs, LoadError):
-        err.print(f"[red]invalid:[/] {docs}", highlight=False)
+        err.print(f"[red]invalid:[/] {escape(str(docs))}", highlight=False)
         raise typer.Exit(EXIT_INVALID)
     return docs
 
@@ -193,9 +195,29 @@ def try_(
     if not result["valid"]:
         print_text([FileReport(str(file), reports)], err)
         raise typer.Exit(EXIT_INVALID)
+    skipped = [
+        i
+        for r in reports
+        for i in r.issues.warnings
+        if i.path.segments[-1:] == ("network",) and "not in the input" in i.message
+    ]
     attachments = plan_attachments(reports, default_pool(host))
     if not attachments:
-        raise usage_error(f"{file} has no requests for driver cni.dra.networking.x-k8s.io")
+        why = "; ".join(f"{i.path}: {i.message}" for i in skipped)
+        raise usage_error(
+            f"{file} has nothing to try: "
+            + (
+                f"its named networks are not in the input ({why}); put the CNINetwork or "
+                "NetworkAttachmentDefinition in the same file"
+                if skipped
+                else "no requests for driver cni.dra.networking.x-k8s.io"
+            )
+        )
+    if os.geteuid() != 0 and not netns_path:
+        raise usage_error(
+            "cnidra try runs the plugins as the driver does, in network namespaces it creates, "
+            "which needs root: run it with sudo (or as root in a container with CAP_NET_ADMIN)"
+        )
     plan = TryPlan(attachments, host=host, keep=keep, pod_netns=netns_path)
     where = "the host" if host else "a throwaway node namespace"
     err.print(f"[bold]ADD[/] {len(attachments)} attachment(s) in {where}", highlight=False)
@@ -208,11 +230,11 @@ def try_(
     for o in outcome.outcomes:
         mark = "[green]ready[/]" if o.ready else "[red]not ready[/]"
         detail = "" if o.ready else f": {o.error}"
-        err.print(f"{mark} {o.attachment.label}{detail}", highlight=False)
+        err.print(f"{mark} {escape(o.attachment.label + detail)}", highlight=False)
     for problem in outcome.cleanup_errors:
-        err.print(f"[red]cleanup failed:[/] {problem}", highlight=False)
+        err.print(f"[red]cleanup failed:[/] {escape(problem)}", highlight=False)
     if outcome.kept:
-        err.print("kept: " + ", ".join(outcome.kept), highlight=False)
+        err.print(escape("kept: " + ", ".join(outcome.kept)), highlight=False)
     elif outcome.ok:
         err.print("DEL done; nothing left behind", highlight=False)
     raise typer.Exit(0 if outcome.ok and not outcome.cleanup_errors else EXIT_INVALID)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cnidra.agent.settings import DEFAULTS
@@ -67,9 +68,9 @@ def fail(exc: grpc.RpcError, socket: Path) -> typer.Exit:
             if "ermission" in str(exc.details())
             else ("is the driver running on this node?")
         )
-        err.print(f"[red]error:[/] no cnidra driver answers on {socket} ({why})")
+        err.print(f"[red]error:[/] {escape(f'no cnidra driver answers on {socket} ({why})')}")
     else:
-        err.print(f"[red]error:[/] {exc.details()}")
+        err.print(f"[red]error:[/] {escape(str(exc.details()))}")
     return typer.Exit(1)
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from cnidra.api.issues import Issue
 from cnidra.api.validate import DocumentReport
@@ -36,15 +37,18 @@ def as_json(files: list[FileReport]) -> dict[str, Any]:
 def print_text(files: list[FileReport], console: Console) -> None:
     for f in files:
         for d in f.documents:
-            label = f"{f.file} [{d.index}] {d.kind}" + (f"/{d.name}" if d.name else "")
+            label = escape(f"{f.file} [{d.index}] {d.kind}" + (f"/{d.name}" if d.name else ""))
             if not d.issues.items:
                 console.print(f"[green]ok[/]     {label}")
                 continue
             state = "[red]invalid[/]" if d.issues.errors else "[yellow]ok[/]    "
             console.print(f"{state} {label}")
             for issue in d.issues.errors:
-                console.print(f"  [red]error[/]   {issue.path}: {issue.message}", highlight=False)
+                console.print(
+                    f"  [red]error[/]   {escape(f'{issue.path}: {issue.message}')}", highlight=False
+                )
             for issue in d.issues.warnings:
                 console.print(
-                    f"  [yellow]warning[/] {issue.path}: {issue.message}", highlight=False
+                    f"  [yellow]warning[/] {escape(f'{issue.path}: {issue.message}')}",
+                    highlight=False,
                 )

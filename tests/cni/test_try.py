@@ -194,3 +194,94 @@ def test_netns_helpers_clean_up() -> None:
     with netns.temporary("cnidra-unit") as path:
         assert path.exists()
     assert not path.exists()
+
+
+def _bare(tmp_path: Path, config: dict[str, object], name: str = "bare.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+                "kind": "CNIConfig",
+                "config": config,
+            }
+        )
+    )
+    return path
+
+
+MACVLAN_STATIC = {
+    "type": "macvlan",
+    "master": "eth9",
+    "ipam": {"type": "static", "addresses": [{"address": "198.18.31.5/24"}]},
+}
+
+
+def test_a_bare_cniconfig_without_ifname_is_named_as_prepare_names_it(
+    cni_tools: CNITools, tmp_path: Path, clean_machine: None
+) -> None:
+    path = _bare(tmp_path, {"cniVersion": "1.0.0", "name": "n", **MACVLAN_STATIC})
+    out = cnidra_try(cni_tools, str(path))
+    assert out.returncode == 0, out.stderr
+    [device] = yaml.safe_load(out.stdout)["status"]["devices"]
+    assert device["networkData"]["interfaceName"] == "net1"
+
+
+def test_a_plugin_error_with_brackets_is_text_not_markup(
+    cni_tools: CNITools, tmp_path: Path, clean_machine: None
+) -> None:
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    fault = plugins / "fault-brackets"
+    fault.write_text(
+        '#!/bin/sh\ncat >/dev/null\n[ "$CNI_COMMAND" = DEL ] && exit 0\n'
+        'printf \'{"cniVersion":"1.0.0","code":11,"msg":"[/red] broken [bold]x"}\'\nexit 1\n'
+    )
+    fault.chmod(0o755)
+    config = {
+        "cniVersion": "1.0.0",
+        "name": "n",
+        "plugins": [MACVLAN_STATIC, {"type": "fault-brackets"}],
+    }
+    path = _bare(tmp_path, config)
+    env_path = f"{cni_tools.plugins}:{plugins}"
+    out = subprocess.run(
+        [sys.executable, "-m", "cnidra", "try", str(path)],
+        env={**os.environ, "CNIDRA_CNI_PATH": env_path},
+        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert "[/red] broken [bold]x" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_without_root_it_says_so(cni_tools: CNITools) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as readable:  # pytest's tmp_path is root's
+        Path(readable).chmod(0o755)
+        path = _bare(Path(readable), {"cniVersion": "1.0.0", "name": "n", **MACVLAN_STATIC})
+        path.chmod(0o644)
+        nobody = ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
+        out = cnidra_try(cni_tools, str(path), prefix=nobody)
+    assert out.returncode == 2, out.stderr
+    assert "needs root" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_named_network_not_in_the_input_is_explained(cni_tools: CNITools, tmp_path: Path) -> None:
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c"},
+        "spec": {"devices": {
+            "requests": [
+                {"name": "net", "exactly": {"deviceClassName": "cni.networking.x-k8s.io"}}
+            ],
+            "config": [{"opaque": {"driver": "cni.dra.networking.x-k8s.io", "parameters": {
+                "apiVersion": "cni.networking.x-k8s.io/v1alpha1", "kind": "CNIConfig",
+                "ifName": "net1", "network": {"name": "data"}}}}],
+        }},
+    }  # fmt: skip
+    path = tmp_path / "claim.yaml"
+    path.write_text(yaml.safe_dump(claim))
+    out = cnidra_try(cni_tools, str(path))
+    assert out.returncode == 2 and "CNINetwork data is not in the input" in out.stderr
