@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 3 * 1024 * 1024  # the apiserver's own request limit
 MESSAGE_MAX = 4096
+MAX_CLASSES = 32  # distinct DeviceClasses one claim may name (DRA allows 32 requests)
 CACHE_MAX = 1024  # DeviceClasses and namespaces kept; a flood of names cannot grow it further
 REVIEW_WORKERS = 4  # reviews at once (CPU-bound; more threads only contend for the GIL)
 MAX_CONNECTIONS = 2048  # open connections and requests at once; beyond, 503 at once
@@ -70,6 +71,12 @@ def review(
         namespace = request.get("namespace") or (obj.get("metadata") or {}).get("namespace")
         obj = {**obj, "metadata": {**(obj.get("metadata") or {}), "namespace": namespace}}
         names = sorted(device_classes_of(obj))
+        if len(names) > MAX_CLASSES:  # each is a lookup: a claim may not fan out without bound
+            message = (
+                f"cnidra: spec.devices.requests: names {len(names)} DeviceClasses; a claim "
+                f"checked by cnidra may name at most {MAX_CLASSES}"
+            )
+            return _answer(uid, False, message, [])
         found = {name: device_class(name) for name in names}
         classes = [c for c in found.values() if c]
         labels = namespace_labels(namespace) if namespace else {}

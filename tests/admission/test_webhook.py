@@ -184,3 +184,21 @@ def test_a_class_that_cannot_be_found_is_a_refusal_not_an_unchecked_admission() 
     first = review(body, lookup, lambda ns: {})["response"]
     assert first["allowed"] is False and "not found" in first["status"]["message"]
     assert review(body, lookup, lambda ns: {})["response"]["allowed"] is True  # not cached
+
+
+def test_a_claim_cannot_make_the_webhook_fan_out_without_bound() -> None:
+    from cnidra.admission.webhook import MAX_CLASSES, review
+
+    reads: list[str] = []
+
+    def read(name: str) -> dict[str, Any] | None:
+        reads.append(name)
+        return CLASSES.get(name)
+
+    doc = claim(network(MACVLAN))
+    doc["spec"]["devices"]["requests"] = [
+        {"name": f"r{i}", "exactly": {"deviceClassName": f"c{i}.example.com"}} for i in range(500)
+    ]
+    answer = review(admission(doc), read, lambda ns: {})["response"]
+    assert answer["allowed"] is False and f"at most {MAX_CLASSES}" in answer["status"]["message"]
+    assert reads == []
