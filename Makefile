@@ -32,7 +32,8 @@ test-unit: install
 # decoders (tests/cni/test_decoders.py) and the parsers' fuzzers; `make test` runs them bounded
 fuzz: install
 	CNIDRA_FUZZ_EXAMPLES=$${CNIDRA_FUZZ_EXAMPLES:-20000} $(BIN)/pytest -q -p no:cacheprovider \
-		tests/cni/test_decoders.py tests/api/test_loading_fuzz.py tests/api/test_tenant.py
+		tests/cni/test_decoders.py tests/dra/test_one_verdict.py tests/api/test_loading_fuzz.py \
+		tests/api/test_tenant.py
 
 demo: install cni-plugins
 	hack/demo.sh
