@@ -54,3 +54,22 @@ def doc_errors(*docs: Any) -> dict[str, str]:
     for report in validate_documents(list(docs)):
         out.update({str(i.path): i.message for i in report.issues.errors})
     return out
+
+
+def device_class(name: str, *parameters: dict[str, Any]) -> dict[str, Any]:
+    """A DeviceClass carrying opaque configs of cnidra's (a CNIPolicy, a CNIConfig...)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {
+            "config": [
+                {"opaque": {"driver": "cni.dra.networking.x-k8s.io", "parameters": p}}
+                for p in parameters
+            ]
+        },
+    }
+
+
+def cni_policy(**claims: Any) -> dict[str, Any]:
+    return {"apiVersion": "cni.networking.x-k8s.io/v1alpha1", "kind": "CNIPolicy", "claims": claims}

@@ -14,33 +14,19 @@ import pytest
 
 from cnidra.api.issues import FieldPath, Issues
 from cnidra.api.tenant import ambiguities, decode_network
+from tests.api.helpers import cni_policy, device_class
 from tests.api.test_policy import DRIVER, MACVLAN, claim, errors
 
-RESTRICTED = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceClass",
-    "metadata": {"name": "restricted"},
-    "spec": {
-        "config": [
-            {
-                "opaque": {
-                    "driver": DRIVER,
-                    "parameters": {
-                        "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
-                        "kind": "CNIPolicy",
-                        "claims": {
-                            "defineNetworks": True,
-                            "plugins": ["macvlan", "bridge", "vlan", "host-local", "static"],
-                            "fields": ["args", "capabilities"],
-                            "ipRanges": ["198.18.0.0/16"],
-                            "vlanIDs": ["100-199"],
-                        },
-                    },
-                }
-            }
-        ]
-    },
-}
+RESTRICTED = device_class(
+    "restricted",
+    cni_policy(
+        defineNetworks=True,
+        plugins=["macvlan", "bridge", "vlan", "host-local", "static"],
+        fields=["args", "capabilities"],
+        ipRanges=["198.18.0.0/16"],
+        vlanIDs=["100-199"],
+    ),
+)
 
 
 def conflist(*plugins: dict[str, Any]) -> dict[str, Any]:
