@@ -223,7 +223,16 @@ class StatusWriter:
                 force=True,
             )
         except ApiError as exc:
-            if exc.status.code != 404:  # the claim is gone: nothing left to report
+            if exc.status.code in (403, 422):
+                # refused for good (the claim no longer allocated to this node, a status the
+                # API will never take): retrying every 30 s for the life of the driver fixes
+                # nothing and keeps the queue from draining
+                log.warning(
+                    "status of claim %s/%s refused (%s %s); not retried",
+                    claim.namespace, claim.name, exc.status.code, exc.status.message,
+                )  # fmt: skip
+                metrics.STATUS_WRITES.labels("refused").inc()
+            elif exc.status.code != 404:  # 404: the claim is gone, nothing left to report
                 raise
         if not devices:
             self._devices.pop(claim, None)

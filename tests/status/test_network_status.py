@@ -99,3 +99,26 @@ async def test_a_pod_that_is_gone_is_forgotten() -> None:
         async with asyncio.timeout(1):
             await writer.flushed()
     assert apiserver.patches == 0
+
+
+async def test_a_claim_status_refused_for_good_is_not_retried_forever() -> None:
+    """A status the apiserver refuses for good (403 from the node-scope policy for a claim no
+    longer allocated here, 422) used to be retried every 30 s for the life of the driver, so
+    the queue never drained; it is dropped with a warning."""
+
+    class Refusing:
+        def __init__(self) -> None:
+            self.patches = 0
+
+        async def patch(self, *args: Any, **kw: Any) -> None:
+            self.patches += 1
+            raise ApiError(status=Status(code=403, message="may write only claims allocated"))
+
+    apiserver = Refusing()
+    writer = StatusWriter(apiserver)  # type: ignore[arg-type]
+    claim = ObjectRef("ns", "c", "uid-c")
+    async with running(writer):
+        writer.put(claim, {"driver": "d", "pool": "p", "device": "x"})
+        async with asyncio.timeout(2):
+            await writer.flushed()
+    assert writer.pending() == 0 and apiserver.patches == 1
