@@ -223,7 +223,8 @@ class StatusWriter:
                 force=True,
             )
         except ApiError as exc:
-            if exc.status.code in (403, 422):
+            gone = exc.status.code == 409 and "uid" in (exc.status.message or "").lower()
+            if exc.status.code in (403, 422) or gone:  # gone: the claim was deleted
                 # refused for good (the claim no longer allocated to this node, a status the
                 # API will never take): retrying every 30 s for the life of the driver fixes
                 # nothing and keeps the queue from draining

@@ -9,6 +9,7 @@ import contextlib
 import json
 from typing import Any
 
+import pytest
 from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import ObjectMeta, Status
 from lightkube.resources.core_v1 import Pod
@@ -101,10 +102,17 @@ async def test_a_pod_that_is_gone_is_forgotten() -> None:
     assert apiserver.patches == 0
 
 
-async def test_a_claim_status_refused_for_good_is_not_retried_forever() -> None:
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [(403, "may write only claims allocated"), (422, "invalid"),
+     (409, "Precondition failed: UID in precondition: uid-c, UID in object meta: ")],
+)  # fmt: skip
+async def test_a_claim_status_refused_for_good_is_not_retried_forever(
+    code: int, message: str
+) -> None:
     """A status the apiserver refuses for good (403 from the node-scope policy for a claim no
-    longer allocated here, 422) used to be retried every 30 s for the life of the driver, so
-    the queue never drained; it is dropped with a warning."""
+    longer allocated here, 422, a UID precondition of a deleted claim) used to be retried every
+    30 s for the life of the driver, so the queue never drained; it is dropped with a warning."""
 
     class Refusing:
         def __init__(self) -> None:
@@ -112,7 +120,7 @@ async def test_a_claim_status_refused_for_good_is_not_retried_forever() -> None:
 
         async def patch(self, *args: Any, **kw: Any) -> None:
             self.patches += 1
-            raise ApiError(status=Status(code=403, message="may write only claims allocated"))
+            raise ApiError(status=Status(code=code, message=message))
 
     apiserver = Refusing()
     writer = StatusWriter(apiserver)  # type: ignore[arg-type]
