@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from cnidra.api.constants import API_VERSION
 from cnidra.api.issues import FieldPath, Issues
 from cnidra.api.merge import ConfigEntry, Source
-from cnidra.api.tenant import TenantNetwork, address_outside, decode_network, is_zero
+from cnidra.api.tenant import Path, TenantNetwork, address_outside, decode_network, is_zero
 
 POLICY_KIND = "CNIPolicy"
 
@@ -247,9 +247,6 @@ def governing_policy(
     if not covered:
         return Verdict(policy, False, f"the class's CNIPolicy does not cover namespace {namespace}")
     return Verdict(policy, True)
-
-
-Path = tuple[str | int, ...]
 
 
 def leaves(value: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:

@@ -91,6 +91,11 @@ def ambiguities(value: Any, path: FieldPath, issues: Issues) -> None:
             issues.error(where, "holds a lone UTF-16 surrogate, which is not text")
 
 
+def written_by(raw: Path, admin: frozenset[Path]) -> bool:
+    """Whether the path lies in what the admin wrote (at or below one of `admin`'s paths)."""
+    return any(raw[: len(p)] == p for p in admin)
+
+
 # ------------------------------------------------------------------ schema walking
 
 
@@ -116,7 +121,7 @@ class _Walk:
     opened: Mapping[str, Sequence[str]]
 
     def is_admin(self, raw: Path) -> bool:
-        return any(raw[: len(p)] == p for p in self.admin)
+        return written_by(raw, self.admin)
 
     def struct(
         self,
@@ -216,7 +221,7 @@ class TenantNetwork:
     valid: bool = True
 
     def is_admin(self, raw: Path) -> bool:
-        return any(raw[: len(p)] == p for p in self.admin)
+        return written_by(raw, self.admin)
 
     def tenant_fields(self) -> Iterator[tuple[TenantPlugin, str, FieldPath]]:
         """Each plugin field the tenant wrote."""

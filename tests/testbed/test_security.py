@@ -841,7 +841,7 @@ def test_a_primary_network_bridge_is_never_published(
     def ip(*args: str) -> None:
         subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
-    driver = DriverProcess(cluster, tmp_path)
+    driver = DriverProcess(cluster, tmp_path, defaults=True)  # state where deploy/ keeps it
     try:
         ip("link", "add", bridge, "type", "bridge")
         ip("addr", "add", "198.18.242.1/24", "dev", bridge)
