@@ -98,3 +98,17 @@ def test_unbounded_input_is_an_answer_not_a_traceback(tmp_path: Path) -> None:
         )
         assert result.returncode == 1, result.stdout + result.stderr
         assert expected in result.stdout and "Traceback" not in result.stderr, result.stderr
+
+
+def test_webhook_wrong_input_is_a_usage_error(tmp_path: Path) -> None:
+    cert = tmp_path / "tls.crt"
+    cert.write_text("x")
+    cases = [
+        ("--tls-cert", "/nonexistent", "--tls-key", str(cert)),
+        ("--tls-cert", str(cert), "--tls-key", str(cert), "--address", "nowhere"),
+        ("--tls-cert", str(cert), "--tls-key", str(cert), "--kubeconfig", "/nonexistent"),
+    ]
+    for args in cases:
+        result = cnidra("webhook", *args)
+        assert result.returncode == 2, result.stderr
+        assert "error:" in result.stderr and "Traceback" not in result.stderr, result.stderr

@@ -482,7 +482,16 @@ def webhook(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx2").setLevel(logging.WARNING)
-    client = make_sync_client(kubeconfig)
+    for option, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        if not path.is_file():
+            raise usage_error(f"{option} {path}: no such file (the webhook's PEM certificate/key)")
+    port = address.rpartition(":")[2]
+    if not port.isdigit() or int(port) > 65535:
+        raise usage_error(f"--address {address!r}: must be HOST:PORT, e.g. 0.0.0.0:9443")
+    try:
+        client = make_sync_client(kubeconfig)
+    except Exception as exc:  # a kubeconfig that is missing or unreadable, no in-cluster config
+        raise usage_error(f"cannot make an apiserver client ({exc})") from None
     server = WebhookServer(
         address,
         str(tls_cert),
