@@ -11,6 +11,7 @@ import base64
 import difflib
 import json
 import re
+import shutil
 import socket
 import ssl
 import subprocess
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
 from testbed.harness import ROOT, Cluster, DriverProcess, free_port
 from tests.admission.test_webhook import self_signed
@@ -855,6 +857,7 @@ def test_a_primary_network_bridge_is_never_published(
         assert veth not in driver_devices(cluster)
     finally:
         driver.stop()
+        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)  # it prepared nothing; as it was
         for args in (["link", "del", veth], ["link", "del", bridge], ["netns", "del", ns]):
             subprocess.run(["ip", *args], check=False, capture_output=True, timeout=30)
 
