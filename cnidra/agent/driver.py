@@ -25,7 +25,7 @@ from cnidra.inventory.links import LinkFilter
 from cnidra.inventory.publisher import SlicePublisher
 from cnidra.inventory.slices import SliceSettings
 from cnidra.ipam.allocator import Allocator
-from cnidra.ipam.reconcile import Reconciler as IPAMReconciler
+from cnidra.ipam.reconcile import IPAMReconciler
 from cnidra.kube.claims import ClaimGetter, NamespaceGetter
 from cnidra.kube.client import make_client
 from cnidra.kube.ipam import KubeIPAM
@@ -98,6 +98,7 @@ class Driver:
         self.ipam_reconciler = IPAMReconciler(
             self.ipam,
             lambda: {claim.uid for claim in self.checkpoint.all()} | self.preparer.in_flight(),
+            persistent_users=self._persistent_users,
             grace=settings.ipam_grace_seconds,
         )
         self.runtime = CNIRuntime(
@@ -170,6 +171,16 @@ class Driver:
         }
         ok = bool(self._servers) and self.registration.error is None and self.tasks.healthy()
         return ok, details
+
+    def _persistent_users(self) -> dict[tuple[str, str], set[str]]:
+        """(namespace, IPAMClaim) -> the claims prepared here that reference it."""
+        users: dict[tuple[str, str], set[str]] = {}
+        for claim in self.checkpoint.all():
+            for device in claim.devices:
+                if device.ipam_claim:
+                    key = (claim.ref.namespace, device.ipam_claim)
+                    users.setdefault(key, set()).add(f"{claim.ref.namespace}/{claim.ref.name}")
+        return users
 
     async def start(self) -> None:
         s = self.settings

@@ -144,6 +144,7 @@ class BlockObject:
     node: str
     uid: str
     resource_version: str = ""
+    owned: bool = True  # by its Node (blocks made before cnidra set owners are not)
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,34 @@ class Pool:
 
     def allows_namespace(self, namespace: str) -> bool:
         return self.spec.namespaces is None or namespace in self.spec.namespaces
+
+    def tenant_problem(self, namespace: str, allowed: Sequence[Network] | None) -> str | None:
+        """Why a network a tenant wrote (its claim's, or its namespace's
+        NetworkAttachmentDefinition) may not take addresses from this pool: a pool serves a
+        tenant's own networks only where it names the namespace (one without `namespaces`
+        serves the admins' networks alone), and only with addresses inside the ranges the
+        DeviceClass allows claims (`claims.ipRanges`), as for an address the tenant writes."""
+        if self.spec.namespaces is None:
+            return (
+                f"CNIIPPool {self.name} serves only admins' networks (it lists no "
+                f"spec.namespaces); a claim's own network may use a pool whose spec.namespaces "
+                f"names {namespace}"
+            )
+        if namespace not in self.spec.namespaces:
+            return f"CNIIPPool {self.name} does not serve namespace {namespace} (spec.namespaces)"
+        if allowed is None:
+            return None
+        for r in self.spec.ranges:
+            inside = any(
+                n.version == r.subnet.version and n.supernet_of(r.subnet)  # type: ignore[arg-type]
+                for n in allowed
+            )
+            if not inside:
+                return (
+                    f"CNIIPPool {self.name}'s range {r.subnet} is outside the ranges this "
+                    "DeviceClass allows claims: " + (", ".join(map(str, allowed)) or "none")
+                )
+        return None
 
 
 class PoolError(ValueError):

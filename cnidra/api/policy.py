@@ -363,6 +363,18 @@ def _check_field(
     )
 
 
+def admin_paths(class_entries: Sequence[ConfigEntry]) -> frozenset[Path]:
+    """Where in the network (`config`, as paths below it) the DeviceClass's configs wrote: a
+    claim cannot change those (check_claim), so what lies there is the admin's."""
+    return frozenset(
+        p[1:]
+        for e in class_entries
+        if not is_policy(e.parameters)
+        for p, _ in leaves({"config": e.parameters.get("config")})
+        if p[:1] == ("config",) and e.parameters.get("config") is not None
+    )
+
+
 def _check_network(
     config: Any,
     claim_entries: Sequence[ConfigEntry],
@@ -377,13 +389,7 @@ def _check_network(
     if not isinstance(config, Mapping):
         return None  # the validator names what it must be
     anchor = next(e.path / "config" for e in reversed(claim_entries) if "config" in e.parameters)
-    admin = frozenset(
-        p[1:]
-        for e in class_entries
-        if not is_policy(e.parameters)
-        for p, _ in leaves({"config": e.parameters.get("config")})
-        if p[:1] == ("config",) and e.parameters.get("config") is not None
-    )
+    admin = admin_paths(class_entries)
     network = decode_network(config, anchor, issues, admin=admin, opened=rules.plugin_fields)
     for plugin in network.plugins:
         if not network.is_admin((*plugin.raw, "type")):

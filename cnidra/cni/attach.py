@@ -5,6 +5,7 @@ Attachment holds is decided before, by prepare (`cnidra.dra.resolve`)."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -52,6 +53,11 @@ class Attachment:
     status_name: str = ""
     # the IPAMClaim (in the claim's namespace) whose addresses a cnidra-IPAM network gets
     ipam_claim: str | None = None
+    # prepare only (not checkpointed): the network's cnidra-IPAM pool was chosen by a tenant
+    # (its claim or NetworkAttachmentDefinition), so the pool must name the namespace and lie
+    # in `pool_ranges`, the DeviceClass's claims.ipRanges (None: any)
+    tenant_pool: bool = False
+    pool_ranges: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] | None = None
 
     @cached_property
     def netconf(self) -> NetworkConfigList:

@@ -102,6 +102,13 @@ def resolve_claim(
                 "one CNIConfig gives one interface name; use count 1 per request"
             )
             continue
+        if result.pool != node:
+            problems.append(
+                f"request {request!r} was allocated device {result.device!r} of pool "
+                f"{result.pool!r}, which is not this node's ({node!r}): only the ResourceSlices "
+                "this node's driver publishes are its devices; the pod must be scheduled again"
+            )
+            continue
         issues = Issues()
         link = view.links.get(result.device)
         if link is None:

@@ -14,13 +14,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from cnidra.api.constants import DRIVER_NAME
+from cnidra.api.ipam import cnidra_ipam
 from cnidra.api.issues import FieldPath, Issues
 from cnidra.api.merge import ConfigEntry, Source, applicable
 from cnidra.api.netconf import to_conflist
 from cnidra.api.networks import NamedNetwork, NetworkCatalog
 from cnidra.api.ownership import PrivateDirs, owned_network, owned_network_name
-from cnidra.api.policy import bind_to_device, governing_policy
+from cnidra.api.policy import PARENT_FIELDS, admin_paths, bind_to_device, governing_policy
 from cnidra.api.refs import ObjectRef
+from cnidra.api.tenant import written_by
 from cnidra.api.validate import ResolvedRequest, check_request
 from cnidra.cni.attach import Attachment
 
@@ -63,12 +65,68 @@ def resolve_attachment(
             )
         return None
     chosen = applicable(entries, request)
-    verdict = governing_policy([e for e in chosen if e.source is Source.CLASS], "", {}, Issues())
+    class_entries = [e for e in chosen if e.source is Source.CLASS]
+    verdict = governing_policy(class_entries, claim.namespace, namespace_labels, Issues())
     node_links = verdict.policy.node_links if verdict.policy else []
+    rules = verdict.policy.claims if verdict.covered and verdict.policy else None
+    network = resolved.network
+    if device.link is not None and device_network is None and network and network.trusted:
+        # the request got a link, and the claim names the admin's network to run on it
+        unbound = _names_no_link(to_conflist(resolved.config.config or {}), device.link)
+        if unbound is not None:
+            issues.error(
+                where,
+                f"{network.reference} is the admin's and runs where its config binds it; "
+                f"{unbound}, so a claim cannot aim it at link {device.link!r}: request the "
+                "network's own device (its DeviceClass selects "
+                f'device.attributes["{DRIVER_NAME}"].network)',
+            )
+            return None
     attachment = attachment_from(resolved, claim, device, dirs, issues, where)
     if attachment is None:
         return None
-    return replace(attachment, node_link_allowed=attachment.parent in node_links)
+    ranges = rules.ip_ranges if rules is not None else None
+    return replace(
+        attachment,
+        node_link_allowed=attachment.parent in node_links,
+        tenant_pool=tenant_chose_pool(resolved, class_entries),
+        pool_ranges=tuple(ranges) if ranges is not None else None,
+    )
+
+
+def tenant_chose_pool(resolved: ResolvedRequest, class_entries: Sequence[ConfigEntry]) -> bool:
+    """Whether the network's cnidra-IPAM pool is a tenant's choice: a NetworkAttachmentDefinition
+    (its namespace's) names it, or the claim's own config does where the class's did not."""
+    if resolved.network is not None:
+        return not resolved.network.trusted
+    if not any(e.source is Source.CLAIM and "config" in e.parameters for e in resolved.entries):
+        return False
+    config = resolved.config.config
+    assert config is not None
+    admin = admin_paths(class_entries)
+    for index, _ in cnidra_ipam(to_conflist(config)):
+        paths = (("plugins", index, "ipam", "pool"), ("ipam", "pool"))
+        if not any(written_by(path, admin) for path in paths):
+            return True
+    return False
+
+
+def _names_no_link(conflist: Mapping[str, object], link: str) -> str | None:
+    """Why an admin's network is not bound to `link` by its own config (None: it is, every
+    plugin that takes a parent names `link`, or none takes one)."""
+    plugins = conflist.get("plugins")
+    for plugin in plugins if isinstance(plugins, list) else []:
+        if not isinstance(plugin, Mapping):
+            continue
+        field = PARENT_FIELDS.get(str(plugin.get("type")))
+        if field is None:
+            continue
+        named = next((v for k, v in plugin.items() if k.lower() == field.lower()), None)
+        if named in (None, ""):
+            return f"its {plugin.get('type')} plugin names no {field}"
+        if named != link:
+            return f"its {plugin.get('type')} plugin's {field} is {named!r}"
+    return None
 
 
 @dataclass(frozen=True)

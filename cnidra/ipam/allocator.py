@@ -49,13 +49,15 @@ class IPAMCluster(Protocol):
     ) -> list[BlockObject]: ...
 
     async def create_block(self, block: Block, node: str) -> str | None:
-        """The new object's UID; None when the block is someone's already."""
+        """The new object's UID; None when the block is someone's already. The object is owned
+        by the Node (ownerReferences), so the garbage collector deletes a lost node's blocks:
+        no node ever writes another node's block."""
         ...
 
     async def delete_block(self, name: str, uid: str) -> None: ...
 
-    async def take_block(self, block: BlockObject, node: str) -> bool:
-        """Move a lost node's block to `node`; False when someone else moved it first."""
+    async def own_block(self, block: BlockObject, node: str) -> None:
+        """Make `node`'s Node the owner of a block of it made before blocks had owners."""
         ...
 
     async def ipamclaim(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
@@ -71,13 +73,20 @@ class IPAMCluster(Protocol):
         """Every IPAMClaim cnidra wrote addresses into (its node label set), all namespaces."""
         ...
 
-    async def relabel_ipamclaim(self, claim: Mapping[str, Any], node: str) -> None: ...
-
     async def unbind_ipamclaim(self, claim: Mapping[str, Any]) -> None:
         """Drop cnidra's finalizer: its addresses are free."""
         ...
 
     async def node_exists(self, name: str) -> bool: ...
+
+    async def addresses_in_use(self, namespace: str) -> dict[str, str]:
+        """address -> the claim ("namespace/name") whose device status shows it, for every
+        allocated ResourceClaim of this driver in `namespace`, whichever node prepared it."""
+        ...
+
+    async def record(self, obj: Mapping[str, Any], reason: str, message: str) -> None:
+        """A Normal Event on an IPAMClaim."""
+        ...
 
 
 class Allocator:
@@ -126,6 +135,10 @@ class Allocator:
                     f"request {attachment.request!r}: CNIIPPool {pool.name} does not serve "
                     f"namespace {prepared.ref.namespace} (its spec.namespaces)"
                 )
+            if attachment.tenant_pool:
+                problem = pool.tenant_problem(prepared.ref.namespace, attachment.pool_ranges)
+                if problem:
+                    raise AllocationError(f"request {attachment.request!r}: {problem}")
             if attachment.ipam_claim:
                 addresses = await self._persistent(pool, prepared.ref, attachment, pods)
             else:
@@ -199,6 +212,7 @@ class Allocator:
         family = pool.spec.ranges[range_index].subnet
         try:
             taken = {b.name for b in await self.cluster.blocks(pool=pool.name)}
+            bound = await self._bound(pool)
         except Exception as exc:
             raise AllocationError(
                 f"CNIIPPool {pool.name}: this node's blocks of {family} are full and the "
@@ -220,14 +234,28 @@ class Allocator:
             if uid is None:
                 continue  # another node created it since the LIST
             held = HeldBlock(pool.name, block.name, range_index, index, str(block.cidr), uid)
-            await self.state.hold(held)
-            self.blocks_changed()
+            await self._hold_with_persistent(pool, block, held, bound)
             log.info("reserved block %s (%s) of CNIIPPool %s", block.name, block.cidr, pool.name)
             return held
         raise AllocationError(
             f"CNIIPPool {pool.name} is exhausted: every block of {family} is held by a node "
             f"and this node's are full ({pool.range_capacity(range_index)} addresses in all)"
         )
+
+    async def _bound(self, pool: Pool) -> list[Mapping[str, Any]]:
+        """The IPAMClaims holding addresses (none can in a pool without persistent IPs)."""
+        return await self.cluster.bound_ipamclaims() if pool.spec.allow_persistent_ips else []
+
+    async def _hold_with_persistent(
+        self, pool: Pool, block: Block, held: HeldBlock, bound: list[Mapping[str, Any]]
+    ) -> None:
+        """Record a block as this node's, with the IPAMClaim addresses in it leased first: a
+        lost node's block comes back free, but the addresses its IPAMClaims keep do not (they
+        were read before the block was created, so none is missed)."""
+        for lease in self._persistent_in(pool, block, bound):
+            await self.state.lease(lease)
+        await self.state.hold(held)
+        self.blocks_changed()
 
     async def capacity(self, name: str) -> int | None:
         """How many addresses of a pool this node can give its claims: the ones its claims
@@ -290,7 +318,7 @@ class Allocator:
                 raise AllocationError(f"{what}: status.ips: {exc}") from None
             owner = ipamclaim_owner(claim.namespace, name, str(meta.get("uid")))
             if ips:
-                return self._claimed(pool, what, [i.ip for i in ips], owner)
+                return await self._claimed(pool, what, [i.ip for i in ips], owner)
             addresses = await self._allocate(pool, owner, f"IPAMClaim {claim.namespace}/{name}")
             cidrs = [str(pool.interface(a)) for a in addresses]
             try:
@@ -306,12 +334,14 @@ class Allocator:
             await self.state.release(owner)
         raise AllocationError(f"{what} kept changing while its addresses were written")
 
-    def _claimed(
+    async def _claimed(
         self, pool: Pool, what: str, addresses: list[Address], owner: str
     ) -> list[Address]:
-        """An IPAMClaim's addresses, as far as this node can tell not anyone else's: the
-        status is written by cnidra, but whoever may write it otherwise must not take an
-        address this node gave to another pod."""
+        """An IPAMClaim's addresses, checked as any address cnidra hands out: in the pool's
+        range, not its gateway nor excluded, not given to anyone else; then leased, in this
+        node's block (reserved now if no node holds it) or left to the node holding it, which
+        leased it when it allocated or reserved the block. Whoever else may write the status
+        must not take an address this node gave to another pod."""
         for address in addresses:
             lease = self.state.at(pool.name, str(address))
             if lease is not None and lease.owner != owner:
@@ -322,62 +352,110 @@ class Allocator:
             raise AllocationError(
                 f"{what} holds {', '.join(outside)}, which is not in CNIIPPool {pool.name}"
             )
+        for address in addresses:
+            block = pool.block_of(address)
+            assert block is not None
+            if address not in set(pool.usable(block)):
+                raise AllocationError(
+                    f"{what} holds {address}, which CNIIPPool {pool.name} never hands out "
+                    "(its gateway, an excluded address, or a subnet's network or broadcast)"
+                )
         families = [r.subnet.version for r in pool.spec.ranges]
         if sorted(a.version for a in addresses) != sorted(families):
             raise AllocationError(
                 f"{what} holds {', '.join(map(str, addresses))}, not one address of each of "
                 f"CNIIPPool {pool.name}'s ranges"
             )
+        for address in addresses:
+            await self._lease_claimed(pool, address, owner, what)
         return sorted(addresses, key=lambda a: families.index(a.version))
+
+    async def _lease_claimed(self, pool: Pool, address: Address, owner: str, what: str) -> None:
+        if self.state.at(pool.name, str(address)) is not None:
+            return  # leased here already (to this owner: checked above)
+        block = pool.block_of(address)
+        assert block is not None
+        holder = what.split(": ", 1)[-1]
+        async with self._locks.hold(pool.name):
+            if self.state.blocks.get(block.name) is None:
+                try:
+                    bound = await self._bound(pool)
+                    uid = await self.cluster.create_block(block, self.node)
+                except Exception as exc:
+                    raise AllocationError(
+                        f"{what}: block {block.name} of its address {address} could not be "
+                        f"checked or reserved: {exc}"
+                    ) from None
+                if uid is None:
+                    return  # another node holds the block, and leased the address in it
+                held = HeldBlock(
+                    pool.name, block.name, block.range_index, block.index, str(block.cidr), uid
+                )
+                await self._hold_with_persistent(pool, block, held, bound)
+                log.info("reserved block %s of IPAMClaim address %s", block.name, address)
+            if self.state.at(pool.name, str(address)) is None:
+                await self.state.lease(Lease(pool.name, str(address), block.name, owner, holder))
 
     # ------------------------------------------------------------------ start-up
 
     async def sync_blocks(self) -> None:
         """Blocks the apiserver says are this node's but the disk does not know (a crash
-        between creating one and recording it) are recorded; with the IPAMClaim addresses in
-        them leased first, so none is handed out twice."""
+        between creating one and recording it) are recorded, with the IPAMClaim addresses in
+        them leased first, so none is handed out twice. Blocks the disk holds but the
+        apiserver lost (the Node object was deleted and made again, and the garbage collector
+        took its blocks) are reserved again, or named in the log if another node has them."""
         objects = await self.cluster.blocks(node=self.node)
+        bound: list[Mapping[str, Any]] | None = None
+        names = {obj.name for obj in objects}
         for obj in objects:
+            if not obj.owned:
+                await self.cluster.own_block(obj, self.node)
             if self.state.blocks.get(obj.name) is None:
-                await self.adopt(obj, take=False)
+                bound = bound if bound is not None else await self.cluster.bound_ipamclaims()
+                await self._record(obj, bound)
+        for held in self.state.blocks.all():
+            if held.name in names:
+                continue
+            try:
+                pool = await self.pool(held.pool)
+            except AllocationError as exc:
+                log.warning("block %s not checked: %s", held.name, exc)
+                continue
+            block = pool.block(held.range_index, held.index)
+            uid = await self.cluster.create_block(block, self.node)
+            if uid is not None:
+                await self.state.hold(replace(held, uid=uid))
+                log.warning("block %s was gone from the apiserver; reserved again", held.name)
+            else:
+                log.error(
+                    "block %s is another node's now; the %d addresses of it this node gave "
+                    "may be given twice until their pods go",
+                    held.name,
+                    len(self.state.in_block(held.name)),
+                )
 
-    async def adopt(self, obj: BlockObject, *, take: bool = True) -> bool:
-        """Make a block this node's: a lost node's (take) or one of its own it forgot."""
+    async def _record(self, obj: BlockObject, bound: list[Mapping[str, Any]]) -> bool:
+        """Record one of this node's blocks the disk forgot."""
         try:
             pool = await self.pool(obj.pool)
         except AllocationError as exc:
-            log.warning("block %s not adopted: %s", obj.name, exc)
+            log.warning("block %s not recorded: %s", obj.name, exc)
             return False
         _, range_text, index_text = obj.name.rsplit(".", 2)
         block = pool.block(int(range_text), int(index_text))
         async with self._locks.hold(pool.name):
-            if take and not await self.cluster.take_block(obj, self.node):
-                return False
-            persistent = await self._persistent_in(pool, block)
-            for lease in persistent:
-                await self.state.lease(lease)
-            for owner in {lease.owner for lease in persistent}:
-                _, namespace, name, _ = owner.split("/", 3)
-                claim = await self.cluster.ipamclaim(namespace, name)
-                if claim is not None:
-                    await self.cluster.relabel_ipamclaim(claim, self.node)
             held = HeldBlock(
                 pool.name, block.name, block.range_index, block.index, str(block.cidr), obj.uid
             )
-            await self.state.hold(held)
-        self.blocks_changed()
-        log.info(
-            "adopted block %s of CNIIPPool %s from node %s with %d persistent addresses",
-            obj.name,
-            pool.name,
-            obj.node,
-            len(persistent),
-        )
+            await self._hold_with_persistent(pool, block, held, bound)
+        log.info("recorded block %s of CNIIPPool %s", obj.name, pool.name)
         return True
 
-    async def _persistent_in(self, pool: Pool, block: Block) -> list[Lease]:
+    def _persistent_in(
+        self, pool: Pool, block: Block, bound: list[Mapping[str, Any]]
+    ) -> list[Lease]:
         leases = []
-        for obj in await self.cluster.bound_ipamclaims():
+        for obj in bound:
             meta = obj.get("metadata") or {}
             try:
                 ips = parse_claim_ips((obj.get("status") or {}).get("ips"))

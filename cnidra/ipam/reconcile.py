@@ -3,9 +3,13 @@
 - an address of a claim this node has not prepared and is not preparing (its checkpoint entry
   is gone: the claim was unprepared, or a prepare died after the address was leased), once
   older than a grace period;
-- an IPAMClaim's addresses once it is being deleted or is gone; its finalizer is dropped then;
-- a lost node's blocks (its Node object is gone): a live node adopts them with the IPAMClaim
-  addresses in them and releases those that hold none.
+- an IPAMClaim's addresses once it is being deleted or is gone, and no allocated claim on any
+  node holds them any more (an IPAMClaim deleted under a running pod keeps its addresses, and
+  its finalizer, until the pod goes, with an Event saying so); its finalizer is dropped then.
+
+A lost node's blocks are not this code's: they are owned by their Node object, so the garbage
+collector deletes them with it, and a node that reserves such a block again leases the
+IPAMClaim addresses in it first (cnidra.ipam.allocator). No node writes another's block.
 
 Everything else is live: an address whose claim is in the checkpoint, or whose IPAMClaim
 exists, is never freed."""
@@ -16,9 +20,11 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from cnidra.api.ipam import IPAMCLAIM_NODE_LABEL, parse_claim_ips
 from cnidra.ipam.allocator import Allocator, IPAMCluster
 from cnidra.state.ipam import owner_claim_uid
 
@@ -30,21 +36,25 @@ GRACE_SECONDS = 120.0
 class Report:
     freed_claim_addresses: int = 0
     freed_ipamclaim_addresses: int = 0
-    adopted_blocks: int = 0
-    released_blocks: int = 0
+    released_finalizers: int = 0
 
 
-class Reconciler:
+class IPAMReconciler:
     def __init__(
         self,
         allocator: Allocator,
         prepared: Callable[[], Collection[str]],
         *,
+        persistent_users: Callable[[], Mapping[tuple[str, str], Collection[str]]] = dict,
         grace: float = GRACE_SECONDS,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`persistent_users`: (namespace, IPAMClaim name) -> the claims prepared on this node
+        that reference it."""
         self.allocator = allocator
         self.prepared = prepared
+        self.persistent_users = persistent_users
+        self._announced: set[str] = set()
         self.grace = grace
         self.clock = clock
 
@@ -57,8 +67,7 @@ class Reconciler:
         report.freed_claim_addresses = await self.free_unprepared()
         report.freed_ipamclaim_addresses = await self.free_released_ipamclaims()
         if lost_nodes:
-            adopted, released = await self.adopt_lost_blocks()
-            report.adopted_blocks, report.released_blocks = adopted, released
+            report.released_finalizers = await self.release_orphaned_ipamclaims()
         return report
 
     async def free_unprepared(self) -> int:
@@ -79,56 +88,93 @@ class Reconciler:
     async def free_released_ipamclaims(self) -> int:
         state = self.allocator.state
         freed = 0
-        for owner in state.owners():
+        for owner in list(state.owners()):
             if not owner.startswith("ipamclaim/"):
                 continue
             _, namespace, name, uid = owner.split("/", 3)
             obj = await self.cluster.ipamclaim(namespace, name)
             meta = (obj or {}).get("metadata") or {}
-            if obj is not None and meta.get("uid") == uid and not meta.get("deletionTimestamp"):
+            same = obj is not None and meta.get("uid") == uid
+            if same and not meta.get("deletionTimestamp"):
+                continue
+            addresses = [lease.address for lease in state.of_owner(owner)]
+            holders = await self.holders(namespace, name, addresses)
+            if holders:
+                await self._kept(owner, obj if same else None, addresses, holders)
                 continue
             leases = await state.release(owner)
+            self._announced.discard(owner)
             freed += len(leases)
             log.info(
                 "freed %s of IPAMClaim %s/%s (%s)",
                 [x.address for x in leases],
                 namespace,
                 name,
-                "deleted" if obj is not None and meta.get("uid") == uid else "gone",
+                "deleted" if same else "gone",
             )
-            if obj is not None and meta.get("uid") == uid:
+            if same and obj is not None:
                 await self.cluster.unbind_ipamclaim(obj)
         return freed
 
-    async def adopt_lost_blocks(self) -> tuple[int, int]:
-        adopted = released = 0
-        alive: dict[str, bool] = {}
-        for obj in await self.cluster.blocks():
-            if obj.node == self.allocator.node:
-                continue
-            if obj.node not in alive:
-                alive[obj.node] = await self.cluster.node_exists(obj.node)
-            if alive[obj.node]:
-                continue
-            if not await self.allocator.adopt(obj):
-                continue
-            adopted += 1
-            if await self.release_if_empty(obj.name):
-                released += 1
-        return adopted, released
+    async def holders(self, namespace: str, name: str, addresses: Collection[str]) -> list[str]:
+        """The claims still holding an IPAMClaim's addresses: this node's prepared claims that
+        reference it, and any allocated claim in its namespace (on any node) whose device
+        status shows one of them."""
+        held = sorted(self.persistent_users().get((namespace, name), ()))
+        if addresses:
+            in_use = await self.cluster.addresses_in_use(namespace)
+            held += sorted({in_use[a] for a in addresses if a in in_use} - set(held))
+        return held
 
-    async def release_if_empty(self, name: str) -> bool:
-        state = self.allocator.state
-        held = state.blocks.get(name)
-        if held is None or state.in_block(name):
-            return False
-        async with self.allocator.pool_lock(held.pool):
-            if state.in_block(name):
-                return False
-            await self.cluster.delete_block(name, held.uid)
-            await state.drop_block(name)
-        log.info("released empty block %s of CNIIPPool %s", name, held.pool)
-        return True
+    async def _kept(
+        self,
+        owner: str,
+        obj: Mapping[str, Any] | None,
+        addresses: list[str],
+        holders: list[str],
+    ) -> None:
+        if owner in self._announced:
+            return
+        _, namespace, name, _ = owner.split("/", 3)
+        message = (
+            f"IPAMClaim {namespace}/{name} was deleted, but claim(s) {', '.join(holders)} "
+            f"still use {', '.join(addresses)}: kept until their pods go"
+        )
+        log.warning("%s", message)
+        self._announced.add(owner)
+        if obj is not None:
+            try:
+                await self.cluster.record(obj, "AddressesKept", message)
+            except Exception as exc:
+                log.warning("event on IPAMClaim %s/%s not written: %s", namespace, name, exc)
+
+    async def release_orphaned_ipamclaims(self) -> int:
+        """Drop the finalizer of IPAMClaims being deleted whose node is gone (a node that no
+        longer exists cannot), once nothing holds their addresses."""
+        released = 0
+        alive: dict[str, bool] = {}
+        for obj in await self.cluster.bound_ipamclaims():
+            meta = obj.get("metadata") or {}
+            if not meta.get("deletionTimestamp"):
+                continue
+            node = str((meta.get("labels") or {}).get(IPAMCLAIM_NODE_LABEL) or "")
+            if node == self.allocator.node:
+                continue  # this node's own: free_released_ipamclaims
+            if node not in alive:
+                alive[node] = await self.cluster.node_exists(node) if node else False
+            if alive[node]:
+                continue
+            try:
+                ips = [str(i.ip) for i in parse_claim_ips((obj.get("status") or {}).get("ips"))]
+            except ValueError:
+                ips = []
+            namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+            if await self.holders(namespace, name, ips):
+                continue
+            await self.cluster.unbind_ipamclaim(obj)
+            released += 1
+            log.info("released IPAMClaim %s/%s of lost node %s", namespace, name, node)
+        return released
 
     async def run(self, interval: float, lost_node_every: int = 10) -> None:
         """For the agent's supervised tasks: the start-up sync, then a pass every `interval`

@@ -1,6 +1,8 @@
 """The apiserver side of cnidra's IPAM (cnidra.ipam.allocator.IPAMCluster): CNIIPPools,
-CNIIPBlocks (creation is the reservation), IPAMClaims and Nodes, each call with a timeout.
-Called at prepare and by the reconciler, never on the NRI hook path."""
+CNIIPBlocks (creation is the reservation; each is owned by its Node, so the garbage collector
+takes a lost node's), IPAMClaims, the claims whose device status shows their addresses, and
+Nodes, each call with a timeout. Called at prepare and by the reconciler, never on the NRI hook
+path."""
 
 from __future__ import annotations
 
@@ -13,11 +15,13 @@ from typing import Any
 from lightkube import AsyncClient, operators
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Node
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
+from lightkube.resources.core_v1 import Event, Node
+from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
-from cnidra.api.constants import API_GROUP, API_VERSION
+from cnidra.api.constants import API_GROUP, API_VERSION, DRIVER_NAME
 from cnidra.api.ipam import (
     BLOCK_KIND,
     BLOCK_PLURAL,
@@ -52,12 +56,14 @@ def _block_object(obj: Any) -> BlockObject:
     data = obj.to_dict() if hasattr(obj, "to_dict") else obj
     meta = data.get("metadata") or {}
     spec = data.get("spec") or {}
+    owners = meta.get("ownerReferences") or []
     return BlockObject(
         str(meta.get("name")),
         str(spec.get("pool")),
         str(spec.get("node")),
         str(meta.get("uid")),
         str(meta.get("resourceVersion") or ""),
+        owned=any(o.get("kind") == "Node" and o.get("name") == spec.get("node") for o in owners),
     )
 
 
@@ -65,6 +71,19 @@ class KubeIPAM:
     def __init__(self, client: AsyncClient, timeout: float = 5.0) -> None:
         self.client = client
         self.timeout = timeout
+        self._node_uids: dict[str, str] = {}
+
+    async def _node_owner(self, node: str) -> OwnerReference:
+        """The Node as a block's owner: its deletion deletes the block (garbage collection)."""
+        uid = self._node_uids.get(node)
+        if uid is None:
+            async with asyncio.timeout(self.timeout):
+                obj = await self.client.get(Node, node)
+            uid = str(obj.metadata.uid if obj.metadata else "")
+            if not uid:
+                raise RuntimeError(f"Node {node} has no UID")
+            self._node_uids[node] = uid
+        return OwnerReference(apiVersion="v1", kind="Node", name=node, uid=uid)
 
     async def pool(self, name: str) -> Mapping[str, Any] | None:
         try:
@@ -93,8 +112,13 @@ class KubeIPAM:
             raise
 
     async def create_block(self, block: Block, node: str) -> str | None:
+        owner = await self._node_owner(node)
         obj = CNIIPBlock(
-            metadata=ObjectMeta(name=block.name, labels={LABEL_POOL: block.pool, LABEL_NODE: node}),
+            metadata=ObjectMeta(
+                name=block.name,
+                labels={LABEL_POOL: block.pool, LABEL_NODE: node},
+                ownerReferences=[owner],
+            ),
             spec={
                 "pool": block.pool,
                 "range": block.range_index,
@@ -122,22 +146,17 @@ class KubeIPAM:
             if not _missing(exc):
                 raise
 
-    async def take_block(self, block: BlockObject, node: str) -> bool:
+    async def own_block(self, block: BlockObject, node: str) -> None:
+        """Give a block made before blocks had owners its Node as owner."""
+        owner = await self._node_owner(node)
         patch = {
             "metadata": {
                 "resourceVersion": block.resource_version,
-                "labels": {LABEL_NODE: node},
-            },
-            "spec": {"node": node},
+                "ownerReferences": [owner.to_dict()],
+            }
         }
-        try:
-            async with asyncio.timeout(self.timeout):
-                await self.client.patch(CNIIPBlock, block.name, patch, patch_type=PatchType.MERGE)
-        except ApiError as exc:
-            if exc.status.code in (404, 409):
-                return False
-            raise
-        return True
+        async with asyncio.timeout(self.timeout):
+            await self.client.patch(CNIIPBlock, block.name, patch, patch_type=PatchType.MERGE)
 
     async def ipamclaim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         try:
@@ -216,17 +235,6 @@ class KubeIPAM:
                 return []
             raise
 
-    async def relabel_ipamclaim(self, claim: Mapping[str, Any], node: str) -> None:
-        meta = claim.get("metadata") or {}
-        async with asyncio.timeout(self.timeout):
-            await self.client.patch(
-                IPAMClaim,
-                str(meta.get("name")),
-                {"metadata": {"labels": {IPAMCLAIM_NODE_LABEL: node}}},
-                namespace=str(meta.get("namespace")),
-                patch_type=PatchType.MERGE,
-            )
-
     async def unbind_ipamclaim(self, claim: Mapping[str, Any]) -> None:
         """Drop the finalizer (JSON patch: test the list is as read, then replace it)."""
         meta = claim.get("metadata") or {}
@@ -260,3 +268,39 @@ class KubeIPAM:
                 return False
             raise
         return True
+
+    async def addresses_in_use(self, namespace: str) -> dict[str, str]:
+        found: dict[str, str] = {}
+        async with asyncio.timeout(self.timeout * 4):
+            async for claim in self.client.list(ResourceClaim, namespace=namespace):
+                status = claim.status
+                if status is None or status.allocation is None or not status.devices:
+                    continue
+                name = f"{namespace}/{claim.metadata.name if claim.metadata else ''}"
+                for device in status.devices:
+                    if device.driver != DRIVER_NAME or device.networkData is None:
+                        continue
+                    for ip in device.networkData.ips or []:
+                        found[ip.split("/", 1)[0]] = name
+        return found
+
+    async def record(self, obj: Mapping[str, Any], reason: str, message: str) -> None:
+        meta = obj.get("metadata") or {}
+        namespace = str(meta.get("namespace"))
+        event = Event(
+            metadata=ObjectMeta(generateName=f"{meta.get('name')}.", namespace=namespace),
+            involvedObject=ObjectReference(
+                kind=IPAMCLAIM_KIND,
+                apiVersion=f"{IPAMCLAIM_GROUP}/{IPAMCLAIM_VERSION}",
+                name=str(meta.get("name")),
+                namespace=namespace,
+                uid=str(meta.get("uid")),
+            ),
+            reason=reason,
+            message=message[:1024],
+            type="Normal",
+            source=EventSource(component="cnidra"),
+            count=1,
+        )
+        async with asyncio.timeout(self.timeout):
+            await self.client.create(event)

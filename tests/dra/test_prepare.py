@@ -509,3 +509,55 @@ async def test_a_network_devices_namespace_selector_reads_the_namespace_labels(
         else:
             with pytest.raises(PrepareError, match="namespaceSelector does not select ns"):
                 await preparer.prepare(REF)
+
+
+def test_a_device_of_a_pool_that_is_not_this_nodes_is_refused() -> None:
+    """A slice another principal published (or another node's) may name a device this node
+    also has: only this node's pool is its devices."""
+    c = claim()
+    c["status"]["allocation"]["devices"]["results"][0]["pool"] = "n2"
+    with pytest.raises(PrepareError, match=r"pool 'n2', which is not this node's \('n1'\)"):
+        resolve_claim(c, REF, "n1", DIRS, VIEW)
+
+
+def admin_network(config: dict[str, Any]) -> NamedNetwork:
+    made = cninetwork({"metadata": {"name": "uplink"}, "spec": {"config": config}})
+    assert isinstance(made, NamedNetwork) and made.trusted
+    return made
+
+
+def test_a_claim_cannot_aim_an_admins_network_at_the_link_it_was_allocated() -> None:
+    """A CNINetwork's trusted config (here with ipMasq and isGateway, which no claim may set)
+    runs where its admin bound it: a claim on the default class that references it by name
+    and was allocated some link does not get it bound there."""
+    trusting = {"cniVersion": "1.0.0", "name": "uplink"}
+    cases = [
+        ({"type": "bridge", "isGateway": True, "ipMasq": True}, "names no bridge"),
+        ({"type": "macvlan", "master": "eth2"}, "master is 'eth2'"),
+    ]
+    reference = [
+        {
+            "source": "FromClaim",
+            "requests": ["net"],
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": params(config=None, network={"name": "uplink"}),
+            },
+        }
+    ]
+    for plugin, why in cases:
+        network = admin_network({**trusting, "plugins": [plugin]})
+        known = StaticCatalog({"CNINetwork uplink": network})
+        with pytest.raises(PrepareError, match=why + ".*cannot aim it at link 'eth1'"):
+            resolve_claim(claim(reference), REF, "n1", DIRS, VIEW, catalog=known)
+    # bound by its own config to the very link allocated: that is where the admin meant
+    network = admin_network({**trusting, "plugins": [{"type": "macvlan", "master": "eth1"}]})
+    known = StaticCatalog({"CNINetwork uplink": network})
+    [dev] = resolve_claim(claim(reference), REF, "n1", DIRS, VIEW, catalog=known).devices
+    assert dev.parent == "eth1"
+    # through the network's own device, the admin's binding stands as published
+    results = [{"request": "net", "driver": DRIVER, "pool": "n1", "device": "net-uplink"}]
+    bridge = admin_network({**trusting, "plugins": [{"type": "bridge", "isGateway": True}]})
+    view = NodeView(links={"net-uplink": "eth2"}, networks={"net-uplink": bridge})
+    [dev] = resolve_claim(claim([], results), REF, "n1", DIRS, view).devices
+    assert dev.network["plugins"][0]["bridge"] == "eth2"

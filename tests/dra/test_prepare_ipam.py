@@ -9,6 +9,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cnidra.api.refs import ObjectRef
 from cnidra.dra.prepare import APISERVER_SLOTS, PrepareError, Preparer
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
@@ -43,9 +45,14 @@ def pooled(name: str, uid: str) -> dict[str, Any]:
     return c
 
 
-def ipam_preparer(tmp_path: Path, *claims: dict[str, Any], limit: int = 8) -> Preparer:
+DATA_POOL = {"ranges": [{"subnet": "198.18.130.0/24"}], "blockSize": 16, "namespaces": ["ns"]}
+
+
+def ipam_preparer(
+    tmp_path: Path, *claims: dict[str, Any], limit: int = 8, pool: dict[str, Any] | None = None
+) -> Preparer:
     api = FakeApiserver()
-    api.pool("data", {"ranges": [{"subnet": "198.18.130.0/24"}], "blockSize": 16})
+    api.pool("data", pool or DATA_POOL)
     return Preparer(
         "n1",
         Claims(*claims),
@@ -123,3 +130,28 @@ async def test_at_most_a_bounded_number_of_claims_ask_the_apiserver_at_once(
     source.release.set()
     await batch
     assert source.most == APISERVER_SLOTS and preparer.in_flight() == set()
+
+
+async def test_a_tenants_network_gets_a_pool_only_inside_its_namespace_and_ranges(
+    tmp_path: Path,
+) -> None:
+    """The pool a claim's own network names is the tenant's choice: it must name the claim's
+    namespace (a pool without namespaces serves admins' networks only) and lie in the class's
+    claims.ipRanges, as any address a tenant writes."""
+    ref = ObjectRef("ns", "a", "u-a")
+    cases = [
+        ({**DATA_POOL, "namespaces": None}, "serves only admins' networks"),
+        ({**DATA_POOL, "namespaces": ["other"]}, "does not serve namespace ns"),
+        (
+            {**DATA_POOL, "ranges": [{"subnet": "10.50.0.0/16"}]},
+            r"range 10\.50\.0\.0/16 is outside the ranges this DeviceClass allows",
+        ),
+    ]
+    for i, (given, why) in enumerate(cases):
+        spec = {k: v for k, v in given.items() if v is not None}
+        preparer = ipam_preparer(tmp_path / str(i), pooled("a", "u-a"), pool=spec)
+        with pytest.raises(PrepareError, match=why):
+            await preparer.prepare(ref)
+        assert preparer.ipam is not None and len(preparer.ipam.state.leases) == 0
+    ok = ipam_preparer(tmp_path / "ok", pooled("a", "u-a"))
+    assert len((await ok.prepare(ref)).devices) == 1

@@ -31,6 +31,9 @@ class FakeApiserver:
     blocks: dict[str, BlockObject] = field(default_factory=dict)
     ipamclaims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     nodes: set[str] = field(default_factory=set)
+    # "namespace/claim" -> the addresses its device status shows (allocated claims only)
+    claim_status: dict[str, list[str]] = field(default_factory=dict)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
     down: bool = False
     latency: float = 0.0
     calls: list[str] = field(default_factory=list)
@@ -62,6 +65,12 @@ class FakeApiserver:
             obj["metadata"]["deletionTimestamp"] = "2026-11-22T00:00:00Z"
         else:
             del self.ipamclaims[(namespace, name)]
+
+    def delete_node(self, name: str) -> None:
+        """As the garbage collector does: the Node's blocks go with it."""
+        self.nodes.discard(name)
+        for block in [b for b in self.blocks.values() if b.node == name]:
+            del self.blocks[block.name]
 
     async def _call(self, what: str) -> None:
         self.calls.append(what)
@@ -104,15 +113,8 @@ class FakeCluster:
         if name in self.api.blocks and self.api.blocks[name].uid == uid:
             del self.api.blocks[name]
 
-    async def take_block(self, block: BlockObject, node: str) -> bool:
-        await self.api._call(f"take block {block.name}")
-        current = self.api.blocks.get(block.name)
-        if current is None or current.resource_version != block.resource_version:
-            return False
-        self.api.blocks[block.name] = BlockObject(
-            block.name, block.pool, node, block.uid, str(next(self.api._versions))
-        )
-        return True
+    async def own_block(self, block: BlockObject, node: str) -> None:
+        await self.api._call(f"own block {block.name}")
 
     async def ipamclaim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         await self.api._call(f"get ipamclaim {namespace}/{name}")
@@ -140,12 +142,6 @@ class FakeCluster:
             if IPAMCLAIM_NODE_LABEL in o["metadata"]["labels"]
         ]
 
-    async def relabel_ipamclaim(self, claim: Mapping[str, Any], node: str) -> None:
-        meta = claim["metadata"]
-        await self.api._call(f"relabel ipamclaim {meta['namespace']}/{meta['name']}")
-        current = self.api.ipamclaims[(meta["namespace"], meta["name"])]
-        current["metadata"]["labels"][IPAMCLAIM_NODE_LABEL] = node
-
     async def unbind_ipamclaim(self, claim: Mapping[str, Any]) -> None:
         meta = claim["metadata"]
         await self.api._call(f"unbind ipamclaim {meta['namespace']}/{meta['name']}")
@@ -160,6 +156,20 @@ class FakeCluster:
     async def node_exists(self, name: str) -> bool:
         await self.api._call(f"get node {name}")
         return name in self.api.nodes
+
+    async def addresses_in_use(self, namespace: str) -> dict[str, str]:
+        await self.api._call(f"list resourceclaims {namespace}")
+        return {
+            address: claim
+            for claim, addresses in self.api.claim_status.items()
+            if claim.startswith(f"{namespace}/")
+            for address in addresses
+        }
+
+    async def record(self, obj: Mapping[str, Any], reason: str, message: str) -> None:
+        meta = obj["metadata"]
+        await self.api._call(f"event {meta['namespace']}/{meta['name']}")
+        self.api.events.append((f"{meta['namespace']}/{meta['name']}", reason, message))
 
 
 def node_allocator(api: FakeApiserver, root: Path, node: str) -> Allocator:

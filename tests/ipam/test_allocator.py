@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cnidra.ipam.allocator import AllocationError, Allocator
-from cnidra.ipam.reconcile import Reconciler
+from cnidra.ipam.reconcile import IPAMReconciler
 from tests.ipam.fakes import (
     FakeApiserver,
     FakeCluster,
@@ -115,7 +115,7 @@ async def test_the_reconciler_frees_unprepared_claims_after_the_grace_only(
     await node.assign(claim_using("data", "live"))
     await node.assign(claim_using("data", "orphan"))  # leased, then prepare failed or crashed
     now = [0.0]
-    reconciler = Reconciler(node, lambda: {"live"}, grace=60, clock=lambda: now[0] + 1e12)
+    reconciler = IPAMReconciler(node, lambda: {"live"}, grace=60, clock=lambda: now[0] + 1e12)
     now[0] = -1e12  # within the grace: a prepare may still be in flight
     assert (await reconciler.once()).freed_claim_addresses == 0
     now[0] = 0
@@ -147,7 +147,7 @@ async def test_an_ipamclaim_keeps_its_addresses_across_pods_and_nodes(
     assert addresses_of(other) != addresses_of(pod1)  # never handed out while held
     # deleted: the node holding it frees it and drops the finalizer
     api.delete_ipamclaim("vm-ns", "vm-a.data")
-    report = await Reconciler(a, lambda: {"p3"}).once()
+    report = await IPAMReconciler(a, lambda: {"p3"}).once()
     assert report.freed_ipamclaim_addresses == 1
     assert ("vm-ns", "vm-a.data") not in api.ipamclaims
     assert not a.state.is_taken("vms", ip)
@@ -167,6 +167,66 @@ async def test_an_ipamclaim_on_a_pool_without_persistent_ips_is_refused(
     with pytest.raises(AllocationError, match=r"holds 192\.0\.2\.7, which is not in CNIIPPool vms"):
         await node.assign(claim_using("vms", "p", namespace="vm-ns", ipam_claim="foreign"))
     assert len(node.state.leases) == 0
+    # whoever may write an IPAMClaim's status: the gateway and excluded addresses are never
+    # anyone's, as for an address cnidra hands out
+    api.pool("vms", {**V4, "allowPersistentIPs": True, "exclude": ["198.18.130.200/29"]})
+    node.pool_ttl = 0
+    for name, ip in (("gw", "198.18.130.1/24"), ("excl", "198.18.130.201/24")):
+        api.ipamclaim("vm-ns", name, ips=[ip])
+        with pytest.raises(AllocationError, match="never hands out"):
+            await node.assign(claim_using("vms", "p", namespace="vm-ns", ipam_claim=name))
+    assert len(node.state.leases) == 0
+
+
+async def test_an_ipamclaims_address_is_leased_before_use_where_no_node_holds_its_block(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    """An address written into an IPAMClaim's status (by a lost node, or anyone who may write
+    it) in a block no node holds: the node using it reserves the block and leases it first,
+    so no ordinary pod of that block gets it."""
+    api.pool("vms", {**V4, "allowPersistentIPs": True})
+    api.ipamclaim("vm-ns", "vm-a.data", ips=["198.18.130.20/24"])
+    node = node_allocator(api, tmp_path, "a")
+    got = await node.assign(claim_using("vms", "vm", namespace="vm-ns", ipam_claim="vm-a.data"))
+    assert addresses_of(got) == ["198.18.130.20/24"]
+    assert api.blocks["vms.0.1"].node == "a"  # .16-.31
+    handed = set()
+    for i in range(15):  # the whole block and then some
+        handed.update(addresses_of(await node.assign(claim_using("vms", f"o{i}"))))
+    assert "198.18.130.20/24" not in handed
+
+
+async def test_an_ipamclaim_deleted_under_a_running_pod_keeps_its_address_until_the_pod_goes(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    api.pool("vms", {**V4, "allowPersistentIPs": True})
+    api.ipamclaim("vm-ns", "vm-a.data")
+    a, b = node_allocator(api, tmp_path, "a"), node_allocator(api, tmp_path, "b")
+    await a.assign(claim_using("vms", "p1", namespace="vm-ns", ipam_claim="vm-a.data"))
+    (address,) = api.ipamclaims[("vm-ns", "vm-a.data")]["status"]["ips"]
+    ip = address.split("/")[0]
+    users = {("vm-ns", "vm-a.data"): {"vm-ns/claim-p1"}}
+    reconciler = IPAMReconciler(a, lambda: {"p1"}, persistent_users=lambda: users)
+    api.delete_ipamclaim("vm-ns", "vm-a.data")  # while its pod runs on this node
+    for _ in range(2):
+        assert (await reconciler.once()).freed_ipamclaim_addresses == 0
+    assert a.state.is_taken("vms", ip)
+    assert ("vm-ns", "vm-a.data") in api.ipamclaims  # kept by the finalizer, Terminating
+    ((on, reason, message),) = api.events  # said once
+    assert (on, reason) == ("vm-ns/vm-a.data", "AddressesKept")
+    assert "vm-ns/claim-p1" in message and ip in message
+    # the pod moved to node b (a live migration): b's claim status shows the address
+    users = {}
+    api.claim_status["vm-ns/claim-p2"] = [ip]
+    assert (await reconciler.once()).freed_ipamclaim_addresses == 0
+    assert a.state.is_taken("vms", ip)
+    other = await a.assign(claim_using("vms", "p3", namespace="vm-ns"))
+    assert addresses_of(other) != [address]
+    del api.claim_status["vm-ns/claim-p2"]  # the pod is gone
+    assert (await reconciler.once()).freed_ipamclaim_addresses == 1
+    assert ("vm-ns", "vm-a.data") not in api.ipamclaims
+    assert not a.state.is_taken("vms", ip)
+    assert b.state.leases.all() == []
 
 
 async def test_two_nodes_binding_one_ipamclaim_at_once_agree(
@@ -186,31 +246,46 @@ async def test_two_nodes_binding_one_ipamclaim_at_once_agree(
     assert len(persistent) == 1  # the loser released what it leased
 
 
-async def test_a_lost_nodes_blocks_are_adopted_keeping_ipamclaim_addresses(
+async def test_a_lost_nodes_blocks_go_with_it_and_its_ipamclaim_addresses_stay_held(
     api: FakeApiserver, tmp_path: Path
 ) -> None:
-    api.pool("vms", {**V4, "allowPersistentIPs": True})
+    """No node writes another's block: a lost node's go with its Node (garbage collection).
+    A live node reserving one of them again leases the IPAMClaim addresses in it first, and a
+    lost node's IPAMClaim being deleted is released by a live node once nothing holds it."""
+    small = {"ranges": [{"subnet": "198.18.134.0/27"}], "blockSize": 16}
+    api.pool("vms", {**small, "allowPersistentIPs": True})  # .1 to .30, two blocks
     api.ipamclaim("vm-ns", "vm-a.data")
     lost, survivor = node_allocator(api, tmp_path, "lost"), node_allocator(api, tmp_path, "b")
     held = addresses_of(
         await lost.assign(claim_using("vms", "p1", namespace="vm-ns", ipam_claim="vm-a.data"))
     )
-    await lost.assign(claim_using("vms", "p2"))  # an ordinary pod of the lost node
     for i in range(20):  # a second block on the lost node, with no persistent address
         await lost.assign(claim_using("vms", f"more{i}"))
     assert len([b for b in api.blocks.values() if b.node == "lost"]) == 2
-    api.nodes.discard("lost")  # the node is deleted
-    report = await Reconciler(survivor, set).once()
-    assert (report.adopted_blocks, report.released_blocks) == (2, 1)
-    assert {b.node for b in api.blocks.values()} == {"b"}
-    labels = api.ipamclaims[("vm-ns", "vm-a.data")]["metadata"]["labels"]
-    assert labels["ipam.cni.networking.x-k8s.io/node"] == "b"
+    api.delete_node("lost")
+    assert api.blocks == {}
     handed = set()
-    for i in range(30):
+    for i in range(29):  # the survivor reserves both blocks again: every address but one
         handed.update(addresses_of(await survivor.assign(claim_using("vms", f"new{i}"))))
-    assert held[0] not in handed
+    assert {b.node for b in api.blocks.values()} == {"b"} and len(api.blocks) == 2
+    assert held[0] not in handed and len(handed) == 29
+    with pytest.raises(AllocationError, match="exhausted"):
+        await survivor.assign(claim_using("vms", "one-too-many"))
+    labels = api.ipamclaims[("vm-ns", "vm-a.data")]["metadata"]["labels"]
+    assert labels["ipam.cni.networking.x-k8s.io/node"] == "lost"  # nobody relabels
+    # one of the lost node's IPAMClaims whose block nobody took again
+    orphan = api.ipamclaim("vm-ns", "orphan", ips=["198.18.135.5/24"])
+    orphan["metadata"]["labels"]["ipam.cni.networking.x-k8s.io/node"] = "lost"
+    orphan["metadata"]["finalizers"].append("cni.dra.networking.x-k8s.io/ipam")
     api.delete_ipamclaim("vm-ns", "vm-a.data")
-    assert (await Reconciler(survivor, set).once()).freed_ipamclaim_addresses == 1
+    api.delete_ipamclaim("vm-ns", "orphan")
+    api.claim_status["vm-ns/vm"] = ["198.18.135.5"]  # its pod still runs somewhere
+    report = await IPAMReconciler(survivor, set).once()
+    assert (report.freed_ipamclaim_addresses, report.released_finalizers) == (1, 0)
+    assert ("vm-ns", "vm-a.data") not in api.ipamclaims  # the survivor held its address
+    del api.claim_status["vm-ns/vm"]
+    assert (await IPAMReconciler(survivor, set).once()).released_finalizers == 1
+    assert ("vm-ns", "orphan") not in api.ipamclaims
 
 
 async def test_a_block_created_but_not_recorded_is_recovered_at_start(
@@ -268,7 +343,7 @@ async def test_a_down_apiserver_fails_a_reconcile_pass_not_the_task(
     node = node_allocator(api, tmp_path, "a")
     await node.assign(claim_using("data", "x"))
     api.down = True
-    task = asyncio.create_task(Reconciler(node, set, grace=0).run(0.01, lost_node_every=1))
+    task = asyncio.create_task(IPAMReconciler(node, set, grace=0).run(0.01, lost_node_every=1))
     await asyncio.sleep(0.1)
     assert not task.done()  # still passing, every pass failing
     api.down = False
@@ -285,7 +360,7 @@ async def test_a_claim_being_prepared_keeps_its_address_however_long_it_takes(
     node = node_allocator(api, tmp_path, "a")
     await node.assign(claim_using("data", "slow"))
     in_flight = {"slow"}
-    reconciler = Reconciler(node, lambda: in_flight, grace=0)
+    reconciler = IPAMReconciler(node, lambda: in_flight, grace=0)
     assert (await reconciler.once()).freed_claim_addresses == 0
     in_flight.clear()  # it failed and nobody gave the address back
     assert (await reconciler.once()).freed_claim_addresses == 1
