@@ -528,6 +528,8 @@ def test_the_drivers_rbac_holds_exactly_what_its_code_calls(cluster: Cluster) ->
 
     allowed = [
         ("get", "resourceclaims.resource.k8s.io", "-n", "any"),
+        # IPAM: are a deleted IPAMClaim's addresses still in a claim's status on any node
+        ("list", "resourceclaims.resource.k8s.io", "-n", "any"),
         ("patch", "resourceclaims.resource.k8s.io", "-n", "any"),
         ("patch", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "any"),
         ("list", "resourceslices.resource.k8s.io"),
@@ -539,7 +541,6 @@ def test_the_drivers_rbac_holds_exactly_what_its_code_calls(cluster: Cluster) ->
         ("create", "events", "-n", "any"),
     ]
     refused = [
-        ("list", "resourceclaims.resource.k8s.io", "-A"),
         ("watch", "resourceclaims.resource.k8s.io", "-A"),
         ("delete", "resourceclaims.resource.k8s.io", "-n", "any"),
         ("update", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "any"),
@@ -601,28 +602,44 @@ def allocated_claim(cluster: Cluster, namespace: str, name: str, node: str) -> N
     )  # fmt: skip
 
 
-def test_a_nodes_driver_writes_only_its_own_nodes_slices_and_claims(
-    cluster: Cluster, namespace: str
+def node_driver(cluster: Cluster, node: str) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """kubectl as the driver of `node`: its service account's token bound to the Node, as the
+    chart's DaemonSet gets it."""
+    token = cluster.kubectl(
+        "create", "token", "cnidra", "-n", "cnidra-system",
+        "--bound-object-kind", "Node", "--bound-object-name", node,
+    ).stdout.strip()  # fmt: skip
+    server = cluster.kubectl(
+        "config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"
+    ).stdout
+
+    def as_driver(*args: str, input_: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(cluster.bins.k8s / "kubectl"), "--kubeconfig=/dev/null", "--server", server,
+             "--insecure-skip-tls-verify", "--token", token, *args],
+            input=input_, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    return as_driver
+
+
+def refused(out: subprocess.CompletedProcess[str], why: str) -> None:
+    assert out.returncode != 0, f"admitted: {out.stdout}"
+    assert why in out.stderr, out.stderr
+
+
+def test_a_nodes_token_touches_only_its_own_node(
+    cluster: Cluster, namespace: str, second_node: tb.Node
 ) -> None:
+    """Two node-bound tokens, as a stolen one would be used: each writes its own node's slices,
+    claims (and their status), pods' network-status, blocks and IPAMClaims, never the other's."""
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac.yaml"))
     apply_policies(cluster)
+    a_node, b_node = tb.NODE, second_node.name
     try:
-        token = cluster.kubectl(
-            "create", "token", "cnidra", "-n", "cnidra-system",
-            "--bound-object-kind", "Node", "--bound-object-name", tb.NODE,
-        ).stdout.strip()  # fmt: skip
-        server = cluster.kubectl(
-            "config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"
-        ).stdout
+        as_a, as_b = node_driver(cluster, a_node), node_driver(cluster, b_node)
 
-        def as_driver(*args: str, input_: str | None = None) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(
-                [str(cluster.bins.k8s / "kubectl"), "--kubeconfig=/dev/null", "--server", server,
-                 "--insecure-skip-tls-verify", "--token", token, *args],
-                input=input_, capture_output=True, text=True, timeout=60, check=False,
-            )  # fmt: skip
-
-        def slice_for(node: str) -> subprocess.CompletedProcess[str]:
+        def slice_for(driver: Callable[..., Any], node: str) -> subprocess.CompletedProcess[str]:
             doc = {
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceSlice",
@@ -634,60 +651,81 @@ def test_a_nodes_driver_writes_only_its_own_nodes_slices_and_claims(
                     "devices": [],
                 },
             }
-            return as_driver(
+            out: subprocess.CompletedProcess[str] = driver(
                 "apply", "--server-side", "--field-manager", "cnidra", "-f", "-",
                 input_=yaml.safe_dump(doc),
             )  # fmt: skip
+            return out
 
-        def finalize(claim: str) -> subprocess.CompletedProcess[str]:
-            patch = {"metadata": {"finalizers": ["cni.dra.networking.x-k8s.io/interfaces"]}}
-            return as_driver(
-                "patch", "resourceclaim", claim, "-n", namespace, "--type=merge",
-                "-p", json.dumps(patch),
-            )  # fmt: skip
-
-        own = slice_for(tb.NODE)
+        own = slice_for(as_a, a_node)
         assert own.returncode == 0, own.stderr
         other = cluster.wait(
             "the node-scope policy to refuse",
-            lambda: (out := slice_for("some-other-node")).returncode != 0 and out,
+            lambda: (out := slice_for(as_a, b_node)).returncode != 0 and out,
             20,
         )
-        assert "may write only that node's ResourceSlices" in other.stderr, other.stderr
+        refused(other, "may write only that node's ResourceSlices")
+        refused(slice_for(as_b, a_node), "may write only that node's ResourceSlices")
 
-        allocated_claim(cluster, namespace, "mine", tb.NODE)
-        allocated_claim(cluster, namespace, "theirs", "some-other-node")
-        mine = finalize("mine")
+        allocated_claim(cluster, namespace, "mine", a_node)
+        allocated_claim(cluster, namespace, "theirs", b_node)
+
+        def finalize(driver: Callable[..., Any], claim: str) -> subprocess.CompletedProcess[str]:
+            patch = {"metadata": {"finalizers": ["cni.dra.networking.x-k8s.io/interfaces"]}}
+            out: subprocess.CompletedProcess[str] = driver(
+                "patch", "resourceclaim", claim, "-n", namespace, "--type=merge",
+                "-p", json.dumps(patch),
+            )  # fmt: skip
+            return out
+
+        def claim_status(
+            driver: Callable[..., Any], claim: str
+        ) -> subprocess.CompletedProcess[str]:
+            device = {
+                "driver": "cni.dra.networking.x-k8s.io", "pool": a_node, "device": "tbdata0",
+                "networkData": {"interfaceName": "net1", "ips": ["198.18.9.9/24"]},
+            }  # fmt: skip
+            out: subprocess.CompletedProcess[str] = driver(
+                "patch", "resourceclaim", claim, "-n", namespace, "--subresource=status",
+                "--type=merge", "-p", json.dumps({"status": {"devices": [device]}}),
+            )  # fmt: skip
+            return out
+
+        mine = finalize(as_a, "mine")
         assert mine.returncode == 0, mine.stderr
-        theirs = finalize("theirs")
-        assert theirs.returncode != 0
-        assert "may write only claims allocated to that node" in theirs.stderr, theirs.stderr
+        refused(finalize(as_a, "theirs"), "may write only claims allocated to that node")
+        refused(claim_status(as_b, "mine"), "may write only claims allocated to that node")
+        status = claim_status(as_a, "mine")
+        assert status.returncode == 0, status.stderr
 
         # pods: the network-status annotation of pods on its node, nothing else
-        for name, node in (("here", tb.NODE), ("there", "some-other-node")):
+        for name, node in (("here", a_node), ("there", b_node)):
             cluster.apply_in(namespace, pod(name, env_image(), nodeName=node))
 
-        def annotate(name: str, **annotations: str) -> subprocess.CompletedProcess[str]:
+        def annotate(
+            driver: Callable[..., Any], name: str, **annotations: str
+        ) -> subprocess.CompletedProcess[str]:
             patch = {"metadata": {"annotations": annotations}}
-            return as_driver(
+            out: subprocess.CompletedProcess[str] = driver(
                 "patch", "pod", name, "-n", namespace, "--type=merge", "-p", json.dumps(patch)
             )
+            return out
 
-        status = json.dumps([{"name": "ns/green", "interface": "net1", "ips": ["198.18.9.2"]}])
-        here = annotate("here", **{"k8s.v1.cni.cncf.io/network-status": status})
+        net = {"k8s.v1.cni.cncf.io/network-status": json.dumps([{"name": "ns/green"}])}
+        here = annotate(as_a, "here", **net)
         assert here.returncode == 0, here.stderr
-        there = annotate("there", **{"k8s.v1.cni.cncf.io/network-status": status})
-        assert there.returncode != 0
-        assert "may write only pods on that node" in there.stderr, there.stderr
-        other = annotate("here", **{"example.com/owner": "cnidra"})
-        assert other.returncode != 0
-        assert "may change only the annotation" in other.stderr, other.stderr
-        label = as_driver("label", "pod", "here", "-n", namespace, "app=x")
-        assert label.returncode != 0 and "may change only the annotation" in label.stderr
-        ipam_writes_are_node_scoped(cluster, namespace, as_driver)
+        refused(annotate(as_a, "there", **net), "may write only pods on that node")
+        refused(annotate(as_b, "here", **net), "may write only pods on that node")
+        refused(
+            annotate(as_a, "here", **{"example.com/owner": "x"}), "may change only the annotation"
+        )
+        refused(
+            as_a("label", "pod", "here", "-n", namespace, "app=x"), "may change only the annotation"
+        )
+        ipam_writes_are_node_scoped(cluster, namespace, as_a, as_b, a_node, b_node)
     finally:
-        for name in (f"scope-test-{tb.NODE}", "scope-test-some-other-node"):
-            cluster.kubectl("delete", "resourceslice", name, "--ignore-not-found")
+        for node in (a_node, b_node):
+            cluster.kubectl("delete", "resourceslice", f"scope-test-{node}", "--ignore-not-found")
         cluster.kubectl("delete", "cniipblocks", "-l", "cni.networking.x-k8s.io/pool=scope-test")
         for name in ("here", "there"):
             cluster.kubectl(
@@ -699,65 +737,91 @@ def test_a_nodes_driver_writes_only_its_own_nodes_slices_and_claims(
                 "-p", '{"metadata":{"finalizers":null}}', check=False,
             )  # fmt: skip
         cluster.kubectl(
+            "patch", "ipamclaim", "vm.scope", "-n", namespace, "--type=merge",
+            "-p", '{"metadata":{"finalizers":null}}', check=False,
+        )  # fmt: skip
+        cluster.kubectl(
             "delete", "-f", str(ROOT / "deploy" / "admission.yaml"), "--ignore-not-found"
         )
 
 
 def ipam_writes_are_node_scoped(
-    cluster: Cluster, namespace: str, as_driver: Callable[..., subprocess.CompletedProcess[str]]
+    cluster: Cluster,
+    namespace: str,
+    as_a: Callable[..., subprocess.CompletedProcess[str]],
+    as_b: Callable[..., subprocess.CompletedProcess[str]],
+    a_node: str,
+    b_node: str,
 ) -> None:
-    """cnidra IPAM's objects: blocks only for its own node, IPAMClaims only its finalizer, its
-    node label and the status of those it holds."""
+    """cnidra IPAM's objects: blocks only of its own node, owned by its Node, never another's
+    (the old spec.node is compared); of an IPAMClaim its finalizer (dropped only once it is
+    being deleted), its node label (only of one nobody holds with addresses) and the status
+    of those it holds, never rewriting the addresses."""
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "crds.yaml"))
     cluster.wait(
         "the IPAM CRDs",
         lambda: cluster.kubectl("get", "cniipblocks,ipamclaims", "-A", check=False).returncode == 0,
         60,
     )
+    uids = {n: cluster.get("node", n)["metadata"]["uid"] for n in (a_node, b_node)}
 
-    def block(index: int, node: str) -> subprocess.CompletedProcess[str]:
+    def block(
+        driver: Callable[..., subprocess.CompletedProcess[str]],
+        index: int,
+        node: str,
+        owner: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        owner = owner if owner is not None else node
+        meta: dict[str, Any] = {
+            "name": f"scope-test.0.{index}",
+            "labels": {
+                "cni.networking.x-k8s.io/pool": "scope-test",
+                "cni.networking.x-k8s.io/node": node,
+            },
+        }
+        if owner:
+            meta["ownerReferences"] = [
+                {"apiVersion": "v1", "kind": "Node", "name": owner, "uid": uids[owner]}
+            ]
         doc = {
             "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
             "kind": "CNIIPBlock",
-            "metadata": {
-                "name": f"scope-test.0.{index}",
-                "labels": {
-                    "cni.networking.x-k8s.io/pool": "scope-test",
-                    "cni.networking.x-k8s.io/node": node,
-                },
-            },
-            "spec": {"pool": "scope-test", "range": 0, "cidr": "198.18.9.0/28", "node": node},
-        }
-        return as_driver("create", "-f", "-", input_=json.dumps(doc))
-
-    mine = block(0, tb.NODE)
-    assert mine.returncode == 0, mine.stderr
-    theirs = block(1, "some-other-node")
-    assert theirs.returncode != 0
-    assert "may reserve, take and release blocks only for that node" in theirs.stderr
-    cluster.apply(  # as the admin: another node's block
-        {
-            "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
-            "kind": "CNIIPBlock",
-            "metadata": {
-                "name": "scope-test.0.2",
-                "labels": {"cni.networking.x-k8s.io/pool": "scope-test"},
-            },
+            "metadata": meta,
             "spec": {
                 "pool": "scope-test",
                 "range": 0,
-                "cidr": "198.18.9.32/28",
-                "node": "some-other-node",
+                "cidr": f"198.18.9.{index * 16}/28",
+                "node": node,
             },
         }
+        return driver("create", "-f", "-", input_=json.dumps(doc))
+
+    why = "may reserve, change and release only blocks of that node"
+    mine = block(as_a, 0, a_node)
+    assert mine.returncode == 0, mine.stderr
+    refused(block(as_a, 1, b_node), why)
+    refused(block(as_a, 1, a_node, owner=""), why)  # not owned by its Node: never collected
+    refused(block(as_a, 1, a_node, owner=b_node), why)
+    theirs = block(as_b, 2, b_node)
+    assert theirs.returncode == 0, theirs.stderr
+    a_owner = {"apiVersion": "v1", "kind": "Node", "name": a_node, "uid": uids[a_node]}
+    take = {
+        "metadata": {
+            "labels": {"cni.networking.x-k8s.io/node": a_node},
+            "ownerReferences": [a_owner],
+        },
+        "spec": {"node": a_node},
+    }
+    refused(
+        as_a("patch", "cniipblock", "scope-test.0.2", "--type=merge", "-p", json.dumps(take)), why
     )
-    delete = as_driver("delete", "cniipblock", "scope-test.0.2")
-    assert delete.returncode != 0 and "only for that node" in delete.stderr, delete.stderr
-    steal = as_driver(
+    refused(as_a("delete", "cniipblock", "scope-test.0.2"), why)
+    refused(as_b("delete", "cniipblock", "scope-test.0.0"), why)
+    steal = as_a(
         "patch", "cniipblock", "scope-test.0.0", "--type=merge",
         "-p", json.dumps({"spec": {"cidr": "198.18.9.64/28"}}),
     )  # fmt: skip
-    assert steal.returncode != 0 and "only for that node" in steal.stderr, steal.stderr
+    refused(steal, why)
 
     cluster.apply_in(
         namespace,
@@ -769,32 +833,38 @@ def ipam_writes_are_node_scoped(
         },
     )
 
-    def patch_claim(patch: dict[str, Any], *extra: str) -> subprocess.CompletedProcess[str]:
-        return as_driver(
+    def patch_claim(
+        driver: Callable[..., subprocess.CompletedProcess[str]], patch: dict[str, Any], *extra: str
+    ) -> subprocess.CompletedProcess[str]:
+        return driver(
             "patch", "ipamclaim", "vm.scope", "-n", namespace, "--type=merge",
             "-p", json.dumps(patch), *extra,
         )  # fmt: skip
 
-    foreign = patch_claim({"status": {"ips": ["198.18.9.5/28"]}}, "--subresource=status")
-    assert foreign.returncode != 0 and "IPAMClaims it holds" in foreign.stderr, foreign.stderr
-    other_holder = patch_claim(
-        {"metadata": {"labels": {"ipam.cni.networking.x-k8s.io/node": "some-other-node"}}}
-    )
-    assert other_holder.returncode != 0 and "only its finalizer" in other_holder.stderr
-    hold = patch_claim(
-        {
-            "metadata": {
-                "labels": {"ipam.cni.networking.x-k8s.io/node": tb.NODE},
-                "finalizers": ["cni.dra.networking.x-k8s.io/ipam"],
-            }
-        }
-    )
+    holder = "ipam.cni.networking.x-k8s.io/node"
+    finalizer = "cni.dra.networking.x-k8s.io/ipam"
+    ips = {"status": {"ips": ["198.18.9.5/28"]}}
+    refused(patch_claim(as_a, ips, "--subresource=status"), "IPAMClaims it holds")
+    hold = patch_claim(as_a, {"metadata": {"labels": {holder: a_node}, "finalizers": [finalizer]}})
     assert hold.returncode == 0, hold.stderr
-    status = patch_claim({"status": {"ips": ["198.18.9.5/28"]}}, "--subresource=status")
+    status = patch_claim(as_a, ips, "--subresource=status")
     assert status.returncode == 0, status.stderr
-    spec = patch_claim({"spec": {"interface": "net9"}})
-    assert spec.returncode != 0 and "only its finalizer" in spec.stderr, spec.stderr
-    release = patch_claim({"metadata": {"finalizers": None}})
+    # node B: neither the label, nor the status, nor the finalizer of A's IPAMClaim
+    refused(patch_claim(as_b, {"metadata": {"labels": {holder: b_node}}}), "may mark itself")
+    refused(
+        patch_claim(as_b, {"status": {"ips": ["198.18.9.6/28"]}}, "--subresource=status"),
+        "IPAMClaims it holds",
+    )
+    refused(patch_claim(as_b, {"metadata": {"finalizers": None}}), "only its node label")
+    # node A: not the addresses it wrote, nor anything but its label and finalizer
+    refused(
+        patch_claim(as_a, {"status": {"ips": ["198.18.9.6/28"]}}, "--subresource=status"),
+        "never rewrites",
+    )
+    refused(patch_claim(as_a, {"spec": {"interface": "net9"}}), "only its node label")
+    refused(patch_claim(as_a, {"metadata": {"finalizers": None}}), "only its node label")
+    cluster.kubectl("delete", "ipamclaim", "vm.scope", "-n", namespace, "--wait=false")
+    release = patch_claim(as_a, {"metadata": {"finalizers": None}})  # being deleted: allowed
     assert release.returncode == 0, release.stderr
 
 
