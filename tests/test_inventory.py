@@ -84,6 +84,42 @@ def test_a_veths_peer_index_in_another_namespace_is_not_a_link_here() -> None:
     assert carrying_node(links, ["198.51.100.1"]) == {"cni0", "veth1"}
 
 
+def test_a_link_the_node_routes_through_carries_the_node() -> None:
+    """A storage or management route via a gateway: the node's own traffic leaves there, as
+    much as through the default route, so the link (and a plain route's link is not)."""
+    from unittest import mock
+
+    from cnidra.inventory import links as module
+
+    class Msg(dict):  # type: ignore[type-arg]
+        def get_nested(self, *keys: str) -> None:
+            return None
+
+        def get_attr(self, key: str) -> object:
+            return self.get(key)
+
+    raw = [
+        Msg(index=i, flags=0, IFLA_IFNAME=name, IFLA_LINK=None)
+        for i, name in ((3, "storage0"), (4, "data0"), (5, "mgmt0"), (6, "mgmt1"))
+    ]
+    routes = [
+        Msg(dst_len=24, RTA_OIF=3, RTA_GATEWAY="198.18.50.1"),  # 198.18.60.0/24 via it
+        Msg(dst_len=24, RTA_OIF=4),  # data0's own subnet, no gateway
+        Msg(dst_len=16, RTA_OIF=None, RTA_MULTIPATH=[{"oif": 5}, {"oif": 6}]),
+    ]
+    ipr = mock.MagicMock()
+    ipr.__enter__.return_value = ipr
+    ipr.get_links.return_value = raw
+    ipr.get_addr.return_value = []
+    ipr.get_routes.side_effect = lambda family, table: routes if family == 2 else []
+    with (
+        mock.patch.object(module, "IPRoute", return_value=ipr),
+        mock.patch.object(module, "_sysfs", return_value={}),
+    ):
+        links = module.read_links()
+    assert carrying_node(links) == {"storage0", "mgmt0", "mgmt1"}
+
+
 def test_a_link_change_in_the_nodes_namespace_wakes_the_publisher(in_node: Path) -> None:
     """The publisher's netlink wakeup: raw rtnetlink events, counted and never decoded."""
     import select

@@ -37,6 +37,7 @@ class Link:
     master: int | None = None  # the bridge or bond it is a port of
     lower: int | None = None  # the link a vlan/macvlan sits on
     default_route: bool = False  # a default route (IPv4 or IPv6) leaves through it
+    gateway_route: bool = False  # a route of the node's via a gateway leaves through it
     # a veth whose peer lives in another network namespace (a pod's, or a container's)
     peer_elsewhere: bool = False
 
@@ -85,12 +86,17 @@ def read_links() -> list[Link]:
     with IPRoute() as ipr:
         raw_links = ipr.get_links()
         raw_addrs = ipr.get_addr()
-        defaults = {
-            route.get_attr("RTA_OIF")
+        routes = [
+            route
             for family in (_AF_INET, _AF_INET6)
             for route in ipr.get_routes(family=family, table=254)
-            if route["dst_len"] == 0
-        }
+        ]
+    defaults = {r.get_attr("RTA_OIF") for r in routes if r["dst_len"] == 0}
+    # the node reaches other networks through a gateway on these (a storage or management
+    # route): traffic of the node's own, as much as a default route's
+    routed = {r.get_attr("RTA_OIF") for r in routes if r.get_attr("RTA_GATEWAY")} | {
+        hop.get("oif") for r in routes for hop in (r.get_attr("RTA_MULTIPATH") or [])
+    }
     v4: dict[int, list[str]] = {}
     v6: dict[int, list[str]] = {}
     for addr in raw_addrs:
@@ -130,6 +136,7 @@ def read_links() -> list[Link]:
                 if msg.get("IFLA_LINK_NETNSID") is not None
                 else (msg.get("IFLA_LINK") or None),
                 default_route=msg["index"] in defaults,
+                gateway_route=msg["index"] in routed,
                 peer_elsewhere=link_kind == "veth" and msg.get("IFLA_LINK_NETNSID") is not None,
             )
         )
@@ -153,9 +160,9 @@ def primary_bridges(links: Iterable[Link]) -> frozenset[int]:
 
 def carrying_node(links: Iterable[Link], node_ips: Iterable[str] = ()) -> frozenset[str]:
     """Links no pod may get: those that carry the node itself (loopback, links with a default
-    route or one of the node's addresses, its InternalIP), the bridges of another network of
-    pods (`primary_bridges`), and every link bound to one of those (the bridge or bond it is a
-    port of, its ports, the link a vlan sits on)."""
+    route, a route via a gateway, or one of the node's addresses, its InternalIP), the bridges
+    of another network of pods (`primary_bridges`), and every link bound to one of those (the
+    bridge or bond it is a port of, its ports, the link a vlan sits on)."""
     links = list(links)
     by_index = {link.index: link for link in links}
     ips = {ip.split("/")[0] for ip in node_ips}
@@ -164,6 +171,7 @@ def carrying_node(links: Iterable[Link], node_ips: Iterable[str] = ()) -> frozen
         for link in links
         if link.loopback
         or link.default_route
+        or link.gateway_route
         or ips & {a.split("/")[0] for a in (*link.ipv4, *link.ipv6)}
     } | primary_bridges(links)
     grew = True
