@@ -685,9 +685,15 @@ def test_a_nodes_token_touches_only_its_own_node(
                 "driver": "cni.dra.networking.x-k8s.io", "pool": a_node, "device": "tbdata0",
                 "networkData": {"interfaceName": "net1", "ips": ["198.18.9.9/24"]},
             }  # fmt: skip
-            out: subprocess.CompletedProcess[str] = driver(
-                "patch", "resourceclaim", claim, "-n", namespace, "--subresource=status",
-                "--type=merge", "-p", json.dumps({"status": {"devices": [device]}}),
+            doc = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": claim, "namespace": namespace},
+                "status": {"devices": [device]},
+            }
+            out: subprocess.CompletedProcess[str] = driver(  # as the driver writes it: applied
+                "apply", "--server-side", "--field-manager", "cnidra", "--subresource=status",
+                "-f", "-", input_=json.dumps(doc),
             )  # fmt: skip
             return out
 
@@ -726,7 +732,9 @@ def test_a_nodes_token_touches_only_its_own_node(
     finally:
         for node in (a_node, b_node):
             cluster.kubectl("delete", "resourceslice", f"scope-test-{node}", "--ignore-not-found")
-        cluster.kubectl("delete", "cniipblocks", "-l", "cni.networking.x-k8s.io/pool=scope-test")
+        cluster.kubectl(
+            "delete", "cniipblocks", "-l", "cni.networking.x-k8s.io/pool=scope-test", check=False
+        )  # fmt: skip
         for name in ("here", "there"):
             cluster.kubectl(
                 "delete", "pod", name, "-n", namespace, "--wait=false", "--ignore-not-found"
