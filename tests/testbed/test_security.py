@@ -710,31 +710,24 @@ def test_a_nodes_token_touches_only_its_own_node(
         )
         status = claim_status(as_a, "mine")
         assert status.returncode == 0, status.stderr
-
-        # pods: the network-status annotation of pods on its node, nothing else
-        for name, node in (("here", a_node), ("there", b_node)):
-            cluster.apply_in(namespace, pod(name, env_image(), nodeName=node))
-
-        def annotate(
-            driver: Callable[..., Any], name: str, **annotations: str
-        ) -> subprocess.CompletedProcess[str]:
-            patch = {"metadata": {"annotations": annotations}}
-            out: subprocess.CompletedProcess[str] = driver(
-                "patch", "pod", name, "-n", namespace, "--type=merge", "-p", json.dumps(patch)
+        # as on 1.34/1.35, where the granular status authorization does not exist: RBAC lets
+        # every node's token patch resourceclaims/status, and the policy alone scopes it
+        tb.stop("kube-apiserver")
+        tb.start_apiserver(cluster.bins, {"DRAResourceClaimGranularStatusAuthorization": False})
+        try:
+            cluster.wait(
+                "the policies to be loaded again",
+                lambda: "may write only that node's" in slice_for(as_a, b_node).stderr,
+                30,
             )
-            return out
+            refused(claim_status(as_b, "mine"), "may write only claims allocated to that node")
+            again = claim_status(as_a, "mine")
+            assert again.returncode == 0, again.stderr
+        finally:
+            tb.stop("kube-apiserver")
+            tb.start_apiserver(cluster.bins)
 
-        net = {"k8s.v1.cni.cncf.io/network-status": json.dumps([{"name": "ns/green"}])}
-        here = annotate(as_a, "here", **net)
-        assert here.returncode == 0, here.stderr
-        refused(annotate(as_a, "there", **net), "may write only pods on that node")
-        refused(annotate(as_b, "here", **net), "may write only pods on that node")
-        refused(
-            annotate(as_a, "here", **{"example.com/owner": "x"}), "may change only the annotation"
-        )
-        refused(
-            as_a("label", "pod", "here", "-n", namespace, "app=x"), "may change only the annotation"
-        )
+        pod_writes_are_node_scoped(cluster, namespace, as_a, as_b, a_node, b_node)
         ipam_writes_are_node_scoped(cluster, namespace, as_a, as_b, a_node, b_node)
     finally:
         for node in (a_node, b_node):
@@ -758,6 +751,38 @@ def test_a_nodes_token_touches_only_its_own_node(
         cluster.kubectl(
             "delete", "-f", str(ROOT / "deploy" / "admission.yaml"), "--ignore-not-found"
         )
+
+
+def pod_writes_are_node_scoped(
+    cluster: Cluster,
+    namespace: str,
+    as_a: Callable[..., subprocess.CompletedProcess[str]],
+    as_b: Callable[..., subprocess.CompletedProcess[str]],
+    a_node: str,
+    b_node: str,
+) -> None:
+    """Pods: the network-status annotation of pods on its own node, nothing else."""
+    for name, node in (("here", a_node), ("there", b_node)):
+        cluster.apply_in(namespace, pod(name, env_image(), nodeName=node))
+
+    def annotate(
+        driver: Callable[..., Any], name: str, **annotations: str
+    ) -> subprocess.CompletedProcess[str]:
+        patch = {"metadata": {"annotations": annotations}}
+        out: subprocess.CompletedProcess[str] = driver(
+            "patch", "pod", name, "-n", namespace, "--type=merge", "-p", json.dumps(patch)
+        )
+        return out
+
+    net = {"k8s.v1.cni.cncf.io/network-status": json.dumps([{"name": "ns/green"}])}
+    here = annotate(as_a, "here", **net)
+    assert here.returncode == 0, here.stderr
+    refused(annotate(as_a, "there", **net), "may write only pods on that node")
+    refused(annotate(as_b, "here", **net), "may write only pods on that node")
+    refused(annotate(as_a, "here", **{"example.com/owner": "x"}), "may change only the annotation")
+    refused(
+        as_a("label", "pod", "here", "-n", namespace, "app=x"), "may change only the annotation"
+    )
 
 
 def ipam_writes_are_node_scoped(
