@@ -89,6 +89,12 @@ STATUS_WRITES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+POD_WRITES = Counter(
+    "cnidra_pod_writes_total",
+    "Writes about pods (the network-status annotation, Events) by kind and outcome",
+    ["kind", "outcome"],
+    registry=REGISTRY,
+)
 CLAIM_LOOKUPS = Counter(
     "cnidra_claim_lookups_total",
     "ResourceClaim GETs at prepare by result",

@@ -6,7 +6,13 @@ server-side apply and retries with backoff, so a down apiserver delays status, n
 - a finalizer on claims whose interfaces could not be removed yet,
 - Events on pods for failed attaches and detaches,
 - the pod's `k8s.v1.cni.cncf.io/network-status` annotation (Multus' format), for readers of
-  it: cnidra's entries replace its earlier ones, every other writer's entry stays."""
+  it: cnidra's entries replace its earlier ones, every other writer's entry stays.
+
+One claim's or one pod's failure never holds up the others: each has its own backoff, a write
+the apiserver refuses for good (403, 404, 422, a UID precondition) is dropped with a warning
+and counted, every apiserver call has a timeout, the Event queue is bounded (the oldest goes
+first) and an Event gets a few attempts. The pod's annotation is tenant input: read with a
+size and depth bound, and anything but a list of objects is replaced."""
 
 from __future__ import annotations
 
@@ -15,7 +21,9 @@ import contextlib
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,6 +36,7 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimStatus
 from lightkube.types import PatchType
 
 from cnidra.api.constants import DRIVER_NAME
+from cnidra.api.loading import LoadError, load_json
 from cnidra.api.refs import ObjectRef
 from cnidra.observe import metrics
 from cnidra.status.devices import NETWORK_STATUS_ANNOTATION
@@ -39,6 +48,30 @@ log = logging.getLogger(__name__)
 STATUS_MANAGER = "cnidra"
 FINALIZER_MANAGER = "cnidra-detach"
 FINALIZER = f"{DRIVER_NAME}/interfaces"
+REQUEST_TIMEOUT = 10.0  # one apiserver call of the writer
+MAX_EVENTS = 1000  # queued Events; beyond, the oldest is dropped
+EVENT_ATTEMPTS = 5
+ANNOTATION_MAX_BYTES = 256 * 1024  # a network-status annotation larger is not read
+
+
+def refused_for_good(exc: BaseException) -> bool:
+    """An apiserver answer that no retry changes: forbidden (a policy, a terminating namespace),
+    not found, invalid, or a UID precondition of an object deleted and made again."""
+    if not isinstance(exc, ApiError):
+        return False
+    code = exc.status.code or 0
+    if code == 409:
+        return "uid" in (exc.status.message or "").lower()
+    return code in (400, 403, 404, 405, 410, 413, 415, 422)
+
+
+@dataclass
+class _Event:
+    pod: ObjectRef
+    reason: str
+    message: str
+    type: str
+    attempts: int = 0
 
 
 DeviceKey = tuple[str, str, str, str]  # driver, pool, device, shareID
@@ -50,7 +83,7 @@ class StatusSink(Protocol):
     def put(self, claim: ObjectRef, entry: dict[str, Any]) -> None: ...
     def drop(self, claim: ObjectRef, keys: list[DeviceKey]) -> None: ...
     def finalizer(self, claim: ObjectRef, present: bool) -> None: ...
-    def event(self, pod: ObjectRef, reason: str, message: str) -> None: ...
+    def event(self, pod: ObjectRef, reason: str, message: str, type_: str = "Warning") -> None: ...
     def pod_networks(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None: ...
 
 
@@ -73,12 +106,14 @@ class StatusWriter:
         self.releases = releases
         self._devices: dict[ObjectRef, dict[DeviceKey, dict[str, Any]]] = {}
         self._finalizer: dict[ObjectRef, bool] = {}
-        self._events: list[tuple[ObjectRef, str, str]] = []
+        self._events: deque[_Event] = deque(maxlen=MAX_EVENTS)
+        self._events_backoff = Backoff(0.5, 30.0)
+        self._events_due = 0.0
         # pod -> its cnidra interfaces as network-status entries, waiting to be written
         self._pod_networks: dict[ObjectRef, list[dict[str, Any]]] = {}
         self._written_interfaces: dict[ObjectRef, set[str]] = {}
-        self._pods_backoff = Backoff(0.5, 30.0)
-        self._pods_due = 0.0
+        self._pods_backoff: dict[ObjectRef, Backoff] = {}
+        self._pods_due: dict[ObjectRef, float] = {}
         self._dirty: dict[ObjectRef, float] = {}
         self._queued_at: dict[ObjectRef, float] = {}  # the oldest change not yet written
         self._wake = asyncio.Event()
@@ -142,12 +177,15 @@ class StatusWriter:
             self._drained.clear()
             await self._drained.wait()
 
-    def event(self, pod: ObjectRef, reason: str, message: str) -> None:
-        self._events.append((pod, reason, message))
+    def event(self, pod: ObjectRef, reason: str, message: str, type_: str = "Warning") -> None:
+        if len(self._events) == self._events.maxlen:
+            metrics.POD_WRITES.labels("event", "dropped").inc()  # the oldest gives way
+        self._events.append(_Event(pod, reason, message, type_))
         self._wake.set()
 
     def pod_networks(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
         self._pod_networks[pod] = statuses
+        self._pods_due.pop(pod, None)  # a new change is due now, whatever the last one's backoff
         self._wake.set()
 
     def pending(self) -> int:
@@ -189,14 +227,16 @@ class StatusWriter:
                         exc,
                         delay,
                     )
-            await self._send_events()
-            if self._pod_networks and self._pods_due <= time.monotonic():
+            if self._events and self._events_due <= time.monotonic():
+                await self._send_events()
+            if self._pod_networks:
                 await self._write_pod_networks()
             if not self.pending():
                 self._drained.set()
             waits = [at - time.monotonic() for at in self._dirty.values()]
-            if self._pod_networks:
-                waits.append(self._pods_due - time.monotonic())
+            waits += [self._pods_due.get(p, 0.0) - time.monotonic() for p in self._pod_networks]
+            if self._events:
+                waits.append(self._events_due - time.monotonic())
             timeout = max(0.05, min(waits)) if waits else None
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
@@ -213,18 +253,18 @@ class StatusWriter:
             "status": {"devices": devices},
         }
         try:
-            await self.client.patch(
-                ResourceClaimStatus,
-                claim.name,
-                body,
-                namespace=claim.namespace,
-                patch_type=PatchType.APPLY,
-                field_manager=STATUS_MANAGER,
-                force=True,
-            )
+            async with asyncio.timeout(REQUEST_TIMEOUT):
+                await self.client.patch(
+                    ResourceClaimStatus,
+                    claim.name,
+                    body,
+                    namespace=claim.namespace,
+                    patch_type=PatchType.APPLY,
+                    field_manager=STATUS_MANAGER,
+                    force=True,
+                )
         except ApiError as exc:
-            gone = exc.status.code == 409 and "uid" in (exc.status.message or "").lower()
-            if exc.status.code in (403, 422) or gone:  # gone: the claim was deleted
+            if exc.status.code != 404 and refused_for_good(exc):  # 409 UID: the claim was deleted
                 # refused for good (the claim no longer allocated to this node, a status the
                 # API will never take): retrying every 30 s for the life of the driver fixes
                 # nothing and keeps the queue from draining
@@ -246,41 +286,69 @@ class StatusWriter:
                 "finalizers": [FINALIZER] if wanted else [],
             }
             try:
-                await self.client.patch(
-                    ResourceClaim,
-                    claim.name,
-                    {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta},
-                    namespace=claim.namespace,
-                    patch_type=PatchType.APPLY,
-                    field_manager=FINALIZER_MANAGER,
-                    force=True,
-                )
+                async with asyncio.timeout(REQUEST_TIMEOUT):
+                    await self.client.patch(
+                        ResourceClaim,
+                        claim.name,
+                        {
+                            "apiVersion": "resource.k8s.io/v1",
+                            "kind": "ResourceClaim",
+                            "metadata": meta,
+                        },
+                        namespace=claim.namespace,
+                        patch_type=PatchType.APPLY,
+                        field_manager=FINALIZER_MANAGER,
+                        force=True,
+                    )
             except ApiError as exc:
-                if exc.status.code not in (404, 422):
+                if not refused_for_good(exc):
                     raise
+                if exc.status.code != 404:  # gone: nothing to hold or release
+                    log.warning(
+                        "finalizer of claim %s/%s refused (%s %s); not retried",
+                        claim.namespace, claim.name, exc.status.code, exc.status.message,
+                    )  # fmt: skip
+                    metrics.STATUS_WRITES.labels("refused").inc()
             if not wanted:
                 self._finalizer.pop(claim, None)
                 self._remember_release(claim, False)
 
     async def _write_pod_networks(self) -> None:
+        """Each pod due on its own backoff: one pod's failure never holds up another's."""
         for pod in list(self._pod_networks):
+            if self._pods_due.get(pod, 0.0) > time.monotonic():
+                continue
             statuses = self._pod_networks[pod]
             try:
-                await self._annotate(pod, statuses)
+                async with asyncio.timeout(REQUEST_TIMEOUT):
+                    await self._annotate(pod, statuses)
+            except asyncio.CancelledError:
+                raise
             except Exception as exc:
-                delay = self._pods_backoff.next()
-                self._pods_due = time.monotonic() + delay
+                if refused_for_good(exc):
+                    log.warning(
+                        "network-status of pod %s/%s refused (%s); not retried",
+                        pod.namespace, pod.name, exc,
+                    )  # fmt: skip
+                    metrics.POD_WRITES.labels("network-status", "refused").inc()
+                    self._forget_pod(pod, statuses)
+                    continue
+                metrics.POD_WRITES.labels("network-status", "error").inc()
+                delay = self._pods_backoff.setdefault(pod, Backoff(0.5, 30.0)).next()
+                self._pods_due[pod] = time.monotonic() + delay
                 log.warning(
                     "network-status of pod %s/%s not written (%s); retry in %.1fs",
-                    pod.namespace,
-                    pod.name,
-                    exc,
-                    delay,
-                )
-                return
-            self._pods_backoff.reset()
-            if self._pod_networks.get(pod) is statuses:
-                del self._pod_networks[pod]
+                    pod.namespace, pod.name, exc, delay,
+                )  # fmt: skip
+                continue
+            metrics.POD_WRITES.labels("network-status", "ok").inc()
+            self._forget_pod(pod, statuses)
+
+    def _forget_pod(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
+        self._pods_backoff.pop(pod, None)
+        self._pods_due.pop(pod, None)
+        if self._pod_networks.get(pod) is statuses:  # not replaced meanwhile
+            del self._pod_networks[pod]
 
     async def _annotate(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
         if self.client is None:
@@ -300,14 +368,11 @@ class StatusWriter:
             return  # going away: nobody reads its networks any more
         ours = {s["interface"] for s in statuses} | self._written_interfaces.get(pod, set())
         current = (obj.metadata.annotations or {}).get(NETWORK_STATUS_ANNOTATION)
-        try:
-            kept = [e for e in json.loads(current or "[]") if e.get("interface") not in ours]
-        except (ValueError, AttributeError, TypeError):
-            kept = []  # not a list of objects: not the spec's format, replaced
+        kept = other_entries(current, ours, pod)
         patch = {
             "metadata": {
                 "resourceVersion": obj.metadata.resourceVersion,
-                "annotations": {NETWORK_STATUS_ANNOTATION: json.dumps([*kept, *statuses])},
+                "annotations": {NETWORK_STATUS_ANNOTATION: _dumps([*kept, *statuses])},
             }
         }
         await self.client.patch(
@@ -319,25 +384,78 @@ class StatusWriter:
             self._written_interfaces.pop(pod, None)
 
     async def _send_events(self) -> None:
+        """The queued Events in order; one the apiserver refuses for good is dropped, one that
+        fails otherwise is tried again later (at most EVENT_ATTEMPTS times), and the rest wait
+        for the backoff rather than hammering an apiserver that is down."""
         if self.client is None:
             self._events.clear()
             return
         while self._events:
-            pod, reason, message = self._events[0]
+            item = self._events[0]
             event = Event(
-                metadata=ObjectMeta(generateName=f"{pod.name}.", namespace=pod.namespace),
+                metadata=ObjectMeta(generateName=f"{item.pod.name}.", namespace=item.pod.namespace),
                 involvedObject=ObjectReference(
-                    kind="Pod", apiVersion="v1", name=pod.name, namespace=pod.namespace, uid=pod.uid
+                    kind="Pod",
+                    apiVersion="v1",
+                    name=item.pod.name,
+                    namespace=item.pod.namespace,
+                    uid=item.pod.uid,
                 ),
-                reason=reason,
-                message=message[:1024],
-                type="Warning",
+                reason=item.reason,
+                message=item.message[:1024],
+                type=item.type,
                 source=EventSource(component=self.component),
                 count=1,
             )
             try:
-                await self.client.create(event)
+                async with asyncio.timeout(REQUEST_TIMEOUT):
+                    await self.client.create(event)
+            except asyncio.CancelledError:
+                raise
             except Exception as exc:
-                log.warning("event for pod %s/%s not written: %s", pod.namespace, pod.name, exc)
-                return  # retried on the next round
-            self._events.pop(0)
+                item.attempts += 1
+                if refused_for_good(exc) or item.attempts >= EVENT_ATTEMPTS:
+                    log.warning(
+                        "event %s for pod %s/%s dropped after %d attempt(s): %s",
+                        item.reason, item.pod.namespace, item.pod.name, item.attempts, exc,
+                    )  # fmt: skip
+                    metrics.POD_WRITES.labels("event", "refused").inc()
+                    self._events.popleft()
+                    continue
+                metrics.POD_WRITES.labels("event", "error").inc()
+                self._events_due = time.monotonic() + self._events_backoff.next()
+                log.warning(
+                    "event for pod %s/%s not written (%s); retried",
+                    item.pod.namespace, item.pod.name, exc,
+                )  # fmt: skip
+                return
+            metrics.POD_WRITES.labels("event", "ok").inc()
+            self._events_backoff.reset()
+            self._events.popleft()
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value)
+
+
+def other_entries(current: str | None, ours: set[str], pod: ObjectRef) -> list[dict[str, Any]]:
+    """The entries of a pod's network-status annotation that are not cnidra's interfaces. The
+    annotation is tenant input: larger than ANNOTATION_MAX_BYTES, nested beyond the readers'
+    bound, or not a list, it is not the spec's format and is replaced (so are items that are
+    not objects)."""
+    if not current:
+        return []
+    if len(current) > ANNOTATION_MAX_BYTES:
+        log.warning(
+            "network-status of pod %s/%s is %d bytes, over %d: replaced",
+            pod.namespace, pod.name, len(current), ANNOTATION_MAX_BYTES,
+        )  # fmt: skip
+        return []
+    try:
+        loaded = load_json(current, "network-status annotation")
+    except LoadError as exc:
+        log.warning("network-status of pod %s/%s replaced: %s", pod.namespace, pod.name, exc)
+        return []
+    if not isinstance(loaded, list):
+        return []
+    return [e for e in loaded if isinstance(e, dict) and e.get("interface") not in ours]
