@@ -17,6 +17,16 @@ from cnidra.nodeapi.views import NodeRecords, event_of, find_pod, pod_networks
 from cnidra.state.journal import Entry, Journal
 
 log = logging.getLogger(__name__)
+# the socket is root's alone, but a stuck or runaway client must not take the driver with it:
+# calls beyond the bound get RESOURCE_EXHAUSTED, requests are small, idle connections close
+MAX_CONCURRENT_RPCS = 64
+SERVER_OPTIONS = (
+    ("grpc.max_receive_message_length", 64 * 1024),
+    ("grpc.max_concurrent_streams", MAX_CONCURRENT_RPCS),
+    ("grpc.max_connection_idle_ms", 300_000),
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+)
 
 
 class Plugger(Protocol):
@@ -124,10 +134,12 @@ class NodeNetworksService(api_grpc.NodeNetworksServicer):
                     yield event_of(entry)
 
 
-async def serve(service: NodeNetworksService, socket: Path) -> grpc.aio.Server:
-    """Listen on `socket`, readable and writable by root only."""
+async def serve(
+    service: NodeNetworksService, socket: Path, *, max_rpcs: int = MAX_CONCURRENT_RPCS
+) -> grpc.aio.Server:
+    """Listen on `socket`, readable and writable by root only, with bounded calls."""
     _clear(socket)
-    server = grpc.aio.server()
+    server = grpc.aio.server(maximum_concurrent_rpcs=max_rpcs, options=SERVER_OPTIONS)
     api_grpc.add_NodeNetworksServicer_to_server(service, server)
     server.add_insecure_port(f"unix://{socket}")
     old = os.umask(0o077)  # no moment at which others could connect

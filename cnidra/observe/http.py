@@ -1,16 +1,23 @@
-"""GET /healthz (JSON, 200 or 503) and GET /metrics (Prometheus), served by the standard
-library's threaded HTTP server beside the event loop: a probe is answered even while the loop
-is busy, and the loop never parses HTTP."""
+"""GET /healthz (JSON, 200 or 503) and GET /metrics (Prometheus), served by uvicorn (a
+maintained server) on its own thread and event loop beside the driver's: a probe is answered
+even while the driver's loop is busy, and the driver's loop never parses HTTP. Connections are
+bounded (a request over the limit gets 503), an idle keep-alive connection is closed after a
+few seconds, and one whose request head does not arrive in time is cut off, so idle or slow
+clients hold a socket each for seconds, never a thread: 500 held connections leave the thread
+count unchanged and are all closed within HEAD_TIMEOUT_SECONDS."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cnidra.observe.metrics import REGISTRY
@@ -18,42 +25,130 @@ from cnidra.observe.metrics import REGISTRY
 log = logging.getLogger(__name__)
 
 HealthCheck = Callable[[], tuple[bool, dict[str, Any]]]
+MAX_CONNECTIONS = 1024  # beyond, uvicorn answers 503; idle ones are closed within seconds
+KEEP_ALIVE_SECONDS = 5
+HEAD_TIMEOUT_SECONDS = 5.0  # a request line and headers must arrive within this
 
 
 class HTTPEndpoint:
-    def __init__(self, address: str, health: HealthCheck) -> None:
+    def __init__(
+        self, address: str, health: HealthCheck, *, max_connections: int = MAX_CONNECTIONS
+    ) -> None:
         host, _, port = address.rpartition(":")
-        check = health
+        self.address = address
+        self.config = uvicorn.Config(
+            _App(health),
+            host=host or "0.0.0.0",
+            port=int(port),
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            date_header=False,
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
+            timeout_graceful_shutdown=2,
+            limit_concurrency=max_connections,
+            h11_max_incomplete_event_size=16 * 1024,
+            http="h11",
+        )
+        self.server = _Server(self.config)
+        self._thread: threading.Thread | None = None
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.startswith("/healthz"):
-                    ok, details = check()
-                    body = json.dumps({"ok": ok, **details}, indent=1, default=str).encode()
-                    self._send(200 if ok else 503, "application/json", body)
-                elif self.path.startswith("/metrics"):
-                    self._send(200, CONTENT_TYPE_LATEST, generate_latest(REGISTRY))
-                else:
-                    self._send(404, "text/plain", b"not found\n")
+    @property
+    def port(self) -> int:
+        for server in getattr(self.server, "servers", []):
+            for sock in server.sockets:
+                return int(sock.getsockname()[1])
+        return int(self.config.port)
 
-            def _send(self, code: int, content_type: str, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                log.debug("http: " + format, *args)
-
-        self.server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
-        self.server.daemon_threads = True
-        self.server.timeout = 5
-        self._thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
-
-    def start(self) -> None:
+    def start(self, timeout: float = 10.0) -> None:
+        """Serve on a thread; return once listening, or raise naming the address."""
+        self._thread = threading.Thread(target=self._serve, name="http", daemon=True)
         self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"health and metrics endpoint could not listen on {self.address}"
+                )
+            time.sleep(0.02)
+        log.info("health and metrics on http://%s", self.address)
+
+    def _serve(self) -> None:
+        with contextlib.suppress(SystemExit):  # uvicorn exits when it cannot bind: start() says
+            self.server.run()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, with connections whose request head does not arrive in time closed
+    (uvicorn's own timeout covers idle keep-alive only)."""
+
+    def install_signal_handlers(self) -> None:  # the driver owns the process's signals
+        return
+
+    async def main_loop(self) -> None:
+        sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        try:
+            await super().main_loop()
+        finally:
+            sweeper.cancel()
+
+    async def _sweep(self) -> None:
+        """Close a connection with no request in flight that has not completed a new request
+        head within HEAD_TIMEOUT_SECONDS (a slow or silent client)."""
+        idle_since: dict[int, tuple[object, float]] = {}
+        while True:
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            alive = set()
+            for connection in list(self.server_state.connections):
+                key = id(connection)
+                alive.add(key)
+                cycle = getattr(connection, "cycle", None)
+                if cycle is not None and not getattr(cycle, "response_complete", False):
+                    idle_since.pop(key, None)  # a request being answered
+                    continue
+                seen = idle_since.get(key)
+                if seen is None or seen[0] is not cycle:
+                    idle_since[key] = (cycle, now)
+                elif now - seen[1] > HEAD_TIMEOUT_SECONDS:
+                    transport = getattr(connection, "transport", None)
+                    if transport is not None:
+                        transport.close()
+            for key in set(idle_since) - alive:
+                del idle_since[key]
+
+
+class _App:
+    def __init__(self, health: HealthCheck) -> None:
+        self.health = health
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["method"] not in ("GET", "HEAD"):
+            await _send(send, 405, "text/plain", b"GET /healthz or /metrics\n")
+            return
+        path = scope["path"]
+        if path.startswith("/healthz"):
+            ok, details = self.health()
+            body = json.dumps({"ok": ok, **details}, indent=1, default=str).encode()
+            await _send(send, 200 if ok else 503, "application/json", body)
+        elif path.startswith("/metrics"):
+            await _send(send, 200, CONTENT_TYPE_LATEST, generate_latest(REGISTRY))
+        else:
+            await _send(send, 404, "text/plain", b"not found\n")
+
+
+async def _send(send: Any, status: int, content_type: str, body: bytes) -> None:
+    headers = [
+        (b"content-type", content_type.encode()),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

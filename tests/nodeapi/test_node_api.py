@@ -158,3 +158,31 @@ def test_the_cli_says_when_no_driver_answers(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 1
     assert f"no cnidra driver answers on {tmp_path / 'x.sock'}" in out.stderr
+
+
+async def test_calls_beyond_the_bound_and_oversized_requests_are_refused(tmp_path: Path) -> None:
+    """A runaway client (held follow streams, a flood of calls, a huge request) gets errors,
+    never an unbounded share of the driver."""
+    node = Node.start(tmp_path)
+    socket = tmp_path / "node.sock"
+    service = NodeNetworksService(lambda: records(node), node.lifecycle.journal)
+    server = await serve(service, socket, max_rpcs=4)
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            client = api_grpc.NodeNetworksStub(channel)
+            streams = [client.WatchEvents(api.WatchEventsRequest(follow=True)) for _ in range(4)]
+            await asyncio.sleep(0.3)  # all four held open
+            with pytest.raises(grpc.aio.AioRpcError) as busy:
+                await client.ListPodNetworks(api.ListPodNetworksRequest(), timeout=2)
+            assert busy.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            for stream in streams:
+                stream.cancel()
+            await asyncio.sleep(0.3)
+            await client.ListPodNetworks(api.ListPodNetworksRequest(), timeout=2)  # served again
+            with pytest.raises(grpc.aio.AioRpcError) as huge:
+                await client.ListPodNetworks(
+                    api.ListPodNetworksRequest(namespace="x" * 100_000), timeout=2
+                )
+            assert huge.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        await server.stop(grace=None)

@@ -1,0 +1,124 @@
+"""/healthz and /metrics on uvicorn: answers, and idle or slow clients hold a socket each,
+never a thread, and are cut off (issue 26: 500 idle connections held 502 threads before)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cnidra.observe import http as module
+from cnidra.observe.http import HTTPEndpoint
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def endpoint() -> Iterator[tuple[HTTPEndpoint, dict[str, Any]]]:
+    state: dict[str, Any] = {"ok": True}
+    served = HTTPEndpoint(f"127.0.0.1:{free_port()}", lambda: (state["ok"], {"nri": "up"}))
+    served.start()
+    yield served, state
+    served.stop()
+
+
+def get(port: int, path: str, method: str = "GET") -> tuple[int, str, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request(method, path)
+        response = conn.getresponse()
+        return response.status, response.getheader("content-type") or "", response.read()
+    finally:
+        conn.close()
+
+
+def test_health_metrics_and_nothing_else(endpoint: tuple[HTTPEndpoint, dict[str, Any]]) -> None:
+    served, state = endpoint
+    status, kind, body = get(served.port, "/healthz")
+    assert (status, kind, json.loads(body)) == (200, "application/json", {"ok": True, "nri": "up"})
+    state["ok"] = False
+    assert get(served.port, "/healthz")[0] == 503
+    status, kind, body = get(served.port, "/metrics")
+    assert status == 200 and kind.startswith("text/plain") and b"cnidra_" in body
+    assert get(served.port, "/other")[0] == 404
+    assert get(served.port, "/healthz", "POST")[0] == 405
+
+
+def test_idle_connections_hold_no_threads_and_probes_still_answer(
+    endpoint: tuple[HTTPEndpoint, dict[str, Any]],
+) -> None:
+    served, _ = endpoint
+    before = threading.active_count()
+    idle = []
+    try:
+        for _ in range(300):  # within the limit: each holds a socket, for seconds
+            idle.append(socket.create_connection(("127.0.0.1", served.port), timeout=2))
+        time.sleep(0.3)
+        assert threading.active_count() <= before + 2
+        started = time.monotonic()
+        assert get(served.port, "/healthz")[0] == 200
+        assert time.monotonic() - started < 1.0
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_connections_beyond_the_limit_get_503_until_the_idle_ones_are_closed() -> None:
+    served = HTTPEndpoint(f"127.0.0.1:{free_port()}", lambda: (True, {}), max_connections=16)
+    served.start()
+    held = [socket.create_connection(("127.0.0.1", served.port), timeout=2) for _ in range(20)]
+    try:
+        time.sleep(0.3)
+        assert get(served.port, "/healthz")[0] == 503  # uvicorn: "Exceeded concurrency limit"
+        time.sleep(module.HEAD_TIMEOUT_SECONDS + 1.5)  # the idle ones are cut off
+        assert get(served.port, "/healthz")[0] == 200
+    finally:
+        for sock in held:
+            sock.close()
+        served.stop()
+
+
+def test_a_client_that_never_finishes_its_request_is_cut_off(
+    endpoint: tuple[HTTPEndpoint, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served, _ = endpoint
+    slow = socket.create_connection(("127.0.0.1", served.port), timeout=10)
+    try:
+        slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never the blank line
+        started = time.monotonic()
+        while True:
+            try:
+                if slow.recv(1024) == b"":
+                    break  # closed by the server
+                time.sleep(0.2)
+                slow.sendall(b"X-Drip: 1\r\n")  # a dribbling slowloris
+            except (ConnectionResetError, BrokenPipeError):
+                break
+            assert time.monotonic() - started < module.HEAD_TIMEOUT_SECONDS + 3
+    finally:
+        slow.close()
+    assert time.monotonic() - started <= module.HEAD_TIMEOUT_SECONDS + 3
+
+
+def test_stop_frees_the_port_and_a_taken_address_is_named() -> None:
+    port = free_port()
+    served = HTTPEndpoint(f"127.0.0.1:{port}", lambda: (True, {}))
+    served.start()
+    clash = HTTPEndpoint(f"127.0.0.1:{port}", lambda: (True, {}))
+    with pytest.raises(RuntimeError, match=f"could not listen on 127.0.0.1:{port}"):
+        clash.start(timeout=3)
+    served.stop()
+    again = HTTPEndpoint(f"127.0.0.1:{port}", lambda: (True, {}))
+    again.start()
+    assert get(again.port, "/healthz")[0] == 200
+    again.stop()
