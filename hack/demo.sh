@@ -9,8 +9,8 @@ export CNIDRA_CNI_PATH="$CNIDRA_TEST_CNI_PATH"
 
 step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
 
-step cnidra validate examples/*.yaml
-$BIN/cnidra validate examples/*.yaml
+step cnidra validate --policy deploy/deviceclass.yaml examples/*.yaml
+$BIN/cnidra validate --policy deploy/deviceclass.yaml examples/*.yaml
 
 step cnidra validate examples/invalid/design-review.yaml
 $BIN/cnidra validate examples/invalid/design-review.yaml || echo "(exit $?: three mistakes found)"

@@ -17,7 +17,7 @@ from cnidra.api.constants import (
     LEGACY_KIND,
     RESOURCE_API_VERSIONS,
 )
-from cnidra.api.ipam import cnidra_ipam
+from cnidra.api.ipam import POOL_KIND, PoolError, cnidra_ipam, pool_from_object
 from cnidra.api.issues import ROOT, FieldPath, Issue, Issues, Severity, describe
 from cnidra.api.loading import LoadError, load_json
 from cnidra.api.merge import ConfigEntry, Source, applicable, merge_parameters, provenance
@@ -580,7 +580,14 @@ def validate_document(
     report = DocumentReport(index, kind, name if isinstance(name, str) else None)
     issues = report.issues
     api_version = doc.get("apiVersion")
-    if api_version == API_VERSION or kind in (KIND, LEGACY_KIND):
+    if kind == NETWORK_KIND:
+        _validate_network(doc, issues)
+    elif kind == POOL_KIND:
+        try:
+            pool_from_object(doc)
+        except PoolError as exc:
+            issues.error(ROOT / "spec", str(exc))
+    elif api_version == API_VERSION or kind in (KIND, LEGACY_KIND):
         model = parse_parameters(doc, ROOT, issues, complete=True)
         if model is not None:
             entry = ConfigEntry(Source.CLAIM, doc, (), ROOT)
@@ -607,16 +614,14 @@ def validate_document(
             )
     elif kind == NAD_KIND:
         _validate_nad(doc, issues)
-    elif kind == NETWORK_KIND:
-        _validate_network(doc, issues)
     elif kind == "Pod" or kind in POD_TEMPLATE_KINDS:
         pass  # its claims' interface names, across claims: validate_documents
     else:
         issues.warn(
             ROOT / "kind",
             f"skipped: cnidra validates ResourceClaim, ResourceClaimTemplate, DeviceClass, "
-            f"CNIConfig, {NETWORK_KIND}, {NAD_KIND} and the claims of a Pod (or a workload's "
-            f"pod template), not {describe(doc.get('kind'))}",
+            f"CNIConfig, {NETWORK_KIND}, {POOL_KIND}, {NAD_KIND} and the claims of a Pod (or a "
+            f"workload's pod template), not {describe(doc.get('kind'))}",
         )
     _dedupe(issues)
     return report

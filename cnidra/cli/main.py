@@ -184,7 +184,7 @@ def try_(
 ) -> None:
     """ADD a claim's attachments into a namespace, print the status the driver would write,
     then DEL everything (unless --keep)."""
-    from cnidra.cli.try_ import TryPlan, default_pool, execute, plan_attachments
+    from cnidra.cli.try_ import NoParent, TryPlan, default_pool, execute, plan_attachments
 
     if output not in ("yaml", "json"):
         raise usage_error(f"-o must be yaml or json, not {output!r}")
@@ -201,7 +201,10 @@ def try_(
         for i in r.issues.warnings
         if i.path.segments[-1:] == ("network",) and "not in the input" in i.message
     ]
-    attachments = plan_attachments(reports, default_pool(host))
+    try:
+        attachments = plan_attachments(reports, default_pool(host), host=host)
+    except NoParent as exc:
+        raise usage_error(f"{file}: {exc}") from None
     if not attachments:
         why = "; ".join(f"{i.path}: {i.message}" for i in skipped)
         raise usage_error(

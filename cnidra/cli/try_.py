@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cnidra.api.issues import Issues
 from cnidra.api.ownership import owned_network
 from cnidra.api.refs import ObjectRef
 from cnidra.api.validate import DocumentReport
@@ -35,6 +36,7 @@ HOST_LAYOUT = StateLayout(Path("/var/lib/cnidra/try"))
 TRY_CONTAINER = "cnidra-try"
 PARENT_FIELDS = {"macvlan": "master", "ipvlan": "master", "vlan": "master", "host-device": "device"}
 SAFE_POOL = "cnidra-try"
+ALLOCATED = "allocated"  # allocated0, 1, ...: stand-ins for the links the scheduler would pick
 
 
 @dataclass
@@ -55,20 +57,56 @@ class TryResult:
     cleanup_errors: list[str] = field(default_factory=list)
 
 
-def plan_attachments(reports: Sequence[DocumentReport], pool: str) -> list[Attachment]:
+class NoParent(ValueError):
+    """A config that leaves its parent link to the allocation, tried on the real host."""
+
+
+def plan_attachments(
+    reports: Sequence[DocumentReport], pool: str, *, host: bool = False
+) -> list[Attachment]:
     """What the driver would attach, made the driver's way (`attachment_from`), for a pod
-    `cnidra-try` in namespace `cnidra-try`, state under the --host state root."""
+    `cnidra-try` in namespace `cnidra-try`, state under the --host state root. A config that
+    names no parent link (the claim selects its link by attribute and prepare fills the
+    allocated one in) is bound to a stand-in link (allocated0, ...) in the throwaway node; on the
+    real host there is no allocation to take it from (NoParent)."""
     out: list[Attachment] = []
     pod = ObjectRef(TRY_NAMESPACE, TRY_NAMESPACE, str(uuid.uuid4()))
+    stand_ins = 0
     for report in reports:
         claim = ObjectRef(TRY_NAMESPACE, report.name or f"{report.kind}-{report.index}", "")
         for resolved in report.resolved:
-            assert resolved.config.config is not None
-            device = Device(pool, device_name(resolved.config.config))
-            attachment = attachment_from(resolved, claim, device, HOST_LAYOUT.private_dirs())
-            assert attachment is not None  # nothing to bind to: `try` has no allocation
+            config = resolved.config.config
+            assert config is not None
+            link = None
+            missing = unnamed_parent(config)
+            if missing:
+                if host:
+                    raise NoParent(
+                        f"request {resolved.request!r} leaves {missing} to the link the "
+                        "scheduler allocates; with --host, name the host link in the config"
+                    )
+                link = f"{ALLOCATED}{stand_ins}"
+                stand_ins += 1
+            device = Device(pool, device_name(config) if link is None else link, link=link)
+            issues = Issues()
+            attachment = attachment_from(
+                resolved, claim, device, HOST_LAYOUT.private_dirs(), issues
+            )
+            if attachment is None:
+                raise NoParent("; ".join(f"{i.path}: {i.message}" for i in issues.errors))
             out.append(attachment.for_pod(pod, TRY_CONTAINER))
     return out
+
+
+def unnamed_parent(config: Mapping[str, Any]) -> str | None:
+    """The parent field (e.g. `macvlan.master`) of a plugin that takes one and names none (a
+    bridge plugin names its bridge, which it makes when missing)."""
+    plugins = config.get("plugins") or [config]
+    for plugin in plugins:
+        field = {**PARENT_FIELDS, "bridge": "bridge"}.get(str(plugin.get("type")))
+        if field and not plugin.get(field):
+            return f"{plugin.get('type')}.{field}"
+    return None
 
 
 def device_name(config: Mapping[str, Any]) -> str:

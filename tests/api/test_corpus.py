@@ -67,7 +67,7 @@ def test_case_insensitive_and_unknown_fields_are_notes_not_errors() -> None:
 
 
 def test_a_thousand_claims_validate_in_under_a_second() -> None:
-    claim = (ROOT / "examples" / "macvlan-claim.yaml").read_text()
+    claim = (ROOT / "examples" / "macvlan-claim.yaml").read_text().split("\n---\n")[0]
     text = "\n---\n".join([claim] * 1000).encode()
     from cnidra.api.loading import load_yaml
 

@@ -37,7 +37,7 @@ def clean_machine() -> Iterator[None]:
     assert namespaces() == before_ns
     assert scratch_dirs() == before_tmp
     assert sh("ip", "-br", "link") == before_links
-    assert not Path("/var/lib/cni/networks/macvlan-eth0").exists()
+    assert not Path("/var/lib/cni/networks/macvlan-data").exists()
 
 
 def cnidra_try(
@@ -59,7 +59,8 @@ def test_success_prints_the_status_and_leaves_nothing(
     assert out.returncode == 0, out.stderr
     [device] = yaml.safe_load(out.stdout)["status"]["devices"]
     assert device["driver"] == "cni.dra.networking.x-k8s.io"
-    assert device["pool"] == "cnidra-try" and device["device"] == "eth0"
+    # the claim selects its link by attribute: a stand-in for the allocated one
+    assert device["pool"] == "cnidra-try" and device["device"] == "allocated0"
     [cond] = device["conditions"]
     assert (cond["type"], cond["status"], cond["reason"]) == (
         "Ready",
@@ -162,27 +163,33 @@ def test_host_mode_uses_the_machine_it_runs_on(
     # "the host" is a test-made namespace here: the command runs inside it with --host
     sh("ip", "-n", node_netns.name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
     sh("ip", "-n", node_netns.name, "link", "set", "eth0", "up")
-    out = cnidra_try(
-        cni_tools,
-        str(EXAMPLES / "macvlan-claim.yaml"),
-        "--host",
-        prefix=("ip", "netns", "exec", node_netns.name),
-        state=tmp_path,
+    example = EXAMPLES / "macvlan-claim.yaml"
+    on_host = ("--host",)
+    netns_exec = ("ip", "netns", "exec", node_netns.name)
+    refused = cnidra_try(cni_tools, str(example), *on_host, prefix=netns_exec, state=tmp_path)
+    assert refused.returncode == 2  # the real host has no allocation to take the link from
+    assert "leaves macvlan.master to the link the scheduler allocates" in refused.stderr
+    named = tmp_path / "named.yaml"
+    named.write_text(
+        example.read_text().replace("mode: bridge", "master: eth0\n                mode: bridge")
     )
+    out = cnidra_try(cni_tools, str(named), *on_host, prefix=netns_exec, state=tmp_path)
     assert out.returncode == 0, out.stderr
     device = yaml.safe_load(out.stdout)["status"]["devices"][0]
     assert device["pool"] != "cnidra-try"
-    assert "network macvlan-eth0" in device["conditions"][0]["message"]  # the user's name
+    assert "network macvlan-data" in device["conditions"][0]["message"]  # the user's name
     assert not list((tmp_path / "cni" / "results").iterdir())
     # host-local's pool is cnidra's own, under the state root, named by cnidra
     [pool] = (tmp_path / "ipam").iterdir()
-    assert pool.name == "cnidra-ns.cnidra-try.macvlan-eth0"
+    assert pool.name == "cnidra-ns.cnidra-try.macvlan-data"
     assert not [p for p in pool.iterdir() if p.name[0].isdigit()]
 
 
 def test_usage_errors(cni_tools: CNITools, clean_machine: None) -> None:
     assert cnidra_try(cni_tools, "/nonexistent.yaml").returncode == 2
-    assert cnidra_try(cni_tools, str(EXAMPLES / "deviceclass.yaml")).returncode == 2
+    assert (
+        cnidra_try(cni_tools, str(EXAMPLES.parent / "deploy" / "deviceclass.yaml")).returncode == 2
+    )
     assert (
         cnidra_try(cni_tools, str(EXAMPLES / "macvlan-claim.yaml"), "--netns", "/nope").returncode
         == 2
