@@ -1,18 +1,32 @@
 """Turn the CNI files people already have (.conf, .conflist, Multus NetworkAttachmentDefinition)
-into CNIConfig-carrying Kubernetes objects. Pure: text in, objects out."""
+and the workloads that use them (Multus' networks annotation) into CNIConfig-carrying
+Kubernetes objects that pass the shipped classes' policy: fields cnidra owns are dropped,
+whereabouts IPAM becomes a CNIIPPool, SR-IOV NADs are refused with what the admin must provide,
+and each change is said in a note. Pure: text in, objects and notes out."""
 
 from __future__ import annotations
 
+import copy
+import ipaddress
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 import yaml
 
-from cnidra.api.constants import API_VERSION, DEVICE_CLASS_NAME, DRIVER_NAME, KIND
+from cnidra.api.constants import API_GROUP, API_VERSION, DEVICE_CLASS_NAME, DRIVER_NAME, KIND
+from cnidra.api.ipam import POOL_KIND
 from cnidra.api.loading import LoadError, load_json, load_yaml
+from cnidra.api.multus import (
+    NETWORKS_ANNOTATION,
+    WORKLOAD_KINDS,
+    AnnotationError,
+    Selection,
+    parse_networks,
+    pod_template,
+)
 from cnidra.api.netconf import to_conflist
 from cnidra.api.policy import parent_links
 
@@ -33,6 +47,20 @@ class Source:
     name: str | None = None
     namespace: str | None = None
     from_nad: bool = False
+    resource_name: str | None = None  # an SR-IOV NAD's device-plugin resource
+
+
+RESOURCE_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
+SRIOV_TYPES = ("sriov", "ib-sriov")
+# fields cnidra sets itself (docs/state.md): dropped from a converted config, with a note
+DRIVER_OWNED = {("host-local", "dataDir"), ("tuning", "dataDir")}
+
+
+@dataclass
+class Conversion:
+    docs: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was changed, or not carried, and why
+    refused: list[str] = field(default_factory=list)  # what could not be converted, and why
 
 
 NAD_KIND = "NetworkAttachmentDefinition"
@@ -72,6 +100,41 @@ def read_sources(data: str | bytes, name: str = "input") -> list[Source]:
     return [_from_nad(nad) for nad in nads]
 
 
+def read_inputs(
+    data: str | bytes, name: str = "input"
+) -> tuple[list[Source], list[dict[str, Any]]]:
+    """The NADs (or the one CNI config) and the workloads carrying Multus' networks
+    annotation in a file."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    if text.lstrip().startswith("{"):
+        return read_sources(data, name), []
+    try:
+        docs = load_yaml(data if isinstance(data, bytes) else data.encode(), name)
+    except LoadError as exc:
+        raise ConvertError(str(exc)) from None
+    docs = [d for doc in docs for d in _items(doc)]
+    workloads = [d for d in docs if isinstance(d, dict) and d.get("kind") in WORKLOAD_KINDS]
+    annotated = [w for w in workloads if NETWORKS_ANNOTATION in _annotations(w)]
+    if not annotated:
+        return read_sources(data, name), []
+    nads = [d for d in docs if isinstance(d, dict) and d.get("kind") == NAD_KIND]
+    return [_from_nad(nad) for nad in nads], annotated
+
+
+def _items(doc: Any) -> list[Any]:
+    """A `kind: List` (what `kubectl get -o yaml` gives) is its items."""
+    if isinstance(doc, dict) and doc.get("kind") == "List" and isinstance(doc.get("items"), list):
+        return list(doc["items"])
+    return [doc]
+
+
+def _annotations(workload: Mapping[str, Any]) -> Mapping[str, Any]:
+    template = pod_template(workload) or {}
+    meta = template.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    return annotations if isinstance(annotations, dict) else {}
+
+
 def read_source(text: str | bytes) -> Source:
     """The first (usually only) config of `read_sources`."""
     return read_sources(text)[0]
@@ -102,11 +165,13 @@ def _from_nad(nad: dict[str, Any]) -> Source:
     if "name" not in config and isinstance(name, str):
         config = {"name": name, **config}  # the multi-net spec injects the NAD name
     namespace = meta.get("namespace")
+    resource = (meta.get("annotations") or {}).get(RESOURCE_ANNOTATION)
     return Source(
         config,
         name if isinstance(name, str) else None,
         namespace if isinstance(namespace, str) else None,
         from_nad=True,
+        resource_name=resource if isinstance(resource, str) else None,
     )
 
 
@@ -119,7 +184,7 @@ def to_document(
     source: Source,
     kind: OutputKind = OutputKind.TEMPLATE,
     name: str | None = None,
-    if_name: str = "net1",
+    if_name: str | None = "net1",
     reference: bool = False,
 ) -> dict[str, Any]:
     """`reference`: a claim that references the NAD (used as it is) instead of embedding a
@@ -128,7 +193,9 @@ def to_document(
     if reference and not (source.from_nad and source.name):
         raise ConvertError("only a NetworkAttachmentDefinition can be referenced")
     base = dns_label(name or source.name or "network")
-    params: dict[str, Any] = {"apiVersion": API_VERSION, "kind": KIND, "ifName": if_name}
+    params: dict[str, Any] = {"apiVersion": API_VERSION, "kind": KIND}
+    if if_name:
+        params["ifName"] = if_name
     if reference:
         params["network"] = {"attachmentDefinition": source.name}
     else:
@@ -160,11 +227,244 @@ def to_document(
 
 
 def _parent(config: Mapping[str, Any]) -> str | None:
-    """The link a selector can name (a link name, not a template or an odd string)."""
-    for link in parent_links(to_conflist(config)):
+    """The link a selector can name (a link name, not a template or an odd string): the
+    parent a plugin names, or the bridge a bridge plugin joins (cnidra allocates it as a link
+    and binds the config to it)."""
+    conflist = to_conflist(config)
+    bridges = [
+        str(p.get("bridge"))
+        for p in conflist.get("plugins") or []
+        if isinstance(p, Mapping) and p.get("type") == "bridge" and p.get("bridge")
+    ]
+    for link in [*parent_links(conflist), *bridges]:
         if re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", link):
             return link
     return None
+
+
+# ------------------------------------------------------------------ adapting a config
+
+
+class Refused(ConvertError):
+    """A source cnidra cannot take as it is; the message says what the admin must provide."""
+
+
+def adapt(source: Source) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+    """The source's config as the shipped classes take it, the objects it needs besides (a
+    CNIIPPool for whereabouts), and notes on what changed."""
+    what = f"{NAD_KIND} {source.namespace + '/' if source.namespace else ''}{source.name}"
+    config = copy.deepcopy(source.config)
+    notes: list[str] = []
+    extra: list[dict[str, Any]] = []
+    listed = config.get("plugins")
+    plugins: list[Any] = listed if isinstance(listed, list) else [config]
+    types = [str(p.get("type")) for p in plugins if isinstance(p, dict)]
+    if source.resource_name or any(t in SRIOV_TYPES for t in types):
+        raise Refused(
+            f"{what} is an SR-IOV network (device-plugin resource "
+            f"{source.resource_name or 'none named'}): cnidra allocates VFs as devices of its "
+            "own, selected by attribute, and moves one into the pod with host-device; the admin "
+            "makes a DeviceClass for the VFs (see examples/sriov-vf.yaml: their pciVendor and "
+            "pciDevice, from `lspci -nn`) and the workload claims from it. Not converted."
+        )
+    for plugin in plugins:
+        if not isinstance(plugin, dict):
+            continue
+        ipam = plugin.get("ipam")
+        for owner in (plugin, ipam):
+            if not isinstance(owner, dict):
+                continue
+            for key in [k for k in owner if (str(owner.get("type")), k) in DRIVER_OWNED]:
+                notes.append(
+                    f"{what}: {owner.get('type')} {key} {owner[key]!r} dropped: cnidra keeps "
+                    "each network's state under its own root (docs/state.md)"
+                )
+                del owner[key]
+        if isinstance(ipam, dict) and ipam.get("type") == "whereabouts":
+            pool = _whereabouts_pool(ipam, source, what)
+            extra.append(pool)
+            kept = {k: ipam[k] for k in ("routes", "dns") if k in ipam}
+            plugin["ipam"] = {"type": "cnidra", "pool": pool["metadata"]["name"], **kept}
+            notes.append(
+                f"{what}: whereabouts IPAM became CNIIPPool {pool['metadata']['name']} (emitted "
+                "above; apply it once, as the admin: pools are cluster-scoped) and "
+                '{"type": "cnidra"} IPAM; addresses whereabouts handed out are not carried '
+                "over, so move workloads in a window or exclude those in use"
+            )
+    return config, extra, notes
+
+
+def _whereabouts_pool(ipam: Mapping[str, Any], source: Source, what: str) -> dict[str, Any]:
+    """A CNIIPPool with whereabouts' ranges: `range` (a CIDR, or `first-last/prefix`),
+    `range_start`, `range_end`, `exclude`, `gateway`, and `ipRanges` for more families."""
+    entries = [ipam, *[r for r in ipam.get("ipRanges") or [] if isinstance(r, Mapping)]]
+    ranges: list[dict[str, Any]] = []
+    exclude: list[str] = []
+    for entry in entries:
+        text = entry.get("range")
+        if not isinstance(text, str):
+            continue
+        start, end = entry.get("range_start"), entry.get("range_end")
+        first, dash, rest = text.partition("-")
+        if dash:  # 192.0.2.10-192.0.2.20/24
+            last, _, prefix = rest.partition("/")
+            start, end, text = start or first, end or last, f"{first}/{prefix}"
+        try:
+            subnet = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            raise ConvertError(f"{what}: whereabouts range {text!r} is not a CIDR") from None
+        item: dict[str, Any] = {"subnet": str(subnet)}
+        if start:
+            item["rangeStart"] = str(start)
+        if end:
+            item["rangeEnd"] = str(end)
+        gateway = entry.get("gateway", ipam.get("gateway") if entry is ipam else None)
+        if isinstance(gateway, str) and ipaddress.ip_address(gateway) in subnet:
+            item["gateway"] = gateway
+        ranges.append(item)
+        exclude += [str(x) for x in entry.get("exclude") or [] if isinstance(x, str)]
+    if not ranges:
+        raise ConvertError(f"{what}: whereabouts IPAM without a range cannot become a pool")
+    name = dns_label(f"{source.namespace or 'default'}-{source.name or 'network'}")
+    spec: dict[str, Any] = {"ranges": ranges, "namespaces": [source.namespace or "default"]}
+    if exclude:
+        spec["exclude"] = [str(ipaddress.ip_network(x, strict=False)) for x in exclude]
+    return {
+        "apiVersion": f"{API_GROUP}/v1alpha1",
+        "kind": POOL_KIND,
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+# ------------------------------------------------------------------ whole inputs
+
+
+def convert(
+    sources: Sequence[Source],
+    workloads: Sequence[Mapping[str, Any]] = (),
+    kind: OutputKind = OutputKind.TEMPLATE,
+    name: str | None = None,
+    if_name: str | None = None,
+    reference: bool = False,
+) -> Conversion:
+    """NADs (or a CNI file) into claims or templates; workloads with Multus' networks
+    annotation into one template each plus the workload rewritten to claim it. Interface
+    names left out are given by cnidra's naming rule (net1, net2, ... across the pod)."""
+    out = Conversion()
+    if workloads:
+        nads = {f"{s.namespace or 'default'}/{s.name}": s for s in sources if s.from_nad}
+        for workload in workloads:
+            _convert_workload(workload, nads, out)
+        return out
+    for source in sources:
+        try:
+            if reference:
+                out.docs.append(to_document(source, kind, name, if_name, reference=True))
+                continue
+            config, extra, notes = adapt(source)
+        except Refused as exc:
+            out.refused.append(str(exc))
+            continue
+        out.docs += extra
+        out.notes += notes
+        adapted = Source(config, source.name, source.namespace, source.from_nad)
+        out.docs.append(to_document(adapted, kind, name, if_name))
+    return out
+
+
+def _convert_workload(
+    workload: Mapping[str, Any], nads: Mapping[str, Source], out: Conversion
+) -> None:
+    meta = workload.get("metadata") if isinstance(workload.get("metadata"), dict) else {}
+    assert isinstance(meta, dict)
+    kind, wname = str(workload.get("kind")), str(meta.get("name") or "workload")
+    namespace = str(meta.get("namespace") or "default")
+    what = f"{kind} {namespace}/{wname}"
+    rewritten = copy.deepcopy(dict(workload))
+    template = pod_template(rewritten)
+    assert template is not None
+    annotations = template["metadata"]["annotations"]
+    try:
+        selections = parse_networks(str(annotations[NETWORKS_ANNOTATION]), namespace)
+    except AnnotationError as exc:
+        out.refused.append(f"{what}: {exc}")
+        return
+    requests: list[dict[str, Any]] = []
+    configs: list[dict[str, Any]] = []
+    for index, selection in enumerate(selections):
+        request = _request_name(selection, index, {r["name"] for r in requests})
+        params: dict[str, Any] = {"apiVersion": API_VERSION, "kind": KIND}
+        if selection.interface:
+            params["ifName"] = selection.interface
+        exactly: dict[str, Any] = {"deviceClassName": DEVICE_CLASS_NAME}
+        nad = nads.get(selection.reference)
+        if nad is not None:
+            try:
+                config, extra, notes = adapt(nad)
+            except Refused as exc:
+                out.refused.append(f"{what}: {exc}")
+                return
+            out.docs += [d for d in extra if d not in out.docs]
+            out.notes += [n for n in notes if n not in out.notes]
+            params["config"] = config
+            parent = _parent(config)
+        else:
+            params["network"] = {"attachmentDefinition": selection.reference}
+            parent = None
+            out.notes.append(
+                f"{what}: {NAD_KIND} {selection.reference} is not in the input: referenced as "
+                "it is (it must pass the class's policy at prepare; give it to `cnidra convert` "
+                "with the workload to have it adapted, and to `cnidra validate` to check it)"
+            )
+        if parent:
+            selector = f'device.attributes["{DRIVER_NAME}"].ifName == "{parent}"'
+            exactly["selectors"] = [{"cel": {"expression": selector}}]
+        for key, value in selection.extras.items():
+            out.notes.append(
+                f"{what}: network {selection.reference} asks {key}={value!r}, which is not "
+                f"carried: {_why_not(key)}"
+            )
+        requests.append({"name": request, "exactly": exactly})
+        configs.append(
+            {"requests": [request], "opaque": {"driver": DRIVER_NAME, "parameters": params}}
+        )
+    claim_template = dns_label(f"{wname}-networks")
+    out.docs.append(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": str(OutputKind.TEMPLATE),
+            "metadata": {"name": claim_template, "namespace": namespace},
+            "spec": {"spec": {"devices": {"requests": requests, "config": configs}}},
+        }
+    )
+    del annotations[NETWORKS_ANNOTATION]
+    if not annotations:
+        del template["metadata"]["annotations"]
+    spec = template.setdefault("spec", {})
+    claims = [c for c in spec.get("resourceClaims") or [] if c.get("name") != "networks"]
+    spec["resourceClaims"] = [
+        *claims,
+        {"name": "networks", "resourceClaimTemplateName": claim_template},
+    ]
+    out.docs.append(rewritten)
+
+
+def _request_name(selection: Selection, index: int, taken: set[str]) -> str:
+    name = dns_label(selection.name, f"net{index}")[:63].strip("-") or f"net{index}"
+    return name if name not in taken else f"{name[:58]}-{index}"
+
+
+def _why_not(key: str) -> str:
+    return {
+        "ips": "the shipped default class does not let a claim set capabilities.ips; an admin "
+        "class whose CNIPolicy lists capabilities.ips in claims.fields can (add "
+        "capabilities: {ips: [...]} to the CNIConfig), or use an IPAMClaim (docs/ipam.md)",
+        "mac": "the shipped default class does not let a claim set capabilities.mac; an admin "
+        "class whose CNIPolicy lists it in claims.fields can",
+        "default-route": "cnidra leaves the pod's default route to the primary network; add a "
+        "route in the network's IPAM (routes) if the pod needs one through this interface",
+    }.get(key, "cnidra has no equivalent")
 
 
 class _Dumper(yaml.SafeDumper):

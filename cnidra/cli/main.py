@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from cnidra.agent.settings import DEFAULTS, DriverSettings  # light: no driver imports
-from cnidra.api.convert import ConvertError, OutputKind, read_sources, render_yaml, to_document
+from cnidra.api.convert import ConvertError, OutputKind, render_yaml
 from cnidra.api.issues import ROOT
 from cnidra.api.loading import LoadError, load_yaml
 from cnidra.api.validate import DocumentReport, validate_documents
@@ -117,15 +117,22 @@ def validate(
 @app.command()
 def convert(
     file: Annotated[
-        Path, typer.Argument(help=".conf/.conflist JSON or a NetworkAttachmentDefinition YAML")
+        Path,
+        typer.Argument(
+            help=".conf/.conflist JSON, NetworkAttachmentDefinitions, or workloads with Multus' "
+            "networks annotation (YAML, several documents or a kind: List; - for stdin)"
+        ),
     ],
     kind: Annotated[
-        OutputKind, typer.Option("--kind", help="what to produce")
+        OutputKind, typer.Option("--kind", help="what to make of NADs and CNI files")
     ] = OutputKind.TEMPLATE,
     name: Annotated[
         str | None, typer.Option("--name", help="object name (default: network name)")
     ] = None,
-    if_name: Annotated[str, typer.Option("--if-name", help="interface name in the pod")] = "net1",
+    if_name: Annotated[
+        str | None,
+        typer.Option("--if-name", help="interface name in the pod (default: net1, net2, ...)"),
+    ] = None,
     reference: Annotated[
         bool,
         typer.Option(
@@ -134,21 +141,32 @@ def convert(
         ),
     ] = False,
 ) -> None:
-    """Print CNI config files as YAML ready for kubectl apply: a .conf/.conflist, or every
-    NetworkAttachmentDefinition of a manifest (other kinds in it are skipped)."""
+    """Print what a Multus user has as objects for kubectl apply: a .conf/.conflist, every
+    NetworkAttachmentDefinition of a manifest, or the Pods, Deployments, StatefulSets,
+    DaemonSets, Jobs and CronJobs that carry the k8s.v1.cni.cncf.io/networks annotation (a claim
+    template each, the workload rewritten to use it; NADs given beside them are copied in,
+    adapted). Notes on stderr say what changed and what could not be carried; exit 1 when
+    something could not be converted, 2 for unusable input."""
+    from cnidra.api.convert import convert as convert_all
+    from cnidra.api.convert import read_inputs
+
     try:
-        sources = read_sources(read_input(file), str(file))
+        sources, workloads = read_inputs(read_input(file), str(file))
     except ConvertError as exc:
         raise usage_error(f"{file}: {exc}") from None
-    if name and len(sources) > 1:
+    if name and len(sources) > 1 and not workloads:
         raise usage_error(f"--name names one object; {file} has {len(sources)} NADs")
     try:
-        docs = [
-            render_yaml(to_document(source, kind, name, if_name, reference)) for source in sources
-        ]
+        result = convert_all(sources, workloads, kind, name, if_name, reference)
     except ConvertError as exc:
         raise usage_error(f"{file}: {exc}") from None
-    typer.echo("---\n".join(docs), nl=False)
+    typer.echo("---\n".join(render_yaml(doc) for doc in result.docs), nl=False)
+    for note in result.notes:
+        err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    for refusal in result.refused:
+        err.print(f"[red]not converted:[/] {escape(refusal)}", highlight=False)
+    if result.refused:
+        raise typer.Exit(EXIT_INVALID)
 
 
 DEFAULT_CNI_PATH = "/opt/cni/bin:/usr/lib/cni"
