@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -61,3 +63,86 @@ def test_the_readme_example_runs_with_the_shipped_defaults(
         )
         driver.stop()
         shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
+
+
+def test_a_multus_deployment_converted_runs(
+    cluster: Cluster, namespace: str, test_link: Callable[[str], str], tmp_path: Path
+) -> None:
+    """docs/migrating-from-multus.md on the test bed: examples/convert/multus-deployment.yaml
+    (whereabouts, a host-local dataDir, a Deployment asking for two NADs) with the test bed's
+    names put in, through `cnidra convert`, `cnidra validate --policy` and `kubectl apply`, with
+    the shipped classes and the driver with deploy/'s defaults: both replicas get n3 from the
+    converted pool and net1 from the bridge network, and no two share an address."""
+    tag = uuid.uuid4().hex[:4]
+    data, bridge = test_link(f"tbmd{tag}"), test_link(f"tbmb{tag}")
+    source = (ROOT / "examples" / "convert" / "multus-deployment.yaml").read_text()
+    have = tmp_path / "have.yaml"
+    have.write_text(
+        source.replace('"eth1"', f'"{data}"')
+        .replace('"br-stor"', f'"{bridge}"')
+        .replace("namespace: telco", f"namespace: {namespace}")
+        .replace('"namespace": "telco"', f'"namespace": "{namespace}"')
+    )
+    cnidra = [sys.executable, "-m", "cnidra"]
+    converted = subprocess.run(
+        [*cnidra, "convert", str(have)], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "whereabouts IPAM became CNIIPPool" in converted.stderr
+    out = tmp_path / "cnidra.yaml"
+    out.write_text(converted.stdout)
+    checked = subprocess.run(
+        [*cnidra, "validate", "--policy", str(ROOT / "deploy" / "deviceclass.yaml"), str(out)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout
+    docs = [d for d in yaml.safe_load_all(converted.stdout) if d]
+    [pool] = [d for d in docs if d["kind"] == "CNIIPPool"]
+    for doc in docs:  # the test bed's busybox, which stays up
+        if doc["kind"] == "Deployment":
+            [container] = doc["spec"]["template"]["spec"]["containers"]
+            container.update(image=env_image(), command=["sleep", "3600"], args=[])
+            doc["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 1
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "crds.yaml"))
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
+    cluster.kubectl("label", "namespace", namespace, "cni.networking.x-k8s.io/claim-config=true")
+    driver = DriverProcess(cluster, tmp_path / "driver", defaults=True)
+    try:
+        driver.start()
+        cluster.wait("the NRI plugin to connect", lambda: driver.health().get("nriConnected"), 60)
+        cluster.wait(
+            "the CNIIPPool CRD",
+            lambda: cluster.kubectl("get", "cniippools", check=False).returncode == 0,
+            60,
+        )
+        for doc in docs:
+            if doc["kind"] == "CNIIPPool":
+                cluster.apply(doc)  # cluster-scoped: the admin's
+            else:
+                cluster.apply_in(namespace, doc)
+        cluster.kubectl(
+            "rollout", "status", "deployment/upf", "-n", namespace, "--timeout=120s", timeout=150
+        )
+        pods = json.loads(
+            cluster.kubectl("get", "pods", "-n", namespace, "-l", "app=upf", "-o", "json").stdout
+        )["items"]
+        assert len(pods) == 2
+        n3 = [pod_addresses(cluster, namespace, p["metadata"]["name"], "n3") for p in pods]
+        net1 = [pod_addresses(cluster, namespace, p["metadata"]["name"], "net1") for p in pods]
+        assert all(a.startswith("198.18.60.") for [a] in n3) and len({*n3[0], *n3[1]}) == 2
+        assert all(a.startswith("198.18.61.") for [a] in net1) and len({*net1[0], *net1[1]}) == 2
+        assert not any(int(a.split(".")[3].split("/")[0]) < 16 for [a] in n3)  # excluded /28
+    finally:
+        cluster.kubectl(
+            "delete", "deployment", "upf", "-n", namespace, "--wait=true", "--timeout=90s",
+            check=False, timeout=120,
+        )  # fmt: skip
+        cluster.kubectl(
+            "delete", "pods", "--all", "-n", namespace, "--timeout=90s", check=False, timeout=120
+        )
+        driver.stop()
+        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
+        cluster.kubectl("delete", "cniippool", pool["metadata"]["name"], check=False)
+        cluster.kubectl(
+            "delete", "cniipblocks", "-l",
+            f"cni.networking.x-k8s.io/pool={pool['metadata']['name']}", check=False,
+        )  # fmt: skip
