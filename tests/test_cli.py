@@ -113,3 +113,85 @@ def test_webhook_wrong_input_is_a_usage_error(tmp_path: Path) -> None:
         result = cnidra("webhook", *args)
         assert result.returncode == 2, result.stderr
         assert "error:" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def claim_doc(name: str, request: dict[str, object], if_name: str = "net1") -> dict[str, object]:
+    params = {
+        "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+        "kind": "CNIConfig",
+        "ifName": if_name,
+        "config": {"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "macvlan"}]},
+    }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "net", "exactly": request}],
+                    "config": [
+                        {
+                            "requests": ["net"],
+                            "opaque": {
+                                "driver": "cni.dra.networking.x-k8s.io",
+                                "parameters": params,
+                            },
+                        }
+                    ],
+                }
+            }
+        },
+    }
+
+
+def test_validate_refuses_what_prepare_and_the_cluster_will(tmp_path: Path) -> None:
+    """count 2 (prepare refuses it), a misspelled class when the classes are given (the
+    closest is named), another driver's claim skipped, not "ok"."""
+    gpu = {"deviceClassName": "gpu.example.com"}
+    docs = [
+        claim_doc("two", {"deviceClassName": "cni.networking.x-k8s.io", "count": 2}),
+        claim_doc("typo", {"deviceClassName": "cni.networking.k8s.io"}),
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "gpu"},
+         "spec": {"devices": {"requests": [{"name": "g", "exactly": gpu}]}}},
+    ]  # fmt: skip
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    policy = str(ROOT / "deploy" / "deviceclass.yaml")
+    out = cnidra("validate", "-o", "json", "--policy", policy, str(path))
+    assert out.returncode == 1
+    report = json.loads(out.stdout)
+    errors = {e["name"]: e for e in report["errors"]}
+    assert errors["two"]["path"].endswith("exactly.count")
+    assert "did you mean cni.networking.x-k8s.io?" in errors["typo"]["message"]
+    assert [s["name"] for s in report["skipped"]] == ["gpu"]
+
+
+def test_validate_json_is_one_document_even_with_a_missing_file(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(claim_doc("ok", {"deviceClassName": "cni.networking.x-k8s.io"})))
+    out = cnidra("validate", "-o", "json", str(good), "/nonexistent.yaml", str(tmp_path))
+    assert out.returncode == 2
+    report = json.loads(out.stdout)
+    assert {e["file"] for e in report["errors"]} == {"/nonexistent.yaml", str(tmp_path)}
+
+
+def test_validate_takes_a_kubectl_list_and_judges_files_together(tmp_path: Path) -> None:
+    """A Pod in one file and its two templates in another, both naming net1: the clash is
+    found across files; a `kind: List` stands for its items."""
+    templates = tmp_path / "templates.yaml"
+    ours = {"deviceClassName": "cni.networking.x-k8s.io"}
+    listed = {"apiVersion": "v1", "kind": "List", "items": [claim_doc(n, ours) for n in "ab"]}
+    templates.write_text(yaml.safe_dump(listed))
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"resourceClaims": [{"name": "x", "resourceClaimTemplateName": "a"},
+                                    {"name": "y", "resourceClaimTemplateName": "b"}],
+                 "containers": [{"name": "c", "image": "i"}]}}))  # fmt: skip
+    alone = cnidra("validate", "-o", "json", str(templates))
+    assert alone.returncode == 0, alone.stdout
+    together = cnidra("validate", "-o", "json", str(pod), str(templates))
+    assert together.returncode == 1
+    [error] = json.loads(together.stdout)["errors"]
+    assert error["file"] == str(pod) and "net1" in error["message"]

@@ -3,6 +3,7 @@ and bare CNIConfig. Every problem is reported at once, each at a path from the d
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -58,6 +59,8 @@ class DocumentReport:
     issues: Issues = field(default_factory=Issues)
     # Requests of ours, merged and validated, in the order the document lists them.
     resolved: list[ResolvedRequest] = field(default_factory=list)
+    # why the document is not cnidra's to judge (another driver's claim), when it is not
+    skipped: str | None = None
 
 
 @dataclass
@@ -65,6 +68,13 @@ class Request:
     name: str
     device_class: str | None
     path: FieldPath
+    count: Any = 1
+    mode: Any = "ExactCount"
+    spec_path: FieldPath | None = None  # where count and deviceClassName are (exactly's)
+
+    @property
+    def fields(self) -> FieldPath:
+        return self.spec_path if self.spec_path is not None else self.path
 
 
 @dataclass
@@ -416,10 +426,22 @@ def _requests(devices: Mapping[str, Any], base: FieldPath, issues: Issues) -> li
                             f"{name}/{sub['name']}",
                             sub.get("deviceClassName"),
                             rpath / "firstAvailable" / j,
+                            sub.get("count", 1),
+                            sub.get("allocationMode", "ExactCount"),
                         )
                     )
         else:
-            out.append(Request(name, exactly.get("deviceClassName"), rpath))
+            where = rpath / "exactly" if isinstance(req.get("exactly"), dict) else rpath
+            out.append(
+                Request(
+                    name,
+                    exactly.get("deviceClassName"),
+                    rpath,
+                    exactly.get("count", 1),
+                    exactly.get("allocationMode", "ExactCount"),
+                    where,
+                )
+            )
     return out
 
 
@@ -436,10 +458,15 @@ def validate_documents(
     as DRA does at allocation; CNINetworks and NetworkAttachmentDefinitions among either are
     the networks claims may reference; `namespace_labels` are the labels a namespace selector
     sees."""
-    classes = {**_collect_classes(policy_docs), **_collect_classes(docs)}
+    given = _collect_classes(policy_docs)
+    classes = {**given, **_collect_classes(docs)}
     catalog = catalog_of([*policy_docs, *docs])
     labels = namespace_labels or {}
-    reports = [validate_document(doc, i, classes, labels, catalog) for i, doc in enumerate(docs)]
+    strict = bool(given)  # the cluster's classes given: one not among them is a mistake
+    reports = [
+        validate_document(doc, i, classes, labels, catalog, strict_classes=strict)
+        for i, doc in enumerate(docs)
+    ]
     _name_pods_interfaces(docs, reports)
     return reports
 
@@ -565,6 +592,8 @@ def validate_document(
     classes: Mapping[str, list[ConfigEntry]] | None = None,
     namespace_labels: Mapping[str, str] | None = None,
     catalog: NetworkCatalog | None = None,
+    *,
+    strict_classes: bool = False,
 ) -> DocumentReport:
     classes = classes or {}
     catalog = catalog if catalog is not None else StaticCatalog(offline=True)
@@ -610,8 +639,13 @@ def validate_document(
                 claim_entries(spec, ROOT / "spec", issues, set(), Source.CLASS)
         else:
             report.resolved = _validate_claim(
-                doc, kind, issues, classes, namespace_labels or {}, catalog
+                doc, kind, issues, classes, namespace_labels or {}, catalog, strict_classes
             )
+            if not report.resolved and not issues.errors and not _ours(doc, classes):
+                report.skipped = (
+                    f"not cnidra's: no request has a config of driver {DRIVER_NAME} or a "
+                    "DeviceClass known to be cnidra's"
+                )
     elif kind == NAD_KIND:
         _validate_nad(doc, issues)
     elif kind == "Pod" or kind in POD_TEMPLATE_KINDS:
@@ -678,6 +712,7 @@ def _validate_claim(
     classes: Mapping[str, list[ConfigEntry]],
     labels: Mapping[str, str],
     catalog: NetworkCatalog,
+    strict_classes: bool = False,
 ) -> list[ResolvedRequest]:
     base = ROOT / "spec"
     spec: Any = doc.get("spec")
@@ -696,6 +731,20 @@ def _validate_claim(
     namespace = str((meta.get("namespace") if isinstance(meta, dict) else None) or "default")
     for req in requests:
         known = (req.device_class or "") in classes
+        mine = bool(applicable(own, req.name))
+        if strict_classes and not known and (mine or _looks_ours(req.device_class)):
+            close = difflib.get_close_matches(str(req.device_class), list(classes), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            issues.error(
+                req.fields / "deviceClassName",
+                f"DeviceClass {describe(req.device_class)} is not among the classes given "
+                f"({', '.join(sorted(classes))}){hint}",
+            )
+            continue
+        if not known and not mine:
+            continue  # another driver's request
+        if mine or known:
+            _check_count(req, issues)
         from_class = classes.get(req.device_class or "", [])
         resolved = check_request(
             [*from_class, *own],
@@ -722,6 +771,34 @@ def _validate_claim(
     for resolved, name in zip(out, names, strict=True):
         resolved.config = resolved.config.model_copy(update={"if_name": name})
     return out
+
+
+def _check_count(req: Request, issues: Issues) -> None:
+    """Prepare gives one interface per request (one CNIConfig names one interface)."""
+    if req.mode not in (None, "ExactCount"):
+        issues.error(
+            req.fields / "allocationMode",
+            f"{describe(req.mode)}: a cnidra request is one interface; allowed: ExactCount "
+            "with count 1 (a request per interface)",
+        )
+    elif req.count not in (None, 1):
+        issues.error(
+            req.fields / "count",
+            f"{describe(req.count)}: a cnidra request is one interface, so prepare refuses "
+            "more than one device; use count 1 (the default) and a request per interface",
+        )
+
+
+def _looks_ours(device_class: Any) -> bool:
+    """A class name that is cnidra's or a near miss of one (cni.networking.k8s.io)."""
+    text = str(device_class or "")
+    return "cni" in text and "networking" in text
+
+
+def _ours(doc: Mapping[str, Any], classes: Mapping[str, list[ConfigEntry]]) -> bool:
+    """Whether a claim has anything of cnidra's: a config of its driver or a known class."""
+    text = repr(doc)
+    return DRIVER_NAME in text or any(f"'{name}'" in text for name in classes)
 
 
 def request_slot(resolved: ResolvedRequest, owner: str) -> Slot:

@@ -96,22 +96,63 @@ def validate(
 ) -> None:
     """Check ResourceClaims, ResourceClaimTemplates, DeviceClasses and CNIConfigs."""
     labels = dict(pair.split("=", 1) for pair in namespace_labels.split(",") if "=" in pair)
-    loaded = {f: load_documents(f) for f in files}
-    admin = [d for p in policy or [] for d in load_yaml_documents(p)]
-    every = [d for docs in loaded.values() if isinstance(docs, list) for d in docs]
-    reports = []
+    missing = [
+        f for f in [*files, *(policy or [])] if str(f) != "-" and (not f.exists() or f.is_dir())
+    ]
+    loaded = {f: load_documents(f) for f in files if f not in missing}
+    admin = [d for p in policy or [] if p not in missing for d in load_yaml_documents(p)]
+    # every file's documents judged together, as the cluster sees them: a Pod in one file and
+    # its claim templates in another keep the cross-claim interface-name check
+    every: list[Any] = []
+    spans: dict[Path, tuple[int, int]] = {}
     for f, docs in loaded.items():
-        if isinstance(docs, LoadError) or not docs:
-            reports.append(FileReport(str(f), unreadable(docs or None)))
+        if isinstance(docs, list) and docs:
+            expanded = list_items(docs)
+            spans[f] = (len(every), len(expanded))
+            every += expanded
+    judged = validate_documents(every, admin, labels)
+    reports = []
+    for f in [*files, *[p for p in policy or [] if p in missing]]:
+        if f in missing:
+            why = "is a directory" if f.is_dir() else "does not exist"
+            report = DocumentReport(0, "?", None)
+            report.issues.error(ROOT, f"{f} {why}; give YAML files (or - for stdin)")
+            reports.append(FileReport(str(f), [report]))
             continue
-        others = [d for d in every if all(d is not mine for mine in docs)]
-        reports.append(FileReport(str(f), validate_documents(docs, [*admin, *others], labels)))
+        if f not in spans:
+            docs = loaded[f]
+            reports.append(
+                FileReport(str(f), unreadable(docs if isinstance(docs, LoadError) else None))
+            )
+            continue
+        start, count = spans[f]
+        mine = judged[start : start + count]
+        for report in mine:
+            report.index -= start
+        reports.append(FileReport(str(f), mine))
     result = as_json(reports)
     if output is Format.JSON:
         typer.echo(json.dumps(result, indent=2))
     else:
         print_text(reports, Console(soft_wrap=True))
+    if missing:
+        raise typer.Exit(EXIT_USAGE)
     raise typer.Exit(0 if result["valid"] else EXIT_INVALID)
+
+
+def list_items(docs: list[Any]) -> list[Any]:
+    """A `kind: List` (what `kubectl get -o yaml` prints) stands for its items."""
+    out: list[Any] = []
+    for doc in docs:
+        if (
+            isinstance(doc, dict)
+            and doc.get("kind") == "List"
+            and isinstance(doc.get("items"), list)
+        ):
+            out += doc["items"]
+        else:
+            out.append(doc)
+    return out
 
 
 @app.command()

@@ -31,13 +31,22 @@ def as_json(files: list[FileReport]) -> dict[str, Any]:
 
     errors = [entry(f, d, i) for f in files for d in f.documents for i in d.issues.errors]
     warnings = [entry(f, d, i) for f in files for d in f.documents for i in d.issues.warnings]
-    return {"valid": not errors, "errors": errors, "warnings": warnings}
+    skipped = [
+        {"file": f.file, "document": d.index, "kind": d.kind, "name": d.name, "why": d.skipped}
+        for f in files
+        for d in f.documents
+        if d.skipped
+    ]
+    return {"valid": not errors, "errors": errors, "warnings": warnings, "skipped": skipped}
 
 
 def print_text(files: list[FileReport], console: Console) -> None:
     for f in files:
         for d in f.documents:
             label = escape(f"{f.file} [{d.index}] {d.kind}" + (f"/{d.name}" if d.name else ""))
+            if d.skipped and not d.issues.errors:
+                console.print(f"[dim]skipped[/] {label}: {escape(d.skipped)}")
+                continue
             if not d.issues.items:
                 console.print(f"[green]ok[/]     {label}")
                 continue
