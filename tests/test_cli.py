@@ -195,3 +195,17 @@ def test_validate_takes_a_kubectl_list_and_judges_files_together(tmp_path: Path)
     assert together.returncode == 1
     [error] = json.loads(together.stdout)["errors"]
     assert error["file"] == str(pod) and "net1" in error["message"]
+
+
+def test_a_wrong_request_name_does_not_hide_the_configs_other_problems(tmp_path: Path) -> None:
+    doc = claim_doc("rounds", {"deviceClassName": "cni.networking.x-k8s.io"}, if_name="bad name!")
+    devices = doc["spec"]["spec"]["devices"]  # type: ignore[index]
+    devices["config"][0]["requests"] = ["nett"]
+    devices["config"][0]["opaque"]["parameters"]["config"]["plugins"][0].update(
+        mode="sideways", mtu="x"
+    )
+    path = tmp_path / "rounds.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    out = cnidra("validate", "-o", "json", str(path))
+    ends = sorted(e["path"].rsplit(".", 1)[-1] for e in json.loads(out.stdout)["errors"])
+    assert ends == ["ifName", "mode", "mtu", "requests[0]"], ends

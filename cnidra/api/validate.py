@@ -758,6 +758,9 @@ def _validate_claim(
         )
         if resolved is not None:
             out.append(resolved)
+    for entry in own:  # one naming no request of the claim still has its own problems told
+        if entry.requests and not any(entry.applies_to(r.name) for r in requests):
+            _check_alone(entry, issues)
     for resolved in out:
         resolved.slot = request_slot(resolved, f"request {resolved.request!r}")
     try:
@@ -771,6 +774,20 @@ def _validate_claim(
     for resolved, name in zip(out, names, strict=True):
         resolved.config = resolved.config.model_copy(update={"if_name": name})
     return out
+
+
+def _check_alone(entry: ConfigEntry, issues: Issues) -> None:
+    """A config that applies to no request: its network checked on its own, so a wrong request
+    name does not hide the rest (the class's policy is unknown without a request)."""
+    config = entry.parameters.get("config")
+    if isinstance(config, str):
+        try:
+            config = load_json(config, "config")
+        except LoadError as exc:
+            issues.error(entry.path / "config", str(exc))
+            return
+    if isinstance(config, dict):
+        validate_network_config(config, entry.path / "config", issues, complete=True)
 
 
 def _check_count(req: Request, issues: Issues) -> None:
