@@ -150,7 +150,8 @@ def _from_nad(nad: dict[str, Any]) -> Source:
     name = meta.get("name")
     raw = (spec or {}).get("config")
     if not isinstance(raw, str):
-        resource = (meta.get("annotations") or {}).get("k8s.v1.cni.cncf.io/resourceName")
+        annotations = meta.get("annotations")
+        resource = (annotations if isinstance(annotations, dict) else {}).get(RESOURCE_ANNOTATION)
         why = f" (it names only the resource {resource})" if resource else ""
         raise ConvertError(
             f"NetworkAttachmentDefinition {name} has no spec.config string{why}: its config "
@@ -165,7 +166,8 @@ def _from_nad(nad: dict[str, Any]) -> Source:
     if "name" not in config and isinstance(name, str):
         config = {"name": name, **config}  # the multi-net spec injects the NAD name
     namespace = meta.get("namespace")
-    resource = (meta.get("annotations") or {}).get(RESOURCE_ANNOTATION)
+    annotations = meta.get("annotations")
+    resource = (annotations if isinstance(annotations, dict) else {}).get(RESOURCE_ANNOTATION)
     return Source(
         config,
         name if isinstance(name, str) else None,

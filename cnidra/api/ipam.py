@@ -309,7 +309,8 @@ class PoolError(ValueError):
 
 
 def pool_from_object(obj: Mapping[str, Any]) -> Pool:
-    name = str((obj.get("metadata") or {}).get("name") or "?")
+    meta = obj.get("metadata")
+    name = str((meta if isinstance(meta, dict) else {}).get("name") or "?")
     problem = pool_name_problem(name)
     if problem:
         raise PoolError(f"{POOL_KIND} {problem}")

@@ -215,7 +215,8 @@ def cninetwork(
 ) -> NamedNetwork | Unresolved:
     """A CNINetwork object; `conf` is its node-local conf when it names a networkID (read by the
     caller from the node's conf directory)."""
-    name = str((obj.get("metadata") or {}).get("name") or "?")
+    meta = obj.get("metadata")
+    name = str((meta if isinstance(meta, dict) else {}).get("name") or "?")
     where = FieldPath((f"{NETWORK_KIND} {name}", "spec"))
     try:
         spec = CNINetworkSpec.model_validate(obj.get("spec") or {})
@@ -294,7 +295,10 @@ def nad(obj: Mapping[str, Any], trusted: bool) -> NamedNetwork | Unresolved:
     spec = obj.get("spec") or {}
     raw = spec.get("config") if isinstance(spec, Mapping) else None
     if not raw:
-        resource = (meta.get("annotations") or {}).get(NAD_RESOURCE_ANNOTATION)
+        annotations = meta.get("annotations")
+        resource = (annotations if isinstance(annotations, dict) else {}).get(
+            NAD_RESOURCE_ANNOTATION
+        )
         why = f"names only the device resource {resource!r}" if resource else "has no spec.config"
         return Unresolved(
             f"{ref} {why}: Multus reads such a NAD's config from a file on each node, which "

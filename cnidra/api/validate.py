@@ -579,7 +579,8 @@ def _collect_classes(docs: Iterable[Any]) -> dict[str, list[ConfigEntry]]:
     classes: dict[str, list[ConfigEntry]] = {}
     for doc in docs:
         if isinstance(doc, dict) and doc.get("kind") == "DeviceClass":
-            name = (doc.get("metadata") or {}).get("name")
+            meta = doc.get("metadata")
+            name = (meta if isinstance(meta, dict) else {}).get("name")
             spec = doc.get("spec") or {}
             if isinstance(name, str) and isinstance(spec, dict):
                 classes[name] = claim_entries(spec, ROOT / "spec", Issues(), set(), Source.CLASS)
@@ -669,7 +670,8 @@ def _validate_network(doc: Mapping[str, Any], issues: Issues) -> None:
             issues.error(ROOT / "spec", found.message)
         return
     validate_network_config(dict(found.config), found.path / "config", issues, complete=True)
-    prefix = (doc.get("spec") or {}).get("ifNamePrefix")
+    spec = doc.get("spec")
+    prefix = (spec if isinstance(spec, dict) else {}).get("ifNamePrefix")
     if isinstance(prefix, str) and prefix_problem(prefix):
         issues.error(ROOT / "spec" / "ifNamePrefix", str(prefix_problem(prefix)))
 

@@ -22,11 +22,63 @@ from cnidra.api.validate import DocumentReport, validate_documents
 from cnidra.cli.node import app as node_app
 from cnidra.cli.output import FileReport, as_json, print_text
 
+
+def _plain_help_types() -> None:
+    """typer shows each parameter's Python type in --help (`<str>`, `<bool>`, `<list[Path]>`);
+    show what kubectl and click users know instead: nothing for flags and arguments (their
+    names say it), the value's kind (TEXT, PATH, a choice) for options."""
+    from typer.core import TyperArgument, TyperOption
+
+    kinds = {"str": "TEXT", "Path": "PATH", "int": "INTEGER", "float": "FLOAT"}
+
+    def option_type(self: TyperOption, ctx: Any) -> str | None:
+        if self.is_flag or self.count:
+            return None
+        if self.metavar is not None:
+            return str(self.metavar)
+        label = str(self.display_type(ctx)).strip("<>").removeprefix("list[").removesuffix("]")
+        return kinds.get(label, f"[{label}]" if "|" in label else label.upper())
+
+    def argument_type(self: TyperArgument, ctx: Any) -> str | None:
+        return None
+
+    TyperOption.display_type_rich = option_type  # type: ignore[method-assign]
+    TyperArgument.display_type_rich = argument_type  # type: ignore[method-assign,assignment]
+
+
+_plain_help_types()
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"cnidra {version('cnidra')}")
+        except PackageNotFoundError:
+            typer.echo("cnidra (not installed as a package)")
+        raise typer.Exit()
+
+
 app = typer.Typer(
-    add_completion=False,
     no_args_is_help=True,
-    help="cnidra: secondary pod interfaces from CNI plugins, through DRA.",
+    help="cnidra: secondary pod interfaces from CNI plugins, through DRA. Exit codes: 0 done, "
+    "1 the input is invalid (or the operation failed), 2 usage: a missing file, a bad flag.",
 )
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """cnidra: secondary pod interfaces from CNI plugins, through DRA."""
+
+
 err = Console(stderr=True, soft_wrap=True)
 
 EXIT_INVALID = 1
@@ -34,8 +86,12 @@ EXIT_USAGE = 2
 
 
 class Format(StrEnum):
-    TEXT = "text"
+    """The -o values, the same wherever they apply (kubectl's names)."""
+
+    TABLE = "table"
     JSON = "json"
+    YAML = "yaml"
+    TEXT = "text"  # validate's older name for table
 
 
 def usage_error(message: str) -> typer.Exit:
@@ -77,7 +133,9 @@ def unreadable(error: LoadError | list[Any] | None) -> list[DocumentReport]:
 @app.command()
 def validate(
     files: Annotated[list[Path], typer.Argument(help="YAML files (multi-document); - for stdin")],
-    output: Annotated[Format, typer.Option("-o", "--output", help="text or json")] = Format.TEXT,
+    output: Annotated[
+        Format, typer.Option("-o", "--output", help="table (text), json or yaml")
+    ] = Format.TABLE,
     policy: Annotated[
         list[Path] | None,
         typer.Option(
@@ -133,6 +191,8 @@ def validate(
     result = as_json(reports)
     if output is Format.JSON:
         typer.echo(json.dumps(result, indent=2))
+    elif output is Format.YAML:
+        typer.echo(yaml.safe_dump(result, sort_keys=False), nl=False)
     else:
         print_text(reports, Console(soft_wrap=True))
     if missing:
@@ -181,6 +241,7 @@ def convert(
             help="claims that reference each NetworkAttachmentDefinition instead of copying it",
         ),
     ] = False,
+    output: Annotated[Format, typer.Option("-o", "--output", help="yaml or json")] = Format.YAML,
 ) -> None:
     """Print what a Multus user has as objects for kubectl apply: a .conf/.conflist, every
     NetworkAttachmentDefinition of a manifest, or the Pods, Deployments, StatefulSets,
@@ -201,7 +262,12 @@ def convert(
         result = convert_all(sources, workloads, kind, name, if_name, reference)
     except ConvertError as exc:
         raise usage_error(f"{file}: {exc}") from None
-    typer.echo("---\n".join(render_yaml(doc) for doc in result.docs), nl=False)
+    if output is Format.JSON:  # one document: a List, as kubectl prints several
+        typer.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": result.docs}, indent=2))
+    elif output is Format.YAML:
+        typer.echo("---\n".join(render_yaml(doc) for doc in result.docs), nl=False)
+    else:
+        raise usage_error(f"-o must be yaml or json for convert, not {output}")
     for note in result.notes:
         err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     for refusal in result.refused:
@@ -439,7 +505,7 @@ def driver(
         typer.Option(
             "--attach-budget",
             envvar="CNIDRA_ATTACH_BUDGET",
-            help="seconds all of a pod's ADDs may take; 0: 60%% of the runtime's NRI "
+            help="seconds all of a pod's ADDs may take; 0: 60% of the runtime's NRI "
             "request timeout (1.2 s with containerd's default 2 s)",
         ),
     ] = DEFAULTS.attach_budget,

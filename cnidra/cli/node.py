@@ -25,9 +25,15 @@ if TYPE_CHECKING:  # gRPC loads only when a node command runs: `cnidra validate`
     from cnidra._proto.node.v1alpha1 import api_pb2 as api
     from cnidra._proto.node.v1alpha1 import api_pb2_grpc as api_grpc
 
+HOW = (
+    "Runs on the node, as root (the node API's socket is root's): inside the driver's pod, "
+    "`kubectl -n cnidra-system exec <driver pod on that node> -- cnidra node pods`, or from "
+    "your machine `kubectl cnidra node pods -n NAMESPACE` (the kubectl plugin finds the pod's "
+    "node and its driver pod for you)."
+)
 app = typer.Typer(
     no_args_is_help=True,
-    help="Pod networks on this node, from the driver's node API (no apiserver needed).",
+    help="Pod networks on this node, from the driver's node API (no apiserver needed). " + HOW,
 )
 out = Console(soft_wrap=True, highlight=False, markup=False)  # pod names are not markup
 err = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -69,6 +75,7 @@ def fail(exc: grpc.RpcError, socket: Path) -> typer.Exit:
             else ("is the driver running on this node?")
         )
         err.print(f"[red]error:[/] {escape(f'no cnidra driver answers on {socket} ({why})')}")
+        err.print(escape(HOW), markup=False)
     else:
         err.print(f"[red]error:[/] {escape(str(exc.details()))}")
     return typer.Exit(1)
