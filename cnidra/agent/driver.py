@@ -27,7 +27,7 @@ from cnidra.inventory.slices import SliceSettings
 from cnidra.ipam.allocator import Allocator
 from cnidra.ipam.reconcile import IPAMReconciler
 from cnidra.kube.claims import ClaimGetter, NamespaceGetter
-from cnidra.kube.client import make_client
+from cnidra.kube.client import dra_api_problem, make_client
 from cnidra.kube.ipam import KubeIPAM
 from cnidra.kube.networks import NetworkReader, ServedNetworks
 from cnidra.nodeapi.service import NodeNetworksService
@@ -255,6 +255,9 @@ class Driver:
 async def run(settings: DriverSettings) -> None:
     cap_malloc_arenas()
     driver = Driver(settings)
+    if problem := await dra_api_problem(driver.client):
+        log.error("%s", problem)  # the pod's log says why it restarts, before anything else
+        raise SystemExit(f"cnidra driver: {problem}")
     await driver.start()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

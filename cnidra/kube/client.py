@@ -10,7 +10,7 @@ from lightkube import AsyncClient, Client
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Namespace
-from lightkube.resources.resource_v1 import DeviceClass
+from lightkube.resources.resource_v1 import DeviceClass, ResourceSlice
 
 FIELD_MANAGER = "cnidra"
 
@@ -57,3 +57,30 @@ def namespace_labels_reader(client: Client) -> Callable[[str], Mapping[str, Any]
         return dict(obj.metadata.labels or {}) if obj.metadata else {}
 
     return read
+
+
+MINIMUM = (
+    "cnidra needs Kubernetes 1.34 or later (resource.k8s.io/v1, Dynamic Resource Allocation); "
+    "docs/supported-versions.md"
+)
+
+
+PROBE_SECONDS = 10.0
+
+
+async def dra_api_problem(client: AsyncClient) -> str | None:
+    """Why this cluster cannot run cnidra, when its apiserver says so (resource.k8s.io/v1 not
+    served); None when it can or cannot be asked now (the driver starts and retries then)."""
+    import asyncio
+
+    try:
+        async with asyncio.timeout(PROBE_SECONDS):
+            async for _ in client.list(ResourceSlice, chunk_size=1):
+                break
+    except ApiError as exc:
+        if exc.status.code == 404:
+            return f"the apiserver does not serve resource.k8s.io/v1 ResourceSlices: {MINIMUM}"
+        return None
+    except Exception:
+        return None
+    return None

@@ -1,0 +1,36 @@
+"""The driver's start-up check of the cluster: a clear message when the apiserver does not
+serve resource.k8s.io/v1, and no verdict (start, retry later) when it cannot be asked."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from lightkube.core.exceptions import ApiError
+from lightkube.models.meta_v1 import Status
+
+from cnidra.kube.client import dra_api_problem
+
+
+class Answering:
+    def __init__(self, error: Exception | None) -> None:
+        self.error = error
+
+    async def list(self, resource: Any, **_: Any) -> AsyncIterator[object]:
+        if self.error is not None:
+            raise self.error
+        yield object()
+
+
+async def test_a_cluster_without_dra_v1_is_named() -> None:
+    missing = ApiError(status=Status(code=404, message="the server could not find it"))
+    problem = await dra_api_problem(Answering(missing))  # type: ignore[arg-type]
+    assert problem is not None and "Kubernetes 1.34 or later" in problem
+
+
+async def test_an_apiserver_that_answers_or_cannot_be_asked_is_no_verdict() -> None:
+    assert await dra_api_problem(Answering(None)) is None  # type: ignore[arg-type]
+    down = ConnectionRefusedError("connection refused")
+    assert await dra_api_problem(Answering(down)) is None  # type: ignore[arg-type]
+    forbidden = ApiError(status=Status(code=403, message="forbidden"))
+    assert await dra_api_problem(Answering(forbidden)) is None  # type: ignore[arg-type]
