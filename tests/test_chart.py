@@ -114,3 +114,16 @@ def test_deploy_is_what_the_chart_renders() -> None:
     )
     after = {p.name: p.read_text() for p in (ROOT / "deploy").glob("*.yaml")}
     assert after == before, "deploy/ differs from the chart: run `make deploy` and commit"
+
+
+def test_helm_template_needs_no_flags_and_an_old_cluster_is_named() -> None:
+    bare = subprocess.run(
+        [helm(), "template", "cnidra", str(CHART)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert bare.returncode == 0, bare.stderr
+    old = subprocess.run(
+        [helm(), "template", "cnidra", str(CHART), "--kube-version", "v1.33.4"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert old.returncode != 0 and "cnidra needs Kubernetes 1.34 or later" in old.stderr
