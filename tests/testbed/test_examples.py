@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from cnidra.state.layout import DEFAULT_STATE_ROOT
+from testbed import cluster as tb
 from testbed.harness import ROOT, Cluster, DriverProcess
 from tests.testbed.conftest import env_image
 from tests.testbed.test_lifecycle import pod_addresses, ready
@@ -105,6 +106,7 @@ def test_a_multus_deployment_converted_runs(
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "crds.yaml"))
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
     cluster.kubectl("label", "namespace", namespace, "cni.networking.x-k8s.io/claim-config=true")
+    (tmp_path / "driver").mkdir()
     driver = DriverProcess(cluster, tmp_path / "driver", defaults=True)
     try:
         driver.start()
@@ -146,3 +148,104 @@ def test_a_multus_deployment_converted_runs(
             "delete", "cniipblocks", "-l",
             f"cni.networking.x-k8s.io/pool={pool['metadata']['name']}", check=False,
         )  # fmt: skip
+
+
+RUNNABLE = {
+    # example file: (the interface its pod gets, the IPv4 prefix of its address)
+    "dual-stack-pool.yaml": ("net1", "198.18.20."),
+    "named-network.yaml": ("data0", "198.18.70."),
+    "ipamclaim.yaml": ("net1", "198.18.30."),
+}
+
+
+@pytest.mark.parametrize("example", sorted(RUNNABLE))
+def test_each_runnable_example_runs(
+    cluster: Cluster,
+    namespace: str,
+    test_link: Callable[[str], str],
+    tmp_path: Path,
+    example: str,
+) -> None:
+    """The examples as files, with the test bed's link, namespace and image put in; a
+    CNINetwork's node conf is written where the driver reads it (the admin's part). The SR-IOV
+    example needs an SR-IOV NIC, which the test bed has not; validate checks it."""
+    if_name, prefix = RUNNABLE[example]
+    link = test_link(f"tbrx{uuid.uuid4().hex[:5]}")
+    text = (ROOT / "examples" / example).read_text()
+    for ns in ("default", "vms"):
+        text = text.replace(f"namespace: {ns}", f"namespace: {namespace}")
+        text = text.replace(f"namespaces: [{ns}]", f"namespaces: [{namespace}]")
+    text = text.replace('.type == "physical"', f'.ifName == "{link}"')
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    confs = []
+    for doc in docs:
+        if doc["kind"] == "CNINetwork" and doc["spec"].get("networkID"):
+            pools = [d["metadata"]["name"] for d in docs if d["kind"] == "CNIIPPool"]
+            ipam = (
+                {"type": "cnidra", "pool": pools[0]}
+                if pools
+                else {"type": "host-local", "ranges": [[{"subnet": "198.18.70.0/24"}]]}
+            )
+            conf = tb.Paths.cni_conf / f"{doc['spec']['networkID']}.conflist"
+            conf.write_text(json.dumps({"cniVersion": "1.0.0", "name": doc["metadata"]["name"],
+                "plugins": [{"type": "macvlan", "master": link, "ipam": ipam}]}))  # fmt: skip
+            confs.append(conf)
+    pods = [d for d in docs if d["kind"] == "Pod"]
+    for template in [d for d in docs if d["kind"] == "ResourceClaimTemplate"] if not pods else []:
+        name = template["metadata"]["name"]
+        pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"run-{name}"},
+                     "spec": {"resourceClaims": [{"name": "n", "resourceClaimTemplateName": name}],
+                              "containers": []}})  # fmt: skip
+        docs.append(pods[-1])
+    for pod in pods:
+        pod["spec"]["containers"] = [
+            {"name": "c", "image": env_image(), "command": ["sleep", "3600"]}
+        ]
+        pod["spec"]["terminationGracePeriodSeconds"] = 1
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "crds.yaml"))
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
+    cluster.kubectl("label", "namespace", namespace, "cni.networking.x-k8s.io/claim-config=true")
+    scoped = [d for d in docs if d["kind"] in ("CNINetwork", "CNIIPPool")]
+    driver = DriverProcess(cluster, tmp_path, defaults=True, cni_conf_dir=str(tb.Paths.cni_conf))
+    try:
+        driver.start()
+        cluster.wait("the NRI plugin to connect", lambda: driver.health().get("nriConnected"), 60)
+        cluster.wait(
+            "the CRDs",
+            lambda: (
+                cluster.kubectl("get", "cniippools,ipamclaims", "-A", check=False).returncode == 0
+            ),
+            60,
+        )
+        for doc in docs:
+            if doc in scoped:
+                cluster.apply(doc)
+            else:
+                cluster.apply_in(namespace, doc)
+        for pod in pods:
+            ready(cluster, namespace, pod["metadata"]["name"], timeout="120s")
+            [address] = pod_addresses(cluster, namespace, pod["metadata"]["name"], if_name)
+            assert address.startswith(prefix), (example, address)
+    finally:
+        cluster.kubectl(
+            "delete", "pods", "--all", "-n", namespace, "--timeout=90s", check=False, timeout=120
+        )
+        for claim in json.loads(
+            cluster.kubectl("get", "ipamclaims", "-n", namespace, "-o", "json", check=False).stdout
+            or '{"items": []}'
+        )["items"]:  # the driver's finalizer: it is stopped before it would drop it
+            cluster.kubectl(
+                "patch", "ipamclaim", claim["metadata"]["name"], "-n", namespace, "--type=merge",
+                "-p", '{"metadata":{"finalizers":null}}', check=False,
+            )  # fmt: skip
+        driver.stop()
+        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
+        for doc in scoped:
+            cluster.kubectl("delete", doc["kind"].lower(), doc["metadata"]["name"], check=False)
+            if doc["kind"] == "CNIIPPool":
+                cluster.kubectl(
+                    "delete", "cniipblocks", "-l",
+                    f"cni.networking.x-k8s.io/pool={doc['metadata']['name']}", check=False,
+                )  # fmt: skip
+        for conf in confs:
+            conf.unlink(missing_ok=True)
