@@ -49,6 +49,23 @@ def _plain_help_types() -> None:
 _plain_help_types()
 
 
+LogFormat = Annotated[
+    str,
+    typer.Option(
+        "--log-format", envvar="CNIDRA_LOG_FORMAT", help="text, or json: one object per line"
+    ),
+]
+
+
+def setup_logs(level: str, fmt: str) -> None:
+    from cnidra.observe.logs import configure
+
+    try:
+        configure(level, fmt)
+    except ValueError as exc:
+        raise usage_error(str(exc)) from None
+
+
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import PackageNotFoundError, version
@@ -541,17 +558,14 @@ def driver(
         ),
     ] = DEFAULTS.cdi_dir,
     log_level: Annotated[str, typer.Option("--log-level", envvar="CNIDRA_LOG_LEVEL")] = "info",
+    log_format: LogFormat = "text",
 ) -> None:
     """Run the node agent: kubelet DRA plugin, ResourceSlice publisher, health and metrics."""
     import asyncio
-    import logging
 
     from cnidra.agent.driver import run
 
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per request otherwise
+    setup_logs(log_level, log_format)
     settings = DriverSettings(
         node_name=node_name,
         kubeconfig=kubeconfig,
@@ -598,18 +612,14 @@ def webhook(
         ),
     ] = None,
     log_level: Annotated[str, typer.Option("--log-level", envvar="CNIDRA_LOG_LEVEL")] = "info",
+    log_format: LogFormat = "text",
 ) -> None:
     """Serve the validating admission webhook for ResourceClaims and ResourceClaimTemplates
     (POST /validate, HTTPS): the same verdict as prepare, before any pod uses the claim."""
-    import logging
-
     from cnidra.admission.webhook import TTLCache, WebhookServer
     from cnidra.kube.client import device_class_reader, make_sync_client, namespace_labels_reader
 
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    setup_logs(log_level, log_format)
     for option, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
         if not path.is_file():
             raise usage_error(f"{option} {path}: no such file (the webhook's PEM certificate/key)")
@@ -627,6 +637,8 @@ def webhook(
         TTLCache(device_class_reader(client)),
         TTLCache(namespace_labels_reader(client)),
     )
+    import logging
+
     logging.getLogger(__name__).info("webhook serving on %s", address)
     server.serve_forever()
 

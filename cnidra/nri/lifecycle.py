@@ -51,6 +51,9 @@ from cnidra.util.locks import KeyedLocks
 log = logging.getLogger(__name__)
 
 REASON_ATTACH_FAILED = "NetworkAttachFailed"
+# Normal events, as Multus writes them: what `kubectl describe pod` shows first
+REASON_ADDED = "AddedInterface"
+REASON_REMOVED = "RemovedInterface"
 REASON_DETACH_FAILED = "NetworkDetachFailed"
 # containerd's default NRI plugin_request_timeout; the runtime tells the real one in Configure.
 DEFAULT_REQUEST_TIMEOUT = 2.0
@@ -274,7 +277,7 @@ class PodLifecycle:
             Attached(o.attachment, o.result.to_json() if o.result else None) for o in outcomes
         )
         await self.store.put(record.with_state(State.ADDED, attachments=done))
-        self._report(outcomes)
+        self._report(outcomes, pod_ref(pod))
         self._annotate(record.pod, done)
         self.journal.record(
             events.ATTACHED,
@@ -291,10 +294,20 @@ class PodLifecycle:
             self.status.finalizer(claim, True)
         return len(done)
 
-    def _report(self, outcomes: list[Outcome]) -> None:
+    def _report(self, outcomes: list[Outcome], pod: ObjectRef | None = None) -> None:
         for outcome in outcomes:
             entry = device_status(outcome)
             self.status.put(outcome.attachment.claim, entry)
+            if pod is not None and outcome.ready:
+                att = outcome.attachment
+                ips = ", ".join((entry.get("networkData") or {}).get("ips") or [])
+                self.status.event(
+                    pod,
+                    REASON_ADDED,
+                    f"Add {att.if_name} [{ips}] from {att.status_name or att.network_label} "
+                    f"(claim {att.claim.name}, request {att.request})",
+                    "Normal",
+                )
             if self.metadata is not None and outcome.ready and "networkData" in entry:
                 att = outcome.attachment
                 try:  # local files, before the pod's containers start
@@ -378,7 +391,7 @@ class PodLifecycle:
                 raise PlugError(f"pod {record.pod}: {failed}") from None
             done = Attached(att, outcome.result.to_json() if outcome.result else None)
             await self.store.put(replace(record, attachments=(*record.attachments, done)))
-            self._report([outcome])
+            self._report([outcome], record.pod)
             self._annotate(record.pod, (*record.attachments, done))
             self.status.finalizer(att.claim, True)
             self.journal.record(
@@ -416,6 +429,9 @@ class PodLifecycle:
             if att.claim not in {c for r in self.store.all() for c in r.claims()}:
                 self.status.finalizer(att.claim, False)
             self.journal.record(events.DETACHED, record.pod, sandbox_id, f"unplugged {att.if_name}")
+            self.status.event(
+                record.pod, REASON_REMOVED, f"Removed {att.if_name} ({att.network_label})", "Normal"
+            )
 
     async def finish_unplugs(self, record: SandboxRecord) -> None:
         """A crash while plugging or unplugging left `pending` attachments in an attached
@@ -486,6 +502,12 @@ class PodLifecycle:
                 sandbox_id,
                 "detached " + ", ".join(a.attachment.if_name for a in record.attachments),
             )
+            if record.attachments and not errors:
+                names = ", ".join(
+                    f"{a.attachment.if_name} ({a.attachment.network_label})"
+                    for a in record.attachments
+                )
+                self.status.event(record.pod, REASON_REMOVED, f"Removed {names}", "Normal")
             return True
 
     def _can_retry(self, record: SandboxRecord) -> bool:

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 REGISTRY = CollectorRegistry()
+
+
+def _version() -> str:
+    try:
+        return version("cnidra")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+BUILD = Info("cnidra_build", "The running cnidra: its version and Python's", registry=REGISTRY)
+BUILD.info({"version": _version(), "python": platform.python_version()})
 
 REQUESTS = Counter(
     "cnidra_dra_requests_total",

@@ -172,6 +172,7 @@ class RecordingStatus:
         self.entries: dict[ObjectRef, dict[tuple[str, ...], dict[str, Any]]] = {}
         self.finalizers: dict[ObjectRef, bool] = {}
         self.events: list[tuple[ObjectRef, str, str]] = []
+        self.event_types: list[str] = []
         self.networks: dict[ObjectRef, list[dict[str, Any]]] = {}
 
     def put(self, claim: ObjectRef, entry: dict[str, Any]) -> None:
@@ -185,8 +186,9 @@ class RecordingStatus:
     def finalizer(self, claim: ObjectRef, present: bool) -> None:
         self.finalizers[claim] = present
 
-    def event(self, pod: ObjectRef, reason: str, message: str) -> None:
+    def event(self, pod: ObjectRef, reason: str, message: str, type_: str = "Warning") -> None:
         self.events.append((pod, reason, message))
+        self.event_types.append(type_)
 
     def pod_networks(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
         self.networks[pod] = statuses

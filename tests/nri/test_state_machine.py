@@ -226,3 +226,18 @@ async def test_a_del_never_enters_the_nodes_namespace(tmp_path: Path) -> None:
     dels = node.plugins.commands("DEL")
     assert len(dels) == 3 and {c.netns for c in dels} == {""}
     assert len(node.store) == 0
+
+
+async def test_normal_events_say_what_was_added_and_removed(tmp_path: Path) -> None:
+    """As Multus' AddedInterface: what `kubectl describe pod` shows first."""
+    node = Node.start(tmp_path)
+    prepare(node.checkpoint, "c", "a-uid", ("net1", network("data", "macvlan")))
+    await node.hooks.run_pod_sandbox(pod("a"))
+    await node.hooks.stop_pod_sandbox(pod("a"))
+    await node.settle()
+    normal = [e for e, t in zip(node.status.events, node.status.event_types, strict=True)
+              if t == "Normal"]  # fmt: skip
+    assert [reason for _, reason, _ in normal] == ["AddedInterface", "RemovedInterface"]
+    added, removed = (message for _, _, message in normal)
+    assert added.startswith("Add net1 [198.18.0.2/24] from data") and "claim c" in added
+    assert removed == "Removed net1 (data)"
