@@ -127,3 +127,23 @@ def test_helm_template_needs_no_flags_and_an_old_cluster_is_named() -> None:
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert old.returncode != 0 and "cnidra needs Kubernetes 1.34 or later" in old.stderr
+
+
+def test_standard_labels_pull_secrets_pod_annotations_and_affinity() -> None:
+    sets = ("imagePullSecrets[0].name=reg", "podAnnotations.team=net",
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            ".nodeSelectorTerms[0].matchExpressions[0].key=net",
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            ".nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+            "admission.webhook.enabled=true")  # fmt: skip
+    rendered = docs(*sets)
+    for doc in rendered:
+        if doc["kind"] in ("DaemonSet", "ClusterRole") and doc["metadata"]["name"] == "cnidra":
+            labels = doc["metadata"]["labels"]
+            assert labels["app.kubernetes.io/managed-by"] == "Helm"
+            assert labels["helm.sh/chart"] == f"cnidra-{chart_version()}"
+    for doc in (d for d in rendered if d["kind"] in ("DaemonSet", "Deployment")):
+        pod = doc["spec"]["template"]
+        assert pod["metadata"]["annotations"]["team"] == "net"
+        assert pod["spec"]["imagePullSecrets"] == [{"name": "reg"}]
+        assert "nodeAffinity" in pod["spec"]["affinity"]
