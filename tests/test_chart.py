@@ -147,3 +147,20 @@ def test_standard_labels_pull_secrets_pod_annotations_and_affinity() -> None:
         assert pod["metadata"]["annotations"]["team"] == "net"
         assert pod["spec"]["imagePullSecrets"] == [{"name": "reg"}]
         assert "nodeAffinity" in pod["spec"]["affinity"]
+
+
+def test_the_webhook_certificate_is_kept_or_cert_managers() -> None:
+    """The Secret carries its CA, so a later render against the cluster reuses it (lookup);
+    with cert-manager, no certificate is made here at all."""
+    made = docs("admission.webhook.enabled=true")
+    [secret] = [d for d in made if d["kind"] == "Secret"]
+    [hook] = [d for d in made if d["kind"] == "ValidatingWebhookConfiguration"]
+    assert hook["webhooks"][0]["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    managed = docs("admission.webhook.enabled=true", "admission.webhook.certManager.enabled=true")
+    kinds = {d["kind"] for d in managed}
+    assert {"Issuer", "Certificate"} <= kinds and "Secret" not in kinds
+    [hook] = [d for d in managed if d["kind"] == "ValidatingWebhookConfiguration"]
+    assert "caBundle" not in hook["webhooks"][0]["clientConfig"]
+    assert hook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].endswith(
+        "/cnidra-webhook"
+    )
