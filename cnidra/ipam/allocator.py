@@ -27,6 +27,7 @@ from cnidra.api.ipam import (
 )
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment
+from cnidra.observe.metrics import PoolUsage
 from cnidra.state.checkpoint import PreparedClaim
 from cnidra.state.ipam import HeldBlock, IPAMState, Lease, claim_owner, ipamclaim_owner
 from cnidra.util.locks import KeyedLocks
@@ -287,6 +288,24 @@ class Allocator:
                         own += 1
             counts.append(unheld + own)
         return max(min(counts), 0)
+
+    def usage(self) -> list[PoolUsage]:
+        """Per pool: this node's blocks, leases, and free addresses in its blocks (from the
+        pools read last; no apiserver call, for a scrape)."""
+        out = []
+        for name in sorted({b.pool for b in self.state.blocks.all()}):
+            held = self.state.held_blocks(name)
+            leased = sum(len(self.state.in_block(b.name)) for b in held)
+            cached = self._pools.get(name)
+            free = None
+            if cached is not None:
+                pool = cached[1]
+                usable = sum(
+                    sum(1 for _ in pool.usable(pool.block(b.range_index, b.index))) for b in held
+                )
+                free = max(usable - leased, 0)
+            out.append(PoolUsage(name, len(held), leased, free))
+        return out
 
     # ------------------------------------------------------------------ IPAMClaims
 

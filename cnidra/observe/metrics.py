@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 REGISTRY = CollectorRegistry()
 
@@ -121,3 +125,43 @@ TASK_RESTARTS = Counter(
     ["task"],
     registry=REGISTRY,
 )
+
+
+@dataclass(frozen=True)
+class PoolUsage:
+    """One CNIIPPool as this node holds it: its blocks, the addresses leased from them, and
+    the addresses still free in them (None: the pool's shape is not known here yet)."""
+
+    pool: str
+    blocks: int
+    leased: int
+    free: int | None
+
+
+class PoolCollector:
+    """cnidra_ipam_node_blocks and cnidra_ipam_node_addresses, computed on the scrape from the
+    node's records (no apiserver call); the agent wires in the source."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Iterable[PoolUsage]] = lambda: ()
+
+    def collect(self) -> Iterator[Metric]:
+        blocks = GaugeMetricFamily(
+            "cnidra_ipam_node_blocks", "CNIIPBlocks this node holds, by pool", labels=["pool"]
+        )
+        addresses = GaugeMetricFamily(
+            "cnidra_ipam_node_addresses",
+            "Addresses of this node's blocks by pool and state (leased, free)",
+            labels=["pool", "state"],
+        )
+        for usage in self.source():
+            blocks.add_metric([usage.pool], usage.blocks)
+            addresses.add_metric([usage.pool, "leased"], usage.leased)
+            if usage.free is not None:
+                addresses.add_metric([usage.pool, "free"], usage.free)
+        yield blocks
+        yield addresses
+
+
+POOLS = PoolCollector()
+REGISTRY.register(POOLS)

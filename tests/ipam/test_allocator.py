@@ -388,3 +388,27 @@ async def test_an_ipamclaim_naming_an_address_this_node_gave_to_a_pod_is_refused
     api.ipamclaim("vm-ns", "thief", ips=[taken])
     with pytest.raises(AllocationError, match=f"holds {taken.split('/')[0]}, which this node gave"):
         await node.assign(claim_using("vms", "p", namespace="vm-ns", ipam_claim="thief"))
+
+
+async def test_pool_usage_is_counted_from_the_nodes_records_for_a_scrape(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    from prometheus_client import generate_latest
+
+    from cnidra.observe import metrics
+
+    node = node_allocator(api, tmp_path, "a")
+    for i in range(3):
+        await node.assign(claim_using("data", f"c{i}"))
+    room = await room_in_its_block(node)
+    [usage] = node.usage()
+    assert (usage.pool, usage.blocks, usage.leased, usage.free) == ("data", 1, 3, room - 3)
+    api.calls.clear()
+    metrics.POOLS.source = node.usage
+    try:
+        text = generate_latest(metrics.REGISTRY).decode()
+    finally:
+        metrics.POOLS.source = lambda: ()
+    assert api.calls == []  # a scrape asks the apiserver nothing
+    assert 'cnidra_ipam_node_blocks{pool="data"} 1.0' in text
+    assert f'cnidra_ipam_node_addresses{{pool="data",state="free"}} {float(room - 3)}' in text
