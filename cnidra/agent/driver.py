@@ -126,6 +126,7 @@ class Driver:
             journal=self.journal,
             network_status=settings.network_status,
         )
+        metrics.INTERFACES.source = self.lifecycle.interfaces
         self.reconciler = Reconciler(self.lifecycle)
         self.nri = NRIPlugin(
             PodHooks(self.lifecycle, self.reconciler, background=settings.attach_behind_sandbox),

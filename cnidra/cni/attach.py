@@ -6,14 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 from cnidra.api.naming import Slot
 from cnidra.api.refs import ObjectRef
-from cnidra.cni.errors import CNIRuntimeError
+from cnidra.cni.errors import (
+    CNIRuntimeError,
+    PluginError,
+    PluginNotFound,
+    PluginOutputError,
+    PluginTimeout,
+)
 from cnidra.cni.invoke import Deadline
 from cnidra.cni.result import Result
 from cnidra.cni.runtime import CNIRuntime, PluginFailed
@@ -109,6 +116,9 @@ class Outcome:
     attachment: Attachment
     result: Result | None = None
     error: str | None = None
+    # what the ADD took, and why it failed in a word (reason_of): for metrics
+    seconds: float = 0.0
+    reason: str = ""
 
     @property
     def ready(self) -> bool:
@@ -158,12 +168,15 @@ async def attach_all(
     for attachment in attachments:
         outcome = Outcome(attachment)
         outcomes.append(outcome)
+        started = time.perf_counter()
         try:
             outcome.result = await runtime.add(
                 attachment.netconf, attachment.runtime_conf(container_id, netns), budget.add
             )
         except CNIRuntimeError as exc:
+            outcome.seconds = time.perf_counter() - started
             outcome.error = _reason(exc)
+            outcome.reason = reason_of(exc)
             cleanup = await detach_all(
                 runtime, [o.attachment for o in outcomes], container_id, netns, budget.rollback
             )
@@ -171,6 +184,7 @@ async def attach_all(
                 earlier.result = None
                 earlier.error = f"rolled back because {attachment.label} failed"
             raise AttachFailed(outcomes, outcome, cleanup) from exc
+        outcome.seconds = time.perf_counter() - started
     return outcomes
 
 
@@ -184,6 +198,7 @@ async def _attach_concurrently(
     outcomes = [Outcome(a) for a in attachments]
 
     async def one(outcome: Outcome) -> None:
+        started = time.perf_counter()
         try:
             outcome.result = await runtime.add(
                 outcome.attachment.netconf,
@@ -192,6 +207,9 @@ async def _attach_concurrently(
             )
         except CNIRuntimeError as exc:
             outcome.error = _reason(exc)
+            outcome.reason = reason_of(exc)
+        finally:
+            outcome.seconds = time.perf_counter() - started
 
     await asyncio.gather(*(one(o) for o in outcomes))
     failed = next((o for o in outcomes if o.error), None)
@@ -211,18 +229,53 @@ async def detach_all(
     container_id: str,
     netns: str,
     deadline: Deadline | None = None,
+    on_done: Callable[[Attachment, float, str], None] | None = None,
 ) -> list[str]:
-    """DEL every attachment in reverse order; try them all, return the errors."""
+    """DEL every attachment in reverse order; try them all, return the errors. `on_done` is
+    told each DEL's attachment, seconds and failure reason ("" when it worked)."""
     errors: list[str] = []
     for attachment in reversed(attachments):
+        started = time.perf_counter()
+        reason = ""
         try:
             await runtime.delete(
                 attachment.netconf, attachment.runtime_conf(container_id, netns), deadline
             )
         except CNIRuntimeError as exc:
             errors.append(f"{attachment.label}: {_reason(exc)}")
+            reason = reason_of(exc)
+        if on_done is not None:
+            on_done(attachment, time.perf_counter() - started, reason)
     return errors
 
 
 def _reason(exc: CNIRuntimeError) -> str:
     return str(exc.cause) if isinstance(exc, PluginFailed) else str(exc)
+
+
+def reason_of(exc: CNIRuntimeError) -> str:
+    """A failure in one word of a small fixed set (a metric label, never tenant text):
+    timeout, not-found, protocol, or the CNI error code's name (plugin for codes of the
+    plugin's own, 100 and up)."""
+    cause = exc.cause if isinstance(exc, PluginFailed) else exc
+    if isinstance(cause, PluginTimeout):
+        return "timeout"
+    if isinstance(cause, PluginNotFound):
+        return "not-found"
+    if isinstance(cause, PluginOutputError):
+        return "protocol"
+    if isinstance(cause, PluginError):
+        return _CODE_REASONS.get(cause.error_code, "plugin")
+    return "runtime"
+
+
+_CODE_REASONS = {
+    1: "incompatible-version",
+    2: "unsupported-field",
+    3: "unknown-container",
+    4: "invalid-environment",
+    5: "io-failure",
+    6: "decoding-failure",
+    7: "invalid-config",
+    11: "try-again-later",
+}

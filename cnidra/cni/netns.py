@@ -4,34 +4,17 @@ benchmarks to run plugins in a throwaway "node" namespace instead of the real ho
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from cnidra.util.netns import entered, setns
+
+__all__ = ["create", "entered", "remove", "setns", "temporary"]
+
 NETNS_RUN_DIR = Path("/run/netns")
-_CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-
-
-def setns(fd: int) -> None:
-    if _libc.setns(fd, _CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setns: {os.strerror(err)}")
-
-
-@contextlib.contextmanager
-def entered(path: str | os.PathLike[str]) -> Iterator[None]:
-    """Run the calling thread (and the processes it spawns) in the namespace at `path`."""
-    with open("/proc/thread-self/ns/net", "rb") as home, open(path, "rb") as target:
-        setns(target.fileno())
-        try:
-            yield
-        finally:
-            setns(home.fileno())
 
 
 def create(prefix: str = "cnidra") -> Path:

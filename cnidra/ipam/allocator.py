@@ -297,14 +297,24 @@ class Allocator:
             held = self.state.held_blocks(name)
             leased = sum(len(self.state.in_block(b.name)) for b in held)
             cached = self._pools.get(name)
-            free = None
-            if cached is not None:
-                pool = cached[1]
-                usable = sum(
-                    sum(1 for _ in pool.usable(pool.block(b.range_index, b.index))) for b in held
+            if cached is None:
+                out.append(PoolUsage(name, len(held), leased, None))
+                continue
+            pool = cached[1]
+            usable = sum(
+                sum(1 for _ in pool.usable(pool.block(b.range_index, b.index))) for b in held
+            )
+            ranges = range(len(pool.spec.ranges))
+            out.append(
+                PoolUsage(
+                    name,
+                    len(held),
+                    leased,
+                    max(usable - leased, 0),
+                    size=sum(pool.range_capacity(i) for i in ranges),
+                    pool_blocks=sum(len(pool.block_indices(i)) for i in ranges),
                 )
-                free = max(usable - leased, 0)
-            out.append(PoolUsage(name, len(held), leased, free))
+            )
         return out
 
     # ------------------------------------------------------------------ IPAMClaims

@@ -48,9 +48,6 @@ class PodHooks:
         start = time.perf_counter()
         try:
             count = await self.lifecycle.attach(pod)
-        except AttachError:
-            metrics.ATTACH_FAILURES.inc()
-            raise
         finally:
             elapsed = time.perf_counter() - start
             metrics.HOOK_LATENCY.labels(hook).observe(elapsed)

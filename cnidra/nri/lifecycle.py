@@ -38,6 +38,8 @@ from cnidra.cni.attach import (
 from cnidra.cni.invoke import Deadline
 from cnidra.cni.result import Result
 from cnidra.cni.runtime import CNIRuntime
+from cnidra.observe import metrics
+from cnidra.observe.interfaces import PodInterface
 from cnidra.state import journal as events
 from cnidra.state.checkpoint import Checkpoint
 from cnidra.state.journal import Journal
@@ -193,6 +195,8 @@ class PodLifecycle:
             return 0
         refusal = self._refusal(pod, planned)
         if refusal:
+            for attached in planned:
+                _count_failure(attached.attachment, "refused")
             self.status.event(pod_ref(pod), REASON_ATTACH_FAILED, refusal)
             self.journal.record(events.ATTACH_FAILED, pod_ref(pod), pod.id, refusal)
             raise AttachError(refusal)
@@ -254,9 +258,12 @@ class PodLifecycle:
             # undoes whatever the record lists (a crash before it runs leaves `adding`, which
             # the next Synchronize undoes)
             log.warning("attach of %s/%s cancelled; rolling back", pod.namespace, pod.name)
+            for attachment in attachments:
+                _count_failure(attachment, "cancelled")
             self.retry_detach(pod.id, first_delay=0.0)
             raise
         except AttachFailed as failed:
+            _count_failure(failed.failed.attachment, failed.failed.reason or "runtime")
             if failed.cleanup_errors:
                 await self.store.put(record.with_state(State.DELETING))
                 self.retry_detach(pod.id)
@@ -296,6 +303,9 @@ class PodLifecycle:
 
     def _report(self, outcomes: list[Outcome], pod: ObjectRef | None = None) -> None:
         for outcome in outcomes:
+            if outcome.ready:
+                name = metrics.network_label(_network_of(outcome.attachment))
+                metrics.ATTACH_DURATION.labels(name).observe(outcome.seconds)
             entry = device_status(outcome)
             self.status.put(outcome.attachment.claim, entry)
             if pod is not None and outcome.ready:
@@ -323,6 +333,23 @@ class PodLifecycle:
             return
         up = [(a.attachment, Result(a.result)) for a in attached if a.result and not a.pending]
         self.status.pod_networks(pod, network_status(up))
+
+    def interfaces(self) -> list[PodInterface]:
+        """Every interface attached now, for the per-interface telemetry."""
+        return [
+            PodInterface(
+                record.netns,
+                record.pod.namespace,
+                record.pod.name,
+                a.attachment.claim.name,
+                a.attachment.request,
+                a.attachment.if_name,
+            )
+            for record in self.store.all()
+            if record.state is State.ADDED
+            for a in record.attachments
+            if not a.pending and a.result is not None
+        ]
 
     def restore_status(self) -> None:
         """After a restart: re-derive the status of every attachment that is set up."""
@@ -384,6 +411,7 @@ class PodLifecycle:
                     self.runtime, [att], sandbox_id, record.netns, budget=self.budget.deadlines()
                 )
             except AttachFailed as failed:
+                _count_failure(att, failed.failed.reason or "runtime")
                 if not failed.cleanup_errors:
                     await self.store.put(record)
                 self._report(failed.outcomes)
@@ -417,7 +445,11 @@ class PodLifecycle:
             )
             await self.store.put(replace(record, attachments=marked))
             errors = await detach_all(
-                self.runtime, [a.attachment for a in going], sandbox_id, self._netns_for_del(record)
+                self.runtime,
+                [a.attachment for a in going],
+                sandbox_id,
+                self._netns_for_del(record),
+                on_done=_observe_del,
             )
             if errors:
                 self.journal.record(events.DETACH_FAILED, record.pod, sandbox_id, "; ".join(errors))
@@ -445,6 +477,7 @@ class PodLifecycle:
                 [a.attachment for a in pending],
                 record.sandbox_id,
                 self._netns_for_del(record),
+                on_done=_observe_del,
             )
             if errors:
                 log.warning("undoing a half-done plug of %s: %s", record.pod, "; ".join(errors))
@@ -478,6 +511,7 @@ class PodLifecycle:
                 sandbox_id,
                 self._netns_for_del(record),
                 deadline,
+                on_done=_observe_del,
             )
             if errors and self._can_retry(record):
                 message = f"pod {record.pod}: " + "; ".join(errors)
@@ -555,3 +589,19 @@ class PodLifecycle:
             except Exception:
                 log.exception("retrying the detach of sandbox %s", sandbox_id[:12])
             delay = backoff.next()
+
+
+def _network_of(att: Attachment) -> str:
+    return att.status_name or att.network_name
+
+
+def _count_failure(att: Attachment, reason: str) -> None:
+    metrics.ATTACH_FAILURES.labels(metrics.network_label(_network_of(att)), reason).inc()
+
+
+def _observe_del(att: Attachment, seconds: float, reason: str) -> None:
+    network = metrics.network_label(_network_of(att))
+    if reason:
+        metrics.DETACH_FAILURES.labels(network, reason).inc()
+    else:
+        metrics.DETACH_DURATION.labels(network).observe(seconds)

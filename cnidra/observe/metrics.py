@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from cnidra.observe.interfaces import InterfaceCollector
+
 REGISTRY = CollectorRegistry()
 
 
@@ -99,8 +101,47 @@ def observe_cni_exec(plugin_type: str, command: str, seconds: float) -> None:
 
 
 ATTACH_FAILURES = Counter(
-    "cnidra_attach_failures_total", "RunPodSandbox hooks that failed", registry=REGISTRY
+    "cnidra_attach_failures_total",
+    "Interfaces that could not be attached, by network and reason (a CNI error code's name, "
+    "timeout, not-found, protocol, refused, cancelled)",
+    ["network", "reason"],
+    registry=REGISTRY,
 )
+DETACH_FAILURES = Counter(
+    "cnidra_detach_failures_total",
+    "DELs that failed (and are retried), by network and reason",
+    ["network", "reason"],
+    registry=REGISTRY,
+)
+_ATTACH_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5, 10)
+ATTACH_DURATION = Histogram(
+    "cnidra_attach_duration_seconds",
+    "One interface's ADD (every plugin of its network), by network",
+    ["network"],
+    registry=REGISTRY,
+    buckets=_ATTACH_BUCKETS,
+)
+DETACH_DURATION = Histogram(
+    "cnidra_detach_duration_seconds",
+    "One interface's DEL, by network",
+    ["network"],
+    registry=REGISTRY,
+    buckets=_ATTACH_BUCKETS,
+)
+MAX_NETWORK_LABELS = 256
+_networks: set[str] = set()
+
+
+def network_label(name: str) -> str:
+    """A network's name as a label value: names are users' (a claim's config, a NAD), so past
+    MAX_NETWORK_LABELS distinct ones the rest are counted as "other" (bounded series)."""
+    name = name or "unnamed"
+    if name in _networks:
+        return name
+    if len(_networks) >= MAX_NETWORK_LABELS:
+        return "other"
+    _networks.add(name)
+    return name
 STATUS_WRITES = Counter(
     "cnidra_status_writes_total",
     "ResourceClaim status/finalizer writes by outcome",
@@ -136,11 +177,15 @@ class PoolUsage:
     blocks: int
     leased: int
     free: int | None
+    # the whole pool (every node's): addresses pods can get, and blocks
+    size: int | None = None
+    pool_blocks: int | None = None
 
 
 class PoolCollector:
-    """cnidra_ipam_node_blocks and cnidra_ipam_node_addresses, computed on the scrape from the
-    node's records (no apiserver call); the agent wires in the source."""
+    """cnidra_ipam_node_blocks, cnidra_ipam_node_addresses and the pool's own size, computed
+    on the scrape from the node's records and the pools it read last (no apiserver call); the
+    agent wires in the source."""
 
     def __init__(self) -> None:
         self.source: Callable[[], Iterable[PoolUsage]] = lambda: ()
@@ -154,14 +199,29 @@ class PoolCollector:
             "Addresses of this node's blocks by pool and state (leased, free)",
             labels=["pool", "state"],
         )
+        size = GaugeMetricFamily(
+            "cnidra_ipam_pool_size_addresses",
+            "Addresses pods can get from the whole pool (every node's blocks), by pool",
+            labels=["pool"],
+        )
+        pool_blocks = GaugeMetricFamily(
+            "cnidra_ipam_pool_blocks",
+            "Blocks the whole pool has; minus sum(cnidra_ipam_node_blocks): the free ones",
+            labels=["pool"],
+        )
         for usage in self.source():
             blocks.add_metric([usage.pool], usage.blocks)
             addresses.add_metric([usage.pool, "leased"], usage.leased)
             if usage.free is not None:
                 addresses.add_metric([usage.pool, "free"], usage.free)
-        yield blocks
-        yield addresses
+            if usage.size is not None:
+                size.add_metric([usage.pool], usage.size)
+            if usage.pool_blocks is not None:
+                pool_blocks.add_metric([usage.pool], usage.pool_blocks)
+        yield from (blocks, addresses, size, pool_blocks)
 
 
 POOLS = PoolCollector()
 REGISTRY.register(POOLS)
+INTERFACES = InterfaceCollector()
+REGISTRY.register(INTERFACES)

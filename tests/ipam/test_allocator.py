@@ -412,3 +412,7 @@ async def test_pool_usage_is_counted_from_the_nodes_records_for_a_scrape(
     assert api.calls == []  # a scrape asks the apiserver nothing
     assert 'cnidra_ipam_node_blocks{pool="data"} 1.0' in text
     assert f'cnidra_ipam_node_addresses{{pool="data",state="free"}} {float(room - 3)}' in text
+    assert usage.size is not None and usage.pool_blocks is not None
+    assert usage.size >= room and usage.pool_blocks >= 1
+    assert f'cnidra_ipam_pool_size_addresses{{pool="data"}} {float(usage.size)}' in text
+    assert f'cnidra_ipam_pool_blocks{{pool="data"}} {float(usage.pool_blocks)}' in text

@@ -241,3 +241,45 @@ async def test_normal_events_say_what_was_added_and_removed(tmp_path: Path) -> N
     added, removed = (message for _, _, message in normal)
     assert added.startswith("Add net1 [198.18.0.2/24] from data") and "claim c" in added
     assert removed == "Removed net1 (data)"
+
+
+async def test_attach_and_detach_are_timed_and_failures_counted_by_network_and_reason(
+    tmp_path: Path,
+) -> None:
+    from cnidra.observe import metrics
+
+    def sample(name: str, **labels: str) -> float:
+        return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+    count = "cnidra_attach_duration_seconds_count"
+    node = Node.start(tmp_path)
+    prepare(node.checkpoint, "c", "a-uid", ("net1", network("fast", "macvlan")))
+    before = (
+        sample(count, network="fast"),
+        sample(count.replace("attach", "detach"), network="fast"),
+    )
+    await node.hooks.run_pod_sandbox(pod("a"))
+    await node.hooks.stop_pod_sandbox(pod("a"))
+    after = sample(count, network="fast"), sample(count.replace("attach", "detach"), network="fast")
+    assert after == (before[0] + 1, before[1] + 1)
+    assert node.lifecycle.interfaces() == []  # stopped: no series left
+
+    broken = Node.start(tmp_path / "b", FakePlugins(failing={"bridge": "ADD"}))
+    prepare(broken.checkpoint, "c", "b-uid", ("net1", network("flaky", "bridge")))
+    failures = "cnidra_attach_failures_total"
+    was = sample(failures, network="flaky", reason="try-again-later")
+    with pytest.raises(Exception, match="it broke"):
+        await broken.hooks.run_pod_sandbox(pod("b"))
+    assert sample(failures, network="flaky", reason="try-again-later") == was + 1
+
+
+async def test_attached_interfaces_are_listed_for_the_telemetry(tmp_path: Path) -> None:
+    node = Node.start(tmp_path)
+    two_networks(node)
+    await node.hooks.run_pod_sandbox(pod("a"))
+    listed = node.lifecycle.interfaces()
+    assert [(i.claim, i.request, i.interface) for i in listed] == [
+        ("c", "req0", "net1"),
+        ("c", "req1", "net2"),
+    ]
+    assert {i.netns for i in listed} == {node.store.get("a-sandbox").netns}  # type: ignore[union-attr]
