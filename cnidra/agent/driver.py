@@ -40,7 +40,7 @@ from cnidra.nri.reconcile import Reconciler
 from cnidra.observe import metrics
 from cnidra.observe.http import HTTPEndpoint
 from cnidra.observe.tasks import Supervisor
-from cnidra.state.checkpoint import Checkpoint
+from cnidra.state.checkpoint import Checkpoint, PreparedClaim
 from cnidra.state.ipam import IPAMState
 from cnidra.state.journal import Journal
 from cnidra.state.layout import StateLayout
@@ -52,6 +52,19 @@ from cnidra.util.memory import cap_malloc_arenas
 
 log = logging.getLogger(__name__)
 STATUS_FLUSH_SECONDS = 5.0
+
+
+REASON_PREPARED = "Prepared"
+
+
+def prepared_message(claim: PreparedClaim, node: str) -> str:
+    """What `kubectl describe resourceclaim` shows once the node has checked and recorded it."""
+    parts = [
+        f"request {d.request} as {d.if_name} on {d.device}"
+        + (f" ({d.status_name or d.network_label})" if d.status_name or d.network_label else "")
+        for d in claim.devices
+    ]
+    return f"Prepared on node {node}: " + "; ".join(parts)
 
 
 class Driver:
@@ -109,6 +122,9 @@ class Driver:
             on_exec=metrics.observe_cni_exec,
         )
         self.status = StatusWriter(self.client, releases=self.layout.finalizer_releases)
+        self.preparer.on_prepared = lambda claim: self.status.claim_event(
+            claim.ref, REASON_PREPARED, prepared_message(claim, settings.node_name)
+        )
         self.sandboxes = SandboxStore(self.layout)
         self.journal = Journal(self.layout.journal)
         # before anything can DEL: records of cnidra 0.1 name networks in the shared directory

@@ -236,6 +236,9 @@ class Preparer:
         self.ipam = ipam
         self._locks = KeyedLocks()
         self._apiserver_slots = asyncio.Semaphore(APISERVER_SLOTS)
+        # told of each claim prepared anew (not of a kubelet's repeated call): the agent
+        # makes it a Normal Event on the claim
+        self.on_prepared: Callable[[PreparedClaim], None] = lambda claim: None
 
     def in_flight(self) -> set[str]:
         """UIDs of the claims being prepared or unprepared right now."""
@@ -279,6 +282,8 @@ class Preparer:
                 if isinstance(a, PreparedClaim) and self.checkpoint.get(a.uid) != a
             ]
             await self.checkpoint.put_many(changed)
+            for claim in changed:
+                self.on_prepared(claim)
             return list(await asyncio.gather(*(self._commit(a) for a in checked)))
 
     async def _resolve_in_slot(self, ref: ObjectRef) -> PreparedClaim:

@@ -142,6 +142,8 @@ def network_label(name: str) -> str:
         return "other"
     _networks.add(name)
     return name
+
+
 STATUS_WRITES = Counter(
     "cnidra_status_writes_total",
     "ResourceClaim status/finalizer writes by outcome",

@@ -67,11 +67,12 @@ def refused_for_good(exc: BaseException) -> bool:
 
 @dataclass
 class _Event:
-    pod: ObjectRef
+    pod: ObjectRef  # the object the Event is about: a Pod, or a claim (kind)
     reason: str
     message: str
     type: str
     attempts: int = 0
+    kind: str = "Pod"
 
 
 DeviceKey = tuple[str, str, str, str]  # driver, pool, device, shareID
@@ -178,9 +179,16 @@ class StatusWriter:
             await self._drained.wait()
 
     def event(self, pod: ObjectRef, reason: str, message: str, type_: str = "Warning") -> None:
+        self._queue(_Event(pod, reason, message, type_))
+
+    def claim_event(self, claim: ObjectRef, reason: str, message: str) -> None:
+        """A Normal Event on a ResourceClaim (same queue, bounds and retries as pods')."""
+        self._queue(_Event(claim, reason, message, "Normal", kind="ResourceClaim"))
+
+    def _queue(self, event: _Event) -> None:
         if len(self._events) == self._events.maxlen:
             metrics.POD_WRITES.labels("event", "dropped").inc()  # the oldest gives way
-        self._events.append(_Event(pod, reason, message, type_))
+        self._events.append(event)
         self._wake.set()
 
     def pod_networks(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
@@ -395,8 +403,8 @@ class StatusWriter:
             event = Event(
                 metadata=ObjectMeta(generateName=f"{item.pod.name}.", namespace=item.pod.namespace),
                 involvedObject=ObjectReference(
-                    kind="Pod",
-                    apiVersion="v1",
+                    kind=item.kind,
+                    apiVersion="v1" if item.kind == "Pod" else "resource.k8s.io/v1",
                     name=item.pod.name,
                     namespace=item.pod.namespace,
                     uid=item.pod.uid,

@@ -561,3 +561,17 @@ def test_a_claim_cannot_aim_an_admins_network_at_the_link_it_was_allocated() -> 
     view = NodeView(links={"net-uplink": "eth2"}, networks={"net-uplink": bridge})
     [dev] = resolve_claim(claim([], results), REF, "n1", DIRS, view).devices
     assert dev.network["plugins"][0]["bridge"] == "eth2"
+
+
+async def test_a_claim_prepared_anew_is_told_once_for_its_event(tmp_path: Path) -> None:
+    from cnidra.agent.driver import prepared_message
+
+    _, preparer = limited(tmp_path)
+    told: list[PreparedClaim] = []
+    preparer.on_prepared = told.append
+    await preparer.prepare_batch([ObjectRef("ns", "a", "u-a")])
+    await preparer.prepare_batch([ObjectRef("ns", "a", "u-a")])  # kubelet again: no new event
+    assert [c.uid for c in told] == ["u-a"]
+    message = prepared_message(told[0], "node-a")
+    assert message.startswith("Prepared on node node-a: request ")
+    assert " as " in message and " on " in message

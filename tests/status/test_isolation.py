@@ -31,6 +31,7 @@ class Pods:
         self.events: list[str] = []
         self.event_failures: dict[str, Exception] = {}
         self.event_calls = 0
+        self.objects: list[Event] = []
 
     async def get(self, resource: Any, name: str, namespace: str) -> Pod:
         meta = ObjectMeta(name=name, namespace=namespace, uid=f"uid-{name}", resourceVersion="1")
@@ -49,6 +50,7 @@ class Pods:
         if event.reason in self.event_failures:
             raise self.event_failures[event.reason]
         self.events.append(event.reason)
+        self.objects.append(event)
 
     def entries(self, name: str) -> list[dict[str, Any]]:
         loaded: list[dict[str, Any]] = json.loads(self.annotations[name][NETWORK_STATUS_ANNOTATION])
@@ -160,3 +162,20 @@ async def test_a_slow_apiserver_call_times_out_and_the_rest_proceed(monkeypatch:
         async with asyncio.timeout(2):
             await fine.wait()
     assert api.entries("fine") == [OURS]
+
+
+async def test_a_claims_normal_event_is_about_the_resourceclaim() -> None:
+    api = Pods()
+    writer = StatusWriter(api)  # type: ignore[arg-type]
+    writer.claim_event(ObjectRef("ns", "c", "uid-c"), "Prepared", "Prepared on node n")
+    async with running(writer):
+        await settle(writer)
+    [event] = api.objects
+    involved = event.involvedObject
+    assert (involved.kind, involved.apiVersion, involved.name, involved.uid) == (
+        "ResourceClaim",
+        "resource.k8s.io/v1",
+        "c",
+        "uid-c",
+    )
+    assert (event.type, event.reason) == ("Normal", "Prepared")
