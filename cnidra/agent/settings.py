@@ -1,58 +1,123 @@
-"""Every setting of `cnidra driver`, with its default: the one place defaults live (the CLI's
-flags and `CNIDRA_*` variables read them from here). Light to import: no I/O, no gRPC."""
+"""Every setting of `cnidra driver`, declared once: its type, default and help live here, and
+the CLI's flags and `CNIDRA_*` variables are made from these fields (cnidra.cli.main), so a new
+setting is one line here (and a value in the chart, if operators should set it). Light to
+import: no I/O, no gRPC."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from cnidra.api.constants import DEFAULT_MAX_ATTACHMENTS, DRIVER_NAME
 from cnidra.inventory import DEFAULT_EXCLUDE
 from cnidra.state.layout import DEFAULT_STATE_ROOT, LEGACY_CNI_DIR
 
+T = TypeVar("T")
+
+
+def setting(
+    default: T,
+    help: str = "",
+    *,
+    flag: str = "",
+    sep: str = "",
+    empty_is_default: bool = False,
+    required: bool = False,
+) -> T:
+    """A field with what its flag needs: `flag` overrides the name made from the field's
+    (`--sub-interfaces`, variable CNIDRA_SUB_INTERFACES); a list is one string joined by `sep`;
+    `empty_is_default` reads "" as the default (the chart passes "" for "unchanged")."""
+    meta: dict[str, Any] = {
+        "help": help,
+        "flag": flag,
+        "sep": sep,
+        "empty": empty_is_default,
+        "required": required,
+    }
+    if isinstance(default, list):
+        items = list(default)
+        return field(default_factory=lambda: list(items), metadata=meta)  # type: ignore[return-value]
+    return field(default=default, metadata=meta)
+
 
 @dataclass
 class DriverSettings:
-    node_name: str
-    kubeconfig: str | None = None
-    plugins_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
-    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
-    state_dir: Path = DEFAULT_STATE_ROOT
-    legacy_cni_dir: Path = LEGACY_CNI_DIR
-    cni_path: list[str] = field(default_factory=lambda: ["/opt/cni/bin"])
-    http_address: str = "127.0.0.1:9177"
-    sub_interfaces: int = 64
-    include_interfaces: str = ".*"
-    exclude_interfaces: str = DEFAULT_EXCLUDE
-    resync_seconds: float = 60.0
-    api_timeout: float = 10.0
-    nri_socket: str = "/var/run/nri/nri.sock"
-    nri_plugin_name: str = "cnidra"
-    nri_plugin_index: str = "50"
-    cni_timeout: float = 10.0
-    concurrent_attach: bool = False
-    # ADDs behind the sandbox: RunPodSandbox answers at once, CreateContainer waits for them
-    attach_behind_sandbox: bool = True
-    attach_budget: float = 0.0
-    max_attachments: int = DEFAULT_MAX_ATTACHMENTS
-    sweep_seconds: float = 10.0
-    # cnidra IPAM's reconciler: a pass this often (unprepared claims' and deleted IPAMClaims'
-    # addresses), lost nodes' blocks every `ipam_lost_node_passes` passes
-    ipam_reconcile_seconds: float = 30.0
-    ipam_lost_node_passes: int = 10
-    # an address leased for a claim that is not in the checkpoint is freed after this long
-    # (longer than any prepare in flight)
-    ipam_grace_seconds: float = 120.0
-    # device metadata for containers (KEP-5304): CDI specs go where the runtime reads them
-    device_metadata: bool = True
-    cdi_dir: Path = Path("/var/run/cdi")
-    # links that carry the node (default route, node address) published anyway, for admin
-    # classes whose CNIPolicy names them in nodeLinks
-    publish_node_links: list[str] = field(default_factory=list)
-    # node-local network confs, by NetworkID (CNINetwork spec.networkID, a class's network)
-    cni_conf_dir: Path = Path("/etc/cni/net.d")
-    # write Multus' k8s.v1.cni.cncf.io/network-status annotation on pods with cnidra interfaces
-    network_status: bool = True
+    node_name: str = setting("", "this node's name (the pod's spec.nodeName)", required=True)
+    kubeconfig: str | None = setting(None, "default: the in-cluster service account")
+    plugins_registry_dir: Path = setting(
+        Path("/var/lib/kubelet/plugins_registry"), "where kubelet finds plugins to register"
+    )
+    plugins_dir: Path = setting(Path("/var/lib/kubelet/plugins"), "kubelet's plugin sockets")
+    state_dir: Path = setting(
+        DEFAULT_STATE_ROOT, "cnidra's state root: checkpoint, sandbox records, CNI cache, IPAM"
+    )
+    legacy_cni_dir: Path = setting(
+        LEGACY_CNI_DIR, "where cnidra 0.1 kept CNI state; read once to migrate it"
+    )
+    cni_path: list[str] = setting(["/opt/cni/bin"], "plugin directories", sep=":")
+    http_address: str = setting("127.0.0.1:9177", "host:port for /healthz and /metrics")
+    sub_interfaces: int = setting(64, "pod interfaces one parent link may carry")
+    include_interfaces: str = setting(".*", "regex of link names to publish")
+    exclude_interfaces: str = setting(
+        DEFAULT_EXCLUDE,
+        'regex of link names never to publish ("": the built-in list)',
+        empty_is_default=True,
+    )
+    resync_seconds: float = setting(60.0, "how often the slices are compared with the links")
+    api_timeout: float = setting(10.0, "seconds for one apiserver call")
+    nri_socket: str = setting("/var/run/nri/nri.sock", "containerd's NRI socket")
+    nri_plugin_name: str = setting("cnidra", "the name containerd knows the NRI plugin by")
+    nri_plugin_index: str = setting("50", "where the NRI plugin runs among others (00-99)")
+    cni_timeout: float = setting(10.0, "seconds per plugin call")
+    concurrent_attach: bool = setting(False, "ADD a pod's attachments at once instead of in order")
+    attach_behind_sandbox: bool = setting(
+        True,
+        "start a pod's ADDs in RunPodSandbox and wait for them at its first CreateContainer "
+        "(containerd runs all pods' NRI hooks one at a time), or do them inside RunPodSandbox",
+        flag="--attach-behind-sandbox/--attach-in-sandbox-hook",
+    )
+    attach_budget: float = setting(
+        0.0,
+        "seconds all of a pod's ADDs may take; 0: 60% of the runtime's NRI request timeout "
+        "(1.2 s with containerd's default 2 s)",
+    )
+    max_attachments: int = setting(
+        DEFAULT_MAX_ATTACHMENTS,
+        "cnidra interfaces one pod may have; prepare refuses more",
+        flag="--max-attachments-per-pod",
+    )
+    sweep_seconds: float = setting(10.0, "how often sandboxes that vanished are looked for")
+    ipam_reconcile_seconds: float = setting(
+        30.0, "how often cnidra IPAM frees addresses nobody holds (docs/ipam.md)"
+    )
+    ipam_lost_node_passes: int = setting(
+        10, "reconcile passes between looks for lost nodes' IPAMClaims"
+    )
+    ipam_grace_seconds: float = setting(
+        120.0, "how old an address of an unprepared claim must be before it is freed"
+    )
+    device_metadata: bool = setting(
+        True,
+        "write each claim's device metadata for its containers (KEP-5304, via CDI)",
+        flag="--device-metadata/--no-device-metadata",
+    )
+    cdi_dir: Path = setting(Path("/var/run/cdi"), "where the runtime reads CDI specs")
+    publish_node_links: list[str] = setting(
+        [],
+        "comma-separated links that carry the node (default route, node address) to publish "
+        "anyway, marked nodeLink, for classes whose CNIPolicy names them",
+        sep=",",
+    )
+    cni_conf_dir: Path = setting(
+        Path("/etc/cni/net.d"),
+        "node-local network confs, <NetworkID>.conflist/.conf (read, never written)",
+    )
+    network_status: bool = setting(
+        True,
+        "write Multus' k8s.v1.cni.cncf.io/network-status annotation on pods",
+        flag="--network-status/--no-network-status",
+    )
 
     @property
     def registration_socket(self) -> Path:
@@ -67,4 +132,4 @@ class DriverSettings:
         return self.plugins_dir / DRIVER_NAME
 
 
-DEFAULTS = DriverSettings(node_name="")
+DEFAULTS = DriverSettings()

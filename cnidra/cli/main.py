@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import os
 import sys
+import typing
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -385,217 +388,75 @@ def try_(
     raise typer.Exit(0 if outcome.ok and not outcome.cleanup_errors else EXIT_INVALID)
 
 
-@app.command()
-def driver(
-    node_name: Annotated[str, typer.Option("--node-name", envvar="CNIDRA_NODE_NAME")],
-    kubeconfig: Annotated[
-        str | None,
-        typer.Option(
-            "--kubeconfig", envvar="CNIDRA_KUBECONFIG", help="default: in-cluster service account"
-        ),
-    ] = None,
-    plugins_registry_dir: Annotated[
-        Path, typer.Option("--plugins-registry-dir", envvar="CNIDRA_PLUGINS_REGISTRY_DIR")
-    ] = DEFAULTS.plugins_registry_dir,
-    plugins_dir: Annotated[
-        Path, typer.Option("--plugins-dir", envvar="CNIDRA_PLUGINS_DIR")
-    ] = DEFAULTS.plugins_dir,
-    state_dir: Annotated[
-        Path,
-        typer.Option(
-            "--state-dir",
-            envvar="CNIDRA_STATE_DIR",
-            help="cnidra's state root: checkpoint, sandbox records, CNI cache, IPAM pools",
-        ),
-    ] = DEFAULTS.state_dir,
-    legacy_cni_dir: Annotated[
-        Path,
-        typer.Option(
-            "--legacy-cni-dir",
-            envvar="CNIDRA_LEGACY_CNI_DIR",
-            help="where cnidra 0.1 kept CNI state; read once to migrate it",
-        ),
-    ] = DEFAULTS.legacy_cni_dir,
-    cni_path: Annotated[str, typer.Option("--cni-path", envvar="CNIDRA_CNI_PATH")] = ":".join(
-        DEFAULTS.cni_path
-    ),
-    http_address: Annotated[
-        str,
-        typer.Option(
-            "--http-address",
-            envvar="CNIDRA_HTTP_ADDRESS",
-            help="host:port for /healthz and /metrics",
-        ),
-    ] = DEFAULTS.http_address,
-    sub_interfaces: Annotated[
-        int,
-        typer.Option(
-            "--sub-interfaces",
-            envvar="CNIDRA_SUB_INTERFACES",
-            help="pod interfaces one parent link may carry",
-        ),
-    ] = DEFAULTS.sub_interfaces,
-    include_interfaces: Annotated[
-        str,
-        typer.Option(
-            "--include-interfaces",
-            envvar="CNIDRA_INCLUDE_INTERFACES",
-            help="regex of link names to publish",
-        ),
-    ] = DEFAULTS.include_interfaces,
-    exclude_interfaces: Annotated[
-        str | None,
-        typer.Option(
-            "--exclude-interfaces",
-            envvar="CNIDRA_EXCLUDE_INTERFACES",
-            help="regex of link names never to publish",
-        ),
-    ] = None,
-    resync_seconds: Annotated[
-        float, typer.Option("--resync-seconds", envvar="CNIDRA_RESYNC_SECONDS")
-    ] = DEFAULTS.resync_seconds,
-    ipam_reconcile_seconds: Annotated[
-        float,
-        typer.Option(
-            "--ipam-reconcile-seconds",
-            envvar="CNIDRA_IPAM_RECONCILE_SECONDS",
-            help="how often cnidra IPAM frees addresses nobody holds (docs/ipam.md)",
-        ),
-    ] = DEFAULTS.ipam_reconcile_seconds,
-    ipam_grace_seconds: Annotated[
-        float,
-        typer.Option(
-            "--ipam-grace-seconds",
-            envvar="CNIDRA_IPAM_GRACE_SECONDS",
-            help="how old an address of an unprepared claim must be before it is freed",
-        ),
-    ] = DEFAULTS.ipam_grace_seconds,
-    cni_conf_dir: Annotated[
-        Path,
-        typer.Option(
-            "--cni-conf-dir",
-            envvar="CNIDRA_CNI_CONF_DIR",
-            help="node-local network confs, <NetworkID>.conflist/.conf (read, never written)",
-        ),
-    ] = DEFAULTS.cni_conf_dir,
-    network_status: Annotated[
-        bool,
-        typer.Option(
-            "--network-status/--no-network-status",
-            envvar="CNIDRA_NETWORK_STATUS",
-            help="write Multus' k8s.v1.cni.cncf.io/network-status annotation on pods",
-        ),
-    ] = DEFAULTS.network_status,
-    nri_socket: Annotated[
-        str, typer.Option("--nri-socket", envvar="CNIDRA_NRI_SOCKET")
-    ] = DEFAULTS.nri_socket,
-    nri_plugin_name: Annotated[
-        str, typer.Option("--nri-plugin-name", envvar="CNIDRA_NRI_PLUGIN_NAME")
-    ] = DEFAULTS.nri_plugin_name,
-    nri_plugin_index: Annotated[
-        str, typer.Option("--nri-plugin-index", envvar="CNIDRA_NRI_PLUGIN_INDEX")
-    ] = DEFAULTS.nri_plugin_index,
-    cni_timeout: Annotated[
-        float,
-        typer.Option("--cni-timeout", envvar="CNIDRA_CNI_TIMEOUT", help="seconds per plugin call"),
-    ] = DEFAULTS.cni_timeout,
-    concurrent_attach: Annotated[
-        bool,
-        typer.Option(
-            "--concurrent-attach",
-            envvar="CNIDRA_CONCURRENT_ATTACH",
-            help="ADD a pod's attachments at once instead of in order",
-        ),
-    ] = False,
-    attach_behind_sandbox: Annotated[
-        bool,
-        typer.Option(
-            "--attach-behind-sandbox/--attach-in-sandbox-hook",
-            envvar="CNIDRA_ATTACH_BEHIND_SANDBOX",
-            help="start a pod's ADDs in RunPodSandbox and wait for them at its first "
-            "CreateContainer (containerd runs all pods' NRI hooks one at a time), or do them "
-            "inside RunPodSandbox",
-        ),
-    ] = DEFAULTS.attach_behind_sandbox,
-    attach_budget: Annotated[
-        float,
-        typer.Option(
-            "--attach-budget",
-            envvar="CNIDRA_ATTACH_BUDGET",
-            help="seconds all of a pod's ADDs may take; 0: 60% of the runtime's NRI "
-            "request timeout (1.2 s with containerd's default 2 s)",
-        ),
-    ] = DEFAULTS.attach_budget,
-    max_attachments: Annotated[
-        int,
-        typer.Option(
-            "--max-attachments-per-pod",
-            envvar="CNIDRA_MAX_ATTACHMENTS_PER_POD",
-            help="cnidra interfaces one pod may have; prepare refuses more",
-        ),
-    ] = DEFAULTS.max_attachments,
-    publish_node_links: Annotated[
-        str,
-        typer.Option(
-            "--publish-node-links",
-            envvar="CNIDRA_PUBLISH_NODE_LINKS",
-            help="comma-separated links that carry the node (default route, node address) to "
-            "publish anyway, marked nodeLink, for classes whose CNIPolicy names them",
-        ),
-    ] = "",
-    device_metadata: Annotated[
-        bool,
-        typer.Option(
-            "--device-metadata/--no-device-metadata",
-            envvar="CNIDRA_DEVICE_METADATA",
-            help="write each claim's device metadata for its containers (KEP-5304, via CDI)",
-        ),
-    ] = DEFAULTS.device_metadata,
-    cdi_dir: Annotated[
-        Path,
-        typer.Option(
-            "--cdi-dir", envvar="CNIDRA_CDI_DIR", help="where the runtime reads CDI specs"
-        ),
-    ] = DEFAULTS.cdi_dir,
-    log_level: Annotated[str, typer.Option("--log-level", envvar="CNIDRA_LOG_LEVEL")] = "info",
-    log_format: LogFormat = "text",
-) -> None:
+def driver(log_level: str, log_format: str, **values: Any) -> None:
     """Run the node agent: kubelet DRA plugin, ResourceSlice publisher, health and metrics."""
     import asyncio
 
     from cnidra.agent.driver import run
 
     setup_logs(log_level, log_format)
-    settings = DriverSettings(
-        node_name=node_name,
-        kubeconfig=kubeconfig,
-        plugins_registry_dir=plugins_registry_dir,
-        plugins_dir=plugins_dir,
-        state_dir=state_dir,
-        legacy_cni_dir=legacy_cni_dir,
-        cni_path=[p for p in cni_path.split(":") if p],
-        http_address=http_address,
-        sub_interfaces=sub_interfaces,
-        include_interfaces=include_interfaces,
-        exclude_interfaces=exclude_interfaces or DEFAULTS.exclude_interfaces,
-        resync_seconds=resync_seconds,
-        ipam_reconcile_seconds=ipam_reconcile_seconds,
-        ipam_grace_seconds=ipam_grace_seconds,
-        nri_socket=nri_socket,
-        nri_plugin_name=nri_plugin_name,
-        nri_plugin_index=nri_plugin_index,
-        concurrent_attach=concurrent_attach,
-        attach_behind_sandbox=attach_behind_sandbox,
-        cni_timeout=cni_timeout,
-        attach_budget=attach_budget,
-        max_attachments=max_attachments,
-        publish_node_links=[n for n in publish_node_links.split(",") if n],
-        device_metadata=device_metadata,
-        cdi_dir=cdi_dir,
-        cni_conf_dir=cni_conf_dir,
-        network_status=network_status,
-    )
-    asyncio.run(run(settings))
+    asyncio.run(run(settings_from_flags(values)))
+
+
+def _setting_flag(f: dataclasses.Field[Any]) -> str:
+    return str(f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
+
+
+def settings_from_flags(values: dict[str, Any]) -> DriverSettings:
+    """DriverSettings from the flags' values (lists split, "" read as the default where the
+    field says so)."""
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(DriverSettings):
+        value = values[f.name]
+        if f.metadata.get("sep"):
+            value = [item for item in str(value).split(f.metadata["sep"]) if item]
+        elif f.metadata.get("empty") and value in ("", None):
+            value = getattr(DEFAULTS, f.name)
+        changes[f.name] = value
+    return dataclasses.replace(DEFAULTS, **changes)
+
+
+def _driver_signature() -> inspect.Signature:
+    """`cnidra driver`'s parameters, made from DriverSettings' fields: the one declaration of
+    every setting (flag, CNIDRA_* variable, type, default, help)."""
+    hints = typing.get_type_hints(DriverSettings)
+    params = []
+    for f in dataclasses.fields(DriverSettings):
+        flag = _setting_flag(f)
+        env = "CNIDRA_" + flag.split("/")[0].lstrip("-").replace("-", "_").upper()
+        kind: Any = hints[f.name]
+        default = getattr(DEFAULTS, f.name)
+        if f.metadata.get("sep"):
+            kind, default = str, f.metadata["sep"].join(default)
+        elif f.metadata.get("empty"):
+            kind, default = str | None, None
+        option = typer.Option(flag, envvar=env, help=f.metadata.get("help") or None)
+        params.append(
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=Annotated[kind, option],
+                default=inspect.Parameter.empty if f.metadata.get("required") else default,
+            )
+        )
+    for name, annotation, default in (
+        (
+            "log_level",
+            Annotated[str, typer.Option("--log-level", envvar="CNIDRA_LOG_LEVEL")],
+            "info",
+        ),
+        ("log_format", LogFormat, "text"),
+    ):
+        params.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default
+            )
+        )
+    return inspect.Signature(params, return_annotation=None)
+
+
+driver.__signature__ = _driver_signature()  # type: ignore[attr-defined]
+app.command()(driver)
 
 
 @app.command()
