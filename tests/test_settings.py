@@ -21,7 +21,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[DriverSettings]:
     async def run(settings: DriverSettings) -> None:
         seen.append(settings)
 
-    import cnidra.agent.driver as driver
+    from cnidra.agent import driver
 
     monkeypatch.setattr(driver, "run", run)
     monkeypatch.setattr(main, "setup_logs", lambda level, fmt: None)
