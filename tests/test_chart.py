@@ -164,3 +164,61 @@ def test_the_webhook_certificate_is_kept_or_cert_managers() -> None:
     assert hook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].endswith(
         "/cnidra-webhook"
     )
+
+
+def test_name_overrides_rename_every_object_and_the_identities_policies_name() -> None:
+    rendered = docs("fullnameOverride=net-driver", "nameOverride=netdra",
+                    "admission.webhook.enabled=true")  # fmt: skip
+    text = yaml.safe_dump_all(rendered)
+    assert "serviceaccount:cnidra-system:net-driver" in text  # the CEL policies' identity
+    named = {(d["kind"], d["metadata"]["name"]) for d in rendered}
+    assert {("DaemonSet", "net-driver"), ("ServiceAccount", "net-driver"),
+            ("ClusterRole", "net-driver"), ("Deployment", "net-driver-webhook"),
+            ("Secret", "net-driver-webhook-tls")} <= named  # fmt: skip
+    [daemonset] = [d for d in rendered if d["kind"] == "DaemonSet"]
+    assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == "net-driver"
+    selector = daemonset["spec"]["selector"]["matchLabels"]
+    assert selector["app.kubernetes.io/name"] == "netdra"
+    assert all(
+        "cnidra" not in d["metadata"]["name"] or d["kind"] in ("DeviceClass",)
+        for d in rendered
+        if d["kind"] not in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    )
+
+
+def test_metrics_stay_on_the_node_unless_asked_then_a_service_and_monitors() -> None:
+    [ds] = [d for d in docs() if d["kind"] == "DaemonSet"]
+    driver = ds["spec"]["template"]["spec"]["containers"][0]
+    assert "--http-address=127.0.0.1:9177" in driver["args"]
+    assert driver["livenessProbe"]["httpGet"]["host"] == "127.0.0.1"
+    exposed = docs("metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true",
+                   "metrics.serviceMonitor.labels.release=prom")  # fmt: skip
+    [ds] = [d for d in exposed if d["kind"] == "DaemonSet"]
+    driver = ds["spec"]["template"]["spec"]["containers"][0]
+    assert "--http-address=$(CNIDRA_POD_IP):9177" in driver["args"]
+    assert {"name": "CNIDRA_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in (
+        driver["env"]
+    )
+    assert "host" not in driver["livenessProbe"]["httpGet"]  # kubelet probes the pod's address
+    assert driver["ports"] == [{"name": "metrics", "containerPort": 9177, "protocol": "TCP"}]
+    [svc] = [d for d in exposed if d["kind"] == "Service"]
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["ports"][0]["name"] == "metrics"
+    assert set(svc["spec"]["selector"].items()) <= set(
+        ds["spec"]["selector"]["matchLabels"].items()
+    )
+    [monitor] = [d for d in exposed if d["kind"] == "ServiceMonitor"]
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert set(monitor["spec"]["selector"]["matchLabels"].items()) <= set(
+        svc["metadata"]["labels"].items()
+    )
+    [pod_monitor] = [d for d in exposed if d["kind"] == "PodMonitor"]
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def test_the_dashboard_ships_as_a_configmap_for_grafanas_sidecar() -> None:
+    import json
+
+    [cm] = [d for d in docs("metrics.dashboard.enabled=true") if d["kind"] == "ConfigMap"]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    board = json.loads(cm["data"]["cnidra.json"])
+    assert board["uid"] == "cnidra" and len(board["panels"]) >= 8
