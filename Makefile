@@ -41,6 +41,7 @@ demo: install cni-plugins
 # the driver's OCI image, dist/cnidra-image.tar (no Docker: mmdebstrap + pip + hack/image/oci.py)
 image: install
 	hack/image/build.sh
+	hack/package-chart.sh
 
 # the same with the CNI reference plugins bundled, for the chart's cniPlugins.install
 image-cni-plugins: install

@@ -222,3 +222,18 @@ def test_the_dashboard_ships_as_a_configmap_for_grafanas_sidecar() -> None:
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     board = json.loads(cm["data"]["cnidra.json"])
     assert board["uid"] == "cnidra" and len(board["panels"]) >= 8
+
+
+def test_the_packaged_chart_renders_as_the_source_does(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [ROOT / "hack" / "package-chart.sh", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    package = Path(out.stdout.strip())
+    assert package.name == f"cnidra-{chart_version()}.tgz" and package.is_file()
+    rendered = subprocess.run(
+        [helm(), "template", "cnidra", str(package), "--namespace", "cnidra-system",
+         "--set", "metrics.dashboard.enabled=true"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    assert "kind: DaemonSet" in rendered and '"uid": "cnidra"' in rendered
