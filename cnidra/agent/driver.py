@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -40,6 +41,7 @@ from cnidra.nri.reconcile import Reconciler
 from cnidra.observe import metrics
 from cnidra.observe.http import HTTPEndpoint
 from cnidra.observe.tasks import Supervisor
+from cnidra.state import gate as gate_script
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
 from cnidra.state.ipam import IPAMState
 from cnidra.state.journal import Journal
@@ -89,9 +91,19 @@ class Driver:
             pool_capacity=self.ipam.capacity,
         )
         self.ipam.blocks_changed = self.publisher.poke
+        gate = None
+        if settings.container_gate:
+            on_node = StateLayout(Path(settings.host_state_dir or settings.state_dir))
+            gate_script.install(self.layout.gate)
+            gate = gate_script.hook_args(on_node.gate, on_node.sandboxes)
         self.metadata = (
-            DeviceMetadata(settings.plugin_data_dir, settings.cdi_dir)
-            if settings.device_metadata
+            DeviceMetadata(
+                settings.plugin_data_dir,
+                settings.cdi_dir,
+                mounts=settings.device_metadata,
+                gate=gate,
+            )
+            if settings.device_metadata or gate
             else None
         )
         self.preparer = Preparer(
@@ -144,6 +156,9 @@ class Driver:
         )
         metrics.INTERFACES.source = self.lifecycle.interfaces
         self.reconciler = Reconciler(self.lifecycle)
+        # fail closed: no claim is prepared (so no pod of it started) while the runtime cannot
+        # tell cnidra about the pod's sandbox
+        self.preparer.unready = self._unready
         self.nri = NRIPlugin(
             PodHooks(self.lifecycle, self.reconciler, background=settings.attach_behind_sandbox),
             settings.nri_socket,
@@ -189,6 +204,14 @@ class Driver:
         }
         ok = bool(self._servers) and self.registration.error is None and self.tasks.healthy()
         return ok, details
+
+    def _unready(self) -> str | None:
+        if self.nri.connected.is_set():
+            return None
+        return (
+            "cnidra's NRI connection to the container runtime is down (the runtime restarting, "
+            "or the driver just started); kubelet retries"
+        )
 
     def _persistent_users(self) -> dict[tuple[str, str], set[str]]:
         """(namespace, IPAMClaim) -> the claims prepared here that reference it."""

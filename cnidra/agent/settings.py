@@ -103,6 +103,17 @@ class DriverSettings:
         flag="--device-metadata/--no-device-metadata",
     )
     cdi_dir: Path = setting(Path("/var/run/cdi"), "where the runtime reads CDI specs")
+    container_gate: bool = setting(
+        True,
+        "give every container of a claim a createRuntime hook that keeps it from starting "
+        "before its pod's interfaces are attached (docs/fail-closed.md)",
+        flag="--container-gate/--no-container-gate",
+    )
+    host_state_dir: str = setting(
+        "",
+        "the state root as the node sees it, where the gate's hook is run from "
+        '("": the same as --state-dir)',
+    )
     publish_node_links: list[str] = setting(
         [],
         "comma-separated links that carry the node (default route, node address) to publish "

@@ -239,6 +239,9 @@ class Preparer:
         # told of each claim prepared anew (not of a kubelet's repeated call): the agent
         # makes it a Normal Event on the claim
         self.on_prepared: Callable[[PreparedClaim], None] = lambda claim: None
+        # why the node cannot set up interfaces now (None: it can): then prepare refuses, and
+        # kubelet asks again later, before the pod's sandbox exists
+        self.unready: Callable[[], str | None] = lambda: None
 
     def in_flight(self) -> set[str]:
         """UIDs of the claims being prepared or unprepared right now."""
@@ -254,6 +257,9 @@ class Preparer:
         """One pod's claims, as kubelet sends them (the pod's order): each resolved, then the
         interfaces of all named together, then each checkpointed. A claim's failure is its
         own; a naming collision fails the claims it involves."""
+        reason = self.unready()
+        if reason is not None:
+            return [PrepareError(f"claim {r}: not prepared now: {reason}") for r in refs]
         async with contextlib.AsyncExitStack() as stack:
             for uid in sorted({r.uid for r in refs}):  # one order: no deadlock between batches
                 await stack.enter_async_context(self._locks.hold(uid))

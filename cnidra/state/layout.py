@@ -52,6 +52,11 @@ class StateLayout:
         return self.root / "journal.jsonl"
 
     @property
+    def gate(self) -> Path:
+        """The container gate's script (cnidra.state.gate), run by the runtime as a hook."""
+        return self.root / "bin" / "cnidra-gate"
+
+    @property
     def node_socket(self) -> Path:
         """The node API's unix socket (root only)."""
         return self.root / "node.sock"

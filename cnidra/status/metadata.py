@@ -41,10 +41,26 @@ def base_request(request: str) -> str:
 
 
 class DeviceMetadata:
-    def __init__(self, plugin_dir: Path, cdi_dir: Path, driver: str = DRIVER_NAME) -> None:
+    """Each prepared claim request's CDI device: the metadata file's bind mount (`mounts`), and
+    the container gate's createRuntime hook (`gate`: its argv as the node runs it;
+    cnidra.state.gate) that keeps the container from starting before its interfaces exist."""
+
+    def __init__(
+        self,
+        plugin_dir: Path,
+        cdi_dir: Path,
+        driver: str = DRIVER_NAME,
+        *,
+        mounts: bool = True,
+        gate: list[str] | None = None,
+        gate_timeout: int = 30,
+    ) -> None:
         self.root = plugin_dir / "dra-device-metadata"
         self.cdi_dir = cdi_dir
         self.driver = driver
+        self.mounts = mounts
+        self.gate = gate
+        self.gate_timeout = gate_timeout
 
     # ------------------------------------------------------------------ paths
 
@@ -77,7 +93,7 @@ class DeviceMetadata:
         for request in dict.fromkeys(d.request for d in claim.devices):
             base = base_request(request)
             path = self.host_file(claim.ref, base)
-            if not path.exists():
+            if self.mounts and not path.exists():
                 devices = [
                     _device(self.driver, d.pool, d.device, (attributes or {}).get(d.device))
                     for d in claim.devices
@@ -146,23 +162,28 @@ class DeviceMetadata:
         return document
 
     def _write_cdi_spec(self, claim: PreparedClaim, request: str) -> None:
+        edits: dict[str, Any] = {}
+        if self.mounts:
+            edits["mounts"] = [
+                {
+                    "hostPath": str(self.host_file(claim.ref, request)),
+                    "containerPath": str(self.container_file(claim, request)),
+                    "options": ["ro", "bind"],
+                }
+            ]
+        if self.gate:
+            edits["hooks"] = [
+                {
+                    "hookName": "createRuntime",
+                    "path": self.gate[0],
+                    "args": list(self.gate),
+                    "timeout": self.gate_timeout,
+                }
+            ]
         spec = {
             "cdiVersion": CDI_VERSION,
             "kind": f"{self.driver}/metadata",
-            "devices": [
-                {
-                    "name": f"{claim.uid}_{request}",
-                    "containerEdits": {
-                        "mounts": [
-                            {
-                                "hostPath": str(self.host_file(claim.ref, request)),
-                                "containerPath": str(self.container_file(claim, request)),
-                                "options": ["ro", "bind"],
-                            }
-                        ]
-                    },
-                }
-            ],
+            "devices": [{"name": f"{claim.uid}_{request}", "containerEdits": edits}],
         }
         self.cdi_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         path = self.cdi_file(claim.uid, request)
