@@ -1,0 +1,133 @@
+"""Fail closed on the test bed (issue 27): no container of a pod runs before its interfaces are
+attached, whatever happens to the driver, checked inside every running container twice a
+second. The driver runs with the shipped defaults (the container gate on)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cnidra.state.layout import DEFAULT_STATE_ROOT
+from testbed.harness import Cluster, DriverProcess
+from tests.testbed.test_lifecycle import (
+    apply,
+    claiming_pod,
+    cni_config,
+    device_classes,  # noqa: F401 - the module's classes
+    parent,  # noqa: F401 - a fixture
+    pod_addresses,
+    ready,
+    template,
+)
+
+pytestmark = pytest.mark.testbed
+
+
+class Watch:
+    """Twice a second, every running container of the namespace: does it have net1? Any that
+    runs without it is a violation."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.samples = 0
+        self.violations: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            listed = self.cluster.crictl(
+                "ps", "-o", "json", "--label", f"io.kubernetes.pod.namespace={self.namespace}"
+            )
+            if listed.returncode != 0:
+                continue  # containerd restarting
+            for container in json.loads(listed.stdout or "{}").get("containers", []):
+                if container.get("state") != "CONTAINER_RUNNING":
+                    continue
+                info = self.cluster.crictl("inspect", container["id"])
+                if info.returncode != 0:
+                    continue
+                pid = json.loads(info.stdout).get("info", {}).get("pid")
+                try:
+                    dev = Path(f"/proc/{pid}/net/dev").read_text()
+                except OSError:
+                    continue  # it ended meanwhile
+                self.samples += 1
+                if "net1:" not in dev:
+                    pod = container["labels"].get("io.kubernetes.pod.name")
+                    self.violations.append(f"{pod} {container['id'][:12]} runs without net1")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+@pytest.fixture
+def driver(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[DriverProcess]:
+    cluster.kubectl("label", "namespace", namespace, "cni.networking.x-k8s.io/claim-config=true")
+    proc = DriverProcess(cluster, tmp_path, defaults=True)  # state where the chart keeps it
+    proc.start()
+    cluster.wait("the NRI plugin to connect", lambda: proc.health().get("nriConnected"), 60)
+    yield proc
+    try:
+        if proc.proc is not None and proc.proc.poll() is None:
+            proc.proc.send_signal(signal.SIGCONT)
+        else:
+            proc.start()
+        cluster.kubectl(
+            "delete", "pods", "--all", "-n", namespace, "--timeout=90s", check=False, timeout=120
+        )
+    finally:
+        proc.stop()
+        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
+
+
+def sandbox_of(cluster: Cluster, namespace: str, name: str) -> str:
+    out = cluster.crictl(
+        "pods", "-o", "json", "--namespace", namespace, "--name", name, "--state", "ready"
+    )
+    [item] = json.loads(out.stdout)["items"]
+    return str(item["id"])
+
+
+def test_a_frozen_or_killed_driver_never_lets_a_container_run_without_its_interfaces(
+    cluster: Cluster, namespace: str, driver: DriverProcess, parent: str
+) -> None:
+    net = template("net", [("net", parent, cni_config("gated", parent, "198.18.212.0/24"), "net1")])
+    apply(cluster, namespace, net, claiming_pod("a", "net"))
+    ready(cluster, namespace, "a")
+    watch = Watch(cluster, namespace)
+    try:
+        # frozen: containerd's NRI call times out and it drops the plugin; the pod's sandbox is
+        # re-created meanwhile and a new pod comes
+        assert driver.proc is not None
+        driver.proc.send_signal(signal.SIGSTOP)
+        cluster.crictl("stopp", sandbox_of(cluster, namespace, "a"))
+        apply(cluster, namespace, claiming_pod("b", "net"))
+        time.sleep(35)  # beyond NRI's 2 s and the gate's 20 s wait: kubelet retries
+        driver.proc.send_signal(signal.SIGCONT)
+        ready(cluster, namespace, "a", "150s")
+        # killed and restarted in a loop while pods are created
+        apply(cluster, namespace, *(claiming_pod(f"k{i}", "net") for i in range(3)))
+        for _ in range(3):
+            driver.stop(signal.SIGKILL)
+            time.sleep(3)
+            driver.start(wait_registered=False)
+            time.sleep(4)
+        cluster.wait("the NRI plugin to connect", lambda: driver.health().get("nriConnected"), 60)
+        for name in ("a", "b", "k0", "k1", "k2"):
+            ready(cluster, namespace, name, "180s")
+            assert pod_addresses(cluster, namespace, name, "net1"), name
+    finally:
+        watch.stop()
+    assert watch.samples > 20
+    assert watch.violations == []
