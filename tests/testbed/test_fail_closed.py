@@ -100,7 +100,10 @@ def sandbox_of(cluster: Cluster, namespace: str, name: str) -> str:
 
 
 def test_a_frozen_or_killed_driver_never_lets_a_container_run_without_its_interfaces(
-    cluster: Cluster, namespace: str, driver: DriverProcess, parent: str
+    cluster: Cluster,
+    namespace: str,
+    driver: DriverProcess,
+    parent: str,  # noqa: F811
 ) -> None:
     net = template("net", [("net", parent, cni_config("gated", parent, "198.18.212.0/24"), "net1")])
     apply(cluster, namespace, net, claiming_pod("a", "net"))
