@@ -27,6 +27,7 @@ from cnidra.api.ipam import (
 )
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment
+from cnidra.kube.client import with_retries
 from cnidra.observe.metrics import PoolUsage
 from cnidra.state.checkpoint import PreparedClaim
 from cnidra.state.ipam import HeldBlock, IPAMState, Lease, claim_owner, ipamclaim_owner
@@ -211,9 +212,11 @@ class Allocator:
         """A block no node holds, reserved by creating its object (one LIST to skip the taken
         ones, then creates until one succeeds)."""
         family = pool.spec.ranges[range_index].subnet
-        try:
-            taken = {b.name for b in await self.cluster.blocks(pool=pool.name)}
-            bound = await self._bound(pool)
+        try:  # a transient answer (throttled, storage initializing) is asked again
+            taken = {
+                b.name for b in await with_retries(lambda: self.cluster.blocks(pool=pool.name))
+            }
+            bound = await with_retries(lambda: self._bound(pool))
         except Exception as exc:
             raise AllocationError(
                 f"CNIIPPool {pool.name}: this node's blocks of {family} are full and the "

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+import asyncio
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import httpx2
 from lightkube import AsyncClient, Client
@@ -13,6 +15,7 @@ from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.resource_v1 import DeviceClass, ResourceSlice
 
 FIELD_MANAGER = "cnidra"
+T = TypeVar("T")
 
 
 def make_client(kubeconfig: str | None, timeout: float = 10.0) -> AsyncClient:
@@ -84,3 +87,42 @@ async def dra_api_problem(client: AsyncClient) -> str | None:
     except Exception:
         return None
     return None
+
+
+TRANSIENT_CODES = (429, 500, 502, 503, 504)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """An apiserver answer another try may not get: throttled (429, API Priority and Fairness),
+    starting up ("storage is (re)initializing", 500/503), a proxy's 502/504, or the connection
+    itself failing."""
+    if isinstance(exc, ApiError):
+        return (exc.status.code or 0) in TRANSIENT_CODES
+    return isinstance(exc, httpx2.TransportError | OSError | TimeoutError)
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """The seconds a 429 or 503 asks to wait (Status.details.retryAfterSeconds), if any."""
+    if isinstance(exc, ApiError) and exc.status.details is not None:
+        seconds = exc.status.details.retryAfterSeconds
+        return float(seconds) if seconds else None
+    return None
+
+
+async def with_retries(
+    call: Callable[[], Awaitable[T]], *, attempts: int = 4, first_delay: float = 0.2
+) -> T:
+    """`call` again after a transient failure (is_transient), a bounded number of times, waiting
+    what the apiserver asked (capped at 5 s) or a doubling delay with jitter; anything else, or
+    the last failure, is raised."""
+    delay = first_delay
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except Exception as exc:
+            if attempt == attempts - 1 or not is_transient(exc):
+                raise
+            wait = min(retry_after(exc) or delay * (0.5 + random.random()), 5.0)
+            await asyncio.sleep(wait)
+            delay *= 2
+    raise AssertionError("unreachable")

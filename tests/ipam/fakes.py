@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightkube.core.exceptions import ApiError
+from lightkube.models.meta_v1 import Status
+
 from cnidra.api.ipam import IPAMCLAIM_FINALIZER, IPAMCLAIM_NODE_LABEL, Block, BlockObject
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment
@@ -36,6 +39,8 @@ class FakeApiserver:
     events: list[tuple[str, str, str]] = field(default_factory=list)
     down: bool = False
     latency: float = 0.0
+    # (code, message) answers the next calls get, one each
+    transient: list[tuple[int, str]] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -78,6 +83,9 @@ class FakeApiserver:
             await asyncio.sleep(self.latency)
         if self.down:
             raise ApiDown(f"{what}: connection refused")
+        if self.transient:  # answers an apiserver gives for a moment, then not
+            code, message = self.transient.pop(0)
+            raise ApiError(status=Status(code=code, message=message))
 
 
 class FakeCluster:

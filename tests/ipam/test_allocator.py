@@ -416,3 +416,18 @@ async def test_pool_usage_is_counted_from_the_nodes_records_for_a_scrape(
     assert usage.size >= room and usage.pool_blocks >= 1
     assert f'cnidra_ipam_pool_size_addresses{{pool="data"}} {float(usage.size)}' in text
     assert f'cnidra_ipam_pool_blocks{{pool="data"}} {float(usage.pool_blocks)}' in text
+
+
+async def test_a_transient_apiserver_answer_is_asked_again_not_an_allocation_failure(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    """`bench.ipam` once died on one "storage is (re)initializing" answer (issue 27)."""
+    node = node_allocator(api, tmp_path, "a")
+    await node.pool("data")  # the pool is read; the block LIST is what meets the answers
+    api.transient = [(500, "storage is (re)initializing"), (429, "too many requests")]
+    (address,) = addresses_of(await node.assign(claim_using("data", "c0")))
+    assert address and api.transient == []
+    api.transient = [(403, "forbidden")]  # not transient: no second try
+    node_b = node_allocator(api, tmp_path / "b", "b")
+    with pytest.raises(AllocationError, match="forbidden"):
+        await node_b.assign(claim_using("data", "c1"))

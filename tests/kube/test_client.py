@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import Status
 
@@ -34,3 +35,52 @@ async def test_an_apiserver_that_answers_or_cannot_be_asked_is_no_verdict() -> N
     assert await dra_api_problem(Answering(down)) is None  # type: ignore[arg-type]
     forbidden = ApiError(status=Status(code=403, message="forbidden"))
     assert await dra_api_problem(Answering(forbidden)) is None  # type: ignore[arg-type]
+
+
+async def test_transient_answers_are_retried_a_bounded_number_of_times_honouring_retry_after(
+    monkeypatch: Any,
+) -> None:
+    import asyncio
+
+    from lightkube.core.exceptions import ApiError
+    from lightkube.models.meta_v1 import Status, StatusDetails
+
+    from cnidra.kube import client as module
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    answers: list[Exception] = [
+        ApiError(status=Status(code=429, details=StatusDetails(retryAfterSeconds=3))),
+        ApiError(status=Status(code=503, message="storage is (re)initializing")),
+    ]
+    calls = 0
+
+    async def call() -> str:
+        nonlocal calls
+        calls += 1
+        if answers:
+            raise answers.pop(0)
+        return "ok"
+
+    assert await module.with_retries(call) == "ok"
+    assert calls == 3 and slept[0] == 3.0 and 0 < slept[1] <= 0.6
+
+    async def throttled() -> str:
+        raise ApiError(status=Status(code=429, details=StatusDetails(retryAfterSeconds=600)))
+
+    slept.clear()
+    with pytest.raises(ApiError):
+        await module.with_retries(throttled, attempts=3)
+    assert slept == [5.0, 5.0]  # capped, and given up after 3 tries
+
+    async def refused() -> str:
+        raise ApiError(status=Status(code=403, message="forbidden"))
+
+    slept.clear()
+    with pytest.raises(ApiError):
+        await module.with_retries(refused)
+    assert slept == []
