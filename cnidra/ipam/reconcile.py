@@ -48,6 +48,7 @@ class IPAMReconciler:
         persistent_users: Callable[[], Mapping[tuple[str, str], Collection[str]]] = dict,
         grace: float = GRACE_SECONDS,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """`persistent_users`: (namespace, IPAMClaim name) -> the claims prepared on this node
         that reference it."""
@@ -57,6 +58,11 @@ class IPAMReconciler:
         self._announced: set[str] = set()
         self.grace = grace
         self.clock = clock
+        self.monotonic = monotonic
+        # when this process first saw each owner unprepared (monotonic): the wall clock's age
+        # of a lease survives restarts, but a clock set forward must not make a lease old, so
+        # the grace must also have passed here, on a clock that never jumps
+        self._unprepared_since: dict[str, float] = {}
 
     @property
     def cluster(self) -> IPAMCluster:
@@ -72,17 +78,23 @@ class IPAMReconciler:
 
     async def free_unprepared(self) -> int:
         state = self.allocator.state
-        now = self.clock()
+        now, tick = self.clock(), self.monotonic()
         freed = 0
-        for owner in state.owners():
+        seen = set()
+        for owner in list(state.owners()):
             uid = owner_claim_uid(owner)
             # asked afresh for each: a prepare may have started during the last release
             if uid is None or uid in self.prepared():
                 continue
+            seen.add(owner)
+            first = self._unprepared_since.setdefault(owner, tick)
             leases = state.of_owner(owner)
-            if leases and all(now - lease.since > self.grace for lease in leases):
+            old = all(now - lease.since > self.grace for lease in leases)
+            if leases and old and tick - first >= self.grace:
                 freed += len(await state.release(owner))
                 log.info("freed %s of unprepared %s", [x.address for x in leases], owner)
+        for owner in set(self._unprepared_since) - seen:  # prepared again, or released
+            del self._unprepared_since[owner]
         return freed
 
     async def free_released_ipamclaims(self) -> int:

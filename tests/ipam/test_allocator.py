@@ -115,10 +115,19 @@ async def test_the_reconciler_frees_unprepared_claims_after_the_grace_only(
     await node.assign(claim_using("data", "live"))
     await node.assign(claim_using("data", "orphan"))  # leased, then prepare failed or crashed
     now = [0.0]
-    reconciler = IPAMReconciler(node, lambda: {"live"}, grace=60, clock=lambda: now[0] + 1e12)
+    tick = [0.0]
+    reconciler = IPAMReconciler(
+        node,
+        lambda: {"live"},
+        grace=60,
+        clock=lambda: now[0] + 1e12,
+        monotonic=lambda: tick[0],
+    )
     now[0] = -1e12  # within the grace: a prepare may still be in flight
     assert (await reconciler.once()).freed_claim_addresses == 0
-    now[0] = 0
+    now[0] = 0  # the wall clock says old: set forward by a day, say
+    assert (await reconciler.once()).freed_claim_addresses == 0  # not seen unprepared for 60 s
+    tick[0] = 61
     report = await reconciler.once()
     assert report.freed_claim_addresses == 1
     assert [x.owner for x in node.state.leases.all()] == ["claim/live/net"]
