@@ -155,7 +155,7 @@ class Driver:
             network_status=settings.network_status,
         )
         metrics.INTERFACES.source = self.lifecycle.interfaces
-        self.reconciler = Reconciler(self.lifecycle)
+        self.reconciler = Reconciler(self.lifecycle, self.layout.write_problem)
         # fail closed: no claim is prepared (so no pod of it started) while the runtime cannot
         # tell cnidra about the pod's sandbox
         self.preparer.unready = self._unready
@@ -200,12 +200,18 @@ class Driver:
             "detachRetries": len(self.lifecycle.retries),
             "statusPending": self.status.pending(),
             "tasks": self.tasks.report(),
-            "degraded": not self.nri.connected.is_set(),
+            "stateProblem": self.reconciler.state_problem,
+            # serving kubelet still, but not setting up pods: no restart fixes either
+            "degraded": (
+                not self.nri.connected.is_set() or self.reconciler.state_problem is not None
+            ),
         }
         ok = bool(self._servers) and self.registration.error is None and self.tasks.healthy()
         return ok, details
 
     def _unready(self) -> str | None:
+        if self.reconciler.state_problem is not None:
+            return self.reconciler.state_problem + " (prepare and attach need it); kubelet retries"
         if self.nri.connected.is_set():
             return None
         return (

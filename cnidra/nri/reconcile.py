@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from cnidra._proto.nri.v1alpha1 import api_pb2 as nri
 from cnidra.api.ownership import is_owned
@@ -21,8 +22,13 @@ log = logging.getLogger(__name__)
 
 
 class Reconciler:
-    def __init__(self, lifecycle: PodLifecycle) -> None:
+    def __init__(
+        self, lifecycle: PodLifecycle, write_problem: Callable[[], str | None] = lambda: None
+    ) -> None:
         self.lifecycle = lifecycle
+        self.write_problem = write_problem  # why the state root cannot be written, or None
+        self.state_problem: str | None = None
+        self._said = False
 
     async def synchronize(self, pods: list[nri.PodSandbox]) -> None:
         """Undo records of sandboxes the runtime no longer has, and records a crash left
@@ -76,9 +82,24 @@ class Reconciler:
         return swept
 
     async def run_sweeper(self, interval: float = 10.0) -> None:
+        """Sweep every `interval`; a state root that cannot be written (full, read-only) fails
+        that sweep only: said once in the log and in `state_problem` (health, prepare), and
+        the next sweep tries again."""
         while True:
             await asyncio.sleep(interval)
-            await self.sweep()
+            self.state_problem = await asyncio.to_thread(self.write_problem)
+            if self.state_problem is not None:
+                if not self._said:
+                    log.warning("%s; sweeps wait until it can", self.state_problem)
+                    self._said = True
+                continue
+            if self._said:
+                log.info("cnidra's state root can be written again")
+                self._said = False
+            try:
+                await self.sweep()
+            except OSError as exc:  # the disk filled between the probe and a write
+                log.warning("sandbox sweep stopped: %s; the next one tries again", exc)
 
     async def garbage_collect(self) -> None:
         """CNI GC (the plugins' own, e.g. host-local freeing leaked addresses) of the networks

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +62,24 @@ class StateLayout:
     def node_socket(self) -> Path:
         """The node API's unix socket (root only)."""
         return self.root / "node.sock"
+
+    def write_problem(self) -> str | None:
+        """Why the state root cannot take a write now (full, read-only, gone), or None: a small
+        file written, synced and removed."""
+        probe = self.root / ".write-probe"
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, b"x" * 4096)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            probe.unlink()
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                probe.unlink()
+            return f"cnidra's state root {self.root} cannot be written: {exc.strerror or exc}"
+        return None
 
     def private_dirs(self) -> PrivateDirs:
         return PrivateDirs(ipam=str(self.ipam), tuning=str(self.tuning))

@@ -231,7 +231,7 @@ class Node:
             max_attachments=3,
             journal=journal,
         )
-        reconciler = Reconciler(lifecycle)
+        reconciler = Reconciler(lifecycle, layout.write_problem)
         hooks = PodHooks(lifecycle, reconciler, background=background)
         return cls(lifecycle, reconciler, hooks, plugins, status, gone)
 
