@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test test-unit fuzz demo cni-plugins bench deploy image image-cni-plugins clean
+.PHONY: install lint test test-unit fuzz demo cni-plugins bench soak dashboard-picture deploy image image-cni-plugins clean
 
 install: $(STAMP)
 
@@ -56,6 +56,16 @@ deploy:
 bench: install cni-plugins
 	$(BIN)/python -m bench.cni_overhead
 	$(BIN)/python -m bench.attach_parallel
+
+# pods through the real kubelet and containerd on the test bed, the driver sampled for growth
+# (not in `make test`; its time per 1,000 cycles is in the README). CYCLES=200 for a short one.
+CYCLES ?= 10000
+soak: install cni-plugins
+	$(BIN)/python -m bench.soak --cycles $(CYCLES)
+
+# docs/dashboard.png: the chart's Grafana dashboard's queries over the test bed's data
+dashboard-picture: install cni-plugins
+	$(BIN)/python -m bench.dashboard_picture
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis dist

@@ -196,7 +196,7 @@ def main() -> None:
     with tb.session() as bins, tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         bed = Cluster(bins, tb.env_dict())
-        bed.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
+        bed.install_cnidra_api()
         subprocess.run(["ip", "link", "add", parent, "type", "bridge"], check=True)
         subprocess.run(["ip", "link", "set", parent, "up"], check=True)
         (work / "driver").mkdir()

@@ -45,6 +45,22 @@ class Cluster:
             "apply", "-n", namespace, "-f", "-", input_="\n---\n".join(json.dumps(d) for d in docs)
         )
 
+    def install_cnidra_api(self) -> None:
+        """deploy/'s CRDs (served before this returns) and DeviceClasses, as the chart installs
+        them."""
+        self.kubectl("apply", "-f", str(ROOT / "deploy" / "crds.yaml"))
+        self.wait(
+            "the CRDs to be served",
+            lambda: (
+                self.kubectl(
+                    "get", "cniippools,cniipblocks,ipamclaims", "-A", check=False
+                ).returncode
+                == 0
+            ),
+            60,
+        )
+        self.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
+
     def get(self, kind: str, name: str, namespace: str | None = "default") -> dict[str, Any]:
         ns = ["-n", namespace] if namespace else []
         out: dict[str, Any] = json.loads(self.kubectl("get", kind, name, *ns, "-o", "json").stdout)

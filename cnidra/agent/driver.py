@@ -201,6 +201,7 @@ class Driver:
             "statusPending": self.status.pending(),
             "tasks": self.tasks.report(),
             "stateProblem": self.reconciler.state_problem,
+            "asyncioTasks": self._task_count(),
             # serving kubelet still, but not setting up pods: no restart fixes either
             "degraded": (
                 not self.nri.connected.is_set() or self.reconciler.state_problem is not None
@@ -208,6 +209,18 @@ class Driver:
         }
         ok = bool(self._servers) and self.registration.error is None and self.tasks.healthy()
         return ok, details
+
+    def _task_count(self) -> int | None:
+        """The driver loop's asyncio tasks (a soak watches that they do not grow)."""
+        loop = getattr(self, "loop", None)
+        if loop is None:
+            return None
+        for _ in range(3):  # the set may change while another thread copies it
+            try:
+                return len(asyncio.all_tasks(loop))
+            except RuntimeError:
+                continue
+        return None
 
     def _unready(self) -> str | None:
         if self.reconciler.state_problem is not None:
@@ -230,6 +243,7 @@ class Driver:
         return users
 
     async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
         s = self.settings
         await self.publisher.refresh_view()  # prepare and the hook read it from the first call
         for sock in (s.registration_socket, s.dra_socket):

@@ -1,0 +1,260 @@
+"""A soak: pods with cnidra interfaces created and deleted in waves through the real kubelet and
+containerd on the test bed, the driver (shipped defaults) restarted a few times along the way,
+its RSS, descriptors, threads and asyncio tasks sampled, and everything it could leak counted
+at the end (not a test: numbers; `make soak`).
+
+    python -m bench.soak [--cycles 10000] [--wave 20] [--restarts 3] [--json]
+
+A cycle is one pod: created with a ResourceClaimTemplate (macvlan on a test-made bridge, an
+address from a cnidra IPAM pool), Ready with its interface, deleted, gone. The last line of the
+output is one JSON object: {"cycles", "seconds", "rss_mib": {"start", "end", "max"},
+"rss_slope_mib_per_1000", "fds": {"start", "end"}, "threads": {"start", "end"}, "tasks":
+{"start", "end"}, "leaks": {"netns", "links", "files", "leases", "finalizers", "records",
+"cdi_specs", "metrics_series"}}. The slope is the least-squares fit of RSS against cycles
+within each stretch between restarts (a restart starts RSS afresh), averaged over the
+stretches weighted by their cycles; "start" is sampled after the first wave (imports and
+caches warm), "end" after the last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from cnidra.state.layout import DEFAULT_STATE_ROOT
+from testbed import cluster as tb
+from testbed.harness import Cluster, DriverProcess
+
+DRIVER = "cni.dra.networking.x-k8s.io"
+POOL_RANGE = "198.18.176.0/22"
+CDI_DIR = Path("/var/run/cdi")
+
+
+def objects(namespace: str, parent: str) -> list[dict[str, Any]]:
+    config = {
+        "cniVersion": "1.0.0",
+        "name": "soak",
+        "plugins": [
+            {
+                "type": "macvlan",
+                "mode": "bridge",
+                "ipam": {"type": "cnidra", "pool": f"soak-{namespace}"},
+            }
+        ],
+    }
+    selector = f'device.attributes["{DRIVER}"].ifName == "{parent}"'
+    params = {
+        "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+        "kind": "CNIConfig",
+        "config": config,
+    }
+    return [
+        {
+            "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+            "kind": "CNIIPPool",
+            "metadata": {"name": f"soak-{namespace}"},
+            "spec": {"ranges": [{"subnet": POOL_RANGE}], "namespaces": [namespace]},
+        },
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "soak"},
+            "spec": {"spec": {"devices": {
+                "requests": [{"name": "net", "exactly": {
+                    "deviceClassName": "cni.networking.x-k8s.io",
+                    "selectors": [{"cel": {"expression": selector}}]}}],
+                "config": [{"requests": ["net"],
+                            "opaque": {"driver": DRIVER, "parameters": params}}],
+            }}},
+        },
+    ]  # fmt: skip
+
+
+def pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"soak": "1"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [{"name": "net", "resourceClaimTemplateName": "soak"}],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": tb.TEST_IMAGE,
+                    "command": ["sleep", "3600"],
+                    "resources": {"claims": [{"name": "net"}]},
+                }
+            ],
+        },
+    }
+
+
+def sample(driver: DriverProcess) -> dict[str, float]:
+    assert driver.proc is not None
+    pid = driver.proc.pid
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return {
+        "rss_mib": int(fields["VmRSS"].split()[0]) / 1024,
+        "threads": int(fields["Threads"]),
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+        "tasks": float(driver.health().get("asyncioTasks") or 0),
+    }
+
+
+def slope(points: list[tuple[float, float]]) -> float:
+    """Least squares: RSS MiB per cycle."""
+    n = len(points)
+    if n < 3:
+        return 0.0
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    den = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / den if den else 0.0
+
+
+def counts(bed: Cluster, driver: DriverProcess, namespace: str) -> dict[str, int]:
+    """Everything a pod's life could leave behind, counted now."""
+    state = driver.state_root
+    run_netns = Path("/run/netns")
+    links = subprocess.run(["ip", "-j", "link"], capture_output=True, text=True, check=True)
+    claims = json.loads(bed.kubectl("get", "resourceclaims", "-n", namespace, "-o", "json").stdout)[
+        "items"
+    ]
+    series = [line for line in driver.metrics().splitlines() if line and line[0] != "#"]
+    return {
+        "netns": len(list(run_netns.glob("cni-*"))) if run_netns.exists() else 0,
+        "links": len(json.loads(links.stdout)),
+        "files": sum(1 for p in state.rglob("*") if p.is_file()),
+        "leases": len(list((state / "pools" / "addresses").glob("*.json"))),
+        "finalizers": sum(1 for c in claims if c["metadata"].get("finalizers")),
+        "records": len(list((state / "claims").glob("*.json")))
+        + len(list((state / "sandboxes").glob("*.json"))),
+        "cdi_specs": len(list(CDI_DIR.glob(f"{DRIVER}_*"))) if CDI_DIR.exists() else 0,
+        "metrics_series": len(series),
+    }
+
+
+def wait_ready(bed: Cluster, namespace: str, count: int, timeout: float = 300) -> None:
+    def ready() -> bool:
+        out = bed.kubectl("get", "pods", "-n", namespace, "-l", "soak=1", "-o", "json")
+        items = json.loads(out.stdout)["items"]
+        up = [
+            p for p in items
+            if any(c["type"] == "Ready" and c["status"] == "True"
+                   for c in p.get("status", {}).get("conditions", []))
+        ]  # fmt: skip
+        return len(up) == count
+
+    bed.wait(f"{count} soak pods Ready", ready, timeout)
+
+
+def wait_gone(bed: Cluster, namespace: str, timeout: float = 300) -> None:
+    bed.wait(
+        "the soak pods and their claims gone",
+        lambda: (
+            not json.loads(
+                bed.kubectl("get", "pods,resourceclaims", "-n", namespace, "-o", "json").stdout
+            )["items"]
+        ),
+        timeout,
+    )
+
+
+def main() -> None:  # noqa: PLR0915 - one linear script of measurements
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--cycles", type=int, default=10000)
+    parser.add_argument("--wave", type=int, default=20)
+    parser.add_argument("--restarts", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="only the JSON line")
+    args = parser.parse_args()
+    say = (lambda *a: None) if args.json else print
+    parent = f"sk{uuid.uuid4().hex[:4]}"
+    namespace = f"soak-{uuid.uuid4().hex[:6]}"
+    waves = max(1, args.cycles // args.wave)
+    restart_at = {waves * (i + 1) // (args.restarts + 1) for i in range(args.restarts)}
+    with tb.session() as bins, tempfile.TemporaryDirectory() as tmp:
+        bed = Cluster(bins, tb.env_dict())
+        bed.install_cnidra_api()
+        subprocess.run(["ip", "link", "add", parent, "type", "bridge"], check=True)
+        subprocess.run(["ip", "link", "set", parent, "up"], check=True)
+        driver = DriverProcess(bed, Path(tmp), defaults=True)  # as the chart runs it
+        try:
+            driver.start()
+            bed.wait("cnidra's NRI plugin", lambda: driver.health().get("nriConnected"), 60)
+            bed.kubectl("create", "namespace", namespace)
+            bed.kubectl(
+                "label", "namespace", namespace, "cni.networking.x-k8s.io/claim-config=true"
+            )
+            bed.wait(
+                "the namespace's ServiceAccount",
+                lambda: bed.kubectl(
+                    "get", "serviceaccount", "default", "-n", namespace, check=False
+                ).returncode == 0,
+                60,
+            )  # fmt: skip
+            bed.apply_in(namespace, *objects(namespace, parent))
+            before = counts(bed, driver, namespace)
+            started = time.monotonic()
+            cycles = 0
+            stretches: list[list[tuple[float, float]]] = [[]]
+            first: dict[str, float] | None = None
+            rss_max = 0.0
+            last: dict[str, float] = {}
+            for wave in range(waves):
+                names = [f"p{wave}-{i}" for i in range(args.wave)]
+                bed.apply_in(namespace, *(pod(n) for n in names))
+                wait_ready(bed, namespace, len(names))
+                bed.kubectl("delete", "pods", "-n", namespace, "-l", "soak=1", "--wait=false")
+                wait_gone(bed, namespace)
+                cycles += len(names)
+                last = sample(driver)
+                first = first or last
+                rss_max = max(rss_max, last["rss_mib"])
+                stretches[-1].append((cycles, last["rss_mib"]))
+                say(f"{cycles} cycles, {time.monotonic() - started:.0f}s: {last}")
+                if wave + 1 in restart_at:
+                    driver.stop()
+                    driver.start()
+                    bed.wait("NRI again", lambda: driver.health().get("nriConnected"), 60)
+                    stretches.append([])
+            seconds = time.monotonic() - started
+            time.sleep(15)  # the status writer and the sweeper settle
+            after = counts(bed, driver, namespace)
+            weighted = [(slope(s), s[-1][0] - s[0][0]) for s in stretches if len(s) >= 3]
+            total = sum(w for _, w in weighted) or 1
+            assert first is not None
+            result = {
+                "cycles": cycles,
+                "seconds": round(seconds, 1),
+                "rss_mib": {"start": round(first["rss_mib"], 1), "end": round(last["rss_mib"], 1),
+                            "max": round(rss_max, 1)},
+                "rss_slope_mib_per_1000": round(sum(s * w for s, w in weighted) / total * 1000, 3),
+                "fds": {"start": int(first["fds"]), "end": int(last["fds"])},
+                "threads": {"start": int(first["threads"]), "end": int(last["threads"])},
+                "tasks": {"start": int(first["tasks"]), "end": int(last["tasks"])},
+                "leaks": {k: after[k] - before[k] for k in before},
+            }  # fmt: skip
+            print(json.dumps(result))
+        finally:
+            bed.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s",
+                        check=False, timeout=240)  # fmt: skip
+            bed.kubectl("delete", "cniippool", f"soak-{namespace}", check=False)
+            driver.stop()
+            shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
+            subprocess.run(["ip", "link", "del", parent], check=False, capture_output=True)
+
+
+if __name__ == "__main__":
+    main()
