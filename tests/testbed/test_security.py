@@ -972,17 +972,32 @@ def test_a_primary_network_bridge_is_never_published(
             subprocess.run(["ip", *args], check=False, capture_output=True, timeout=30)
 
 
-def test_a_webhook_that_is_down_blocks_only_what_it_judges(
-    cluster: Cluster, tenant: Tenant, tmp_path: Path
+@pytest.mark.parametrize("policy", ["Fail", "Ignore"])
+@pytest.mark.parametrize("fault", ["down", "slow"])
+def test_a_webhook_that_is_down_or_slow_blocks_only_what_it_judges(
+    cluster: Cluster, tenant: Tenant, tmp_path: Path, policy: str, fault: str
 ) -> None:
-    """The chart's registration (failurePolicy Fail) with nothing listening: a claim carrying a
-    cnidra config is refused, but a claim without one is admitted and an update of a claim
-    (its finalizers, labels: the spec is immutable) is never blocked."""
+    """The chart's registration with nothing listening (down) or a listener that never answers
+    (slow, cut off at the registration's timeoutSeconds): with failurePolicy Fail a claim
+    carrying a cnidra config is refused ("failed calling webhook"), with Ignore it is admitted
+    (and prepare judges it: test_a_tenant_cannot_reach_the_node, part 2). Either way a claim
+    without one is admitted and an update of a claim (its finalizers, labels: the spec is
+    immutable) is never blocked."""
     cert, _ = self_signed(tmp_path)
     webhook = chart_webhook()
-    webhook["metadata"]["name"] = "down.cni.networking.x-k8s.io"
-    webhook["webhooks"][0]["clientConfig"] = {
-        "url": f"https://127.0.0.1:{free_port()}/validate",  # nothing listens there
+    webhook["metadata"]["name"] = f"{fault}-{policy.lower()}.cni.networking.x-k8s.io"
+    hook = webhook["webhooks"][0]
+    hook["failurePolicy"] = policy
+    hook["timeoutSeconds"] = 3
+    port = free_port()
+    silent = None
+    if fault == "slow":  # accepts, then says nothing (no TLS handshake, no answer)
+        silent = socket.socket()
+        silent.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        silent.bind(("127.0.0.1", port))
+        silent.listen(128)
+    hook["clientConfig"] = {
+        "url": f"https://127.0.0.1:{port}/validate",
         "caBundle": base64.b64encode(cert.read_bytes()).decode(),
     }
     plain = {
@@ -998,14 +1013,24 @@ def test_a_webhook_that_is_down_blocks_only_what_it_judges(
         },
     }
     ours = template("ours", [("net", "x", cni_config("ours", "x", "198.18.233.0/24"), "net1")])
+    hostile = attack_template("masq", "x", ATTACKS[2][1], {})
     cluster.apply(webhook)
     try:
-        cluster.wait(
-            "the webhook registration to be enforced",
-            lambda: tenant.apply(ours).returncode != 0,
-            30,
-        )
-        assert "failed calling webhook" in tenant.apply(ours).stderr
+        if policy == "Fail":
+            cluster.wait(
+                "the webhook registration to be enforced",
+                lambda: tenant.apply(ours).returncode != 0,
+                30,
+            )
+            started = time.monotonic()
+            assert "failed calling webhook" in tenant.apply(ours).stderr
+            assert time.monotonic() - started < 3 + 10  # the registration's timeout bounds it
+        else:
+            time.sleep(3)  # the registration is in force
+            started = time.monotonic()
+            out = tenant.apply(hostile)
+            assert out.returncode == 0, out.stderr  # admitted: prepare is what judges it now
+            assert time.monotonic() - started < 3 + 10
         assert tenant.apply(plain).returncode == 0
         patched = cluster.kubectl(
             "label", "resourceclaim", "plain", "-n", tenant.namespace, "x=y", check=False
@@ -1016,3 +1041,5 @@ def test_a_webhook_that_is_down_blocks_only_what_it_judges(
             "delete", "validatingwebhookconfiguration", webhook["metadata"]["name"],
             "--ignore-not-found",
         )  # fmt: skip
+        if silent is not None:
+            silent.close()
