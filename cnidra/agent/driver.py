@@ -246,6 +246,9 @@ class Driver:
         self.loop = asyncio.get_running_loop()
         s = self.settings
         await self.publisher.refresh_view()  # prepare and the hook read it from the first call
+        restored = await asyncio.to_thread(self.preparer.restore_cdi)
+        if restored:
+            log.info("CDI specs of %d prepared claim(s) written again", restored)
         for sock in (s.registration_socket, s.dra_socket):
             sock.parent.mkdir(parents=True, exist_ok=True)
             sock.unlink(missing_ok=True)

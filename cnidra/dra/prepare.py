@@ -412,6 +412,19 @@ class Preparer:
             await asyncio.to_thread(self.metadata.prepare, prepared, self.view().attributes)
         return prepared
 
+    def restore_cdi(self) -> int:
+        """At start: every checkpointed claim's CDI spec written again, before kubelet can ask
+        for a container. /var/run/cdi is a tmpfs a reboot empties while the checkpoint and
+        kubelet's own record of prepared claims survive; an upgrade changes the spec (the
+        container gate came in one)."""
+        if self.metadata is None:
+            return 0
+        claims = list(self.checkpoint.all())
+        view = self.view()
+        for claim in claims:
+            self.metadata.prepare(claim, view.attributes)
+        return len(claims)
+
     def cdi_device_ids(self, claim: PreparedClaim, request: str) -> list[str]:
         if self.metadata is None:
             return []

@@ -127,3 +127,27 @@ async def test_prepare_refuses_while_the_node_cannot_attach(tmp_path: Path) -> N
     preparer.unready = lambda: None
     [answer] = await preparer.prepare_batch([ObjectRef("ns", "c", "u-1")])
     assert not isinstance(answer, PrepareError)
+
+
+async def test_a_restart_writes_every_prepared_claims_cdi_spec_again(tmp_path: Path) -> None:
+    """/var/run/cdi is emptied by a reboot (tmpfs) while the checkpoint stays; an upgrade adds
+    the gate to claims prepared before it."""
+    argv = gate.hook_args(tmp_path / "gate", tmp_path / "sandboxes")
+    cdi = tmp_path / "cdi"
+    checkpoint = Checkpoint(StateLayout(tmp_path / "state"))
+    old = Preparer(
+        "n1", Claims(named("c", "u-1", 1)), checkpoint, DIRS, view=lambda: VIEW,
+        metadata=DeviceMetadata(tmp_path / "plugin", cdi),
+    )  # fmt: skip
+    await old.prepare(ObjectRef("ns", "c", "u-1"))
+    [spec] = list(cdi.glob("*.json"))
+    assert "hooks" not in json.loads(spec.read_text())["devices"][0]["containerEdits"]
+    spec.unlink()  # the reboot
+    new = Preparer(
+        "n1", Claims(), Checkpoint(StateLayout(tmp_path / "state")), DIRS, view=lambda: VIEW,
+        metadata=DeviceMetadata(tmp_path / "plugin", cdi, gate=argv),
+    )  # fmt: skip
+    assert new.restore_cdi() == 1
+    [spec] = list(cdi.glob("*.json"))
+    edits = json.loads(spec.read_text())["devices"][0]["containerEdits"]
+    assert edits["hooks"][0]["args"] == argv and edits["mounts"]
