@@ -28,7 +28,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -953,6 +953,42 @@ def _mounts_under_root(under: Path = ROOT) -> list[str]:
     return sorted(
         {t for t in targets if t == root or t.startswith(root + "/")}, key=len, reverse=True
     )
+
+
+def reboot(bins: Bins, node: Node = NODE1, between: Callable[[], None] | None = None) -> None:
+    """The node's reboot as the software on it sees it: kubelet, containerd, every shim and every
+    process of every pod gone, with the runtime's state (a tmpfs: sandboxes' network
+    namespaces, tasks) and the pods' in-memory volumes; what is on disk stays (kubelet's and
+    containerd's roots, CNI data, /var/lib/cnidra). `between` runs while the node is down.
+    The apiserver, etcd and the controllers stay up: they are other machines."""
+    stop(node.process("kubelet"))
+    stop(node.process("containerd"))
+    for pid in _our_shims(node):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for _ in range(20):  # every process of every pod (the cgroups the kubelet made)
+        pids = [
+            int(pid)
+            for root in cgroup_roots(node)
+            for procs in (root / "kubepods").rglob("cgroup.procs")
+            for pid in procs.read_text().split()
+        ]
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+    time.sleep(0.3)
+    for under in (node.run, node.kubelet_dir / "pods"):
+        for target in _mounts_under_root(under):
+            subprocess.run(["umount", "-l", target], check=False, capture_output=True)
+    shutil.rmtree(node.run / "containerd", ignore_errors=True)
+    log(f"{node.name} rebooted: processes, sandboxes and network namespaces gone")
+    if between is not None:
+        between()
+    start_containerd(bins, node)
+    start_kubelet(bins, node)
 
 
 def node_certs(node: Node) -> None:
