@@ -38,7 +38,7 @@ fuzz: install
 demo: install cni-plugins
 	hack/demo.sh
 
-# the driver's OCI image, dist/cnidra-image.tar (no Docker: mmdebstrap + pip + hack/image/oci.py)
+# the driver's OCI image, dist/cnidra-image.tar (no Docker: mmdebstrap + pip + testbed/oci.py)
 image: install
 	hack/image/build.sh
 	hack/package-chart.sh

@@ -814,7 +814,8 @@ def import_images(bins: Bins, node: Node = NODE1) -> None:
         subprocess.run(
             [
                 sys.executable,
-                str(HERE / "mkimage.py"),
+                "-m",
+                "testbed.mkimage",
                 str(archive),
                 ref,
                 "--entrypoint",

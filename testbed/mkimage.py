@@ -1,21 +1,23 @@
-#!/usr/bin/env python3
 """Writes OCI image archives from Debian's busybox-static, with no registry and no Docker.
 
-    mkimage.py OUT.tar REF [--entrypoint JSON]
+    python -m testbed.mkimage OUT.tar REF [--entrypoint JSON]
 
 One layer: /bin/busybox and a symlink for every applet (sh, sleep, ip, cat, ...), /tmp, /etc
 stubs. The archive's index names the image with `io.containerd.image.name`, which
-`ctr images import` uses as the image reference. Deterministic: same busybox, same bytes.
+`ctr images import` uses as the image reference. Deterministic: same busybox, same bytes
+(written by testbed.oci, the writer `make image` uses too).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import subprocess
 import tarfile
+from pathlib import Path
+
+from testbed import oci
 
 BUSYBOX = "/bin/busybox"
 EPOCH = 0
@@ -52,70 +54,9 @@ def layer() -> bytes:
     return buf.getvalue()
 
 
-def blob(tar: tarfile.TarFile, data: bytes) -> str:
-    digest = hashlib.sha256(data).hexdigest()
-    tar.addfile(_info(f"blobs/sha256/{digest}", mode=0o644, size=len(data)), io.BytesIO(data))
-    return f"sha256:{digest}"
-
-
 def write(out: str, ref: str, entrypoint: list[str]) -> None:
-    rootfs = layer()
-    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
-        layer_digest = blob(tar, rootfs)
-        config = json.dumps(
-            {
-                "architecture": "amd64",
-                "os": "linux",
-                "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"], "WorkingDir": "/"},
-                "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-            },
-            sort_keys=True,
-        ).encode()
-        config_digest = blob(tar, config)
-        manifest = json.dumps(
-            {
-                "schemaVersion": 2,
-                "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "config": {
-                    "mediaType": "application/vnd.oci.image.config.v1+json",
-                    "digest": config_digest,
-                    "size": len(config),
-                },
-                "layers": [
-                    {
-                        "mediaType": "application/vnd.oci.image.layer.v1.tar",
-                        "digest": layer_digest,
-                        "size": len(rootfs),
-                    }
-                ],
-            },
-            sort_keys=True,
-        ).encode()
-        manifest_digest = blob(tar, manifest)
-        index = json.dumps(
-            {
-                "schemaVersion": 2,
-                "mediaType": "application/vnd.oci.image.index.v1+json",
-                "manifests": [
-                    {
-                        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                        "digest": manifest_digest,
-                        "size": len(manifest),
-                        "platform": {"architecture": "amd64", "os": "linux"},
-                        "annotations": {
-                            "io.containerd.image.name": ref,
-                            "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[-1],
-                        },
-                    }
-                ],
-            },
-            sort_keys=True,
-        ).encode()
-        for name, data in (
-            ("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'),
-            ("index.json", index),
-        ):
-            tar.addfile(_info(name, mode=0o644, size=len(data)), io.BytesIO(data))
+    config = {"Entrypoint": entrypoint, "Env": ["PATH=/bin"], "WorkingDir": "/"}
+    oci.write(Path(out), ref, [layer()], config, "1970-01-01T00:00:00Z")
 
 
 def main() -> None:

@@ -53,7 +53,7 @@ if [ "${CNI_PLUGINS:-0}" = 1 ]; then
   tar -C "$work/plugins" -cf "$work/plugins.tar" .
   layers+=(--layer "$work/plugins.tar")
 fi
-"$PY" hack/image/oci.py "$OUT/$NAME.tar" "$REF" "${layers[@]}" --epoch "$EPOCH" \
+"$PY" -m testbed.oci "$OUT/$NAME.tar" "$REF" "${layers[@]}" --epoch "$EPOCH" \
   --drop usr/bin/sh --drop usr/bin/bash --drop usr/bin/rbash --drop usr/bin/dash \
   --drop usr/bin/apt --drop usr/bin/apt-get --drop usr/lib/apt --drop var/lib/apt --drop etc/apt \
   --config '{"Entrypoint": ["/usr/local/bin/cnidra"], "Env": ["PATH=/usr/local/bin:/usr/bin:/usr/sbin:/bin:/sbin", "PYTHONPATH=/opt/cnidra", "PYTHONDONTWRITEBYTECODE=1"], "WorkingDir": "/", "Labels": {"org.opencontainers.image.source": "cnidra"}}'

@@ -1,9 +1,9 @@
-#!/usr/bin/env python3
-"""Writes an OCI image archive (the layout `ctr images import` and registries' tools read) from
-root filesystem tarballs, deterministically: members sorted, owners and times fixed, gzip without
-a timestamp, JSON with sorted keys. Same inputs, same digest.
+"""The one OCI image archive writer (the layout `ctr images import` and registries' tools
+read), used by `make image` (hack/image/build.sh) and by the test bed's own images
+(testbed/mkimage.py). Deterministic: members sorted, owners and times fixed, gzip without a
+timestamp, JSON with sorted keys; same inputs, same digest.
 
-    oci.py OUT.tar REF --layer BASE.tar --layer APP.tar [--drop PATH ...] --config JSON
+    python -m testbed.oci OUT.tar REF --layer BASE.tar [--layer APP.tar] [--drop PATH] --config JSON
 """
 
 from __future__ import annotations
