@@ -11,7 +11,8 @@ from cnidra.inventory.slices import SliceSettings, network_device
 
 
 def link(name: str, index: int, **kw: object) -> Link:
-    return Link(name, index, "", 1500, "physical", None, "up", **kw)  # type: ignore[arg-type]
+    fields: dict[str, object] = {"kind": "physical", "state": "up", **kw}
+    return Link(name, index, "", 1500, link_kind=None, **fields)  # type: ignore[arg-type]
 
 
 def test_default_route_node_address_and_what_hangs_off_them() -> None:
@@ -227,3 +228,57 @@ def test_nothing_is_published_while_the_node_cannot_be_read() -> None:
         assert devices == ["eth1"]
 
     asyncio.run(scenario())
+
+
+def test_a_failed_link_is_published_with_a_taint_that_says_why() -> None:
+    """KEP-5055: the scheduler keeps new claims off it (NoSchedule), or also evicts the pods
+    using it (NoExecute); a working bridge without ports (state unknown, carrier) is healthy."""
+    from cnidra.inventory.slices import TAINT_KEY, build_slices
+
+    links = [
+        link("up0", 2, carrier=True),
+        link("br0", 3, state="unknown", carrier=True, kind="bridge"),
+        link("down0", 4, state="down"),
+        link("off0", 5, admin_up=False, state="down"),
+        link("cable0", 6, carrier=False, state="down"),
+    ]
+
+    def taints(settings: SliceSettings) -> dict[str, list[dict[str, str]]]:
+        [slice_] = build_slices(links, [], settings, 1)
+        return {d["name"]: d.get("taints", []) for d in slice_["spec"]["devices"]}
+
+    found = taints(SliceSettings("n1"))
+    assert found["up0"] == found["br0"] == []
+    assert found["down0"] == [{"key": TAINT_KEY, "value": "down", "effect": "NoSchedule"}]
+    assert found["off0"][0]["value"] == "admin-down"
+    assert found["cable0"][0]["value"] == "no-carrier"
+    assert taints(SliceSettings("n1", taint_effect="NoExecute"))["down0"][0]["effect"] == (
+        "NoExecute"
+    )
+    assert all(t == [] for t in taints(SliceSettings("n1", taint_effect="None")).values())
+
+
+def test_a_link_in_use_that_is_gone_stays_published_tainted_absent() -> None:
+    from cnidra.inventory.publisher import with_absent
+    from cnidra.inventory.slices import build_slices
+
+    present = [link("eth1", 2)]
+    links = with_absent(present, {"eth1", "eth9"})
+    [slice_] = build_slices(links, [], SliceSettings("n1"), 1)
+    devices = {d["name"]: d for d in slice_["spec"]["devices"]}
+    assert devices["eth9"]["taints"][0]["value"] == "absent"
+    assert devices["eth9"]["attributes"]["state"] == {"string": "absent"}
+    assert "taints" not in devices["eth1"]
+    assert with_absent(present, set()) == present  # not in use: gone is gone
+
+
+def test_a_named_network_whose_parent_is_down_is_served_tainted() -> None:
+    network = NamedNetwork(
+        reference="CNINetwork data",
+        config={"name": "data", "plugins": [{"type": "macvlan", "master": "eth1"}]},
+        path=FieldPath(),
+        trusted=True,
+    )
+    parent = link("eth1", 2, state="down")
+    dev = network_device("net-data", "data", network, parent, SliceSettings("n1"))
+    assert dev["taints"][0]["value"] == "down"

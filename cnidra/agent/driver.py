@@ -82,13 +82,18 @@ class Driver:
         )
         self.publisher = SlicePublisher(
             self.client,
-            SliceSettings(settings.node_name, settings.sub_interfaces),
+            SliceSettings(
+                settings.node_name,
+                settings.sub_interfaces,
+                taint_effect=settings.link_failure_taint,
+            ),
             settings.cni_path,
             LinkFilter(settings.include_interfaces, settings.exclude_interfaces),
             resync=settings.resync_seconds,
             publish_node_links=settings.publish_node_links,
             networks=ServedNetworks(self.client, settings.cni_conf_dir),
             pool_capacity=self.ipam.capacity,
+            in_use=lambda: {d.parent for c in self.checkpoint.all() for d in c.devices if d.parent},
         )
         self.ipam.blocks_changed = self.publisher.poke
         gate = None

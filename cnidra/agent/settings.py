@@ -24,6 +24,7 @@ def setting(
     sep: str = "",
     empty_is_default: bool = False,
     required: bool = False,
+    choices: tuple[str, ...] = (),
 ) -> T:
     """A field with what its flag needs: `flag` overrides the name made from the field's
     (`--sub-interfaces`, variable CNIDRA_SUB_INTERFACES); a list is one string joined by `sep`;
@@ -34,6 +35,7 @@ def setting(
         "sep": sep,
         "empty": empty_is_default,
         "required": required,
+        "choices": choices,
     }
     if isinstance(default, list):
         items = list(default)
@@ -103,6 +105,12 @@ class DriverSettings:
         flag="--device-metadata/--no-device-metadata",
     )
     cdi_dir: Path = setting(Path("/var/run/cdi"), "where the runtime reads CDI specs")
+    link_failure_taint: str = setting(
+        "NoSchedule",
+        "the device taint of a link that is down, lost its carrier or is gone (KEP-5055): "
+        "NoSchedule, NoExecute (also evicts the pods using it), or None",
+        choices=("NoSchedule", "NoExecute", "None"),
+    )
     container_gate: bool = setting(
         True,
         "give every container of a claim a createRuntime hook that keeps it from starting "

@@ -412,6 +412,10 @@ def settings_from_flags(values: dict[str, Any]) -> DriverSettings:
             value = [item for item in str(value).split(f.metadata["sep"]) if item]
         elif f.metadata.get("empty") and value in ("", None):
             value = getattr(DEFAULTS, f.name)
+        choices = f.metadata.get("choices")
+        if choices and value not in choices:
+            flag = _setting_flag(f).split("/")[0]
+            raise usage_error(f"{flag} {value!r}: must be one of {', '.join(choices)}")
         changes[f.name] = value
     return dataclasses.replace(DEFAULTS, **changes)
 

@@ -40,6 +40,28 @@ class Link:
     gateway_route: bool = False  # a route of the node's via a gateway leaves through it
     # a veth whose peer lives in another network namespace (a pod's, or a container's)
     peer_elsewhere: bool = False
+    admin_up: bool = True  # IFF_UP: set up by the node's admin
+    carrier: bool | None = None  # IFLA_CARRIER: a cable, a peer, a switch port
+    absent: bool = False  # gone from the node, kept as a device while claims use it
+
+
+def link_failure(link: Link) -> str | None:
+    """Why the link cannot carry a pod's traffic now (the value of its device's taint), or
+    None. A bridge with no port reports `unknown` with carrier: that is a working link."""
+    if link.absent:
+        return "absent"
+    if not link.admin_up:
+        return "admin-down"
+    if link.carrier is False:
+        return "no-carrier"
+    if link.state in ("down", "lowerlayerdown", "notpresent", "dormant"):
+        return link.state
+    return None
+
+
+def absent_link(name: str) -> Link:
+    """A link claims use that the node no longer has."""
+    return Link(name, 0, "", 0, "absent", None, "absent", absent=True)
 
 
 def classify(link_kind: str | None, has_device: bool) -> str:
@@ -138,6 +160,8 @@ def read_links() -> list[Link]:
                 default_route=msg["index"] in defaults,
                 gateway_route=msg["index"] in routed,
                 peer_elsewhere=link_kind == "veth" and msg.get("IFLA_LINK_NETNSID") is not None,
+                admin_up=bool(flags & 0x1),
+                carrier=None if msg.get("IFLA_CARRIER") is None else bool(msg.get("IFLA_CARRIER")),
             )
         )
     return links

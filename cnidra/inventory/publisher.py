@@ -22,7 +22,15 @@ from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.ipam import pool_of
 from cnidra.api.networks import NamedNetwork
 from cnidra.api.nodes import NodeView
-from cnidra.inventory.links import Link, LinkFilter, carrying_node, cni_plugins, read_links
+from cnidra.inventory.links import (
+    Link,
+    LinkFilter,
+    absent_link,
+    carrying_node,
+    cni_plugins,
+    link_failure,
+    read_links,
+)
 from cnidra.inventory.slices import (
     SliceSettings,
     build_slices,
@@ -46,6 +54,12 @@ class NetworkSource(Protocol):
     async def watch(self, changed: Callable[[], None]) -> None: ...
 
 
+def with_absent(links: list[Link], in_use: set[str]) -> list[Link]:
+    """The node's links, and a stand-in for each link in use that is gone."""
+    present = {link.name for link in links}
+    return links + [absent_link(name) for name in sorted(in_use - present)]
+
+
 class SlicePublisher:
     def __init__(
         self,
@@ -59,14 +73,17 @@ class SlicePublisher:
         publish_node_links: Sequence[str] = (),
         networks: NetworkSource | None = None,
         pool_capacity: Callable[[str], Awaitable[int | None]] | None = None,
+        in_use: Callable[[], set[str]] = set,
     ) -> None:
+        """`in_use`: the host links prepared claims use; one that disappears stays published,
+        tainted (`absent`), so the scheduler and the pods' owners see it, until the claims go."""
         self.client = client
         self.settings = settings
         self.cni_path = list(cni_path)
         self.filter = link_filter or LinkFilter()
         self.resync = resync
         self.min_interval = min_interval
-        self.read_links = links
+        self.read_links = lambda: with_absent(links(), in_use())
         self.generation = 0
         self._published: list[Any] | None = None
         self._published_names: set[str] = set()
@@ -128,7 +145,11 @@ class SlicePublisher:
         for name, network in found:
             wanted = parents(network)
             links_up = [by_name.get(p) for p in wanted]
-            if any(link is None or link.state not in ("up", "unknown") for link in links_up):
+            # a parent that is down: served, tainted like the link (unless taints are off)
+            untainted = self.settings.taint_effect == "None"
+            if any(
+                link is None or (untainted and link_failure(link) is not None) for link in links_up
+            ):
                 log.debug("network %s not served here: parent %s not up", name, wanted)
                 continue
             usable.append((name, network))

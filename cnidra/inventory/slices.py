@@ -14,7 +14,7 @@ from typing import Any
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.networks import NamedNetwork
 from cnidra.api.policy import parent_links
-from cnidra.inventory.links import Link
+from cnidra.inventory.links import Link, link_failure
 
 MAX_DEVICES_PER_SLICE = 128
 MAX_ATTRIBUTES = 32  # attributes + capacities per device (resource.k8s.io/v1 validation)
@@ -45,11 +45,25 @@ PLUGIN_ATTRIBUTES = (
 )
 
 
+TAINT_KEY = f"{DRIVER_NAME}/link-failure"
+TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
+
+
 @dataclass(frozen=True)
 class SliceSettings:
     node: str
     sub_interfaces: int = 64  # how many pod interfaces may share one parent
     shared_capacity: bool = True  # KEP-5075 consumable capacity (allowMultipleAllocations)
+    # KEP-5055 device taints on a failed link (the key TAINT_KEY, the failure as its value):
+    # NoSchedule keeps new claims off it, NoExecute also evicts the pods using it; "None": no
+    # taint (the cluster without device taints, or the admin's choice)
+    taint_effect: str = "NoSchedule"
+
+
+def taints(failure: str | None, settings: SliceSettings) -> list[dict[str, str]]:
+    if failure is None or settings.taint_effect == "None":
+        return []
+    return [{"key": TAINT_KEY, "value": failure, "effect": settings.taint_effect}]
 
 
 def plugin_attribute(plugin: str) -> str:
@@ -121,6 +135,9 @@ def device(
     if capacity:
         out["capacity"] = capacity
         out["allowMultipleAllocations"] = True
+    failed = taints(link_failure(link), settings)
+    if failed:
+        out["taints"] = failed
     return out
 
 
@@ -186,6 +203,9 @@ def network_device(
         attrs["state"] = {"string": parent.state}
         attrs["mtu"] = {"int": parent.mtu}
     out: dict[str, Any] = {"name": name, "attributes": attrs}
+    failed = taints(link_failure(parent) if parent is not None else None, settings)
+    if failed:
+        out["taints"] = failed
     if addresses is not None:
         attrs["ipPool"] = {"string": addresses[0][:STRING_MAX]}
     if settings.shared_capacity:
