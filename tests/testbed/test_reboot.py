@@ -73,6 +73,12 @@ def objects(namespace: str, parent: str) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def container_id(cluster: Cluster, namespace: str, name: str) -> str:
+    pod = json.loads(cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json").stdout)
+    statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+    return str(statuses[0].get("containerID") or "") if statuses[0].get("ready") else ""
+
+
 def test_a_rebooted_node_gives_its_pods_their_interfaces_and_addresses_back(
     cluster: Cluster, namespace: str, driver: DriverProcess, test_link: Any
 ) -> None:
@@ -87,6 +93,7 @@ def test_a_rebooted_node_gives_its_pods_their_interfaces_and_addresses_back(
     assert all(len(a) == 1 for a in before.values()) and len(set().union(*before.values())) == 3
     old_records = {p.stem for p in (DEFAULT_STATE_ROOT / "sandboxes").glob("*.json")}
     assert len(old_records) == 3
+    old_containers = {n: container_id(cluster, namespace, n) for n in names}
 
     def while_down() -> None:
         driver.stop(9)  # the driver dies with the node
@@ -95,7 +102,12 @@ def test_a_rebooted_node_gives_its_pods_their_interfaces_and_addresses_back(
 
     tb.reboot(cluster.bins, tb.NODE1, between=while_down)
     driver.start(wait_registered=False)  # its DaemonSet pod comes back with the node
-    for name in names:
+    for name in names:  # the pod's status says Ready from before until kubelet looks again
+        cluster.wait(
+            f"{name} to run a new container",
+            lambda n=name: container_id(cluster, namespace, n) not in ("", old_containers[n]),
+            240,
+        )
         ready(cluster, namespace, name, "240s")
     after = {n: pod_addresses(cluster, namespace, n, "net1") for n in names}
     assert after == before  # the same address each, from the claim's lease
