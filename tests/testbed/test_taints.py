@@ -1,0 +1,178 @@
+"""A failed link tells the scheduler (issue 25, KEP-5055): on the test bed with the shipped
+defaults, a parent link set down is tainted in the ResourceSlice within seconds, a new pod that
+needs it stays Pending, and once the link is up the taint goes and the pod runs; with
+NoExecute, the pods using a dead link are evicted unless they tolerate it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cnidra.state.layout import DEFAULT_STATE_ROOT
+from testbed.harness import Cluster, DriverProcess
+from tests.testbed.test_lifecycle import (
+    apply,
+    claiming_pod,
+    cni_config,
+    pod_addresses,
+    ready,
+    select_link,
+)
+
+pytestmark = pytest.mark.testbed
+DRIVER = "cni.dra.networking.x-k8s.io"
+TAINT_KEY = f"{DRIVER}/link-failure"
+
+
+@pytest.fixture
+def start_driver(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> Iterator[Callable[..., DriverProcess]]:
+    cluster.install_cnidra_api()
+    cluster.kubectl("label", "namespace", namespace, "cni.networking.x-k8s.io/claim-config=true")
+    started: list[DriverProcess] = []
+
+    def start(**settings: str) -> DriverProcess:
+        proc = DriverProcess(cluster, tmp_path, defaults=True, **settings)
+        proc.start()
+        cluster.wait("the NRI plugin to connect", lambda: proc.health().get("nriConnected"), 60)
+        started.append(proc)
+        return proc
+
+    yield start
+    try:
+        cluster.kubectl(
+            "delete", "pods", "--all", "-n", namespace, "--timeout=90s", check=False, timeout=120
+        )
+    finally:
+        for proc in started:
+            proc.stop()
+        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
+
+
+def device_taints(cluster: Cluster, link: str) -> list[dict[str, Any]] | None:
+    """The taints of the device for `link` (None: no such device)."""
+    slices = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json").stdout)["items"]
+    for item in slices:
+        if item["spec"]["driver"] != DRIVER:
+            continue
+        for device in item["spec"].get("devices") or []:
+            if device["attributes"].get("ifName", {}).get("string") == link:
+                return list(device.get("taints") or [])
+    return None
+
+
+def template(name: str, parent: str, subnet: str, tolerate: str | None = None) -> dict[str, Any]:
+    request: dict[str, Any] = {
+        "name": "net",
+        "exactly": {
+            "deviceClassName": "cni.networking.x-k8s.io",
+            "selectors": [{"cel": {"expression": select_link(parent)}}],
+        },
+    }
+    if tolerate:
+        request["exactly"]["tolerations"] = [
+            {"key": TAINT_KEY, "operator": "Exists", "effect": tolerate}
+        ]
+    params = {
+        "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+        "kind": "CNIConfig",
+        "ifName": "net1",
+        "config": cni_config(name, parent, subnet),
+    }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {
+            "requests": [request],
+            "config": [{"requests": ["net"], "opaque": {"driver": DRIVER, "parameters": params}}],
+        }}},
+    }  # fmt: skip
+
+
+def link(name: str, state: str) -> None:
+    subprocess.run(["ip", "link", "set", name, state], check=True)
+
+
+def phase(cluster: Cluster, namespace: str, name: str) -> str:
+    pod = json.loads(cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json").stdout)
+    return str(pod["status"].get("phase"))
+
+
+def test_a_link_that_goes_down_is_tainted_and_new_pods_wait_for_it(
+    cluster: Cluster,
+    namespace: str,
+    start_driver: Callable[..., DriverProcess],
+    test_link: Callable[[str], str],
+) -> None:
+    parent = test_link(f"tt{uuid.uuid4().hex[:5]}")
+    start_driver()
+    cluster.wait("the link's device", lambda: device_taints(cluster, parent) == [], 60)
+    apply(
+        cluster, namespace, template("data", parent, "198.18.216.0/24"), claiming_pod("a", "data")
+    )
+    ready(cluster, namespace, "a")
+
+    link(parent, "down")
+    went_down = time.monotonic()
+    taints = cluster.wait("the taint", lambda: device_taints(cluster, parent), 30)
+    tainted_after = time.monotonic() - went_down
+    assert taints[0]["key"] == TAINT_KEY and taints[0]["effect"] == "NoSchedule"
+    assert taints[0]["value"] in ("admin-down", "down", "no-carrier")
+    assert tainted_after < 10, tainted_after
+
+    apply(cluster, namespace, claiming_pod("b", "data"))
+    time.sleep(10)
+    assert phase(cluster, namespace, "b") == "Pending"  # the scheduler keeps it off the link
+    assert phase(cluster, namespace, "a") == "Running"  # NoSchedule: who uses it stays
+    scheduling = [
+        e["message"] for e in cluster.events("b", namespace) if e["reason"] == "FailedScheduling"
+    ]
+    assert scheduling, "no FailedScheduling event"
+    print("scheduler said:", scheduling[-1])
+
+    link(parent, "up")
+    cluster.wait("the taint to go", lambda: device_taints(cluster, parent) == [], 30)
+    ready(cluster, namespace, "b", "120s")
+    assert pod_addresses(cluster, namespace, "b", "net1")
+
+
+def test_with_noexecute_the_pods_on_a_dead_link_are_evicted_unless_they_tolerate_it(
+    cluster: Cluster,
+    namespace: str,
+    start_driver: Callable[..., DriverProcess],
+    test_link: Callable[[str], str],
+) -> None:
+    parent = test_link(f"tx{uuid.uuid4().hex[:5]}")
+    start_driver(link_failure_taint="NoExecute")  # the chart's driver.linkFailureTaint
+    cluster.wait("the link's device", lambda: device_taints(cluster, parent) == [], 60)
+    apply(
+        cluster,
+        namespace,
+        template("plain", parent, "198.18.217.0/25"),
+        template("patient", parent, "198.18.217.128/25", tolerate="NoExecute"),
+        claiming_pod("evicted", "plain"),
+        claiming_pod("stays", "patient"),
+    )
+    ready(cluster, namespace, "evicted")
+    ready(cluster, namespace, "stays")
+    link(parent, "down")
+    cluster.wait(
+        "the pod on the dead link to be evicted",
+        lambda: (
+            cluster.kubectl("get", "pod", "evicted", "-n", namespace, check=False).returncode != 0
+            or phase(cluster, namespace, "evicted") in ("Failed", "Succeeded")
+        ),
+        90,
+    )
+    assert phase(cluster, namespace, "stays") == "Running"
+    link(parent, "up")
