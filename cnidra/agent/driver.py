@@ -170,7 +170,11 @@ class Driver:
             settings.nri_plugin_name,
             settings.nri_plugin_index,
         )
-        self.dra = DRAService(self.preparer, before_unprepare=self.reconciler.unprepare_claim)
+        self.dra = DRAService(
+            self.preparer,
+            before_unprepare=self.reconciler.unprepare_claim,
+            health=self.publisher.health,
+        )
         self.registration = RegistrationService(str(settings.dra_socket))
         self.node_api = NodeNetworksService(
             self.node_records, self.journal, self.lifecycle, refusals=(PlugError,)

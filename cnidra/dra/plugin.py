@@ -9,17 +9,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
 
 from cnidra._proto.dra.v1 import api_pb2 as dra
+from cnidra._proto.drahealth.v1alpha1 import api_pb2 as health
 from cnidra._proto.pluginregistration.v1 import api_pb2 as reg
 from cnidra._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.refs import ObjectRef
 from cnidra.dra.prepare import PrepareError, Preparer
+from cnidra.inventory.publisher import HealthBoard
 from cnidra.observe import metrics
 from cnidra.state.checkpoint import PreparedClaim
 
@@ -39,9 +41,11 @@ class DRAService:
         self,
         preparer: Preparer,
         before_unprepare: Callable[[ObjectRef], Awaitable[None]] | None = None,
+        health: HealthBoard | None = None,
     ) -> None:
         self.preparer = preparer
         self.before_unprepare = before_unprepare
+        self.health = health
 
     async def node_prepare_resources(
         self, request: dra.NodePrepareResourcesRequest, context: Any
@@ -128,10 +132,37 @@ class DRAService:
         return handlers
 
     async def node_watch_resources(self, request: bytes, context: Any) -> AsyncIterator[bytes]:
-        """kubelet's optional device-health stream: held open, with no health to report
-        (a link's health shows in its ResourceSlice attributes instead)."""
-        await asyncio.Event().wait()
-        yield b""  # never reached
+        """kubelet's device-health stream (KEP-4680): every published device's health at once,
+        then again on each change and every HEALTH_REFRESH_SECONDS (kubelet takes a device it
+        has not heard of for longer than its timeout as Unknown). kubelet shows it in the
+        status of the containers using the device (allocatedResourcesStatus)."""
+        if self.health is None:
+            await asyncio.Event().wait()
+        assert self.health is not None
+        while True:
+            yield health_report(self.preparer.node, self.health.devices).SerializeToString()
+            await self.health.wait(HEALTH_REFRESH_SECONDS)
+
+
+HEALTH_REFRESH_SECONDS = 20.0
+
+
+def health_report(
+    pool: str, devices: Mapping[str, str | None]
+) -> health.NodeWatchResourcesResponse:
+    now = int(time.time())
+    return health.NodeWatchResourcesResponse(
+        devices=[
+            health.DeviceHealth(
+                device=health.DeviceIdentifier(pool_name=pool, device_name=name),
+                health=health.HEALTHY if failure is None else health.UNHEALTHY,
+                last_updated_time=now,
+                health_check_timeout_seconds=int(HEALTH_REFRESH_SECONDS * 3),
+                message=(failure or "")[:1024],
+            )
+            for name, failure in sorted(devices.items())
+        ]
+    )
 
 
 class _measure:

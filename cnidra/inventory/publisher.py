@@ -9,7 +9,7 @@ import errno
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -52,6 +52,40 @@ class NetworkSource(Protocol):
     async def served(self) -> list[tuple[str, NamedNetwork]]: ...
 
     async def watch(self, changed: Callable[[], None]) -> None: ...
+
+
+class HealthBoard:
+    """Each published device's health as the last round found it: None when it works, else why
+    not (its link's failure). kubelet's health stream (KEP-4680) waits on `changed`."""
+
+    def __init__(self) -> None:
+        self.devices: dict[str, str | None] = {}
+        self._changed = asyncio.Event()
+
+    def update(self, devices: dict[str, str | None]) -> None:
+        if devices != self.devices:
+            self.devices = devices
+            self._changed.set()
+
+    async def wait(self, seconds: float) -> None:
+        """Until the next change, or `seconds`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), seconds)
+        self._changed.clear()
+
+
+def device_failures(
+    links: Mapping[str, Link], served: Mapping[str, tuple[str, NamedNetwork, Link | None]]
+) -> dict[str, str | None]:
+    """Device name -> why its link cannot carry traffic (None: it can)."""
+    out: dict[str, str | None] = {}
+    for dev, link in links.items():
+        failure = link_failure(link)
+        out[dev] = f"link {link.name}: {failure}" if failure else None
+    for dev, (_, _, parent) in served.items():
+        failure = link_failure(parent) if parent is not None else None
+        out[dev] = f"link {parent.name}: {failure}" if parent is not None and failure else None
+    return out
 
 
 def with_absent(links: list[Link], in_use: set[str]) -> list[Link]:
@@ -99,6 +133,7 @@ class SlicePublisher:
         self.networks = networks
         self._served: dict[str, tuple[str, NamedNetwork, Link | None]] = {}
         self.pool_capacity = pool_capacity
+        self.health = HealthBoard()
 
     def view(self) -> NodeView:
         """The node as prepare and the hook see it: each published device's link, the links
@@ -248,6 +283,7 @@ class SlicePublisher:
             view,
             attributes={d["name"]: d["attributes"] for s in slices for d in s["spec"]["devices"]},
         )
+        self.health.update(device_failures(device_names(links), self._served))
         if content(slices) == self._published:
             return False
         self.generation += 1

@@ -26,6 +26,10 @@ UPSTREAM = {
         "pkg/apis/pluginregistration/v1/api.proto",
     ),
     "nri/v1alpha1/api.proto": ("github.com/containerd/nri@v0.12.3", "pkg/api/api.proto"),
+    "drahealth/v1alpha1/api.proto": (
+        "k8s.io/kubelet@v0.36.3",
+        "pkg/apis/dra-health/v1alpha1/api.proto",
+    ),
     "ttrpc/ttrpc.proto": ("github.com/containerd/ttrpc@v1.2.9", "request.proto"),
 }
 

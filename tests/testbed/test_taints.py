@@ -103,6 +103,16 @@ def link(name: str, state: str) -> None:
     subprocess.run(["ip", "link", "set", name, state], check=True)
 
 
+def device_health(cluster: Cluster, namespace: str, name: str) -> list[str]:
+    """The health kubelet reports for the devices of the pod's container."""
+    pod = json.loads(cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json").stdout)
+    found = []
+    for status in pod["status"].get("containerStatuses") or []:
+        for claim in status.get("allocatedResourcesStatus") or []:
+            found += [r.get("health", "") for r in claim.get("resources") or []]
+    return found
+
+
 def phase(cluster: Cluster, namespace: str, name: str) -> str:
     pod = json.loads(cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json").stdout)
     return str(pod["status"].get("phase"))
@@ -130,6 +140,13 @@ def test_a_link_that_goes_down_is_tainted_and_new_pods_wait_for_it(
     assert taints[0]["value"] in ("admin-down", "down", "no-carrier")
     assert tainted_after < 10, tainted_after
 
+    # KEP-4680: kubelet shows the pod already using it what its device's health is
+    cluster.wait(
+        "pod a's status to say its device is unhealthy",
+        lambda: device_health(cluster, namespace, "a") == ["Unhealthy"],
+        60,
+    )
+
     apply(cluster, namespace, claiming_pod("b", "data"))
     time.sleep(10)
     assert phase(cluster, namespace, "b") == "Pending"  # the scheduler keeps it off the link
@@ -142,6 +159,11 @@ def test_a_link_that_goes_down_is_tainted_and_new_pods_wait_for_it(
 
     link(parent, "up")
     cluster.wait("the taint to go", lambda: device_taints(cluster, parent) == [], 30)
+    cluster.wait(
+        "pod a's device healthy again",
+        lambda: device_health(cluster, namespace, "a") == ["Healthy"],
+        60,
+    )
     ready(cluster, namespace, "b", "120s")
     assert pod_addresses(cluster, namespace, "b", "net1")
 

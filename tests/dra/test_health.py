@@ -1,0 +1,44 @@
+"""kubelet's device-health stream (KEP-4680): every published device's health, again on each
+change; a failed link's devices are Unhealthy with the reason."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from cnidra._proto.drahealth.v1alpha1 import api_pb2 as health
+from cnidra.dra.plugin import DRAService
+from cnidra.inventory.links import Link
+from cnidra.inventory.publisher import HealthBoard, device_failures
+
+
+async def test_the_stream_says_each_devices_health_and_again_when_it_changes() -> None:
+    board = HealthBoard()
+    board.update({"eth1": None, "net-data": None})
+    service = DRAService(SimpleNamespace(node="node-a"), health=board)  # type: ignore[arg-type]
+    stream: Any = service.node_watch_resources(b"", None)
+    first = health.NodeWatchResourcesResponse.FromString(await anext(stream))
+    assert [(d.device.pool_name, d.device.device_name, d.health) for d in first.devices] == [
+        ("node-a", "eth1", health.HEALTHY),
+        ("node-a", "net-data", health.HEALTHY),
+    ]
+    assert first.devices[0].health_check_timeout_seconds > 0
+    board.update({"eth1": "link eth1: down", "net-data": "link eth1: down"})
+    second = health.NodeWatchResourcesResponse.FromString(
+        await asyncio.wait_for(anext(stream), 2)  # on the change, not the refresh
+    )
+    assert {d.device.device_name: (d.health, d.message) for d in second.devices} == {
+        "eth1": (health.UNHEALTHY, "link eth1: down"),
+        "net-data": (health.UNHEALTHY, "link eth1: down"),
+    }
+    await stream.aclose()
+
+
+def test_a_devices_failure_is_its_links() -> None:
+    up = Link("eth1", 2, "", 1500, "physical", None, "up")
+    down = Link("eth2", 3, "", 1500, "physical", None, "down")
+    assert device_failures({"eth1": up, "eth2": down}, {}) == {
+        "eth1": None,
+        "eth2": "link eth2: down",
+    }
