@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from cnidra.inventory.slices import SliceSettings
 from cnidra.ipam.allocator import Allocator
 from cnidra.ipam.reconcile import IPAMReconciler
 from cnidra.kube.claims import ClaimGetter, NamespaceGetter
-from cnidra.kube.client import dra_api_problem, make_client
+from cnidra.kube.client import ClusterFeatures, dra_api_problem, make_client, probe_features
 from cnidra.kube.ipam import KubeIPAM
 from cnidra.kube.networks import NetworkReader, ServedNetworks
 from cnidra.nodeapi.service import NodeNetworksService
@@ -73,6 +74,7 @@ class Driver:
     def __init__(self, settings: DriverSettings) -> None:
         self.settings = settings
         self.client = make_client(settings.kubeconfig, settings.api_timeout)
+        self.features = ClusterFeatures(known=False)
         self.layout = StateLayout(settings.state_dir)
         self.checkpoint = Checkpoint(self.layout)
         self.ipam = Allocator(
@@ -211,6 +213,11 @@ class Driver:
             "tasks": self.tasks.report(),
             "stateProblem": self.reconciler.state_problem,
             "asyncioTasks": self._task_count(),
+            "clusterFeatures": {
+                "consumableCapacity": self.features.consumable_capacity,
+                "deviceTaints": self.features.device_taints,
+                "known": self.features.known,
+            },
             # serving kubelet still, but not setting up pods: no restart fixes either
             "degraded": (
                 not self.nri.connected.is_set() or self.reconciler.state_problem is not None
@@ -218,6 +225,30 @@ class Driver:
         }
         ok = bool(self._servers) and self.registration.error is None and self.tasks.healthy()
         return ok, details
+
+    async def adapt_to_cluster(self) -> None:
+        """Leave out of the slices what this cluster's apiserver would drop or refuse, and say
+        so in the log and an Event on the Node."""
+        self.features = await probe_features(self.client, self.settings.node_name, DRIVER_NAME)
+        if not self.features.known:
+            log.warning("the apiserver could not be asked which DRA fields it keeps; assuming all")
+            return
+        settings = self.publisher.settings
+        self.publisher.settings = replace(
+            settings,
+            shared_capacity=settings.shared_capacity and self.features.consumable_capacity,
+            taint_effect=settings.taint_effect if self.features.device_taints else "None",
+        )
+        left_out = self.features.left_out()
+        for item in left_out:
+            log.warning("this cluster lacks %s", item)
+        if left_out:
+            self.status.node_event(
+                self.settings.node_name,
+                "CnidraFeaturesLeftOut",
+                "cnidra on this node leaves out " + "; ".join(left_out),
+                "Warning",
+            )
 
     def _task_count(self) -> int | None:
         """The driver loop's asyncio tasks (a soak watches that they do not grow)."""
@@ -254,6 +285,7 @@ class Driver:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         s = self.settings
+        await self.adapt_to_cluster()
         await self.publisher.refresh_view()  # prepare and the hook read it from the first call
         restored = await asyncio.to_thread(self.preparer.restore_cdi)
         if restored:

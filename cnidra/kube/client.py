@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx2
@@ -126,3 +128,86 @@ async def with_retries(
             await asyncio.sleep(wait)
             delay *= 2
     raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class ClusterFeatures:
+    """The optional DRA fields this cluster's apiserver keeps in a ResourceSlice."""
+
+    consumable_capacity: bool = True  # KEP-5075: device capacity, allowMultipleAllocations
+    device_taints: bool = True  # KEP-5055: device taints
+    known: bool = True  # False: the apiserver could not be asked; assumed on
+
+    def left_out(self) -> list[str]:
+        """What the driver leaves out on this cluster, as an operator reads it."""
+        out = []
+        if not self.consumable_capacity:
+            out.append(
+                "consumable capacity (DRAConsumableCapacity off): one claim per link device, "
+                "and the scheduler does not count sub-interfaces or pool addresses"
+            )
+        if not self.device_taints:
+            out.append(
+                "device taints (DRADeviceTaints off): a failed link is not kept from the "
+                "scheduler (its state attribute and the device health still say so)"
+            )
+        return out
+
+
+def _probe_slice(node: str, driver: str, capacity: bool, taints: bool) -> ResourceSlice:
+    device: dict[str, Any] = {"name": "probe"}
+    if capacity:
+        device["capacity"] = {
+            "probe": {"value": "2", "requestPolicy": {"default": "1", "validRange": {"min": "1"}}}
+        }
+        device["allowMultipleAllocations"] = True
+    if taints:
+        device["taints"] = [{"key": f"{driver}/probe", "value": "x", "effect": "NoSchedule"}]
+    made = ResourceSlice.from_dict(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-cni-dra-probe"[:253]},
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": {"name": f"{node}-probe", "generation": 0, "resourceSliceCount": 1},
+                "devices": [device],
+            },
+        }
+    )
+    assert isinstance(made, ResourceSlice)
+    return made
+
+
+async def probe_features(client: AsyncClient, node: str, driver: str) -> ClusterFeatures:
+    """Which optional fields the apiserver keeps, asked with dry-run creates of a slice that
+    uses them (nothing is stored): a field it drops or refuses is a feature this cluster does
+    not have, and the driver leaves it out of what it writes."""
+    capacity, taints = True, True
+    for _ in range(3):
+        try:
+            stored = await with_retries(
+                functools.partial(
+                    client.create, _probe_slice(node, driver, capacity, taints), dry_run=True
+                )
+            )
+        except ApiError as exc:
+            if exc.status.code != 422:
+                return ClusterFeatures(known=False)
+            text = (exc.status.message or "").lower()
+            if capacity and ("capacity" in text or "allowmultipleallocations" in text):
+                capacity = False
+            elif taints and "taint" in text:
+                taints = False
+            else:
+                return ClusterFeatures(known=False)
+            continue
+        except Exception:
+            return ClusterFeatures(known=False)
+        kept = (stored.spec.devices or [None])[0] if stored.spec else None
+        return ClusterFeatures(
+            consumable_capacity=capacity and kept is not None and bool(kept.capacity),
+            device_taints=taints and kept is not None and bool(kept.taints),
+        )
+    return ClusterFeatures(known=False)

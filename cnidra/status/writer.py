@@ -185,6 +185,10 @@ class StatusWriter:
         """A Normal Event on a ResourceClaim (same queue, bounds and retries as pods')."""
         self._queue(_Event(claim, reason, message, "Normal", kind="ResourceClaim"))
 
+    def node_event(self, node: str, reason: str, message: str, type_: str = "Normal") -> None:
+        """An Event on the Node object (what `kubectl describe node` shows)."""
+        self._queue(_Event(ObjectRef("", node, ""), reason, message, type_, kind="Node"))
+
     def _queue(self, event: _Event) -> None:
         if len(self._events) == self._events.maxlen:
             metrics.POD_WRITES.labels("event", "dropped").inc()  # the oldest gives way
@@ -401,13 +405,16 @@ class StatusWriter:
         while self._events:
             item = self._events[0]
             event = Event(
-                metadata=ObjectMeta(generateName=f"{item.pod.name}.", namespace=item.pod.namespace),
+                # a cluster-scoped object's Events live in the default namespace
+                metadata=ObjectMeta(
+                    generateName=f"{item.pod.name}.", namespace=item.pod.namespace or "default"
+                ),
                 involvedObject=ObjectReference(
                     kind=item.kind,
-                    apiVersion="v1" if item.kind == "Pod" else "resource.k8s.io/v1",
+                    apiVersion="resource.k8s.io/v1" if item.kind == "ResourceClaim" else "v1",
                     name=item.pod.name,
-                    namespace=item.pod.namespace,
-                    uid=item.pod.uid,
+                    namespace=item.pod.namespace or None,
+                    uid=item.pod.uid or None,
                 ),
                 reason=item.reason,
                 message=item.message[:1024],

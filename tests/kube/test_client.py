@@ -84,3 +84,37 @@ async def test_transient_answers_are_retried_a_bounded_number_of_times_honouring
     with pytest.raises(ApiError):
         await module.with_retries(refused)
     assert slept == []
+
+
+class ProbeClient:
+    """An apiserver for dry-run creates that drops or refuses the fields of disabled gates."""
+
+    def __init__(self, *, drop: set[str] = frozenset(), refuse: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.drop, self.refuse, self.calls = drop, refuse, 0
+
+    async def create(self, obj: Any, dry_run: bool = False) -> Any:
+        assert dry_run, "a probe must never store anything"
+        self.calls += 1
+        device = obj.spec.devices[0]
+        for field in self.refuse:
+            if getattr(device, field, None):
+                raise ApiError(
+                    status=Status(code=422, message=f"spec.devices[0].{field}: Forbidden")
+                )
+        for field in self.drop:
+            setattr(device, field, None)
+        return obj
+
+
+async def test_the_probe_finds_which_optional_fields_the_cluster_keeps() -> None:
+    from cnidra.kube.client import probe_features
+
+    everything = await probe_features(ProbeClient(), "n1", "d")  # type: ignore[arg-type]
+    assert everything.consumable_capacity and everything.device_taints and everything.known
+    assert everything.left_out() == []
+    dropped = await probe_features(ProbeClient(drop={"taints"}), "n1", "d")  # type: ignore[arg-type]
+    assert dropped.consumable_capacity and not dropped.device_taints
+    assert "DRADeviceTaints off" in dropped.left_out()[0]
+    client = ProbeClient(refuse={"capacity"})
+    refused = await probe_features(client, "n1", "d")  # type: ignore[arg-type]
+    assert not refused.consumable_capacity and refused.device_taints and client.calls == 2
