@@ -198,3 +198,46 @@ def test_with_noexecute_the_pods_on_a_dead_link_are_evicted_unless_they_tolerate
     )
     assert phase(cluster, namespace, "stays") == "Running"
     link(parent, "up")
+
+
+def test_on_a_cluster_without_the_optional_features_the_driver_leaves_them_out(
+    cluster: Cluster,
+    namespace: str,
+    start_driver: Callable[..., DriverProcess],
+    test_link: Callable[[str], str],
+) -> None:
+    """As on a cluster whose apiserver has consumable capacity and device taints off (1.34/1.35
+    defaults): nothing the driver writes is refused, a pod still gets its interface, and the
+    log and a Node Event say what was left out."""
+    from testbed import cluster as tb
+
+    parent = test_link(f"tf{uuid.uuid4().hex[:5]}")
+    tb.stop("kube-apiserver")
+    tb.start_apiserver(cluster.bins, {"DRAConsumableCapacity": False, "DRADeviceTaints": False})
+    try:
+        driver = start_driver()
+        health = driver.health()["clusterFeatures"]
+        assert health == {"consumableCapacity": False, "deviceTaints": False, "known": True}
+        cluster.wait("the link's device", lambda: device_taints(cluster, parent) == [], 60)
+        link(parent, "down")
+        time.sleep(5)
+        assert device_taints(cluster, parent) == []  # not written where it would be dropped
+        link(parent, "up")
+        slices = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json").stdout)
+        ours = [s for s in slices["items"] if s["spec"]["driver"] == DRIVER]
+        assert not any(d.get("capacity") for s in ours for d in s["spec"]["devices"])
+        log = driver.log.read_text()
+        assert "this cluster lacks consumable capacity" in log
+        assert "publishing ResourceSlices failed" not in log  # nothing it wrote was refused
+        events = cluster.kubectl(
+            "get", "events", "-n", "default", "--field-selector",
+            "reason=CnidraFeaturesLeftOut", "-o", "json",
+        )  # fmt: skip
+        assert json.loads(events.stdout)["items"], "no Event on the Node"
+        apply(cluster, namespace, template("plain", parent, "198.18.218.0/24"),
+              claiming_pod("p", "plain"))  # fmt: skip
+        ready(cluster, namespace, "p")
+        assert pod_addresses(cluster, namespace, "p", "net1")
+    finally:
+        tb.stop("kube-apiserver")
+        tb.start_apiserver(cluster.bins)
