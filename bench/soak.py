@@ -11,9 +11,11 @@ output is one JSON object: {"cycles", "seconds", "rss_mib": {"start", "end", "ma
 "rss_slope_mib_per_1000", "fds": {"start", "end"}, "threads": {"start", "end"}, "tasks":
 {"start", "end"}, "leaks": {"netns", "links", "files", "leases", "finalizers", "records",
 "cdi_specs", "metrics_series"}}. The slope is the least-squares fit of RSS against cycles
-within each stretch between restarts (a restart starts RSS afresh), averaged over the
-stretches weighted by their cycles; "start" is sampled after the first wave (imports and
-caches warm), "end" after the last.
+within each stretch between restarts (a restart starts RSS afresh) after its first 100
+cycles (warm-up), averaged over the stretches weighted by their cycles; "start" is sampled
+after the first wave, "end" after the last. Leaks are counted against the state after the
+first wave (what is made once: the pool's block, caches), the metrics series against the
+first wave after the last restart.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from testbed.harness import Cluster, DriverProcess
 
 DRIVER = "cni.dra.networking.x-k8s.io"
 POOL_RANGE = "198.18.176.0/22"
-CDI_DIR = Path("/var/run/cdi")
+CDI_DIR = tb.NODE1.cdi  # where the test bed's containerd reads CDI specs (the node's /var/run/cdi)
+WARMUP = 100  # cycles after each (re)start left out of the RSS slope
 
 
 def objects(namespace: str, parent: str) -> list[dict[str, Any]]:
@@ -125,14 +128,14 @@ def slope(points: list[tuple[float, float]]) -> float:
 def counts(bed: Cluster, driver: DriverProcess, namespace: str) -> dict[str, int]:
     """Everything a pod's life could leave behind, counted now."""
     state = driver.state_root
-    run_netns = Path("/run/netns")
+    run_netns = tb.NODE1.netns_dir  # where containerd mounts the pods' network namespaces
     links = subprocess.run(["ip", "-j", "link"], capture_output=True, text=True, check=True)
     claims = json.loads(bed.kubectl("get", "resourceclaims", "-n", namespace, "-o", "json").stdout)[
         "items"
     ]
     series = [line for line in driver.metrics().splitlines() if line and line[0] != "#"]
     return {
-        "netns": len(list(run_netns.glob("cni-*"))) if run_netns.exists() else 0,
+        "netns": len(list(run_netns.glob("*"))) if run_netns.exists() else 0,
         "links": len(json.loads(links.stdout)),
         "files": sum(1 for p in state.rglob("*") if p.is_file()),
         "leases": len(list((state / "pools" / "addresses").glob("*.json"))),
@@ -205,7 +208,8 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                 60,
             )  # fmt: skip
             bed.apply_in(namespace, *objects(namespace, parent))
-            before = counts(bed, driver, namespace)
+            before: dict[str, int] = {}
+            series_base = 0
             started = time.monotonic()
             cycles = 0
             stretches: list[list[tuple[float, float]]] = [[]]
@@ -220,6 +224,10 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                 wait_gone(bed, namespace)
                 cycles += len(names)
                 last = sample(driver)
+                if not before:  # after the first wave: files and series that are made once
+                    before = counts(bed, driver, namespace)
+                if not series_base:  # after the first wave since the (re)start
+                    series_base = counts(bed, driver, namespace)["metrics_series"]
                 first = first or last
                 rss_max = max(rss_max, last["rss_mib"])
                 stretches[-1].append((cycles, last["rss_mib"]))
@@ -229,10 +237,14 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                     driver.start()
                     bed.wait("NRI again", lambda: driver.health().get("nriConnected"), 60)
                     stretches.append([])
+                    series_base = 0
             seconds = time.monotonic() - started
             time.sleep(15)  # the status writer and the sweeper settle
             after = counts(bed, driver, namespace)
-            weighted = [(slope(s), s[-1][0] - s[0][0]) for s in stretches if len(s) >= 3]
+            # each stretch without its warm-up (the first WARMUP cycles after a (re)start fill
+            # caches, import lazily and grow the heap once)
+            warm = [[p for p in s if p[0] - s[0][0] >= WARMUP] for s in stretches if s]
+            weighted = [(slope(s), s[-1][0] - s[0][0]) for s in warm if len(s) >= 3]
             total = sum(w for _, w in weighted) or 1
             assert first is not None
             result = {
@@ -244,7 +256,10 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                 "fds": {"start": int(first["fds"]), "end": int(last["fds"])},
                 "threads": {"start": int(first["threads"]), "end": int(last["threads"])},
                 "tasks": {"start": int(first["tasks"]), "end": int(last["tasks"])},
-                "leaks": {k: after[k] - before[k] for k in before},
+                "leaks": {
+                    **{k: after[k] - before[k] for k in before},
+                    "metrics_series": after["metrics_series"] - series_base,
+                },
             }  # fmt: skip
             print(json.dumps(result))
         finally:
