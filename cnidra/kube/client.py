@@ -207,7 +207,10 @@ async def probe_features(client: AsyncClient, node: str, driver: str) -> Cluster
             return ClusterFeatures(known=False)
         kept = (stored.spec.devices or [None])[0] if stored.spec else None
         return ClusterFeatures(
-            consumable_capacity=capacity and kept is not None and bool(kept.capacity),
+            # capacity itself predates KEP-5075: what it adds is allowMultipleAllocations
+            consumable_capacity=capacity
+            and kept is not None
+            and bool(kept.allowMultipleAllocations),
             device_taints=taints and kept is not None and bool(kept.taints),
         )
     return ClusterFeatures(known=False)

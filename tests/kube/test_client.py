@@ -114,6 +114,9 @@ async def test_the_probe_finds_which_optional_fields_the_cluster_keeps() -> None
     assert everything.left_out() == []
     dropped = await probe_features(ProbeClient(drop={"taints"}), "n1", "d")  # type: ignore[arg-type]
     assert dropped.consumable_capacity and not dropped.device_taints
+    # capacity is older than KEP-5075; the apiserver without it drops allowMultipleAllocations
+    older = await probe_features(ProbeClient(drop={"allowMultipleAllocations"}), "n1", "d")  # type: ignore[arg-type]
+    assert not older.consumable_capacity
     assert "DRADeviceTaints off" in dropped.left_out()[0]
     client = ProbeClient(refuse={"capacity"})
     refused = await probe_features(client, "n1", "d")  # type: ignore[arg-type]
