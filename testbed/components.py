@@ -1,0 +1,380 @@
+"""Each component brought up (etcd, kube-apiserver, controllers, containerd, kubelet), the
+second node, and a node's reboot."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from testbed.configs import write_node_configs
+from testbed.layout import (
+    APISERVER_PORT,
+    ETCD_CLIENT,
+    ETCD_PEER,
+    FEATURE_GATES,
+    GATES,
+    HERE,
+    NODE,
+    NODE1,
+    NODE2,
+    NODE2_HOST_IP,
+    NODE2_UPLINK,
+    PAUSE_IMAGE,
+    ROOT,
+    RUNTIME_CONFIG,
+    SERVICE_CIDR,
+    TEST_IMAGE,
+    Bins,
+    Node,
+    Paths,
+    log,
+)
+from testbed.pki import node_certs
+from testbed.processes import (
+    _mounts_under_root,
+    _our_shims,
+    cgroup_roots,
+    crictl,
+    kubectl,
+    make_cgroup_roots,
+    port_open,
+    remove_cgroup_roots,
+    running,
+    start,
+    stop,
+    wait_for,
+)
+
+
+def start_etcd(bins: Bins) -> None:
+    start(
+        "etcd",
+        [
+            str(bins.etcd / "etcd"),
+            "--name",
+            "testbed",
+            "--data-dir",
+            str(ROOT / "etcd"),
+            "--listen-client-urls",
+            f"http://{ETCD_CLIENT}",
+            "--advertise-client-urls",
+            f"http://{ETCD_CLIENT}",
+            "--listen-peer-urls",
+            f"http://{ETCD_PEER}",
+            "--initial-advertise-peer-urls",
+            f"http://{ETCD_PEER}",
+            "--initial-cluster",
+            f"testbed=http://{ETCD_PEER}",
+            "--unsafe-no-fsync",
+            "--quota-backend-bytes",
+            str(4 << 30),
+            "--log-level",
+            "warn",
+        ],
+    )
+    wait_for("etcd", lambda: port_open(int(ETCD_CLIENT.split(":")[1])), 60, "etcd")
+
+
+def start_apiserver(bins: Bins, gates: Mapping[str, bool] | None = None) -> None:
+    """`gates`: feature gates to set besides (or instead of) GATES, as an older release has them
+    (a test then starts it again without)."""
+    pki = Paths.pki
+    feature_gates = ",".join(f"{k}={str(v).lower()}" for k, v in {**GATES, **(gates or {})}.items())
+    start(
+        "kube-apiserver",
+        [
+            str(bins.k8s / "kube-apiserver"),
+            f"--etcd-servers=http://{ETCD_CLIENT}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={APISERVER_PORT}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            "--authorization-mode=Node,RBAC",
+            "--allow-privileged=true",
+            f"--feature-gates={feature_gates}",
+            f"--runtime-config={RUNTIME_CONFIG}",
+            "--endpoint-reconciler-type=none",
+            "--profiling=false",
+            "--v=1",
+        ],
+    )
+    wait_for(
+        "kube-apiserver /readyz",
+        lambda: kubectl(bins, "get", "--raw", "/readyz", timeout=5).stdout.strip() == "ok",
+        120,
+        "kube-apiserver",
+    )
+
+
+def start_controllers(bins: Bins) -> None:
+    pki = Paths.pki
+    start(
+        "kube-controller-manager",
+        [
+            str(bins.k8s / "kube-controller-manager"),
+            f"--kubeconfig={Paths.etc / 'controller-manager.kubeconfig'}",
+            f"--authentication-kubeconfig={Paths.etc / 'controller-manager.kubeconfig'}",
+            f"--authorization-kubeconfig={Paths.etc / 'controller-manager.kubeconfig'}",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            "--use-service-account-credentials=true",
+            "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
+            f"--feature-gates={FEATURE_GATES}",
+            "--v=1",
+        ],
+    )
+    start(
+        "kube-scheduler",
+        [
+            str(bins.k8s / "kube-scheduler"),
+            f"--kubeconfig={Paths.etc / 'scheduler.kubeconfig'}",
+            f"--authentication-kubeconfig={Paths.etc / 'scheduler.kubeconfig'}",
+            f"--authorization-kubeconfig={Paths.etc / 'scheduler.kubeconfig'}",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+            f"--feature-gates={FEATURE_GATES}",
+            "--v=1",
+        ],
+    )
+
+
+def share_netns_dir(node: Node) -> None:
+    """Pods' network namespaces as a shared mount, as on a systemd node: a DaemonSet mounting
+    the directory with HostToContainer propagation (cnidra's) needs it (this sandbox's / is
+    a private mount)."""
+    netns = node.netns_dir
+    netns.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["findmnt", "-n", "-o", "PROPAGATION", str(netns)],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    if not mounted:
+        subprocess.run(["mount", "--bind", str(netns), str(netns)], check=True)
+    if mounted != "shared":
+        subprocess.run(["mount", "--make-rshared", str(netns)], check=True)
+
+
+def start_containerd(bins: Bins, node: Node = NODE1) -> None:
+    share_netns_dir(node)
+    path = f"{bins.containerd}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+    name = node.process("containerd")
+    start(
+        name,
+        node.inside(
+            [str(bins.containerd / "containerd"), "--config", str(node.etc / "containerd.toml")]
+        ),
+        env={"PATH": path},
+    )
+    wait_for(f"{name} CRI", lambda: crictl(bins, "info", node=node).returncode == 0, 60, name)
+    import_images(bins, node)
+
+
+def import_images(bins: Bins, node: Node = NODE1) -> None:
+    images = ROOT / "images"
+    images.mkdir(exist_ok=True)
+    listed = crictl(bins, "images", check=False, node=node).stdout
+    for ref, entrypoint in (
+        (
+            PAUSE_IMAGE,
+            ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while true; do sleep 3600 & wait $!; done"],
+        ),
+        (TEST_IMAGE, ["/bin/sh"]),
+    ):
+        repo, tag = ref.rsplit(":", 1)
+        if any(line.split()[:2] == [repo, tag] for line in listed.splitlines()):
+            continue
+        archive = images / (ref.replace("/", "_").replace(":", "_") + ".tar")
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "testbed.mkimage",
+                str(archive),
+                ref,
+                "--entrypoint",
+                json.dumps(entrypoint),
+            ],
+            check=True,
+        )
+        subprocess.run(
+            [
+                str(bins.containerd / "ctr"),
+                "--address",
+                str(node.containerd_sock),
+                "-n",
+                "k8s.io",
+                "images",
+                "import",
+                "--no-unpack=false",
+                str(archive),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        log(f"imported {ref} into {node.process('containerd')}")
+
+
+def make_bridge(node: Node) -> None:
+    """The primary network's bridge, made before kubelet; host-only. The first node's address
+    on it is the node IP (kubelet refuses a loopback one)."""
+    ip = node.inside(["ip"])
+    shown = subprocess.run([*ip, "link", "show", node.bridge], capture_output=True, check=False)
+    if shown.returncode != 0:
+        subprocess.run([*ip, "link", "add", node.bridge, "type", "bridge"], check=True)
+    prefix = node.pod_subnet.split("/")[1]
+    subprocess.run(
+        [*ip, "addr", "replace", f"{node.pod_gateway}/{prefix}", "dev", node.bridge], check=True
+    )
+    subprocess.run([*ip, "link", "set", node.bridge, "up"], check=True)
+
+
+def start_kubelet(bins: Bins, node: Node = NODE1) -> None:
+    make_bridge(node)
+    name = node.process("kubelet")
+    start(
+        name,
+        node.inside(
+            [
+                str(bins.k8s / "kubelet"),
+                f"--config={node.etc / 'kubelet.yaml'}",
+                f"--kubeconfig={Paths.etc / f'{node.kubelet_user}.kubeconfig'}",
+                f"--root-dir={node.kubelet_dir}",
+                f"--hostname-override={node.name}",
+                f"--node-ip={node.ip}",
+                "--v=2",
+            ]
+        ),
+        env={"PATH": f"{bins.containerd}:{os.environ.get('PATH', '')}"},
+    )
+    wait_for(f"node {node.name} Ready", lambda: _node_ready(bins, node.name), 180, name)
+
+
+def _node_ready(bins: Bins, name: str = NODE) -> bool:
+    out = kubectl(bins, "get", "node", name, "-o", "json", check=False, timeout=10)
+    if out.returncode != 0:
+        return False
+    conditions = json.loads(out.stdout)["status"].get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def reboot(bins: Bins, node: Node = NODE1, between: Callable[[], None] | None = None) -> None:
+    """The node's reboot as the software on it sees it: kubelet, containerd, every shim and every
+    process of every pod gone, with the runtime's state (a tmpfs: sandboxes' network
+    namespaces, tasks) and the pods' in-memory volumes; what is on disk stays (kubelet's and
+    containerd's roots, CNI data, /var/lib/cnidra). `between` runs while the node is down.
+    The apiserver, etcd and the controllers stay up: they are other machines."""
+    stop(node.process("kubelet"))
+    stop(node.process("containerd"))
+    for pid in _our_shims(node):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for _ in range(20):  # every process of every pod (the cgroups the kubelet made)
+        pids = [
+            int(pid)
+            for root in cgroup_roots(node)
+            for procs in (root / "kubepods").rglob("cgroup.procs")
+            for pid in procs.read_text().split()
+        ]
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+    time.sleep(0.3)
+    for under in (node.run, node.kubelet_dir / "pods"):
+        for target in _mounts_under_root(under):
+            subprocess.run(["umount", "-l", target], check=False, capture_output=True)
+    shutil.rmtree(node.run / "containerd", ignore_errors=True)
+    log(f"{node.name} rebooted: processes, sandboxes and network namespaces gone")
+    if between is not None:
+        between()
+    start_containerd(bins, node)
+    start_kubelet(bins, node)
+
+
+def make_uplink(node: Node) -> None:
+    """The node's network namespace and the veth that joins it to the machine's: the
+    apiserver reaches the node's kubelet at node.ip; nothing else is routed."""
+    assert node.netns is not None
+    if not Path(f"/run/netns/{node.netns}").exists():
+        subprocess.run(["ip", "netns", "add", node.netns], check=True)
+    outside, inside = NODE2_UPLINK
+    shown = subprocess.run(["ip", "link", "show", outside], check=False, capture_output=True)
+    if shown.returncode != 0:
+        subprocess.run(
+            ["ip", "link", "add", outside, "type", "veth", "peer", "name", inside,
+             "netns", node.netns],
+            check=True,
+        )  # fmt: skip
+    subprocess.run(["ip", "addr", "replace", f"{NODE2_HOST_IP}/30", "dev", outside], check=True)
+    subprocess.run(["ip", "link", "set", outside, "up"], check=True)
+    ip = ["ip", "-n", node.netns]
+    subprocess.run([*ip, "addr", "replace", f"{node.ip}/30", "dev", inside], check=True)
+    subprocess.run([*ip, "link", "set", inside, "up"], check=True)
+    subprocess.run([*ip, "link", "set", "lo", "up"], check=True)
+
+
+def node2_up(bins: Bins, node: Node = NODE2) -> None:
+    """A second node on this machine, beside a running first one: its own network namespace,
+    containerd and kubelet, the same apiserver (reached on the namespace's loopback through
+    forward.py). Tainted with SECOND_NODE_TAINT."""
+    if running(node.process("kubelet")) and _node_ready(bins, node.name):
+        return
+    started = time.monotonic()
+    node_certs(node)
+    write_node_configs(bins, node)
+    make_uplink(node)
+    make_cgroup_roots(node)
+    start(
+        node.process("apiserver-forward"),
+        [sys.executable, str(HERE / "forward.py"), str(node.netns), str(APISERVER_PORT)],
+    )
+    start_containerd(bins, node)
+    start_kubelet(bins, node)
+    log(f"{node.name} up in {time.monotonic() - started:.0f}s")
+
+
+def node2_down(bins: Bins, node: Node = NODE2) -> None:
+    """Everything node2_up made, gone; the Node object too."""
+    if running(node.process("containerd")) and node.containerd_sock.exists():
+        crictl(bins, "rmp", "--all", "--force", check=False, node=node)
+    for component in ("kubelet", "containerd", "apiserver-forward"):
+        stop(node.process(component))
+    for pid in _our_shims(node):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for target in _mounts_under_root(node.root):
+        subprocess.run(["umount", "-l", target], check=False, capture_output=True)
+    if node.netns and Path(f"/run/netns/{node.netns}").exists():
+        subprocess.run(["ip", "netns", "del", node.netns], check=False, capture_output=True)
+    subprocess.run(["ip", "link", "del", NODE2_UPLINK[0]], check=False, capture_output=True)
+    remove_cgroup_roots(node)
+    if running("kube-apiserver"):
+        kubectl(bins, "delete", "node", node.name, "--ignore-not-found", check=False)
+    shutil.rmtree(node.root, ignore_errors=True)
