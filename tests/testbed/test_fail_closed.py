@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cnidra.state.layout import DEFAULT_STATE_ROOT
+from testbed import cluster as tb
 from testbed.harness import Cluster, DriverProcess
 from tests.testbed.test_lifecycle import (
     apply,
@@ -127,7 +128,13 @@ def test_a_frozen_or_killed_driver_never_lets_a_container_run_without_its_interf
             driver.start(wait_registered=False)
             time.sleep(4)
         cluster.wait("the NRI plugin to connect", lambda: driver.health().get("nriConnected"), 60)
-        for name in ("a", "b", "k0", "k1", "k2"):
+        # containerd restarted while pods are created: kubelet may run their sandboxes before
+        # the driver's NRI connection is back
+        tb.stop("containerd")
+        apply(cluster, namespace, *(claiming_pod(f"c{i}", "net") for i in range(2)))
+        time.sleep(3)
+        tb.start_containerd(cluster.bins)
+        for name in ("a", "b", "k0", "k1", "k2", "c0", "c1"):
             ready(cluster, namespace, name, "180s")
             assert pod_addresses(cluster, namespace, name, "net1"), name
     finally:
