@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -173,7 +174,12 @@ def wait_gone(bed: Cluster, namespace: str, timeout: float = 300) -> None:
     )
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # a SIGTERM (timeout, kill) cleans up as Ctrl-C does
+
+
 def main() -> None:  # noqa: PLR0915 - one linear script of measurements
+    signal.signal(signal.SIGTERM, _interrupted)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
