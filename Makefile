@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test test-unit fuzz demo cni-plugins bench soak dashboard-picture deploy image image-cni-plugins clean
+.PHONY: install lint test test-unit fuzz demo cni-plugins bench soak apiserver-faults dashboard-picture deploy image image-cni-plugins clean
 
 install: $(STAMP)
 
@@ -62,6 +62,10 @@ bench: install cni-plugins
 CYCLES ?= 10000
 soak: install cni-plugins
 	$(BIN)/python -m bench.soak --cycles $(CYCLES)
+
+# the driver behind a slow and throttling apiserver (a fault-injecting proxy on loopback)
+apiserver-faults: install cni-plugins
+	$(BIN)/python -m bench.apiserver_faults
 
 # docs/dashboard.png: the chart's Grafana dashboard's queries over the test bed's data
 dashboard-picture: install cni-plugins
