@@ -151,14 +151,16 @@ class FaultProxy:
 
 
 def _kind(method: str, path: str, query: str) -> str:
-    resource = path.rstrip("/").split("/")[-1] if path.count("/") > 2 else path
+    """"GET resourceclaims", "WATCH cninetworks": the verb and the resource of a request."""
     parts = path.strip("/").split("/")
-    for i, part in enumerate(parts):
-        if part in ("namespaces",) and i + 2 < len(parts):
-            resource = parts[i + 2]
-            break
+    if "namespaces" in parts and parts.index("namespaces") + 2 < len(parts):
+        resource = parts[parts.index("namespaces") + 2]
+    elif parts[0] == "apis" and len(parts) > 3:
+        resource = parts[3]
+    elif parts[0] == "api" and len(parts) > 2:
+        resource = parts[2]
     else:
-        resource = parts[3] if len(parts) > 3 and parts[0] == "apis" else parts[-1]
+        resource = path
     if "watch=true" in query or "watch=1" in query:
         return f"WATCH {resource}"
     return f"{method} {resource}"
