@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test test-unit fuzz demo cni-plugins bench soak apiserver-faults dashboard-picture deploy image image-cni-plugins clean
+.PHONY: install lint test test-matrix test-unit fuzz demo cni-plugins bench soak apiserver-faults dashboard-picture deploy image image-cni-plugins clean
 
 install: $(STAMP)
 
@@ -24,6 +24,21 @@ lint: install
 
 test: install lint cni-plugins
 	$(BIN)/pytest -q
+
+# the test bed's e2e suite on each Kubernetes release of MATRIX (make test runs the newest,
+# 1.37.2); each release's components are built once into the cache. Its time is in the README.
+MATRIX ?= v1.36.3 v1.37.2
+test-matrix: install cni-plugins
+	@set -e; for v in $(MATRIX); do \
+		case $$v in \
+			v1.36.*) etcd=v3.6.8; crictl=v1.36.0;; \
+			*) etcd=v3.7.3; crictl=v1.37.0;; \
+		esac; \
+		echo "== Kubernetes $$v (etcd $$etcd, crictl $$crictl)"; \
+		K8S_VERSION=$$v ETCD_VERSION=$$etcd CRITOOLS_VERSION=$$crictl testbed/build.sh; \
+		K8S_VERSION=$$v ETCD_VERSION=$$etcd CRITOOLS_VERSION=$$crictl \
+			$(BIN)/pytest -q -p no:cacheprovider tests/testbed; \
+	done
 
 test-unit: install
 	$(BIN)/pytest -q -m "not netns and not testbed"

@@ -9,7 +9,7 @@ render() {  # render <output> <template>...
   local out="$1"; shift
   {
     echo "# Rendered from charts/cnidra by \`make deploy\` (hack/render-deploy.sh): edit the chart."
-    "$helm" template cnidra charts/cnidra --namespace cnidra-system --kube-version v1.36.3 \
+    "$helm" template cnidra charts/cnidra --namespace cnidra-system --kube-version v1.37.2 \
       --set createNamespace=true \
       $(printf -- '--show-only templates/%s ' "$@")
   } > "$out"

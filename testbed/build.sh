@@ -4,10 +4,10 @@
 # work tree; the build modules are generated in a temporary directory.
 set -euo pipefail
 
-K8S_VERSION="${K8S_VERSION:-v1.36.3}"
-ETCD_VERSION="${ETCD_VERSION:-v3.6.8}"            # what k8s.io/kubernetes $K8S_VERSION requires
+K8S_VERSION="${K8S_VERSION:-v1.37.2}"
+ETCD_VERSION="${ETCD_VERSION:-v3.7.3}"            # the newest served (k8s v1.37.2 requires the v3.7 client)
 CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
-CRITOOLS_VERSION="${CRITOOLS_VERSION:-v1.36.0}"
+CRITOOLS_VERSION="${CRITOOLS_VERSION:-v1.37.0}"
 RUNC_VERSION="${RUNC_VERSION:-v1.5.2}"           # Debian's 1.1.5 cannot start containers here
 CACHE="${CNIDRA_CACHE:-$HOME/.cache/cnidra}"
 

@@ -19,7 +19,7 @@ from testbed.harness import helm as build_helm
 ROOT = Path(__file__).parents[1]
 helm = cache(build_helm)
 CHART = ROOT / "charts" / "cnidra"
-KUBE = "v1.36.3"
+KUBE = "v1.37.2"
 
 
 def render(*sets: str) -> subprocess.CompletedProcess[str]:

@@ -31,8 +31,12 @@ DRA_SERVICES = (
     "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
     "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
 )
-SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"  # the path kubelet 1.36 calls
+# kubelet's device-health service (KEP-4680): 1.36 calls v1alpha1 whenever the plugin serves it;
+# 1.37 calls it only when the plugin advertises it among its supported versions, and prefers v1
+# (the same messages with the same field numbers, in another package), so both are served and
+# advertised. kubelet 1.36 ignores the names it does not know.
+HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", *HEALTH_SERVICES)
 PLUGIN_TYPE = "DRAPlugin"
 
 
@@ -117,17 +121,15 @@ class DRAService:
             ),
         }
         handlers = [grpc.method_handlers_generic_handler(name, methods) for name in DRA_SERVICES]
-        handlers.append(
-            grpc.method_handlers_generic_handler(
-                HEALTH_SERVICE,
-                {
-                    "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
-                        self.node_watch_resources,
-                        request_deserializer=bytes,
-                        response_serializer=bytes,
-                    )
-                },
+        health_methods = {
+            "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
+                self.node_watch_resources,
+                request_deserializer=bytes,
+                response_serializer=bytes,
             )
+        }
+        handlers.extend(
+            grpc.method_handlers_generic_handler(name, health_methods) for name in HEALTH_SERVICES
         )
         return handlers
 

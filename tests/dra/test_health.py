@@ -42,3 +42,17 @@ def test_a_devices_failure_is_its_links() -> None:
         "eth1": None,
         "eth2": "link eth2: down",
     }
+
+
+async def test_both_health_services_are_served_and_advertised() -> None:
+    """kubelet 1.37 opens the health stream only when the plugin advertises the service among
+    its supported versions, preferring v1; 1.36 calls v1alpha1 unasked."""
+    from cnidra.dra.plugin import HEALTH_SERVICES, RegistrationService
+
+    info = await RegistrationService("/x.sock").GetInfo(None, None)  # type: ignore[arg-type]
+    assert "v1.DRAResourceHealth" in info.supported_versions
+    assert "v1alpha1.DRAResourceHealth" in info.supported_versions
+    assert info.supported_versions[0] == "v1.DRAPlugin"  # kubelet 1.36 takes the first it knows
+    service = DRAService(SimpleNamespace(node="node-a"), health=HealthBoard())  # type: ignore[arg-type]
+    served = {h.service_name() for h in service.handlers()}  # type: ignore[attr-defined]
+    assert set(HEALTH_SERVICES) <= served

@@ -20,14 +20,14 @@ PROTO = ROOT / "cnidra" / "_proto"
 
 # ours -> (module@version, file in the module, proto import root inside the module)
 UPSTREAM = {
-    "dra/v1/api.proto": ("k8s.io/kubelet@v0.36.3", "pkg/apis/dra/v1/api.proto"),
+    "dra/v1/api.proto": ("k8s.io/kubelet@v0.37.2", "pkg/apis/dra/v1/api.proto"),
     "pluginregistration/v1/api.proto": (
-        "k8s.io/kubelet@v0.36.3",
+        "k8s.io/kubelet@v0.37.2",
         "pkg/apis/pluginregistration/v1/api.proto",
     ),
     "nri/v1alpha1/api.proto": ("github.com/containerd/nri@v0.12.3", "pkg/api/api.proto"),
     "drahealth/v1alpha1/api.proto": (
-        "k8s.io/kubelet@v0.36.3",
+        "k8s.io/kubelet@v0.37.2",
         "pkg/apis/dra-health/v1alpha1/api.proto",
     ),
     "ttrpc/ttrpc.proto": ("github.com/containerd/ttrpc@v1.2.9", "request.proto"),
@@ -136,3 +136,29 @@ def test_our_protos_match_the_upstream_release(ours: str) -> None:
             ):
                 problems.append(f"rpc {service.name}.{method.name} has other types upstream")
     assert not problems, "\n".join(problems)
+
+
+def test_health_v1_is_v1alpha1_in_another_package() -> None:
+    """cnidra serves kubelet 1.37's v1.DRAResourceHealth with its v1alpha1 messages: upstream's
+    two files must differ in nothing but the package."""
+    root = module_dir("k8s.io/kubelet@v0.37.2")
+    files = {
+        version: main_file(
+            descriptors(root, f"pkg/apis/dra-health/{version}/api.proto"),
+            f"pkg/apis/dra-health/{version}/api.proto",
+        )
+        for version in ("v1", "v1alpha1")
+    }
+    for fd in files.values():
+        fd.ClearField("name")
+        fd.ClearField("package")
+        fd.ClearField("options")
+        for message in fd.message_type:
+            for field in message.field:
+                if field.type_name:
+                    field.type_name = short(field.type_name)
+        for service in fd.service:
+            for method in service.method:
+                method.input_type = short(method.input_type)
+                method.output_type = short(method.output_type)
+    assert files["v1"] == files["v1alpha1"]
