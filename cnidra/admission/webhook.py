@@ -33,7 +33,8 @@ CACHE_MAX = 1024  # DeviceClasses and namespaces kept; a flood of names cannot g
 REVIEW_WORKERS = 4  # reviews at once (CPU-bound; more threads only contend for the GIL)
 MAX_CONNECTIONS = 2048  # open connections and requests at once; beyond, 503 at once
 KEEP_ALIVE_SECONDS = 30  # an idle kept-alive connection is closed after this
-BODY_SECONDS = 10  # a request body that does not arrive within this is refused
+HEAD_SECONDS = 10.0  # a new connection's first request head must arrive within this
+BODY_SECONDS = 10.0  # a request body that has not wholly arrived within this is refused
 
 Lookup = Callable[[str], Mapping[str, Any] | None]
 
@@ -182,7 +183,7 @@ class WebhookServer:
             limit_concurrency=max_connections,
             h11_max_incomplete_event_size=64 * 1024,
         )
-        self.server = uvicorn.Server(self.config)
+        self.server = _Server(self.config)
 
     @property
     def port(self) -> int:
@@ -209,6 +210,50 @@ class WebhookServer:
         self.server.should_exit = True
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, with connections that hold a socket without asking anything closed:
+    uvicorn's keep-alive timer covers only a connection idle after a response, and stops at
+    the first byte of a next request, so a client that completes the TLS handshake and then
+    sends nothing, or half a request head, held its connection (one of MAX_CONNECTIONS) for
+    ever; enough of them and every review was answered 503."""
+
+    async def main_loop(self) -> None:
+        sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        try:
+            await super().main_loop()
+        finally:
+            sweeper.cancel()
+
+    async def _sweep(self) -> None:
+        """Close a connection with no request in flight whose next request head has not
+        arrived in time: HEAD_SECONDS for a connection that never sent one, KEEP_ALIVE_SECONDS
+        (plus a little) after the last response. A request in flight is the app's to bound
+        (BODY_SECONDS for its body; the review pool for the rest)."""
+        waiting: dict[int, tuple[object, float]] = {}
+        while True:
+            await asyncio.sleep(min(0.5, HEAD_SECONDS / 4))
+            now = time.monotonic()
+            alive = set()
+            for connection in list(self.server_state.connections):
+                key = id(connection)
+                alive.add(key)
+                cycle = getattr(connection, "cycle", None)
+                if cycle is not None and not getattr(cycle, "response_complete", False):
+                    waiting.pop(key, None)  # a request being read or answered
+                    continue
+                seen = waiting.get(key)
+                if seen is None or seen[0] is not cycle:
+                    waiting[key] = (cycle, now)
+                    continue
+                limit = HEAD_SECONDS if cycle is None else KEEP_ALIVE_SECONDS + HEAD_SECONDS
+                if now - seen[1] > limit:
+                    transport = getattr(connection, "transport", None)
+                    if transport is not None:  # not close(): TLS's would wait for the client
+                        transport.abort()
+            for key in set(waiting) - alive:
+                del waiting[key]
+
+
 class _App:
     """POST /validate (any POST path): an AdmissionReview; GET /healthz."""
 
@@ -227,9 +272,11 @@ class _App:
             await _send(send, 405, {"error": "POST an AdmissionReview"})
             return
         raw = bytearray()
-        while True:
+        deadline = asyncio.get_running_loop().time() + BODY_SECONDS
+        while True:  # the whole body within BODY_SECONDS: a trickle cannot hold a connection
             try:
-                message = await asyncio.wait_for(receive(), BODY_SECONDS)
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
             except TimeoutError:
                 await _send(send, 408, {"error": "the request body was too slow"})
                 return

@@ -202,3 +202,172 @@ def test_a_claim_cannot_make_the_webhook_fan_out_without_bound() -> None:
     answer = review(admission(doc), read, lambda ns: {})["response"]
     assert answer["allowed"] is False and f"at most {MAX_CLASSES}" in answer["status"]["message"]
     assert reads == []
+
+
+def _closed_within(sock: Any, seconds: float) -> bytes:
+    """What the server sent before it closed the connection, waiting at most `seconds`;
+    fails if the connection is still open then."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    received = b""
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"still open after {seconds}s (received {received[:60]!r})"
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(4096)
+        except (ConnectionResetError, ssl.SSLError):
+            return received
+        except TimeoutError:
+            continue
+        if not chunk:
+            return received
+        received += chunk
+
+
+@pytest.fixture
+def quick_timeouts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
+    """A webhook whose head, keep-alive and body bounds are half a second (10 s, 30 s and 10 s
+    as shipped), and whose connection limit is `limit`."""
+    from cnidra.admission import webhook as module
+
+    monkeypatch.setattr(module, "HEAD_SECONDS", 0.5)
+    monkeypatch.setattr(module, "KEEP_ALIVE_SECONDS", 0.5)
+    monkeypatch.setattr(module, "BODY_SECONDS", 0.5)
+    cert, key = self_signed(tmp_path)
+    servers: list[WebhookServer] = []
+
+    def start(limit: int = module.MAX_CONNECTIONS) -> tuple[int, ssl.SSLContext]:
+        server = WebhookServer(
+            "127.0.0.1:0", str(cert), str(key), CLASSES.get, lambda ns: {}, max_connections=limit
+        )
+        server.start()
+        servers.append(server)
+        return server.port, ssl.create_default_context(cafile=str(cert))
+
+    yield start
+    for server in servers:
+        server.shutdown()
+
+
+def test_connections_that_ask_nothing_or_trickle_are_closed(quick_timeouts: Any) -> None:
+    """Issue 26: uvicorn's keep-alive timer covers only a connection idle after a response (and
+    stops at a next request's first byte), so a client that finished the TLS handshake and then
+    sent nothing, or half a request head, held its connection for ever; a body trickled a byte
+    at a time held it as long as it pleased."""
+    import socket
+    import time
+
+    port, context = quick_timeouts()
+
+    def tls() -> ssl.SSLSocket:
+        raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+        return context.wrap_socket(raw, server_hostname="127.0.0.1")
+
+    silent, half_head, after_review, trickle = tls(), tls(), tls(), tls()
+    try:
+        half_head.sendall(b"POST /validate HTTP/1.1\r\nHost: x\r\n")
+        body = json.dumps(admission(claim(network(MACVLAN)))).encode()
+        after_review.sendall(
+            b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        after_review.settimeout(5)
+        assert b" 200 " in after_review.recv(65536).split(b"\r\n", 1)[0]
+        after_review.sendall(b"P")  # a next request begun: uvicorn's keep-alive timer stops
+        trickle.sendall(b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+        start = time.monotonic()
+        while time.monotonic() - start < 1.5:  # a byte every 0.1 s: each read is quick
+            try:
+                trickle.sendall(b" ")
+            except OSError:
+                break
+            time.sleep(0.1)
+        assert b" 408 " in _closed_within(trickle, 3).split(b"\r\n", 1)[0]
+        _closed_within(silent, 3)
+        _closed_within(half_head, 3)
+        _closed_within(after_review, 3)
+    finally:
+        for sock in (silent, half_head, after_review, trickle):
+            sock.close()
+
+
+def test_connections_held_up_to_the_limit_are_freed_and_reviews_go_on(
+    quick_timeouts: Any,
+) -> None:
+    """Enough held connections to reach the limit turned every review into a 503 for as long
+    as they were held (under failurePolicy Fail, every cnidra claim refused)."""
+    import socket
+    import time
+    import urllib.error
+
+    port, context = quick_timeouts(limit=16)
+    url = f"https://127.0.0.1:{port}/validate"
+    held = []
+    try:
+        for _ in range(16):
+            raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+            held.append(context.wrap_socket(raw, server_hostname="127.0.0.1"))
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                answer = post(url, context, admission(claim(network(MACVLAN))))
+                break
+            except urllib.error.HTTPError as exc:  # 503 while the held ones count
+                assert exc.code == 503
+                assert time.monotonic() < deadline, "held connections never freed"
+                time.sleep(0.2)
+        assert answer["response"]["allowed"] is True
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_a_flood_of_distinct_class_names_keeps_the_cache_and_lookups_bounded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 26: the class cache never evicted (256 names in a request were 256 GETs; ~4,500
+    dry-run requests filled the webhook's memory limit). A flood of reviews, each naming the
+    most classes allowed, every name new, over real HTTPS beside held-open connections: every
+    review answered, at most MAX_CLASSES lookups each, the cache never past its bound."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor as Pool
+
+    from cnidra.admission import webhook as module
+
+    monkeypatch.setattr(module, "CACHE_MAX", 64)
+    template = CLASSES[next(iter(CLASSES))]
+    reads: list[str] = []
+
+    def read(name: str) -> dict[str, Any]:
+        reads.append(name)
+        return {**template, "metadata": {**template["metadata"], "name": name}}
+
+    classes = module.TTLCache(read)
+    cert, key = self_signed(tmp_path)
+    server = WebhookServer("127.0.0.1:0", str(cert), str(key), classes, lambda ns: {})
+    server.start()
+    context = ssl.create_default_context(cafile=str(cert))
+    url = f"https://127.0.0.1:{server.port}/validate"
+    held = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(50)]
+    reviews = 60
+
+    def one(i: int) -> bool:
+        doc = claim(network(MACVLAN))
+        doc["spec"]["devices"]["requests"] = [
+            {"name": f"r{j}", "exactly": {"deviceClassName": f"c{i}-{j}.example.com"}}
+            for j in range(module.MAX_CLASSES)
+        ]
+        return "allowed" in post(url, context, admission(doc))["response"]
+
+    try:
+        with Pool(4) as pool:
+            answered = list(pool.map(one, range(reviews)))
+    finally:
+        for sock in held:
+            sock.close()
+        server.shutdown()
+    assert all(answered) and len(answered) == reviews
+    assert len(reads) == reviews * module.MAX_CLASSES  # one GET per new name, no more
+    assert len(classes._items) <= 64
