@@ -6,6 +6,7 @@ hook runs plugins as it always does and never asks the apiserver anything. docs/
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import logging
 import time
@@ -51,7 +52,8 @@ class IPAMCluster(Protocol):
     ) -> list[BlockObject]: ...
 
     async def create_block(self, block: Block, node: str) -> str | None:
-        """The new object's UID; None when the block is someone's already. The object is owned
+        """The new object's UID; None when the block is another node's already (this node's:
+        its UID, as when a create is retried after its answer was lost). The object is owned
         by the Node (ownerReferences), so the garbage collector deletes a lost node's blocks:
         no node ever writes another node's block."""
         ...
@@ -165,8 +167,8 @@ class Allocator:
         cached = self._pools.get(name)
         if cached is not None and self.clock() - cached[0] < self.pool_ttl:
             return cached[1]
-        try:
-            obj = await self.cluster.pool(name)
+        try:  # a transient answer (throttled, storage initializing) is asked again
+            obj = await with_retries(functools.partial(self.cluster.pool, name))
         except Exception as exc:
             if cached is not None:
                 return cached[1]  # the pool as last read, while the apiserver cannot answer
@@ -230,7 +232,9 @@ class Allocator:
             if block.name in taken or next(pool.usable(block), None) is None:
                 continue
             try:
-                uid = await self.cluster.create_block(block, self.node)
+                uid = await with_retries(
+                    functools.partial(self.cluster.create_block, block, self.node)
+                )
             except Exception as exc:
                 raise AllocationError(
                     f"CNIIPPool {pool.name}: block {block.name} could not be reserved: {exc}"
@@ -334,7 +338,9 @@ class Allocator:
             )
         for _ in range(5):  # an IPAMClaim another node binds meanwhile is read again
             try:
-                obj = await self.cluster.ipamclaim(claim.namespace, name)
+                obj = await with_retries(
+                    functools.partial(self.cluster.ipamclaim, claim.namespace, name)
+                )
             except Exception as exc:
                 raise AllocationError(f"{what} could not be read: {exc}") from None
             if obj is None:
@@ -411,8 +417,10 @@ class Allocator:
         async with self._locks.hold(pool.name):
             if self.state.blocks.get(block.name) is None:
                 try:
-                    bound = await self._bound(pool)
-                    uid = await self.cluster.create_block(block, self.node)
+                    bound = await with_retries(functools.partial(self._bound, pool))
+                    uid = await with_retries(
+                        functools.partial(self.cluster.create_block, block, self.node)
+                    )
                 except Exception as exc:
                     raise AllocationError(
                         f"{what}: block {block.name} of its address {address} could not be "

@@ -131,9 +131,22 @@ class KubeIPAM:
                 created = await self.client.create(obj, field_manager="cnidra")
         except ApiError as exc:
             if exc.status.code == 409:
-                return None
+                return await self._own_existing(block.name, node)
             raise
         return str(created.metadata.uid if created.metadata else "")
+
+    async def _own_existing(self, name: str, node: str) -> str | None:
+        """A block that exists already: this node's when a create of ours went through but
+        its answer was lost (a timeout, a dropped connection) and the create was retried;
+        otherwise another node's (None)."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                current = _block_object(await self.client.get(CNIIPBlock, name))
+        except ApiError as exc:
+            if _missing(exc):
+                return None  # deleted meanwhile: the caller tries the next block
+            raise
+        return current.uid if current.node == node and current.owned else None
 
     async def delete_block(self, name: str, uid: str) -> None:
         try:

@@ -108,8 +108,9 @@ class FakeCluster:
 
     async def create_block(self, block: Block, node: str) -> str | None:
         await self.api._call(f"create block {block.name}")
-        if block.name in self.api.blocks:
-            return None
+        if block.name in self.api.blocks:  # this node's: a create whose answer was lost
+            existing = self.api.blocks[block.name]
+            return existing.uid if existing.node == node else None
         uid = f"block-uid-{next(self.api._versions)}"
         self.api.blocks[block.name] = BlockObject(
             block.name, block.pool, node, uid, str(next(self.api._versions))
