@@ -551,6 +551,8 @@ class PodLifecycle:
     async def _forget(self, record: SandboxRecord) -> None:
         await self.store.remove(record.sandbox_id)
         self.removed.discard(record.sandbox_id)
+        if all(other.pod != record.pod for other in self.store.all()):  # no sandbox re-created
+            self.status.pod_gone(record.pod)
         in_use = {claim for other in self.store.all() for claim in other.claims()}
         for claim in record.claims():
             keys = [

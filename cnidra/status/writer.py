@@ -86,6 +86,7 @@ class StatusSink(Protocol):
     def finalizer(self, claim: ObjectRef, present: bool) -> None: ...
     def event(self, pod: ObjectRef, reason: str, message: str, type_: str = "Warning") -> None: ...
     def pod_networks(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None: ...
+    def pod_gone(self, pod: ObjectRef) -> None: ...
 
 
 def entry_key(entry: Mapping[str, Any]) -> DeviceKey:
@@ -199,6 +200,12 @@ class StatusWriter:
         self._pod_networks[pod] = statuses
         self._pods_due.pop(pod, None)  # a new change is due now, whatever the last one's backoff
         self._wake.set()
+
+    def pod_gone(self, pod: ObjectRef) -> None:
+        """The pod has no sandbox on this node any more: which of its interfaces were written
+        into its annotation need not be remembered (kept for every pod that ever ran, it grew
+        with each pod of a node's life)."""
+        self._written_interfaces.pop(pod, None)
 
     def pending(self) -> int:
         return len(self._dirty) + len(self._events) + len(self._pod_networks)

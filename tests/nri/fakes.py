@@ -174,6 +174,7 @@ class RecordingStatus:
         self.events: list[tuple[ObjectRef, str, str]] = []
         self.event_types: list[str] = []
         self.networks: dict[ObjectRef, list[dict[str, Any]]] = {}
+        self.gone: list[ObjectRef] = []
 
     def put(self, claim: ObjectRef, entry: dict[str, Any]) -> None:
         key = (entry["pool"], entry["device"], entry.get("shareID") or "")
@@ -192,6 +193,9 @@ class RecordingStatus:
 
     def pod_networks(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
         self.networks[pod] = statuses
+
+    def pod_gone(self, pod: ObjectRef) -> None:
+        self.gone.append(pod)
 
 
 @dataclass

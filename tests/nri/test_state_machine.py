@@ -283,3 +283,16 @@ async def test_attached_interfaces_are_listed_for_the_telemetry(tmp_path: Path) 
         ("c", "req1", "net2"),
     ]
     assert {i.netns for i in listed} == {node.store.get("a-sandbox").netns}  # type: ignore[union-attr]
+
+
+async def test_a_pod_is_said_gone_once_its_last_sandbox_is(tmp_path: Path) -> None:
+    """The status writer remembers which interfaces it wrote into each pod's annotation; told
+    nothing when a pod went, it kept that for every pod of the node's life (issue 27's soak)."""
+    node = Node.start(tmp_path)
+    prepare(node.checkpoint, "c", "a-uid", ("net1", network("one", "macvlan")))
+    await node.hooks.run_pod_sandbox(pod("a"))
+    await node.hooks.run_pod_sandbox(pod("a", sandbox="a-again"))  # re-created meanwhile
+    await node.hooks.stop_pod_sandbox(pod("a"))
+    assert node.status.gone == []  # its new sandbox still has the interfaces
+    await node.hooks.stop_pod_sandbox(pod("a", sandbox="a-again"))
+    assert [p.name for p in node.status.gone] == ["a"]

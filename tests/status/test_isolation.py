@@ -179,3 +179,19 @@ async def test_a_claims_normal_event_is_about_the_resourceclaim() -> None:
         "uid-c",
     )
     assert (event.type, event.reason) == ("Normal", "Prepared")
+
+
+async def test_what_the_writer_keeps_goes_with_the_pods() -> None:
+    """Issue 27's soak: nothing the writer keeps per pod outlives the pod (which interfaces it
+    wrote into a pod's annotation was kept for every pod of the node's life)."""
+    api = Pods()
+    writer = StatusWriter(api)  # type: ignore[arg-type]
+    async with running(writer):
+        for i in range(200):
+            writer.pod_networks(pod(f"p{i}"), [OURS])
+        await settle(writer)
+        assert len(writer._written_interfaces) == 200  # needed while the pods run
+        for i in range(200):
+            writer.pod_gone(pod(f"p{i}"))
+    kept = (writer._written_interfaces, writer._pod_networks, writer._pods_backoff)
+    assert [len(k) for k in kept] == [0, 0, 0] and writer.pending() == 0
