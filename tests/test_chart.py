@@ -218,7 +218,11 @@ def test_metrics_stay_on_the_node_unless_asked_then_a_service_and_monitors() -> 
 def test_the_dashboard_ships_as_a_configmap_for_grafanas_sidecar() -> None:
     import json
 
-    [cm] = [d for d in docs("metrics.dashboard.enabled=true") if d["kind"] == "ConfigMap"]
+    [cm] = [
+        d
+        for d in docs("metrics.dashboard.enabled=true")
+        if d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"]["labels"]
+    ]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     board = json.loads(cm["data"]["cnidra.json"])
     assert board["uid"] == "cnidra" and len(board["panels"]) >= 8
@@ -237,3 +241,17 @@ def test_the_packaged_chart_renders_as_the_source_does(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout  # fmt: skip
     assert "kind: DaemonSet" in rendered and '"uid": "cnidra"' in rendered
+
+
+def test_the_log_level_is_a_configmap_the_driver_follows() -> None:
+    """driver.logLevel lives in a ConfigMap the driver reads (--log-level-file): a new level
+    changes the ConfigMap, never the DaemonSet, so no driver pod restarts."""
+    before, after = docs(), docs("driver.logLevel=debug")
+    [cm] = [d for d in after if d["metadata"]["name"] == "cnidra-logging"]
+    assert cm["kind"] == "ConfigMap" and cm["data"] == {"level": "debug"}
+    [ds_before] = [d for d in before if d["kind"] == "DaemonSet"]
+    [ds_after] = [d for d in after if d["kind"] == "DaemonSet"]
+    assert ds_before == ds_after
+    [driver] = ds_after["spec"]["template"]["spec"]["containers"]
+    assert "--log-level-file=/etc/cnidra/logging/level" in driver["args"]
+    assert not any(a.startswith("--log-level=") for a in driver["args"])

@@ -8,7 +8,6 @@ import json
 import os
 import sys
 import typing
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,13 +16,20 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
-from cnidra.agent.settings import DEFAULTS, DriverSettings  # light: no driver imports
+from cnidra.agent.settings import (  # light: no driver imports
+    DEFAULTS,
+    DriverSettings,
+    LogSettings,
+    check,
+    env_of,
+    flag_of,
+)
 from cnidra.api.convert import ConvertError, OutputKind, render_yaml
 from cnidra.api.issues import ROOT
 from cnidra.api.loading import LoadError, load_yaml
 from cnidra.api.validate import DocumentReport, validate_documents
 from cnidra.cli.node import app as node_app
-from cnidra.cli.output import FileReport, as_json, print_text
+from cnidra.cli.output import FileReport, as_json, output_option, print_text
 
 
 def _plain_help_types() -> None:
@@ -52,19 +58,11 @@ def _plain_help_types() -> None:
 _plain_help_types()
 
 
-LogFormat = Annotated[
-    str,
-    typer.Option(
-        "--log-format", envvar="CNIDRA_LOG_FORMAT", help="text, or json: one object per line"
-    ),
-]
-
-
-def setup_logs(level: str, fmt: str) -> None:
+def setup_logs(logs: LogSettings) -> None:
     from cnidra.observe.logs import configure
 
     try:
-        configure(level, fmt)
+        configure(logs.log_level, logs.log_format, logs.log_level_file or None)
     except ValueError as exc:
         raise usage_error(str(exc)) from None
 
@@ -103,15 +101,6 @@ err = Console(stderr=True, soft_wrap=True)
 
 EXIT_INVALID = 1
 EXIT_USAGE = 2
-
-
-class Format(StrEnum):
-    """The -o values, the same wherever they apply (kubectl's names)."""
-
-    TABLE = "table"
-    JSON = "json"
-    YAML = "yaml"
-    TEXT = "text"  # validate's older name for table
 
 
 def usage_error(message: str) -> typer.Exit:
@@ -153,9 +142,7 @@ def unreadable(error: LoadError | list[Any] | None) -> list[DocumentReport]:
 @app.command()
 def validate(
     files: Annotated[list[Path], typer.Argument(help="YAML files (multi-document); - for stdin")],
-    output: Annotated[
-        Format, typer.Option("-o", "--output", help="table (text), json or yaml")
-    ] = Format.TABLE,
+    output: str = output_option("table", "table", "wide", "json", "yaml"),
     policy: Annotated[
         list[Path] | None,
         typer.Option(
@@ -209,12 +196,12 @@ def validate(
             report.index -= start
         reports.append(FileReport(str(f), mine))
     result = as_json(reports)
-    if output is Format.JSON:
+    if output == "json":
         typer.echo(json.dumps(result, indent=2))
-    elif output is Format.YAML:
+    elif output == "yaml":
         typer.echo(yaml.safe_dump(result, sort_keys=False), nl=False)
     else:
-        print_text(reports, Console(soft_wrap=True))
+        print_text(reports, Console(soft_wrap=True), wide=output == "wide")
     if missing:
         raise typer.Exit(EXIT_USAGE)
     raise typer.Exit(0 if result["valid"] else EXIT_INVALID)
@@ -261,7 +248,7 @@ def convert(
             help="claims that reference each NetworkAttachmentDefinition instead of copying it",
         ),
     ] = False,
-    output: Annotated[Format, typer.Option("-o", "--output", help="yaml or json")] = Format.YAML,
+    output: str = output_option("yaml", "json", "yaml"),
 ) -> None:
     """Print what a Multus user has as objects for kubectl apply: a .conf/.conflist, every
     NetworkAttachmentDefinition of a manifest, or the Pods, Deployments, StatefulSets,
@@ -282,12 +269,10 @@ def convert(
         result = convert_all(sources, workloads, kind, name, if_name, reference)
     except ConvertError as exc:
         raise usage_error(f"{file}: {exc}") from None
-    if output is Format.JSON:  # one document: a List, as kubectl prints several
+    if output == "json":  # one document: a List, as kubectl prints several
         typer.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": result.docs}, indent=2))
-    elif output is Format.YAML:
-        typer.echo("---\n".join(render_yaml(doc) for doc in result.docs), nl=False)
     else:
-        raise usage_error(f"-o must be yaml or json for convert, not {output}")
+        typer.echo("---\n".join(render_yaml(doc) for doc in result.docs), nl=False)
     for note in result.notes:
         err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     for refusal in result.refused:
@@ -313,7 +298,7 @@ def try_(
     host: Annotated[
         bool, typer.Option("--host", help="run against the real host, not a throwaway node")
     ] = False,
-    output: Annotated[str, typer.Option("-o", "--output", help="yaml or json")] = "yaml",
+    output: str = output_option("yaml", "json", "yaml"),
     cni_path: Annotated[
         str, typer.Option("--cni-path", envvar="CNIDRA_CNI_PATH", help="plugin directories")
     ] = DEFAULT_CNI_PATH,
@@ -331,8 +316,6 @@ def try_(
     then DEL everything (unless --keep)."""
     from cnidra.cli.try_ import NoParent, TryPlan, default_pool, execute, plan_attachments
 
-    if output not in ("yaml", "json"):
-        raise usage_error(f"-o must be yaml or json, not {output!r}")
     if netns_path and not Path(netns_path).exists():
         raise usage_error(f"--netns {netns_path}: no such namespace")
     reports = validate_documents(load_yaml_documents(file))
@@ -388,53 +371,52 @@ def try_(
     raise typer.Exit(0 if outcome.ok and not outcome.cleanup_errors else EXIT_INVALID)
 
 
-def driver(log_level: str, log_format: str, **values: Any) -> None:
+def driver(**values: Any) -> None:
     """Run the node agent: kubelet DRA plugin, ResourceSlice publisher, health and metrics."""
     import asyncio
 
     from cnidra.agent.driver import run
 
-    setup_logs(log_level, log_format)
-    asyncio.run(run(settings_from_flags(values)))
+    settings = settings_from_flags(DriverSettings, values)
+    setup_logs(settings_from_flags(LogSettings, values))
+    asyncio.run(run(settings))
 
 
-def _setting_flag(f: dataclasses.Field[Any]) -> str:
-    return str(f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
+S = typing.TypeVar("S")
 
 
-def settings_from_flags(values: dict[str, Any]) -> DriverSettings:
-    """DriverSettings from the flags' values (lists split, "" read as the default where the
-    field says so)."""
+def settings_from_flags(cls: type[S], values: dict[str, Any]) -> S:
+    """A settings class from the flags' values (lists split, "" read as the default where the
+    field says so, choices and bounds checked as the chart's schema states them)."""
+    defaults = cls()
     changes: dict[str, Any] = {}
-    for f in dataclasses.fields(DriverSettings):
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         value = values[f.name]
         if f.metadata.get("sep"):
             value = [item for item in str(value).split(f.metadata["sep"]) if item]
         elif f.metadata.get("empty") and value in ("", None):
-            value = getattr(DEFAULTS, f.name)
-        choices = f.metadata.get("choices")
-        if choices and value not in choices:
-            flag = _setting_flag(f).split("/")[0]
-            raise usage_error(f"{flag} {value!r}: must be one of {', '.join(choices)}")
+            value = getattr(defaults, f.name)
+        value, problem = check(f, value)
+        if problem:
+            raise usage_error(f"{flag_of(f).split('/')[0]} {problem}")
         changes[f.name] = value
-    return dataclasses.replace(DEFAULTS, **changes)
+    return dataclasses.replace(defaults, **changes)  # type: ignore[type-var]
 
 
-def _driver_signature() -> inspect.Signature:
-    """`cnidra driver`'s parameters, made from DriverSettings' fields: the one declaration of
-    every setting (flag, CNIDRA_* variable, type, default, help)."""
-    hints = typing.get_type_hints(DriverSettings)
+def settings_parameters(cls: type[Any]) -> list[inspect.Parameter]:
+    """A command's parameters made from a settings class's fields: the one declaration of each
+    setting (flag, CNIDRA_* variable, type, default, help)."""
+    hints = typing.get_type_hints(cls)
+    defaults = cls()
     params = []
-    for f in dataclasses.fields(DriverSettings):
-        flag = _setting_flag(f)
-        env = "CNIDRA_" + flag.split("/")[0].lstrip("-").replace("-", "_").upper()
+    for f in dataclasses.fields(cls):
         kind: Any = hints[f.name]
-        default = getattr(DEFAULTS, f.name)
+        default = getattr(defaults, f.name)
         if f.metadata.get("sep"):
             kind, default = str, f.metadata["sep"].join(default)
         elif f.metadata.get("empty"):
             kind, default = str | None, None
-        option = typer.Option(flag, envvar=env, help=f.metadata.get("help") or None)
+        option = typer.Option(flag_of(f), envvar=env_of(f), help=f.metadata.get("help") or None)
         params.append(
             inspect.Parameter(
                 f.name,
@@ -443,19 +425,11 @@ def _driver_signature() -> inspect.Signature:
                 default=inspect.Parameter.empty if f.metadata.get("required") else default,
             )
         )
-    for name, annotation, default in (
-        (
-            "log_level",
-            Annotated[str, typer.Option("--log-level", envvar="CNIDRA_LOG_LEVEL")],
-            "info",
-        ),
-        ("log_format", LogFormat, "text"),
-    ):
-        params.append(
-            inspect.Parameter(
-                name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default
-            )
-        )
+    return params
+
+
+def _driver_signature() -> inspect.Signature:
+    params = settings_parameters(DriverSettings) + settings_parameters(LogSettings)
     return inspect.Signature(params, return_annotation=None)
 
 
@@ -463,7 +437,6 @@ driver.__signature__ = _driver_signature()  # type: ignore[attr-defined]
 app.command()(driver)
 
 
-@app.command()
 def webhook(
     tls_cert: Annotated[Path, typer.Option("--tls-cert", envvar="CNIDRA_WEBHOOK_TLS_CERT")],
     tls_key: Annotated[Path, typer.Option("--tls-key", envvar="CNIDRA_WEBHOOK_TLS_KEY")],
@@ -476,15 +449,14 @@ def webhook(
             "--kubeconfig", envvar="CNIDRA_KUBECONFIG", help="default: in-cluster service account"
         ),
     ] = None,
-    log_level: Annotated[str, typer.Option("--log-level", envvar="CNIDRA_LOG_LEVEL")] = "info",
-    log_format: LogFormat = "text",
+    **logs: Any,
 ) -> None:
     """Serve the validating admission webhook for ResourceClaims and ResourceClaimTemplates
     (POST /validate, HTTPS): the same verdict as prepare, before any pod uses the claim."""
     from cnidra.admission.webhook import TTLCache, WebhookServer
     from cnidra.kube.client import device_class_reader, make_sync_client, namespace_labels_reader
 
-    setup_logs(log_level, log_format)
+    setup_logs(settings_from_flags(LogSettings, logs))
     for option, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
         if not path.is_file():
             raise usage_error(f"{option} {path}: no such file (the webhook's PEM certificate/key)")
@@ -506,6 +478,17 @@ def webhook(
 
     logging.getLogger(__name__).info("webhook serving on %s", address)
     server.serve_forever()
+
+
+_webhook_own = [
+    p
+    for p in inspect.signature(webhook, eval_str=True).parameters.values()
+    if p.kind is not p.VAR_KEYWORD
+]
+webhook.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [*_webhook_own, *settings_parameters(LogSettings)], return_annotation=None
+)
+app.command()(webhook)
 
 
 @app.command("migrate-state")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -16,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cnidra.agent.settings import DEFAULTS
+from cnidra.cli.output import output_option
 from cnidra.state.layout import StateLayout
 
 if TYPE_CHECKING:  # gRPC loads only when a node command runs: `cnidra validate` stays quick
@@ -40,18 +40,11 @@ err = Console(stderr=True, soft_wrap=True, highlight=False)
 CALL_TIMEOUT = 5.0
 
 
-class Output(StrEnum):
-    TABLE = "table"
-    JSON = "json"
-    YAML = "yaml"
-
-
 Socket = Annotated[
     Path,
     typer.Option("--socket", envvar="CNIDRA_NODE_SOCKET", help="the driver's node API socket"),
 ]
 Namespace = Annotated[str, typer.Option("--namespace", "-n", help="only this namespace")]
-OutputOpt = Annotated[Output, typer.Option("--output", "-o")]
 DEFAULT_SOCKET = StateLayout(DEFAULTS.state_dir).node_socket
 
 
@@ -87,8 +80,8 @@ def as_data(message: Message) -> dict[str, Any]:
     return MessageToDict(message, preserving_proto_field_name=True)
 
 
-def emit(data: Any, output: Output) -> None:
-    if output is Output.JSON:
+def emit(data: Any, output: str) -> None:
+    if output == "json":
         typer.echo(json.dumps(data, indent=2, sort_keys=True))
     else:
         typer.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
@@ -104,7 +97,7 @@ def interfaces(pod: api.PodNetwork) -> str:
 @app.command()
 def pods(
     namespace: Namespace = "",
-    output: OutputOpt = Output.TABLE,
+    output: str = output_option("table", "table", "wide", "json", "yaml"),
     socket: Socket = DEFAULT_SOCKET,
 ) -> None:
     """Every pod on this node with cnidra claims or interfaces."""
@@ -120,20 +113,25 @@ def pods(
             )
         except grpc.RpcError as exc:
             raise fail(exc, socket) from None
-    if output is not Output.TABLE:
+    if output in ("json", "yaml"):
         emit([as_data(p) for p in reply.pods], output)
         return
+    wide = output == "wide"
     table = Table(box=None, pad_edge=False)
-    for column in ("NAMESPACE", "POD", "STATE", "INTERFACES", "PROBLEM"):
+    columns = ["NAMESPACE", "POD", "STATE", "INTERFACES", "PROBLEM"]
+    if wide:
+        columns[4:4] = ["NETWORKS", "CLAIMS", "SANDBOX"]
+    for column in columns:
         table.add_column(column, overflow="fold")
     for pod in reply.pods:
-        table.add_row(
-            pod.pod.namespace or "?",
-            pod.pod.name or pod.pod.uid,
-            pod.state,
-            interfaces(pod),
-            pod.problem,
-        )
+        row = [pod.pod.namespace or "?", pod.pod.name or pod.pod.uid, pod.state, interfaces(pod)]
+        if wide:
+            row += [
+                ", ".join(f"{a.if_name} {a.network}" for a in pod.attachments),
+                ", ".join(c.name for c in pod.claims),
+                pod.sandbox_id[:12] or "-",
+            ]
+        table.add_row(*row, pod.problem)
     out.print(table)
 
 
@@ -142,7 +140,7 @@ def describe(
     pod: Annotated[str, typer.Argument(help="the pod's name (or its UID with --uid)")],
     namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
     uid: Annotated[bool, typer.Option("--uid", help="POD is the pod's UID")] = False,
-    output: OutputOpt = Output.TABLE,
+    output: str = output_option("table", "table", "wide", "json", "yaml"),
     socket: Socket = DEFAULT_SOCKET,
 ) -> None:
     """One pod's networks: every attachment, its result and state, and why one is missing."""
@@ -161,7 +159,7 @@ def describe(
             view = client.QueryPodNetwork(request, timeout=CALL_TIMEOUT)
         except grpc.RpcError as exc:
             raise fail(exc, socket) from None
-    if output is not Output.TABLE:
+    if output in ("json", "yaml"):
         emit(as_data(view), output)
         return
     p = view.pod
@@ -181,6 +179,8 @@ def describe(
         out.print(f"    device {a.pool}/{a.device} on link {a.parent or '-'}")
         if a.ips or a.mac:
             out.print(f"    addresses {' '.join(a.ips) or '-'}, mac {a.mac or '-'}")
+        if output == "wide" and a.cni_result_json:
+            out.print(f"    CNI result {a.cni_result_json}")
     out.print("Events:")
     for e in view.events:
         out.print(f"  {line(e)}")
@@ -188,10 +188,11 @@ def describe(
         out.print("  none recorded")
 
 
-def line(e: api.Event) -> str:
+def line(e: api.Event, wide: bool = False) -> str:
     when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(e.time))
     took = f" ({e.duration_ms:.1f} ms)" if e.duration_ms else ""
-    return f"{when} {e.kind:<13} {e.pod.namespace}/{e.pod.name} {e.message}{took}"
+    sandbox = f" sandbox {e.sandbox_id[:12]}" if wide and e.sandbox_id else ""
+    return f"{when} {e.kind:<13} {e.pod.namespace}/{e.pod.name} {e.message}{took}{sandbox}"
 
 
 @app.command()
@@ -201,7 +202,7 @@ def events(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="keep printing new events")
     ] = False,
-    output: OutputOpt = Output.TABLE,
+    output: str = output_option("table", "table", "wide", "json", "yaml"),
     socket: Socket = DEFAULT_SOCKET,
 ) -> None:
     """The node's journal of attaches and detaches; with --follow, as they happen."""
@@ -214,10 +215,12 @@ def events(
     with channel:
         try:
             for event in client.WatchEvents(request, timeout=None if follow else CALL_TIMEOUT):
-                if output is Output.TABLE:
-                    out.print(line(event))
-                else:
+                if output == "json":  # one object a line, as they come (JSON Lines)
                     typer.echo(json.dumps(as_data(event), sort_keys=True))
+                elif output == "yaml":  # one document each
+                    typer.echo("---\n" + yaml.safe_dump(as_data(event), sort_keys=True).rstrip())
+                else:
+                    out.print(line(event, wide=output == "wide"))
         except grpc.RpcError as exc:
             raise fail(exc, socket) from None
         except KeyboardInterrupt:

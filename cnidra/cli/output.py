@@ -1,15 +1,44 @@
-"""Rendering of reports for people (rich) and machines (JSON)."""
+"""Rendering of reports for people (rich) and machines (JSON), and the one `-o` option every
+command takes: kubectl's names, `table`, `wide`, `json`, `yaml`, each command offering those
+that apply to what it prints."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+import typer
 from rich.console import Console
 from rich.markup import escape
 
 from cnidra.api.issues import Issue
 from cnidra.api.validate import DocumentReport
+
+OUTPUTS = ("table", "wide", "json", "yaml")
+ALIASES = {"text": "table"}  # validate's older name, still taken (not shown)
+WHAT = {"table": "a table", "wide": "more columns", "json": "JSON", "yaml": "YAML"}
+
+
+def output_option(default: str, *allowed: str) -> Any:
+    """`-o/--output` with the values of OUTPUTS this command can print (a value it cannot is a
+    usage error naming those it can, exit 2)."""
+    assert default in allowed and set(allowed) <= set(OUTPUTS)
+    offered = [o for o in OUTPUTS if o in allowed]
+
+    def parse(value: str) -> str:
+        chosen = ALIASES.get(value.lower(), value.lower())
+        if chosen not in offered:
+            raise typer.BadParameter(f"{value!r}: this command prints {', '.join(offered)}")
+        return chosen
+
+    return typer.Option(
+        default,
+        "-o",
+        "--output",
+        parser=parse,
+        metavar="[" + "|".join(offered) + "]",
+        help="output: " + ", ".join(f"{o} ({WHAT[o]})" for o in offered),
+    )
 
 
 @dataclass
@@ -40,7 +69,9 @@ def as_json(files: list[FileReport]) -> dict[str, Any]:
     return {"valid": not errors, "errors": errors, "warnings": warnings, "skipped": skipped}
 
 
-def print_text(files: list[FileReport], console: Console) -> None:
+def print_text(files: list[FileReport], console: Console, wide: bool = False) -> None:
+    """One line per document (ok, invalid, skipped) and its issues; `wide` adds what each
+    request of ours resolved to: its interface name, network and plugin chain."""
     for f in files:
         for d in f.documents:
             label = escape(f"{f.file} [{d.index}] {d.kind}" + (f"/{d.name}" if d.name else ""))
@@ -49,6 +80,8 @@ def print_text(files: list[FileReport], console: Console) -> None:
                 continue
             if not d.issues.items:
                 console.print(f"[green]ok[/]     {label}")
+                if wide:
+                    print_requests(d, console)
                 continue
             state = "[red]invalid[/]" if d.issues.errors else "[yellow]ok[/]    "
             console.print(f"{state} {label}")
@@ -61,3 +94,18 @@ def print_text(files: list[FileReport], console: Console) -> None:
                     f"  [yellow]warning[/] {escape(f'{issue.path}: {issue.message}')}",
                     highlight=False,
                 )
+            if wide and not d.issues.errors:
+                print_requests(d, console)
+
+
+def print_requests(d: DocumentReport, console: Console) -> None:
+    for r in d.resolved:
+        c = r.config
+        name = c.if_name or (f"{c.if_name_prefix}N" if c.if_name_prefix else "netN (by the rule)")
+        if c.network is not None:
+            network = "network " + str(c.network.model_dump(exclude_none=True))
+        else:
+            conf = c.config or {}
+            chain = [str(p.get("type")) for p in conf.get("plugins", [conf]) if isinstance(p, dict)]
+            network = f"network {conf.get('name', '?')}, plugins {' -> '.join(chain)}"
+        console.print(f"  request {r.request}: {name}, {network}", highlight=False, markup=False)

@@ -23,6 +23,7 @@ from cnidra.api.refs import ObjectRef
 from cnidra.dra.prepare import PrepareError, Preparer
 from cnidra.inventory.publisher import HealthBoard
 from cnidra.observe import metrics
+from cnidra.observe.logs import fields
 from cnidra.state.checkpoint import PreparedClaim
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ class DRAService:
         self, ref: ObjectRef, prepared: PreparedClaim | PrepareError
     ) -> dra.NodePrepareResourceResponse:
         if isinstance(prepared, PrepareError):
-            log.warning("prepare %s failed: %s", ref, prepared)
+            log.warning("prepare %s failed: %s", ref, prepared, extra={"claim": str(ref)})
             metrics.REQUESTS.labels("PrepareClaim", "error").inc()
             return dra.NodePrepareResourceResponse(error=str(prepared))
         metrics.REQUESTS.labels("PrepareClaim", "ok").inc()
@@ -95,12 +96,13 @@ class DRAService:
             for claim in request.claims:
                 ref = ObjectRef(claim.namespace, claim.name, claim.uid)
                 try:
-                    if self.before_unprepare is not None:
-                        await self.before_unprepare(ref)
-                    await self.preparer.unprepare(ref)
+                    with fields(claim=str(ref)):
+                        if self.before_unprepare is not None:
+                            await self.before_unprepare(ref)
+                        await self.preparer.unprepare(ref)
                     response.claims[claim.uid].CopyFrom(dra.NodeUnprepareResourceResponse())
                 except Exception as exc:
-                    log.warning("unprepare %s failed: %s", ref, exc)
+                    log.warning("unprepare %s failed: %s", ref, exc, extra={"claim": str(ref)})
                     response.claims[claim.uid].CopyFrom(
                         dra.NodeUnprepareResourceResponse(error=f"claim {ref}: {exc}")
                     )

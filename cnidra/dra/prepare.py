@@ -40,6 +40,7 @@ from cnidra.cni.attach import Attachment
 from cnidra.dra.claim import ALLOCATION_CONFIG, AllocatedClaim, ClaimShapeError, read_claim
 from cnidra.dra.resolve import Device, resolve_attachment
 from cnidra.ipam.allocator import AllocationError, Allocator
+from cnidra.observe.logs import fields
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
 from cnidra.status.metadata import DeviceMetadata, base_request
 from cnidra.util.locks import KeyedLocks
@@ -271,7 +272,7 @@ class Preparer:
                 if isinstance(item, PrepareError | PreparedClaim):
                     answers.append(item)
                 elif isinstance(item, Exception):
-                    log.error("prepare %s crashed", ref, exc_info=item)
+                    log.error("prepare %s crashed", ref, exc_info=item, extra={"claim": str(ref)})
                     answers.append(PrepareError(f"claim {ref}: internal error: {item}"))
                 else:
                     raise item
@@ -297,7 +298,8 @@ class Preparer:
         connection carries at most 100 streams and fails the 101st instead of queueing it
         (seen with a 100-claim batch while the driver's other work had requests open)."""
         async with self._apiserver_slots:
-            return await self._resolve(ref)
+            with fields(claim=str(ref)):
+                return await self._resolve(ref)
 
     async def _resolve(self, ref: ObjectRef) -> PreparedClaim:
         known = self.checkpoint.get(ref.uid)

@@ -12,6 +12,7 @@ from typing import Protocol
 from cnidra._proto.nri.v1alpha1 import api_pb2 as nri
 from cnidra.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux
 from cnidra.nri.ttrpc import UNKNOWN, Client, Handler, Server, TTRPCError
+from cnidra.observe.logs import fields
 from cnidra.util.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -212,7 +213,8 @@ class NRIPlugin:
         self, fn: Callable[[nri.PodSandbox], Awaitable[None]], pod: nri.PodSandbox
     ) -> None:
         try:
-            await fn(pod)
+            with fields(pod=f"{pod.namespace}/{pod.name}", sandbox=pod.id[:12]):
+                await fn(pod)
         except TTRPCError:
             raise
         except Exception as exc:
