@@ -222,7 +222,7 @@ def list_items(docs: list[Any]) -> list[Any]:
     return out
 
 
-@app.command()
+@app.command(short_help="Turn Multus NADs, CNI conf files and annotated workloads into claims.")
 def convert(
     file: Annotated[
         Path,
@@ -284,7 +284,7 @@ def convert(
 DEFAULT_CNI_PATH = "/opt/cni/bin:/usr/lib/cni"
 
 
-@app.command("try")
+@app.command("try", short_help="Run a claim's plugins in throwaway namespaces, then clean up.")
 def try_(
     file: Annotated[
         Path, typer.Argument(help="ResourceClaim, ResourceClaimTemplate or CNIConfig YAML")
@@ -488,10 +488,10 @@ _webhook_own = [
 webhook.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     [*_webhook_own, *settings_parameters(LogSettings)], return_annotation=None
 )
-app.command()(webhook)
+app.command(short_help="Serve the validating admission webhook for claims.")(webhook)
 
 
-@app.command("migrate-state")
+@app.command("migrate-state", short_help="Move cnidra 0.1's state out of the shared CNI dir.")
 def migrate_state(
     state_dir: Annotated[
         Path, typer.Option("--state-dir", envvar="CNIDRA_STATE_DIR")
@@ -511,7 +511,9 @@ def migrate_state(
     typer.echo(str(report))
 
 
-@app.command("install-cni-plugins")
+@app.command(
+    "install-cni-plugins", short_help="Copy the bundled CNI reference plugins onto the node."
+)
 def install_cni_plugins(
     dest: Annotated[Path, typer.Option("--dest", help="the node's plugin directory")] = Path(
         "/opt/cni/bin"
@@ -534,7 +536,11 @@ def install_cni_plugins(
     typer.echo(f"{dest}: {report}")
 
 
-app.add_typer(node_app, name="node")
+app.add_typer(
+    node_app,
+    name="node",
+    short_help="Pod networks on this node, from the driver's node API (on the node, as root).",
+)
 
 
 def main() -> None:
