@@ -96,6 +96,12 @@ class Bins:
             Path(cni_env["CNIDRA_TEST_CNITOOL"]),
         )
 
+    @property
+    def k8s_minor(self) -> int:
+        """The Kubernetes minor release of these binaries (their cache directory is
+        kubernetes-v1.<minor>.<patch>)."""
+        return int(self.k8s.name.removeprefix("kubernetes-v").split(".")[1])
+
     def built(self) -> bool:
         dirs = (self.k8s, self.etcd, self.containerd, self.crictl, self.runc)
         return all((d / ".complete").exists() for d in dirs)

@@ -1043,3 +1043,72 @@ def test_a_webhook_that_is_down_or_slow_blocks_only_what_it_judges(
         )  # fmt: skip
         if silent is not None:
             silent.close()
+
+
+def test_admission_never_blocks_a_finalizer_update_or_deletion_of_an_admitted_claim(
+    cluster: Cluster, tenant: Tenant, tmp_path: Path
+) -> None:
+    """A claim carrying a cnidra config, admitted earlier, whose world then changed: the
+    webhook is down under failurePolicy Fail, the chart's CEL policies are in force, and its
+    namespace lost the claim-config label (so a create of the same claim is refused). Adding
+    and removing a finalizer (what the driver does), a status-only write and its deletion still
+    go through: only CREATEs are judged."""
+    name = f"kept-{uuid.uuid4().hex[:5]}"
+    tpl = template("kept", [("net", "x", cni_config("kept", "x", "198.18.233.0/24"), "net1")])
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": tenant.namespace},
+        "spec": tpl["spec"]["spec"],
+    }
+    out = tenant.apply(claim)
+    assert out.returncode == 0, out.stderr
+    cert, _ = self_signed(tmp_path)
+    webhook = chart_webhook()
+    webhook["metadata"]["name"] = "kept-fail.cni.networking.x-k8s.io"
+    hook = webhook["webhooks"][0]
+    hook["failurePolicy"] = "Fail"
+    hook["timeoutSeconds"] = 3
+    hook["clientConfig"] = {  # nothing listens there
+        "url": f"https://127.0.0.1:{free_port()}/validate",
+        "caBundle": base64.b64encode(cert.read_bytes()).decode(),
+    }
+    apply_policies(cluster)
+    cluster.apply(webhook)
+    cluster.kubectl("label", "namespace", tenant.namespace, "cni.networking.x-k8s.io/claim-config-")
+    try:
+        again = dict(claim, metadata={"name": f"{name}-2", "namespace": tenant.namespace})
+        cluster.wait(  # the world changed: a create of such a claim is refused now
+            "a create to be refused", lambda: tenant.apply(again).returncode != 0, 30
+        )
+
+        def patch(body: dict[str, Any], *extra: str) -> subprocess.CompletedProcess[str]:
+            return cluster.kubectl(
+                "patch", "resourceclaim", name, "-n", tenant.namespace, "--type=merge",
+                "-p", json.dumps(body), *extra, check=False,
+            )  # fmt: skip
+
+        for body, extra in (
+            ({"metadata": {"finalizers": ["cni.dra.networking.x-k8s.io/test"]}}, ()),
+            ({"status": {"devices": []}}, ("--subresource=status",)),
+            ({"metadata": {"finalizers": None}}, ()),
+        ):
+            out = patch(body, *extra)
+            assert out.returncode == 0, (body, out.stderr)
+        gone = cluster.kubectl(
+            "delete", "resourceclaim", name, "-n", tenant.namespace, "--timeout=30s",
+            check=False,
+        )  # fmt: skip
+        assert gone.returncode == 0, gone.stderr
+    finally:
+        cluster.kubectl(
+            "delete", "validatingwebhookconfiguration", webhook["metadata"]["name"],
+            "--ignore-not-found",
+        )  # fmt: skip
+        cluster.kubectl(
+            "delete", "-f", str(ROOT / "deploy" / "admission.yaml"), "--ignore-not-found"
+        )
+        cluster.kubectl(
+            "delete", "resourceclaim", name, "-n", tenant.namespace, "--ignore-not-found",
+            "--wait=false",
+        )  # fmt: skip

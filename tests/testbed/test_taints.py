@@ -213,8 +213,16 @@ def test_on_a_cluster_without_the_optional_features_the_driver_leaves_them_out(
 
     parent = test_link(f"tf{uuid.uuid4().hex[:5]}")
     tb.stop("kube-apiserver")
-    tb.start_apiserver(cluster.bins, {"DRAConsumableCapacity": False, "DRADeviceTaints": False})
     try:
+        # DRADeviceTaintRules (GA and on in 1.37) depends on DRADeviceTaints: off with it
+        tb.start_apiserver(
+            cluster.bins,
+            {
+                "DRAConsumableCapacity": False,
+                "DRADeviceTaints": False,
+                "DRADeviceTaintRules": False,
+            },
+        )
         driver = start_driver()
         health = driver.health()["clusterFeatures"]
         assert health == {"consumableCapacity": False, "deviceTaints": False, "known": True}
