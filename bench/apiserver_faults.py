@@ -31,6 +31,7 @@ import json
 import random
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -78,9 +79,9 @@ class FaultProxy:
         if scope["type"] != "http":
             return
         if self.client is None:
-            self.client = httpx2.AsyncClient(
-                base_url=self.upstream, verify=self.ca, cert=(self.cert, self.key), timeout=None
-            )
+            context = ssl.create_default_context(cafile=self.ca)
+            context.load_cert_chain(self.cert, self.key)
+            self.client = httpx2.AsyncClient(base_url=self.upstream, verify=context, timeout=None)
         path = scope["path"] + (
             ("?" + scope["query_string"].decode()) if scope["query_string"] else ""
         )
@@ -145,6 +146,8 @@ class FaultProxy:
                     and time.monotonic() - started > cut
                 ):
                     break
+        except httpx2.TransportError:
+            pass  # the apiserver went away mid-stream (the bench's teardown): end it as cut
         finally:
             await response.aclose()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
