@@ -140,7 +140,7 @@ def start_controllers(bins: Bins) -> None:
             f"--cluster-signing-cert-file={pki / 'ca.crt'}",
             f"--cluster-signing-key-file={pki / 'ca.key'}",
             "--use-service-account-credentials=true",
-            # the cloud controllers were named (to be turned off) until 1.36; 1.37 knows them no more
+            # the cloud controllers are named (to be turned off) until 1.36; 1.37 knows them not
             "--controllers=*,-nodeipam"
             + (
                 ",-cloud-node-lifecycle,-service-lb-controller,-node-route-controller"
