@@ -23,6 +23,7 @@ import uvicorn
 from cnidra.api.issues import Severity
 from cnidra.api.loading import LoadError, load_json
 from cnidra.api.validate import validate_documents
+from cnidra.observe.http import BoundedServer
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,9 @@ class WebhookServer:
             limit_concurrency=max_connections,
             h11_max_incomplete_event_size=64 * 1024,
         )
-        self.server = _Server(self.config)
+        self.server = BoundedServer(
+            self.config, head_seconds=HEAD_SECONDS, keep_alive_seconds=KEEP_ALIVE_SECONDS
+        )
 
     @property
     def port(self) -> int:
@@ -208,50 +211,6 @@ class WebhookServer:
 
     def shutdown(self) -> None:
         self.server.should_exit = True
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server, with connections that hold a socket without asking anything closed:
-    uvicorn's keep-alive timer covers only a connection idle after a response, and stops at
-    the first byte of a next request, so a client that completes the TLS handshake and then
-    sends nothing, or half a request head, held its connection (one of MAX_CONNECTIONS) for
-    ever; enough of them and every review was answered 503."""
-
-    async def main_loop(self) -> None:
-        sweeper = asyncio.get_running_loop().create_task(self._sweep())
-        try:
-            await super().main_loop()
-        finally:
-            sweeper.cancel()
-
-    async def _sweep(self) -> None:
-        """Close a connection with no request in flight whose next request head has not
-        arrived in time: HEAD_SECONDS for a connection that never sent one, KEEP_ALIVE_SECONDS
-        (plus a little) after the last response. A request in flight is the app's to bound
-        (BODY_SECONDS for its body; the review pool for the rest)."""
-        waiting: dict[int, tuple[object, float]] = {}
-        while True:
-            await asyncio.sleep(min(0.5, HEAD_SECONDS / 4))
-            now = time.monotonic()
-            alive = set()
-            for connection in list(self.server_state.connections):
-                key = id(connection)
-                alive.add(key)
-                cycle = getattr(connection, "cycle", None)
-                if cycle is not None and not getattr(cycle, "response_complete", False):
-                    waiting.pop(key, None)  # a request being read or answered
-                    continue
-                seen = waiting.get(key)
-                if seen is None or seen[0] is not cycle:
-                    waiting[key] = (cycle, now)
-                    continue
-                limit = HEAD_SECONDS if cycle is None else KEEP_ALIVE_SECONDS + HEAD_SECONDS
-                if now - seen[1] > limit:
-                    transport = getattr(connection, "transport", None)
-                    if transport is not None:  # not close(): TLS's would wait for the client
-                        transport.abort()
-            for key in set(waiting) - alive:
-                del waiting[key]
 
 
 class _App:

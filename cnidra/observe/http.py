@@ -51,7 +51,11 @@ class HTTPEndpoint:
             h11_max_incomplete_event_size=16 * 1024,
             http="h11",
         )
-        self.server = _Server(self.config)
+        self.server = BoundedServer(
+            self.config,
+            head_seconds=HEAD_TIMEOUT_SECONDS,
+            keep_alive_seconds=KEEP_ALIVE_SECONDS,
+        )  # on its own thread: uvicorn leaves the process's signals (the driver's) alone
         self._thread: threading.Thread | None = None
 
     @property
@@ -84,12 +88,23 @@ class HTTPEndpoint:
             self._thread.join(timeout=5)
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server, with connections whose request head does not arrive in time closed
-    (uvicorn's own timeout covers idle keep-alive only)."""
+class BoundedServer(uvicorn.Server):
+    """uvicorn's server, with connections that hold a socket without asking anything closed:
+    uvicorn's keep-alive timer covers only a connection idle after a response, and stops at the
+    first byte of a next request, so a client that connects (and completes TLS) and then sends
+    nothing, or half a request head, would hold its connection (one of the connection limit)
+    for ever. Shared by /healthz and /metrics and the admission webhook."""
 
-    def install_signal_handlers(self) -> None:  # the driver owns the process's signals
-        return
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        *,
+        head_seconds: float,
+        keep_alive_seconds: float,
+    ) -> None:
+        super().__init__(config)
+        self.head_seconds = head_seconds
+        self.keep_alive_seconds = keep_alive_seconds
 
     async def main_loop(self) -> None:
         sweeper = asyncio.get_running_loop().create_task(self._sweep())
@@ -99,11 +114,13 @@ class _Server(uvicorn.Server):
             sweeper.cancel()
 
     async def _sweep(self) -> None:
-        """Close a connection with no request in flight that has not completed a new request
-        head within HEAD_TIMEOUT_SECONDS (a slow or silent client)."""
-        idle_since: dict[int, tuple[object, float]] = {}
+        """Close a connection with no request in flight whose next request head has not
+        arrived in time: head_seconds for a connection that never sent one, keep_alive_seconds
+        (plus head_seconds) after the last response. A request in flight is the app's to
+        bound."""
+        waiting: dict[int, tuple[object, float]] = {}
         while True:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(min(0.5, self.head_seconds / 4))
             now = time.monotonic()
             alive = set()
             for connection in list(self.server_state.connections):
@@ -111,17 +128,19 @@ class _Server(uvicorn.Server):
                 alive.add(key)
                 cycle = getattr(connection, "cycle", None)
                 if cycle is not None and not getattr(cycle, "response_complete", False):
-                    idle_since.pop(key, None)  # a request being answered
+                    waiting.pop(key, None)  # a request being read or answered
                     continue
-                seen = idle_since.get(key)
+                seen = waiting.get(key)
                 if seen is None or seen[0] is not cycle:
-                    idle_since[key] = (cycle, now)
-                elif now - seen[1] > HEAD_TIMEOUT_SECONDS:
+                    waiting[key] = (cycle, now)
+                    continue
+                limit = self.head_seconds + (0 if cycle is None else self.keep_alive_seconds)
+                if now - seen[1] > limit:
                     transport = getattr(connection, "transport", None)
-                    if transport is not None:
-                        transport.close()
-            for key in set(idle_since) - alive:
-                del idle_since[key]
+                    if transport is not None:  # not close(): TLS's would wait for the client
+                        transport.abort()
+            for key in set(waiting) - alive:
+                del waiting[key]
 
 
 class _App:
