@@ -972,6 +972,22 @@ def test_a_primary_network_bridge_is_never_published(
             subprocess.run(["ip", *args], check=False, capture_output=True, timeout=30)
 
 
+def webhook_at(tmp_path: Path, name: str, policy: str, port: int) -> dict[str, Any]:
+    """The chart's webhook registration, named `name`, calling https://127.0.0.1:`port` (a
+    self-signed certificate of tmp_path's) with `policy` and a 3 s timeout."""
+    cert, _ = self_signed(tmp_path)
+    webhook = chart_webhook()
+    webhook["metadata"]["name"] = f"{name}.cni.networking.x-k8s.io"
+    hook = webhook["webhooks"][0]
+    hook["failurePolicy"] = policy
+    hook["timeoutSeconds"] = 3
+    hook["clientConfig"] = {
+        "url": f"https://127.0.0.1:{port}/validate",
+        "caBundle": base64.b64encode(cert.read_bytes()).decode(),
+    }
+    return webhook
+
+
 @pytest.mark.parametrize("policy", ["Fail", "Ignore"])
 @pytest.mark.parametrize("fault", ["down", "slow"])
 def test_a_webhook_that_is_down_or_slow_blocks_only_what_it_judges(
@@ -983,23 +999,14 @@ def test_a_webhook_that_is_down_or_slow_blocks_only_what_it_judges(
     (and prepare judges it: test_a_tenant_cannot_reach_the_node, part 2). Either way a claim
     without one is admitted and an update of a claim (its finalizers, labels: the spec is
     immutable) is never blocked."""
-    cert, _ = self_signed(tmp_path)
-    webhook = chart_webhook()
-    webhook["metadata"]["name"] = f"{fault}-{policy.lower()}.cni.networking.x-k8s.io"
-    hook = webhook["webhooks"][0]
-    hook["failurePolicy"] = policy
-    hook["timeoutSeconds"] = 3
     port = free_port()
+    webhook = webhook_at(tmp_path, f"{fault}-{policy.lower()}", policy, port)
     silent = None
     if fault == "slow":  # accepts, then says nothing (no TLS handshake, no answer)
         silent = socket.socket()
         silent.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         silent.bind(("127.0.0.1", port))
         silent.listen(128)
-    hook["clientConfig"] = {
-        "url": f"https://127.0.0.1:{port}/validate",
-        "caBundle": base64.b64encode(cert.read_bytes()).decode(),
-    }
     plain = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -1063,16 +1070,7 @@ def test_admission_never_blocks_a_finalizer_update_or_deletion_of_an_admitted_cl
     }
     out = tenant.apply(claim)
     assert out.returncode == 0, out.stderr
-    cert, _ = self_signed(tmp_path)
-    webhook = chart_webhook()
-    webhook["metadata"]["name"] = "kept-fail.cni.networking.x-k8s.io"
-    hook = webhook["webhooks"][0]
-    hook["failurePolicy"] = "Fail"
-    hook["timeoutSeconds"] = 3
-    hook["clientConfig"] = {  # nothing listens there
-        "url": f"https://127.0.0.1:{free_port()}/validate",
-        "caBundle": base64.b64encode(cert.read_bytes()).decode(),
-    }
+    webhook = webhook_at(tmp_path, "kept-fail", "Fail", free_port())  # nothing listens there
     apply_policies(cluster)
     cluster.apply(webhook)
     cluster.kubectl("label", "namespace", tenant.namespace, "cni.networking.x-k8s.io/claim-config-")
