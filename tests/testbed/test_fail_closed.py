@@ -46,15 +46,17 @@ class Watch:
 
     def _run(self) -> None:
         while not self._stop.wait(0.5):
-            listed = self.cluster.crictl(
-                "ps", "-o", "json", "--label", f"io.kubernetes.pod.namespace={self.namespace}"
-            )
+            listed = tb.crictl(
+                self.cluster.bins,
+                "ps", "-o", "json", "--label", f"io.kubernetes.pod.namespace={self.namespace}",
+                check=False,
+            )  # fmt: skip
             if listed.returncode != 0:
                 continue  # containerd restarting
             for container in json.loads(listed.stdout or "{}").get("containers", []):
                 if container.get("state") != "CONTAINER_RUNNING":
                     continue
-                info = self.cluster.crictl("inspect", container["id"])
+                info = tb.crictl(self.cluster.bins, "inspect", container["id"], check=False)
                 if info.returncode != 0:
                     continue
                 pid = json.loads(info.stdout).get("info", {}).get("pid")
@@ -92,12 +94,27 @@ def driver(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[DriverP
         shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
 
 
-def sandbox_of(cluster: Cluster, namespace: str, name: str) -> str:
+def sandbox_of(cluster: Cluster, namespace: str, name: str) -> str | None:
     out = cluster.crictl(
         "pods", "-o", "json", "--namespace", namespace, "--name", name, "--state", "ready"
     )
-    [item] = json.loads(out.stdout)["items"]
-    return str(item["id"])
+    items = json.loads(out.stdout)["items"]
+    return str(items[0]["id"]) if items else None
+
+
+def stop_sandbox(cluster: Cluster, namespace: str, name: str) -> None:
+    """Stop the pod's sandbox so kubelet re-creates it. With the driver frozen, containerd
+    first waits out the NRI plugin's timeout, and a loaded machine can push crictl past its
+    own 20 s: tried again until no ready sandbox of the pod is left."""
+    for _ in range(4):
+        sandbox = sandbox_of(cluster, namespace, name)
+        if sandbox is None:
+            return
+        done = tb.crictl(cluster.bins, "stopp", sandbox, check=False)
+        if done.returncode == 0:
+            return
+        time.sleep(2)
+    raise AssertionError(f"the sandbox of {name} would not stop: {done.stderr.strip()}")
 
 
 def test_a_frozen_or_killed_driver_never_lets_a_container_run_without_its_interfaces(
@@ -115,7 +132,7 @@ def test_a_frozen_or_killed_driver_never_lets_a_container_run_without_its_interf
         # re-created meanwhile and a new pod comes
         assert driver.proc is not None
         driver.proc.send_signal(signal.SIGSTOP)
-        cluster.crictl("stopp", sandbox_of(cluster, namespace, "a"))
+        stop_sandbox(cluster, namespace, "a")
         apply(cluster, namespace, claiming_pod("b", "net"))
         time.sleep(35)  # beyond NRI's 2 s and the gate's 20 s wait: kubelet retries
         driver.proc.send_signal(signal.SIGCONT)
