@@ -13,7 +13,12 @@ cnidra       the same network through cnidra (a ResourceClaimTemplate with the s
 Each round runs, for each way in turn, one pod alone and then a burst of --pods at once; the
 time of a pod is from the watch event that shows it created to the one that shows it Ready
 (client clock, millisecond resolution). cnidra's time is split from its own metrics: prepare,
-the RunPodSandbox hook, the plugins inside it, and the status write after it. The raw CNI time
+the RunPodSandbox hook, the plugins inside it, and the status write after it. What cnidra's
+driver costs per pod, over its whole rounds (the single pod and the burst, created and deleted,
+until its status queue is empty): `cpu_ms_per_pod` (its process's user + system time, from
+/proc/<pid>/stat) and `apiserver_requests_per_pod` (every request its client made, from its
+cnidra_apiserver_requests_total), with `apiserver_requests_per_pod_by_kind` ("verb resource":
+which of them are the pods', which the slice publisher's), in the JSON's "cnidra". The raw CNI time
 is the same macvlan + host-local ADD exec'd directly. The last line is one JSON object.
 `CNIDRA_ATTACH_BEHIND_SANDBOX=false` in the environment measures the ADDs inside the sandbox
 hook instead.
@@ -38,11 +43,13 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Pod
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.driver_latency import pct, raw_cni_ms
 from bench.profile import profiled
@@ -315,6 +322,69 @@ def breakdown(metrics: str, pods: int) -> dict[str, float]:
     }
 
 
+REQUESTS = "cnidra_apiserver_requests"
+
+
+def requests_by_kind(metrics: str) -> dict[str, float]:
+    """The driver's apiserver requests so far ("verb resource" -> count, every code), from its
+    /metrics text (cnidra_apiserver_requests_total)."""
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics):
+        if family.name != REQUESTS:
+            continue
+        for sample in family.samples:
+            if sample.name != f"{REQUESTS}_total":
+                continue
+            kind = f"{sample.labels.get('verb', '')} {sample.labels.get('resource', '')}"
+            counts[kind] = counts.get(kind, 0.0) + sample.value
+    return counts
+
+
+@dataclass
+class DriverCost:
+    """What cnidra's driver spent over its rounds: CPU seconds, apiserver requests by kind,
+    and the pods they were for (each created and deleted)."""
+
+    cpu_s: float = 0.0
+    requests: dict[str, float] = field(default_factory=dict)
+    pods: int = 0
+
+    def add(
+        self,
+        cpu_s: float,
+        before: dict[str, float],
+        after: dict[str, float],
+        pods: int,
+    ) -> None:
+        """One round: the CPU seconds it took, the request counts at its start and end."""
+        self.cpu_s += cpu_s
+        for kind in after.keys() | before.keys():
+            delta = after.get(kind, 0.0) - before.get(kind, 0.0)
+            if delta:
+                self.requests[kind] = self.requests.get(kind, 0.0) + delta
+        self.pods += pods
+
+    def per_pod(self) -> dict[str, Any]:
+        pods = max(self.pods, 1)
+        return {
+            "cpu_ms_per_pod": round(self.cpu_s * 1000 / pods, 2),
+            # everything the driver asked over the rounds (the slice publisher's, the IPAM
+            # reconciler's too), divided by the pods; by kind: which of it is per pod
+            "apiserver_requests_per_pod": round(sum(self.requests.values()) / pods, 2),
+            "apiserver_requests_per_pod_by_kind": {
+                kind: round(count / pods, 2) for kind, count in sorted(self.requests.items())
+            },
+        }
+
+
+def settled(driver: DriverProcess, timeout: float = 30.0) -> None:
+    """Until the driver's status queue is empty (its writes for the round's pods are in the
+    round's figures), or `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and driver.health().get("statusPending", 0):
+        time.sleep(0.2)
+
+
 def hook_ms(log: Path, namespace: str) -> list[float]:
     pattern = rf"attached \d+ interface\(s\) to pod {re.escape(namespace)}/\S+ in ([\d.]+) ms"
     return [float(m[1]) for m in re.finditer(pattern, log.read_text(errors="replace"))]
@@ -373,6 +443,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
     single: dict[str, list[float]] = {w: [] for w in WAYS}
     cnidra_split: list[dict[str, float]] = []
     driver_cpu: list[float] = []  # CPU seconds of cnidra's driver per burst (with its deletes)
+    cost = DriverCost()  # over its whole rounds: the single pod and the burst, with deletes
     hooks: dict[str, list[float]] = {"burst": [], "single": []}
     parent = f"bpr{uuid.uuid4().hex[:4]}"
     with tb.session() as bins, tempfile.TemporaryDirectory() as tmp:
@@ -419,6 +490,8 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                     if way == "cnidra":
                         driver = start_cnidra(bed, work / f"cnidra-{round_}", parent)
                     ctx = multus_installed(found["multus"], work) if way == "multus" else _nothing()
+                    if driver is not None:
+                        round_cpu, round_requests = cpu_seconds(driver), driver.metrics()
                     with ctx:
                         single[way] += burst(bed, client, namespace, way, 1, f"{tag}s")
                         cpu = cpu_seconds(driver)
@@ -427,6 +500,13 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                         if driver is not None:
                             driver_cpu.append(cpu_seconds(driver) - cpu)
                     if driver is not None:
+                        settled(driver)
+                        cost.add(
+                            cpu_seconds(driver) - round_cpu,
+                            requests_by_kind(round_requests),
+                            requests_by_kind(driver.metrics()),
+                            args.pods + 1,
+                        )
                         split = breakdown(driver.metrics(), args.pods + 1)
                         cnidra_split.append(split)
                         times = hook_ms(driver.log, namespace)
@@ -449,6 +529,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
     result: dict[str, Any] = {"pods": args.pods, "rounds": args.rounds}
     for way in WAYS:
         result[way] = stats(samples[way])
+    result["cnidra"].update(cost.per_pod())
     result["raw_cni_ms"] = raw
     result["one_pod"] = {way: stats(single[way]) for way in WAYS}
     result["cnidra_time_per_pod_ms"] = {

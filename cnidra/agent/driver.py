@@ -140,7 +140,11 @@ class Driver:
             settings.cni_timeout,
             on_exec=metrics.observe_cni_exec,
         )
-        self.status = StatusWriter(self.client, releases=self.layout.finalizer_releases)
+        self.status = StatusWriter(
+            self.client,
+            releases=self.layout.finalizer_releases,
+            normal_events=settings.normal_events,
+        )
         self.preparer.on_prepared = lambda claim: self.status.claim_event(
             claim.ref, REASON_PREPARED, prepared_message(claim, settings.node_name)
         )
@@ -160,6 +164,7 @@ class Driver:
             metadata=self.metadata,
             journal=self.journal,
             network_status=settings.network_status,
+            hold_from_attach=settings.claim_finalizer == "on-attach",
         )
         metrics.INTERFACES.source = self.lifecycle.interfaces
         self.reconciler = Reconciler(self.lifecycle, self.layout.write_problem)

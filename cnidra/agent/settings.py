@@ -173,6 +173,21 @@ class DriverSettings:
         flag="--network-status/--no-network-status",
         chart=True,
     )
+    normal_events: bool = setting(
+        True,
+        "write the Normal Events (AddedInterface and RemovedInterface on pods, Prepared on "
+        "claims; one apiserver request each, three per pod); Warnings are always written",
+        flag="--normal-events/--no-normal-events",
+        chart=True,
+    )
+    claim_finalizer: str = setting(
+        "on-failure",
+        "when a claim gets cnidra's finalizer: on-failure (once a DEL of its interfaces fails; "
+        "until then Kubernetes keeps the claim while its pod exists) or on-attach (from its "
+        "first interface on, also against a pod deleted by force; two more requests per claim)",
+        choices=("on-failure", "on-attach"),
+        chart=True,
+    )
 
     @property
     def registration_socket(self) -> Path:

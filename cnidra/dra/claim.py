@@ -7,6 +7,7 @@ never an AttributeError."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from cnidra.api.parameters import read_parameters
 from cnidra.api.validate import is_dns_label
 
 ALLOCATION_CONFIG = FieldPath(("status", "allocation", "devices", "config"))
+RESULTS = FieldPath(("status", "allocation", "devices", "results"))
 
 
 class ClaimShapeError(ValueError):
@@ -73,7 +75,8 @@ class AllocatedClaim:
         return any(e.parameters.get("namespaceSelector") is not None for e in self.configs)
 
 
-def _obj(value: Any, where: str) -> Mapping[str, Any]:
+# `where` is a str or a FieldPath: made into text only for the error, not for every field read
+def _obj(value: Any, where: object) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -81,7 +84,7 @@ def _obj(value: Any, where: str) -> Mapping[str, Any]:
     return value
 
 
-def _list(value: Any, where: str) -> Sequence[Any]:
+def _list(value: Any, where: object) -> Sequence[Any]:
     if value is None:
         return ()
     if not isinstance(value, list):
@@ -89,12 +92,19 @@ def _list(value: Any, where: str) -> Sequence[Any]:
     return value
 
 
-def _str(value: Any, where: str, default: str = "") -> str:
+def _str(value: Any, where: object, default: str = "") -> str:
     if value is None:
         return default
     if not isinstance(value, str):
         raise ClaimShapeError(f"{where} must be a string, got {describe(value)}")
     return value
+
+
+def _name(value: Any, where: object) -> str:
+    """A short name many claims repeat (request, driver, pool, device): one copy held for all
+    of them, not one per prepared claim (sys.intern; its table forgets unused ones)."""
+    text = _str(value, where)
+    return sys.intern(text) if len(text) <= 253 else text
 
 
 def read_claim(claim: Any) -> AllocatedClaim:
@@ -113,16 +123,16 @@ def read_claim(claim: Any) -> AllocatedClaim:
         order.setdefault(str(name), i)
     results = []
     for i, raw in enumerate(_list(devices.get("results"), "status.allocation.devices.results")):
-        where = f"status.allocation.devices.results[{i}]"
+        where = RESULTS / i
         item = _obj(raw, where)
         share = item.get("shareID")
         results.append(
             Result(
-                request=_str(item.get("request"), f"{where}.request"),
-                driver=_str(item.get("driver"), f"{where}.driver"),
-                pool=_str(item.get("pool"), f"{where}.pool"),
-                device=_str(item.get("device"), f"{where}.device"),
-                share_id=_str(share, f"{where}.shareID") if share is not None else None,
+                request=_name(item.get("request"), where / "request"),
+                driver=_name(item.get("driver"), where / "driver"),
+                pool=_name(item.get("pool"), where / "pool"),
+                device=_name(item.get("device"), where / "device"),
+                share_id=_str(share, where / "shareID") if share is not None else None,
             )
         )
     reserved = []
@@ -150,7 +160,7 @@ def read_claim(claim: Any) -> AllocatedClaim:
         reserved_for=tuple(reserved),
         # a path segment in the pod's containers (device metadata): only what Kubernetes can
         # set, a pod's claim name, never whatever a claim's author wrote into the annotation
-        pod_claim_name=pod_claim_name if is_dns_label(pod_claim_name) else None,
+        pod_claim_name=sys.intern(pod_claim_name) if is_dns_label(pod_claim_name) else None,
     )
 
 
@@ -159,8 +169,8 @@ def _config_entries(configs: Sequence[Any]) -> list[ConfigEntry]:
     config parsed) that `cnidra validate` and the webhook use too."""
     entries = []
     for i, raw in enumerate(configs):
-        cfg = _obj(raw, f"{ALLOCATION_CONFIG / i}")
-        opaque = _obj(cfg.get("opaque"), f"{ALLOCATION_CONFIG / i}.opaque")
+        cfg = _obj(raw, ALLOCATION_CONFIG / i)
+        opaque = _obj(cfg.get("opaque"), ALLOCATION_CONFIG / i / "opaque")
         if opaque.get("driver") != DRIVER_NAME:
             continue
         path = ALLOCATION_CONFIG / i / "opaque" / "parameters"
@@ -169,8 +179,8 @@ def _config_entries(configs: Sequence[Any]) -> list[ConfigEntry]:
         if issues.errors:
             raise ClaimShapeError("; ".join(str(e) for e in issues.errors))
         requests = [
-            _str(r, f"{ALLOCATION_CONFIG / i}.requests")
-            for r in _list(cfg.get("requests"), f"{ALLOCATION_CONFIG / i}.requests")
+            _str(r, ALLOCATION_CONFIG / i / "requests")
+            for r in _list(cfg.get("requests"), ALLOCATION_CONFIG / i / "requests")
         ]
         source = Source.CLASS if cfg.get("source") == Source.CLASS else Source.CLAIM
         entries.append(

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -36,6 +37,7 @@ from cnidra.api.networks import (
 from cnidra.api.nodes import NodeView, named_nodes, selects
 from cnidra.api.ownership import PrivateDirs
 from cnidra.api.refs import ObjectRef
+from cnidra.api.validate import VerdictCache
 from cnidra.cni.attach import Attachment
 from cnidra.dra.claim import ALLOCATION_CONFIG, AllocatedClaim, ClaimShapeError, read_claim
 from cnidra.dra.resolve import Device, resolve_attachment
@@ -72,6 +74,7 @@ def resolve_claim(
     namespace_labels: Mapping[str, str] | None = None,
     catalog: NetworkCatalog | None = None,
     device_networks: Mapping[str, NamedNetwork] | None = None,
+    verdicts: VerdictCache | None = None,
 ) -> PreparedClaim:
     """The claim's attachments in connection order (its requests' order), not yet named where
     the names are computed (`name_pod_interfaces` does that for all of a pod's claims)."""
@@ -130,6 +133,7 @@ def resolve_claim(
             namespace_labels=namespace_labels,
             catalog=catalog,
             device_network=networks.get(result.device),
+            verdicts=verdicts,
         )
         if attachment is None:
             problems.append(_describe(request, entries, issues))
@@ -203,6 +207,42 @@ def _describe(request: str, entries: Sequence[ConfigEntry], issues: Issues) -> s
     return f"request {request!r} ({origin} config) is invalid: {details}"
 
 
+class SharedNetworks:
+    """One copy of each network the prepared claims hold: the pods of one template get equal
+    networks (a tenant network is named for its namespace, not its claim), and the driver keeps
+    every prepared claim's in memory. Equal is equal JSON text, keys in their order; the
+    networks are never changed in place (a change makes a new one: cnidra.api.ownership,
+    cnidra.ipam), so sharing one is safe. At most `size` networks are remembered, each at
+    most `max_chars` long: what tenants write cannot grow it."""
+
+    def __init__(self, size: int = 256, max_chars: int = 16 * 1024) -> None:
+        self.size = size
+        self.max_chars = max_chars
+        self._by_text: OrderedDict[str, Mapping[str, Any]] = OrderedDict()
+
+    def share(self, claim: PreparedClaim) -> PreparedClaim:
+        devices = tuple(self._one(a) for a in claim.devices)
+        if all(new is old for new, old in zip(devices, claim.devices, strict=True)):
+            return claim
+        return replace(claim, devices=devices)
+
+    def _one(self, attachment: Attachment) -> Attachment:
+        try:
+            text = json.dumps(attachment.network, separators=(",", ":"))
+        except (TypeError, ValueError):
+            return attachment
+        if len(text) > self.max_chars:
+            return attachment
+        known = self._by_text.get(text)
+        if known is None:
+            self._by_text[text] = attachment.network
+            while len(self._by_text) > self.size:
+                self._by_text.popitem(last=False)
+            return attachment
+        self._by_text.move_to_end(text)
+        return attachment if known is attachment.network else replace(attachment, network=known)
+
+
 class NetworkReader(Protocol):
     """The objects and node files a claim's network references name (cnidra.kube.networks)."""
 
@@ -237,6 +277,10 @@ class Preparer:
         self.ipam = ipam
         self._locks = KeyedLocks()
         self._apiserver_slots = asyncio.Semaphore(APISERVER_SLOTS)
+        # the verdicts on configs judged before, and one copy of equal networks: a template's
+        # pods share theirs
+        self.verdicts = VerdictCache()
+        self.shared_networks = SharedNetworks()
         # told of each claim prepared anew (not of a kubelet's repeated call): the agent
         # makes it a Normal Event on the claim
         self.on_prepared: Callable[[PreparedClaim], None] = lambda claim: None
@@ -282,7 +326,7 @@ class Preparer:
                     if isinstance(answer, PrepareError) and self.checkpoint.get(ref.uid) is None:
                         await self.ipam.release_claim(ref.uid)
             # the checkpoint's writes in one go (the directory fsynced once), then the device
-            # metadata files, all at once
+            # metadata files, all in one hop to a worker thread
             changed = [
                 a
                 for a in checked
@@ -291,7 +335,11 @@ class Preparer:
             await self.checkpoint.put_many(changed)
             for claim in changed:
                 self.on_prepared(claim)
-            return list(await asyncio.gather(*(self._commit(a) for a in checked)))
+            prepared = [a for a in checked if isinstance(a, PreparedClaim)]
+            if self.metadata is not None and prepared:
+                attributes = self.view().attributes
+                await asyncio.to_thread(self.metadata.prepare_all, prepared, attributes)
+            return checked
 
     async def _resolve_in_slot(self, ref: ObjectRef) -> PreparedClaim:
         """At most APISERVER_SLOTS claims ask the apiserver at once: the client's one HTTP/2
@@ -328,9 +376,9 @@ class Preparer:
         if self.namespaces and selecting:  # a GET only when a policy or a network asks
             labels = await self.namespaces.labels(ref.namespace)
         prepared = resolve_claim(
-            typed, ref, self.node, self.dirs, view, labels, catalog, device_networks
+            typed, ref, self.node, self.dirs, view, labels, catalog, device_networks, self.verdicts
         )
-        return await self._addresses(prepared, typed)
+        return self.shared_networks.share(await self._addresses(prepared, typed))
 
     async def _addresses(self, prepared: PreparedClaim, claim: AllocatedClaim) -> PreparedClaim:
         """cnidra-IPAM networks get their addresses now, while the apiserver can be asked."""
@@ -406,13 +454,6 @@ class Preparer:
                     accepted[pod] = accepted.get(pod, 0) + len(answer.devices)
             checked.append(answer)
         return checked
-
-    async def _commit(self, prepared: PreparedClaim | PrepareError) -> PreparedClaim | PrepareError:
-        if isinstance(prepared, PrepareError):
-            return prepared
-        if self.metadata is not None:
-            await asyncio.to_thread(self.metadata.prepare, prepared, self.view().attributes)
-        return prepared
 
     def restore_cdi(self) -> int:
         """At start: every checkpointed claim's CDI spec written again, before kubelet can ask

@@ -23,7 +23,7 @@ from cnidra.api.ownership import PrivateDirs, owned_network, owned_network_name
 from cnidra.api.policy import PARENT_FIELDS, admin_paths, bind_to_device, governing_policy
 from cnidra.api.refs import ObjectRef
 from cnidra.api.tenant import written_by
-from cnidra.api.validate import ResolvedRequest, check_request
+from cnidra.api.validate import ResolvedRequest, VerdictCache, check_request
 from cnidra.cni.attach import Attachment
 
 
@@ -39,13 +39,16 @@ def resolve_attachment(
     namespace_labels: Mapping[str, str] | None = None,
     catalog: NetworkCatalog | None = None,
     device_network: NamedNetwork | None = None,
+    verdicts: VerdictCache | None = None,
 ) -> Attachment | None:
     """The one path from a claim's configs to what the runtime executes: checked against the
     class's CNIPolicy, merged and validated as `cnidra validate` does, bound to the allocated
     link, named and given state directories as cnidra owns them. None (with the reasons in
-    `issues`) when the request cannot be attached."""
+    `issues`) when the request cannot be attached. `verdicts`: the same verdict, remembered
+    for configs judged before (prepare's)."""
     before = len(issues.errors)
-    resolved = check_request(
+    judge = verdicts.check_request if verdicts is not None else check_request
+    resolved = judge(
         entries,
         request,
         claim.namespace,

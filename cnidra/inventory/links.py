@@ -8,9 +8,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyroute2 import IPRoute
-
 from cnidra.inventory import DEFAULT_EXCLUDE
+from cnidra.util.lazy import defer_init
+
+# IPRoute alone, not the rest pyroute2's __init__ loads (about 5 MiB of the driver's resident
+# memory: conntrack, ethtool, ipset, ipvs, nl80211, NDB); cnidra.util.lazy
+defer_init("pyroute2")
+from pyroute2.iproute import IPRoute  # noqa: E402
 
 SYS_NET = Path("/sys/class/net")
 _AF_INET, _AF_INET6 = 2, 10

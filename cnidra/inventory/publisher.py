@@ -22,6 +22,7 @@ from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.ipam import pool_of
 from cnidra.api.networks import NamedNetwork
 from cnidra.api.nodes import NodeView
+from cnidra.inventory.events import LinkWatch
 from cnidra.inventory.links import (
     Link,
     LinkFilter,
@@ -134,6 +135,7 @@ class SlicePublisher:
         self._served: dict[str, tuple[str, NamedNetwork, Link | None]] = {}
         self.pool_capacity = pool_capacity
         self.health = HealthBoard()
+        self.watch = LinkWatch(self.filter.eligible)
 
     def view(self) -> NodeView:
         """The node as prepare and the hook see it: each published device's link, the links
@@ -145,6 +147,7 @@ class SlicePublisher:
         links = await asyncio.to_thread(self.read_links)
         await self._serve(links)
         self._view = self._make_view(links)
+        self.watch.read(links, self._view.protected)
         return self._view
 
     def _protected(self, links: list[Link]) -> frozenset[str]:
@@ -266,6 +269,7 @@ class SlicePublisher:
         await self._serve(every)
         view = self._make_view(every)
         self._view = view
+        self.watch.read(every, view.protected)
         published = {n for d, n in view.links.items() if d not in view.networks}
         links = [link for link in every if link.name in published]
         plugins = cni_plugins(self.cni_path)
@@ -354,10 +358,10 @@ class SlicePublisher:
                     self.generation = max(self.generation, int(data["spec"]["pool"]["generation"]))
 
     async def _watch_netlink(self) -> None:
-        """Any link or address change in the node's namespace triggers a publish (coalesced:
-        `_quiet`). The messages are only counted, never decoded: a burst of pods makes
-        hundreds of them (veths, macvlans moving away), and decoding each cost more CPU than
-        the publish itself."""
+        """A link or address change in the node's namespace that can change what is published
+        triggers a publish (coalesced: `_quiet`). The messages are read for the link they name
+        only (cnidra.inventory.events, a few struct reads, not pyroute2's decoding): a burst of
+        pods makes hundreds of them about the pods' veths, which never re-read the links."""
         while True:
             try:
                 with netlink_events(RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR) as sock:
@@ -368,8 +372,9 @@ class SlicePublisher:
                         while True:
                             await readable.wait()
                             readable.clear()
-                            drain(sock)
-                            self._trigger.set()
+                            datagrams, overrun = receive(sock)
+                            if overrun or self.watch.matters(datagrams):
+                                self._trigger.set()
                     finally:
                         loop.remove_reader(sock.fileno())
             except asyncio.CancelledError:
@@ -398,16 +403,22 @@ def netlink_events(groups: int) -> Iterator[socket.socket]:
         sock.close()
 
 
-def drain(sock: socket.socket) -> int:
-    """Reads what is queued; an overrun (ENOBUFS: events were lost) counts as an event too."""
-    read = 0
+def receive(sock: socket.socket) -> tuple[list[bytes], bool]:
+    """What is queued, and whether events were lost (ENOBUFS: an overrun)."""
+    datagrams: list[bytes] = []
+    overrun = False
     while True:
         try:
-            sock.recv(1 << 16)
-            read += 1
+            datagrams.append(sock.recv(1 << 16))
         except BlockingIOError:
-            return read
+            return datagrams, overrun
         except OSError as exc:
             if exc.errno != errno.ENOBUFS:
                 raise
-            read += 1
+            overrun = True
+
+
+def drain(sock: socket.socket) -> int:
+    """Reads what is queued: how many datagrams; an overrun counts as one too."""
+    datagrams, overrun = receive(sock)
+    return len(datagrams) + overrun

@@ -1,5 +1,11 @@
 """ResourceClaims as prepare needs them: one GET per claim, with a timeout.
 
+A claim is decoded once, from the apiserver's JSON into plain dicts (msgspec, through
+lightkube's generic-resource path), and read from those by `cnidra.dra.claim.read_claim`:
+not into lightkube's ResourceClaim model and back to dicts, which cost a prepare three times
+the decoding itself (and made a field of an unexpected type a decoding failure, reported as an
+unreachable apiserver, instead of read_claim's message naming the field).
+
 There is no cluster-wide watch: kubelet names the claims a pod on this node needs, and asking
 for exactly those keeps a node's memory and apiserver traffic independent of how many claims
 other nodes have (a watch would stream every tenant's claim to every node). With the apiserver
@@ -14,8 +20,9 @@ from typing import Any
 
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
+from lightkube.core.resource import ApiInfo, ResourceDef
+from lightkube.generic_resource import GenericNamespacedResource
 from lightkube.resources.core_v1 import Namespace
-from lightkube.resources.resource_v1 import ResourceClaim
 
 from cnidra.api.errors import UnusableObject
 from cnidra.observe import metrics
@@ -27,6 +34,18 @@ class ClaimUnavailable(Exception):
     pass
 
 
+class ClaimDocument(GenericNamespacedResource):
+    """resource.k8s.io/v1 ResourceClaim as the apiserver's JSON, decoded into plain dicts
+    (lightkube decodes a generic resource untyped). Not registered in lightkube's resource
+    registry, so it stands beside lightkube's typed ResourceClaim without replacing it."""
+
+    _api_info = ApiInfo(
+        resource=ResourceDef("resource.k8s.io", "v1", "ResourceClaim"),
+        plural="resourceclaims",
+        verbs=["get"],
+    )
+
+
 class ClaimGetter:
     def __init__(self, client: AsyncClient, timeout: float = 5.0) -> None:
         self.client = client
@@ -35,7 +54,7 @@ class ClaimGetter:
     async def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         try:
             async with asyncio.timeout(self.timeout):
-                obj = await self.client.get(ResourceClaim, name, namespace=namespace)
+                obj = await self.client.get(ClaimDocument, name, namespace=namespace)
         except RecursionError:
             metrics.CLAIM_LOOKUPS.labels("error").inc()
             raise UnusableObject(
@@ -53,8 +72,7 @@ class ClaimGetter:
                 f"apiserver unreachable for {namespace}/{name}: {type(exc).__name__}: {exc}"
             ) from None
         metrics.CLAIM_LOOKUPS.labels("ok").inc()
-        claim: dict[str, Any] = obj.to_dict()
-        return claim
+        return dict(obj)
 
 
 class NamespaceGetter:

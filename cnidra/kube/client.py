@@ -17,6 +17,8 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.resource_v1 import DeviceClass, ResourceSlice
 
+from cnidra.observe import metrics
+
 FIELD_MANAGER = "cnidra"
 T = TypeVar("T")
 
@@ -28,16 +30,43 @@ h2.connection.H2Connection.MAX_CLOSED_STREAMS = 1024
 
 
 def make_client(kubeconfig: str | None, timeout: float = 10.0) -> AsyncClient:
-    """From a kubeconfig file, or the in-cluster service account when none is given."""
+    """From a kubeconfig file, or the in-cluster service account when none is given; every
+    answered request is counted (cnidra_apiserver_requests_total)."""
     config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_service_account()
     # HTTP/2: a kubelet batch's claim GETs, the status writes and the watches share one TLS
     # connection instead of opening one (a handshake each) per request in flight
-    return AsyncClient(
-        config=config,
-        timeout=httpx2.Timeout(timeout),
-        field_manager=FIELD_MANAGER,
-        http2=True,
+    return count_requests(
+        AsyncClient(
+            config=config,
+            timeout=httpx2.Timeout(timeout),
+            field_manager=FIELD_MANAGER,
+            http2=True,
+        )
     )
+
+
+async def _count(response: httpx2.Response) -> None:
+    request = response.request
+    verb, resource = metrics.request_kind(
+        request.method,
+        request.url.path,
+        request.url.query.decode("ascii", "replace"),
+        request.headers.get("content-type", ""),
+    )
+    metrics.APISERVER_REQUESTS.labels(verb, resource, str(response.status_code)).inc()
+
+
+def count_requests(client: AsyncClient) -> AsyncClient:
+    """Count each answer the client gets, by verb, resource and code, with an httpx response
+    hook on the client's connection (lightkube keeps its httpx client as `_client._client`;
+    a lightkube without it fails here, at start, not silently uncounted)."""
+    http = client._client._client
+    if not isinstance(http, httpx2.AsyncClient):
+        raise TypeError(f"lightkube's HTTP client is a {type(http).__name__}, not httpx's")
+    hooks = http.event_hooks
+    hooks["response"] = [*hooks.get("response", []), _count]
+    http.event_hooks = hooks
+    return client
 
 
 def make_sync_client(kubeconfig: str | None, timeout: float = 5.0) -> Client:

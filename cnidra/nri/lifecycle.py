@@ -44,9 +44,9 @@ from cnidra.state import journal as events
 from cnidra.state.checkpoint import Checkpoint
 from cnidra.state.journal import Journal
 from cnidra.state.sandboxes import Attached, SandboxRecord, SandboxStore, State
-from cnidra.status.devices import device_status, network_status
+from cnidra.status.devices import NETWORK_STATUS_ANNOTATION, device_status, network_status
 from cnidra.status.metadata import DeviceMetadata
-from cnidra.status.writer import StatusSink
+from cnidra.status.writer import SeenAnnotations, StatusSink
 from cnidra.util.backoff import Backoff
 from cnidra.util.locks import KeyedLocks
 
@@ -142,7 +142,10 @@ class PodLifecycle:
         metadata: DeviceMetadata | None = None,
         journal: Journal | None = None,
         network_status: bool = True,
+        hold_from_attach: bool = False,
     ) -> None:
+        """`hold_from_attach`: a claim carries the detach finalizer from its first interface
+        on (two more requests per claim), not only once a DEL of its interfaces failed."""
         self.checkpoint = checkpoint
         self.runtime = runtime
         self.store = store
@@ -157,6 +160,10 @@ class PodLifecycle:
         self.metadata = metadata
         self.journal = journal or Journal(None)
         self.network_status = network_status
+        self.hold_from_attach = hold_from_attach
+        # claims whose finalizer may be set: asked for by this process, or left by an earlier
+        # one (any claim of a record on disk at start; its process may have held it)
+        self.held: set[ObjectRef] = {c for r in store.all() for c in r.claims()}
         self.locks = KeyedLocks()
         # detach retries in flight, by sandbox; each removes itself when it ends
         self.retries: dict[str, asyncio.Task[None]] = {}
@@ -285,7 +292,7 @@ class PodLifecycle:
         )
         await self.store.put(record.with_state(State.ADDED, attachments=done))
         self._report(outcomes, pod_ref(pod))
-        self._annotate(record.pod, done)
+        self._annotate(record.pod, done, pod)
         self.journal.record(
             events.ATTACHED,
             pod_ref(pod),
@@ -296,10 +303,25 @@ class PodLifecycle:
             (time.perf_counter() - started) * 1000,
             interfaces=[a.if_name for a in attachments],
         )
-        # held until the last DEL succeeds: a claim must not vanish with interfaces set up
-        for claim in record.claims():
-            self.status.finalizer(claim, True)
+        if self.hold_from_attach:  # else held once a DEL fails (see `_hold`)
+            for claim in record.claims():
+                self._hold(claim)
         return len(done)
+
+    def _hold(self, claim: ObjectRef) -> None:
+        """Keep the claim until its interfaces are gone. While its pod exists Kubernetes keeps
+        it anyway: it stays allocated and reserved, kubelet reports the pod terminal (and so
+        lets it be deleted) only once NodeUnprepareResources succeeded, which refuses while
+        interfaces remain (kubelet_pods.go:1130, status_manager.go:1274, 1340, 1504 in 1.37),
+        and the claim controller deallocates and deletes a claim only after that. The
+        finalizer holds it beyond: a pod deleted by force, or a node lost."""
+        self.held.add(claim)
+        self.status.finalizer(claim, True)
+
+    def _release(self, claim: ObjectRef) -> None:
+        if claim in self.held:
+            self.held.discard(claim)
+            self.status.finalizer(claim, False)
 
     def _report(self, outcomes: list[Outcome], pod: ObjectRef | None = None) -> None:
         for outcome in outcomes:
@@ -327,12 +349,21 @@ class PodLifecycle:
                 except OSError as exc:
                     log.warning("device metadata of claim %s: %s", att.claim, exc)
 
-    def _annotate(self, pod: ObjectRef, attached: Sequence[Attached]) -> None:
-        """The pod's network-status annotation (off the hook: the status writer sends it)."""
+    def _annotate(
+        self, pod: ObjectRef, attached: Sequence[Attached], sandbox: nri.PodSandbox | None = None
+    ) -> None:
+        """The pod's network-status annotation (off the hook: the status writer sends it),
+        with the pod's annotations as the runtime gave them with the `sandbox`."""
         if not self.network_status:
             return
         up = [(a.attachment, Result(a.result)) for a in attached if a.result and not a.pending]
-        self.status.pod_networks(pod, network_status(up))
+        seen = None
+        if sandbox is not None:
+            annotations = sandbox.annotations
+            seen = SeenAnnotations(
+                annotations.get(NETWORK_STATUS_ANNOTATION), bool(len(annotations))
+            )
+        self.status.pod_networks(pod, network_status(up), seen)
 
     def interfaces(self) -> list[PodInterface]:
         """Every interface attached now, for the per-interface telemetry."""
@@ -421,7 +452,8 @@ class PodLifecycle:
             await self.store.put(replace(record, attachments=(*record.attachments, done)))
             self._report([outcome], record.pod)
             self._annotate(record.pod, (*record.attachments, done))
-            self.status.finalizer(att.claim, True)
+            if self.hold_from_attach:
+                self._hold(att.claim)
             self.journal.record(
                 events.ATTACHED,
                 record.pod,
@@ -459,7 +491,7 @@ class PodLifecycle:
             key = (DRIVER_NAME, att.pool, att.device, att.share_id or "")
             self.status.drop(att.claim, [key])
             if att.claim not in {c for r in self.store.all() for c in r.claims()}:
-                self.status.finalizer(att.claim, False)
+                self._release(att.claim)
             self.journal.record(events.DETACHED, record.pod, sandbox_id, f"unplugged {att.if_name}")
             self.status.event(
                 record.pod, REASON_REMOVED, f"Removed {att.if_name} ({att.network_label})", "Normal"
@@ -520,7 +552,7 @@ class PodLifecycle:
                 if pod is not None:
                     self.status.event(pod, REASON_DETACH_FAILED, message)
                 for claim in record.claims():
-                    self.status.finalizer(claim, True)
+                    self._hold(claim)
                 self.retry_detach(sandbox_id)
                 return False
             if errors:
@@ -560,9 +592,9 @@ class PodLifecycle:
                 for a in record.attachments
                 if a.attachment.claim == claim
             ]
-            self.status.drop(claim, keys)
+            self.status.drop(claim, keys, later=True)  # the pod is likely going: see drop
             if claim not in in_use:  # another sandbox (a shared claim) may still use it
-                self.status.finalizer(claim, False)
+                self._release(claim)
 
     def retry_detach(self, sandbox_id: str, first_delay: float | None = None) -> None:
         if sandbox_id in self.retries:

@@ -126,7 +126,8 @@ class Reconciler:
                 log.warning("CNI GC of network %s: %s", net.name, exc)
 
     async def unprepare_claim(self, ref: ObjectRef) -> None:
-        """Called before a claim is forgotten: its interfaces must be gone first."""
+        """Called before a claim is forgotten: its interfaces must be gone first. Then the
+        status writer is told kubelet is done with it (what it need not write any more)."""
         for record in self.lifecycle.store.all():
             if ref.uid in {c.uid for c in record.claims()} and not await self.lifecycle.detach(
                 record.sandbox_id, None
@@ -135,3 +136,12 @@ class Reconciler:
                     f"interfaces of claim {ref} in sandbox "
                     f"{record.sandbox_id[:12]} are still being removed"
                 )
+        prepared = self.lifecycle.checkpoint.get(ref.uid)
+        # made from a template for one pod: the claim controller names the pod's claim on it
+        # and reserves it for that pod alone (a PodGroup's claim is reserved for the group)
+        generated = (
+            prepared is not None
+            and prepared.pod_claim_name is not None
+            and len(prepared.pod_uids) == 1
+        )
+        self.lifecycle.status.released(prepared.ref if prepared else ref, generated)

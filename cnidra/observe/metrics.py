@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -156,6 +157,49 @@ POD_WRITES = Counter(
     ["kind", "outcome"],
     registry=REGISTRY,
 )
+APISERVER_REQUESTS = Counter(
+    "cnidra_apiserver_requests_total",
+    "Requests of the driver's apiserver client that got an answer, by verb (get, list, watch, "
+    "create, update, patch, apply, delete), resource (with its subresource: "
+    "resourceclaims/status) and HTTP code; retries are counted one by one",
+    ["verb", "resource", "code"],
+    registry=REGISTRY,
+)
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete", "GET": "get"}
+_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
+
+
+def request_kind(
+    method: str, path: str, query: str = "", content_type: str = ""
+) -> tuple[str, str]:
+    """(verb, resource) of an apiserver request, as Kubernetes names them: a GET of a
+    collection is a list (a watch with watch=true), a PATCH with an apply body an apply, and
+    the resource carries its subresource (`pods`, `resourceclaims/status`). Bounded: a path
+    that is not the API's shape is counted as resource "other"."""
+    parts = path.strip("/").split("/")
+    if parts[:1] == ["api"]:
+        rest = parts[2:]  # api/v1/...
+    elif parts[:1] == ["apis"]:
+        rest = parts[3:]  # apis/group/version/...
+    else:
+        rest = []
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        rest = rest[2:]  # namespaces/<ns>/<resource>/...; namespaces/<name> is a namespace
+    verb = _VERBS.get(method.upper(), "other")
+    if not rest or not _NAME.match(rest[0]):
+        return verb, "other"
+    resource, named = rest[0], len(rest) >= 2
+    if len(rest) >= 3 and _NAME.match(rest[2]):
+        resource = f"{resource}/{rest[2]}"
+    if verb == "get" and not named:
+        verb = "watch" if re.search(r"(^|&)watch=(true|1)(&|$)", query) else "list"
+    elif verb == "delete" and not named:
+        verb = "deletecollection"
+    elif verb == "patch" and content_type.startswith("application/apply-patch"):
+        verb = "apply"
+    return verb, resource
+
+
 CLAIM_LOOKUPS = Counter(
     "cnidra_claim_lookups_total",
     "ResourceClaim GETs at prepare by result",

@@ -66,7 +66,7 @@ def attachment_from_json(data: Mapping[str, Any], claim: ObjectRef) -> Attachmen
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PreparedClaim:
     ref: ObjectRef
     pod_uids: tuple[str, ...]

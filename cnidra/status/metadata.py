@@ -61,6 +61,8 @@ class DeviceMetadata:
         self.mounts = mounts
         self.gate = gate
         self.gate_timeout = gate_timeout
+        self._root_text = str(self.root)
+        self._cdi_text = str(self.cdi_dir)
 
     # ------------------------------------------------------------------ paths
 
@@ -89,20 +91,32 @@ class DeviceMetadata:
         self, claim: PreparedClaim, attributes: Mapping[str, Mapping[str, Any]] | None = None
     ) -> None:
         """Write each request's metadata file (unless there is one: a re-prepare after a
-        restart must keep the network data the hook filled in) and its CDI spec."""
+        restart must keep the network data the hook filled in) and its CDI spec. Paths as
+        text here, not pathlib's (which interns every part: a claim's name and UID each time)."""
         for request in dict.fromkeys(d.request for d in claim.devices):
             base = base_request(request)
-            path = self.host_file(claim.ref, base)
-            if self.mounts and not path.exists():
-                devices = [
-                    _device(self.driver, d.pool, d.device, (attributes or {}).get(d.device))
-                    for d in claim.devices
-                    if d.request == request
-                ]
-                document = self._document(claim.ref, claim.pod_claim_name, 1, request, devices)
-                path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-                _write_in_place(path, document)
-            self._write_cdi_spec(claim, base)
+            host = self._host_text(claim.ref, base)
+            if self.mounts:
+                fd = _open_new(host)
+                if fd is not None:
+                    devices = [
+                        _device(self.driver, d.pool, d.device, (attributes or {}).get(d.device))
+                        for d in claim.devices
+                        if d.request == request
+                    ]
+                    document = self._document(claim.ref, claim.pod_claim_name, 1, request, devices)
+                    _write_and_close(fd, (json.dumps(document, separators=(",", ":")) + "\n"))
+            self._write_cdi_spec(claim, base, host)
+
+    def prepare_all(
+        self,
+        claims: Iterable[PreparedClaim],
+        attributes: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        """`prepare` for each of a batch: one call (one hop to a worker thread for a kubelet
+        batch, not one per claim)."""
+        for claim in claims:
+            self.prepare(claim, attributes)
 
     def attached(
         self,
@@ -161,13 +175,21 @@ class DeviceMetadata:
             document["podClaimName"] = pod_claim_name
         return document
 
-    def _write_cdi_spec(self, claim: PreparedClaim, request: str) -> None:
+    def _host_text(self, claim: ObjectRef, request: str) -> str:
+        """`host_file`, as text."""
+        return f"{self._root_text}/{claim.namespace}_{claim.name}/{request}/metadata.json"
+
+    def _write_cdi_spec(self, claim: PreparedClaim, request: str, host: str) -> None:
         edits: dict[str, Any] = {}
         if self.mounts:
+            if claim.pod_claim_name:
+                where = f"{CONTAINER_DIR}/resourceclaimtemplates/{claim.pod_claim_name}"
+            else:
+                where = f"{CONTAINER_DIR}/resourceclaims/{claim.ref.name}"
             edits["mounts"] = [
                 {
-                    "hostPath": str(self.host_file(claim.ref, request)),
-                    "containerPath": str(self.container_file(claim, request)),
+                    "hostPath": host,
+                    "containerPath": f"{where}/{request}/{self.driver}-metadata.json",
                     "options": ["ro", "bind"],
                 }
             ]
@@ -185,11 +207,20 @@ class DeviceMetadata:
             "kind": f"{self.driver}/metadata",
             "devices": [{"name": f"{claim.uid}_{request}", "containerEdits": edits}],
         }
-        self.cdi_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-        path = self.cdi_file(claim.uid, request)
-        tmp = path.with_name(f".{path.name}.tmp")  # the runtime may read the directory anytime
-        tmp.write_text(json.dumps(spec, indent=2))
-        os.chmod(tmp, 0o644)
+        name = f"{self.driver}_metadata_{claim.uid}_{request}.json"  # cdi_file's
+        path, tmp = f"{self._cdi_text}/{name}", f"{self._cdi_text}/.{name}.tmp"
+        # the temporary file first: the runtime may read the directory anytime
+        data = json.dumps(spec, separators=(",", ":")).encode()
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except FileNotFoundError:  # the first spec, or the directory removed (a tmpfs)
+            self.cdi_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.fchmod(fd, 0o644)  # whatever the umask: the runtime reads it
+            os.write(fd, data)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
 
 
@@ -200,6 +231,29 @@ def _device(
     if attributes:
         device["attributes"] = dict(attributes)
     return device
+
+
+def _open_new(path: str) -> int | None:
+    """A new file at `path`, open for writing, its directories made when missing; None when
+    there is one (left as it is). One open in the usual cases, not a stat, mkdirs and an open."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    try:
+        return os.open(path, flags, 0o644)
+    except FileExistsError:
+        return None
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    try:
+        return os.open(path, flags, 0o644)
+    except FileExistsError:
+        return None
+
+
+def _write_and_close(fd: int, text: str) -> None:
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def _write_in_place(path: Path, document: Mapping[str, Any]) -> None:

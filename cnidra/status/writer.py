@@ -4,7 +4,7 @@ Producers only record the desired state (never block, never fail); one worker ap
 server-side apply and retries with backoff, so a down apiserver delays status, never a pod:
 - ResourceClaim `status.devices` entries of ours (field manager `cnidra`),
 - a finalizer on claims whose interfaces could not be removed yet,
-- Events on pods for failed attaches and detaches,
+- Events on pods for failed attaches and detaches (and the Normal ones, unless turned off),
 - the pod's `k8s.v1.cni.cncf.io/network-status` annotation (Multus' format), for readers of
   it: cnidra's entries replace its earlier ones, every other writer's entry stays.
 
@@ -12,7 +12,18 @@ One claim's or one pod's failure never holds up the others: each has its own bac
 the apiserver refuses for good (403, 404, 422, a UID precondition) is dropped with a warning
 and counted, every apiserver call has a timeout, the Event queue is bounded (the oldest goes
 first) and an Event gets a few attempts. The pod's annotation is tenant input: read with a
-size and depth bound, and anything but a list of objects is replaced."""
+size and depth bound, and anything but a list of objects is replaced.
+
+What each pod costs the apiserver is kept to what these guarantees need (docs/performance.md):
+a claim's status is written only when it differs from what was written last, and its finalizer
+only when it changes (they are two requests: the status subresource keeps the object's
+metadata, finalizers included, and the object keeps its status); the removal of a sandbox's
+entries waits DROP_GRACE, and is not sent at all for a claim made from a template once it is
+unprepared (`released`): its one pod is gone, so the claim controller deallocates it next, and
+the apiserver drops the status.devices entries of deallocated devices itself. The annotation is
+one JSON patch, tested against the annotations the runtime gave with the sandbox (kubelet
+copies the pod's into it); when the test fails (another writer, such as Multus, wrote since)
+the pod is read and merged as before."""
 
 from __future__ import annotations
 
@@ -52,6 +63,12 @@ REQUEST_TIMEOUT = 10.0  # one apiserver call of the writer
 MAX_EVENTS = 1000  # queued Events; beyond, the oldest is dropped
 EVENT_ATTEMPTS = 5
 ANNOTATION_MAX_BYTES = 256 * 1024  # a network-status annotation larger is not read
+# how long the removal of a sandbox's status.devices entries waits for the claim to be
+# released (unprepared: no write needed) or set up again by the pod's next sandbox
+DROP_GRACE = 30.0
+_ANNOTATION_PATH = "/metadata/annotations/" + NETWORK_STATUS_ANNOTATION.replace("~", "~0").replace(
+    "/", "~1"
+)
 
 
 def refused_for_good(exc: BaseException) -> bool:
@@ -78,14 +95,31 @@ class _Event:
 DeviceKey = tuple[str, str, str, str]  # driver, pool, device, shareID
 
 
+@dataclass(frozen=True)
+class SeenAnnotations:
+    """The pod's annotations as the runtime gave them with its sandbox (NRI's PodSandbox;
+    kubelet makes the sandbox's annotations the pod's: kuberuntime_sandbox.go:95, labels.go:92
+    in Kubernetes 1.37): its network-status annotation then (None: it had none), and whether it
+    had any annotation at all (none: the map may not exist in the object)."""
+
+    network_status: str | None
+    any: bool
+
+
 class StatusSink(Protocol):
     """What the pod lifecycle reports, without waiting: implemented by StatusWriter."""
 
     def put(self, claim: ObjectRef, entry: dict[str, Any]) -> None: ...
-    def drop(self, claim: ObjectRef, keys: list[DeviceKey]) -> None: ...
+    def drop(self, claim: ObjectRef, keys: list[DeviceKey], *, later: bool = False) -> None: ...
     def finalizer(self, claim: ObjectRef, present: bool) -> None: ...
+    def released(self, claim: ObjectRef, generated: bool) -> None: ...
     def event(self, pod: ObjectRef, reason: str, message: str, type_: str = "Warning") -> None: ...
-    def pod_networks(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None: ...
+    def pod_networks(
+        self,
+        pod: ObjectRef,
+        statuses: list[dict[str, Any]],
+        seen: SeenAnnotations | None = None,
+    ) -> None: ...
     def pod_gone(self, pod: ObjectRef) -> None: ...
 
 
@@ -99,20 +133,33 @@ class StatusWriter:
         client: AsyncClient | None,
         component: str = "cnidra",
         releases: Path | None = None,
+        *,
+        normal_events: bool = True,
     ) -> None:
         """`releases`: a directory where a finalizer removal waits on disk until the apiserver
         took it, so a restart (rolling upgrade, crash) never leaves a claim held whose
-        interfaces are all gone."""
+        interfaces are all gone. `normal_events` False: only Warning Events are written (each
+        Event is one request)."""
         self.client = client
         self.component = component
         self.releases = releases
+        self.normal_events = normal_events
         self._devices: dict[ObjectRef, dict[DeviceKey, dict[str, Any]]] = {}
+        self._status_changed: set[ObjectRef] = set()  # claims whose status is to be written
+        # what the apiserver has of a claim's entries, as written last (absent: not known)
+        self._written: dict[ObjectRef, list[dict[str, Any]]] = {}
         self._finalizer: dict[ObjectRef, bool] = {}
+        self._finalizer_written: dict[ObjectRef, bool] = {}
         self._events: deque[_Event] = deque(maxlen=MAX_EVENTS)
         self._events_backoff = Backoff(0.5, 30.0)
         self._events_due = 0.0
         # pod -> its cnidra interfaces as network-status entries, waiting to be written
         self._pod_networks: dict[ObjectRef, list[dict[str, Any]]] = {}
+        self._seen: dict[ObjectRef, SeenAnnotations] = {}
+        # whether the annotations the runtime gives are fresh enough to patch against: off
+        # after a test failed (another writer of the annotation on this node's pods: a GET
+        # first saves the failed patch), on again when a read shows the runtime's view held
+        self._patch_seen = True
         self._written_interfaces: dict[ObjectRef, set[str]] = {}
         self._pods_backoff: dict[ObjectRef, Backoff] = {}
         self._pods_due: dict[ObjectRef, float] = {}
@@ -125,19 +172,43 @@ class StatusWriter:
 
     def put(self, claim: ObjectRef, entry: dict[str, Any]) -> None:
         self._devices.setdefault(claim, {})[entry_key(entry)] = entry
+        self._status_changed.add(claim)
         self._mark(claim)
 
-    def drop(self, claim: ObjectRef, keys: list[DeviceKey]) -> None:
+    def drop(self, claim: ObjectRef, keys: list[DeviceKey], *, later: bool = False) -> None:
+        """The entries' interfaces are gone. `later`: their sandbox is gone, so the claim is
+        likely to be unprepared soon (`released`: nothing to write) or set up again by the
+        pod's next sandbox: written after DROP_GRACE, unless something due sooner writes it."""
         devices = self._devices.get(claim, {})
         for key in keys:
             devices.pop(key, None)
-        self._mark(claim)
+        self._status_changed.add(claim)
+        self._mark(claim, DROP_GRACE if later else 0.0)
 
     def finalizer(self, claim: ObjectRef, present: bool) -> None:
         if self._finalizer.get(claim) != present:
             self._finalizer[claim] = present
             self._remember_release(claim, not present)
             self._mark(claim)
+
+    def released(self, claim: ObjectRef, generated: bool) -> None:
+        """The claim is unprepared on this node: kubelet is done with it. One made from a
+        template (`generated`) is deallocated next, its one pod being gone: the claim controller
+        clears status.allocation (pkg/controller/resourceclaim/controller.go:1607 in Kubernetes
+        1.37) and the status strategy drops the status.devices entries of deallocated devices
+        (pkg/registry/resource/resourceclaim/strategy.go:200, 331-381): what is queued of its
+        status is not sent, and nothing about it is kept. Another claim may stay allocated to
+        other pods: its queued status is written now. A finalizer change stays queued."""
+        if generated:
+            self._status_changed.discard(claim)
+            self._devices.pop(claim, None)
+            self._written.pop(claim, None)
+            if self._finalizer.get(claim) == self._finalizer_written.get(claim, None):
+                self._dirty.pop(claim, None)
+                self._queued_at.pop(claim, None)
+        elif claim in self._dirty:
+            self._dirty[claim] = 0.0
+            self._wake.set()
 
     def restore_releases(self, held: set[ObjectRef]) -> int:
         """After a restart: queue again the finalizer removals the last process did not get
@@ -173,18 +244,24 @@ class StatusWriter:
             log.warning("finalizer release of claim %s not kept on disk: %s", claim, exc)
 
     async def flushed(self) -> None:
-        """Return once everything queued is written (the worker must be running); the caller
-        bounds the wait."""
+        """Return once everything queued is written, removals waiting out DROP_GRACE included
+        (the worker must be running); the caller bounds the wait."""
+        for claim in self._dirty:
+            self._dirty[claim] = min(self._dirty[claim], 0.0)
+        self._wake.set()
         while self.pending():
             self._drained.clear()
             await self._drained.wait()
 
     def event(self, pod: ObjectRef, reason: str, message: str, type_: str = "Warning") -> None:
+        if type_ == "Normal" and not self.normal_events:
+            return
         self._queue(_Event(pod, reason, message, type_))
 
     def claim_event(self, claim: ObjectRef, reason: str, message: str) -> None:
         """A Normal Event on a ResourceClaim (same queue, bounds and retries as pods')."""
-        self._queue(_Event(claim, reason, message, "Normal", kind="ResourceClaim"))
+        if self.normal_events:
+            self._queue(_Event(claim, reason, message, "Normal", kind="ResourceClaim"))
 
     def node_event(self, node: str, reason: str, message: str, type_: str = "Normal") -> None:
         """An Event on the Node object (what `kubectl describe node` shows)."""
@@ -196,8 +273,19 @@ class StatusWriter:
         self._events.append(event)
         self._wake.set()
 
-    def pod_networks(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
+    def pod_networks(
+        self,
+        pod: ObjectRef,
+        statuses: list[dict[str, Any]],
+        seen: SeenAnnotations | None = None,
+    ) -> None:
+        """`seen`: the pod's annotations as its sandbox came with them; without them (a
+        restart, the node API's plugs) the pod is read first."""
         self._pod_networks[pod] = statuses
+        if seen is None:
+            self._seen.pop(pod, None)
+        else:
+            self._seen[pod] = seen
         self._pods_due.pop(pod, None)  # a new change is due now, whatever the last one's backoff
         self._wake.set()
 
@@ -210,11 +298,16 @@ class StatusWriter:
     def pending(self) -> int:
         return len(self._dirty) + len(self._events) + len(self._pod_networks)
 
-    def _mark(self, claim: ObjectRef) -> None:
+    def _mark(self, claim: ObjectRef, delay: float = 0.0) -> None:
         # a new change is due now even while an earlier write waits out its backoff: a
-        # finalizer release must not sit behind a 30 s retry of a status it supersedes
-        self._dirty[claim] = 0.0
-        self._queued_at.setdefault(claim, time.monotonic())
+        # finalizer release must not sit behind a 30 s retry of a status it supersedes; a
+        # change that may wait (`delay`) never puts off one due sooner
+        if delay:
+            due = time.monotonic() + delay
+            self._dirty[claim] = min(self._dirty.get(claim, due), due)
+        else:
+            self._dirty[claim] = 0.0
+            self._queued_at.setdefault(claim, time.monotonic())
         self._wake.set()
 
     # -- the worker
@@ -226,10 +319,11 @@ class StatusWriter:
             due = [c for c, at in self._dirty.items() if at <= now]
             for claim in due:
                 try:
-                    await self._apply(claim)
+                    wrote = await self._apply(claim)
                     self._dirty.pop(claim, None)
                     backoff.pop(claim, None)
-                    metrics.STATUS_WRITES.labels("ok").inc()
+                    if wrote:
+                        metrics.STATUS_WRITES.labels("ok").inc()
                     queued = self._queued_at.pop(claim, None)
                     if queued is not None:
                         metrics.STATUS_LAG.observe(time.monotonic() - queued)
@@ -261,10 +355,37 @@ class StatusWriter:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
 
-    async def _apply(self, claim: ObjectRef) -> None:
+    async def _apply(self, claim: ObjectRef) -> bool:
+        """The claim's status when it differs from what was written last, then its finalizer
+        when it changed: two requests at most, each only when needed. Whether it wrote."""
         if self.client is None:
-            return
-        devices = list(self._devices.get(claim, {}).values())
+            return False
+        wrote = False
+        if claim in self._status_changed:
+            devices = list(self._devices.get(claim, {}).values())
+            if self._written.get(claim) != devices:
+                await self._apply_status(claim, devices)
+                wrote = True
+            self._status_changed.discard(claim)
+            if devices:
+                self._written[claim] = devices
+            else:
+                self._devices.pop(claim, None)
+                self._written.pop(claim, None)
+        wanted = self._finalizer.get(claim)
+        if wanted is not None and wanted != self._finalizer_written.get(claim):
+            await self._apply_finalizer(claim, wanted)
+            wrote = True
+        if wanted is False:
+            self._finalizer.pop(claim, None)
+            self._finalizer_written.pop(claim, None)
+            self._remember_release(claim, False)
+        elif wanted:
+            self._finalizer_written[claim] = True
+        return wrote
+
+    async def _apply_status(self, claim: ObjectRef, devices: list[dict[str, Any]]) -> None:
+        assert self.client is not None
         body = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
@@ -294,43 +415,35 @@ class StatusWriter:
                 metrics.STATUS_WRITES.labels("refused").inc()
             elif exc.status.code != 404:  # 404: the claim is gone, nothing left to report
                 raise
-        if not devices:
-            self._devices.pop(claim, None)
-        wanted = self._finalizer.get(claim)
-        if wanted is not None:
-            meta: dict[str, Any] = {
-                "name": claim.name,
-                "namespace": claim.namespace,
-                "uid": claim.uid,
-                "finalizers": [FINALIZER] if wanted else [],
-            }
-            try:
-                async with asyncio.timeout(REQUEST_TIMEOUT):
-                    await self.client.patch(
-                        ResourceClaim,
-                        claim.name,
-                        {
-                            "apiVersion": "resource.k8s.io/v1",
-                            "kind": "ResourceClaim",
-                            "metadata": meta,
-                        },
-                        namespace=claim.namespace,
-                        patch_type=PatchType.APPLY,
-                        field_manager=FINALIZER_MANAGER,
-                        force=True,
-                    )
-            except ApiError as exc:
-                if not refused_for_good(exc):
-                    raise
-                if exc.status.code != 404:  # gone: nothing to hold or release
-                    log.warning(
-                        "finalizer of claim %s/%s refused (%s %s); not retried",
-                        claim.namespace, claim.name, exc.status.code, exc.status.message,
-                    )  # fmt: skip
-                    metrics.STATUS_WRITES.labels("refused").inc()
-            if not wanted:
-                self._finalizer.pop(claim, None)
-                self._remember_release(claim, False)
+
+    async def _apply_finalizer(self, claim: ObjectRef, wanted: bool) -> None:
+        assert self.client is not None
+        meta: dict[str, Any] = {
+            "name": claim.name,
+            "namespace": claim.namespace,
+            "uid": claim.uid,
+            "finalizers": [FINALIZER] if wanted else [],
+        }
+        try:
+            async with asyncio.timeout(REQUEST_TIMEOUT):
+                await self.client.patch(
+                    ResourceClaim,
+                    claim.name,
+                    {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta},
+                    namespace=claim.namespace,
+                    patch_type=PatchType.APPLY,
+                    field_manager=FINALIZER_MANAGER,
+                    force=True,
+                )
+        except ApiError as exc:
+            if not refused_for_good(exc):
+                raise
+            if exc.status.code != 404:  # gone: nothing to hold or release
+                log.warning(
+                    "finalizer of claim %s/%s refused (%s %s); not retried",
+                    claim.namespace, claim.name, exc.status.code, exc.status.message,
+                )  # fmt: skip
+                metrics.STATUS_WRITES.labels("refused").inc()
 
     async def _write_pod_networks(self) -> None:
         """Each pod due on its own backoff: one pod's failure never holds up another's."""
@@ -340,7 +453,7 @@ class StatusWriter:
             statuses = self._pod_networks[pod]
             try:
                 async with asyncio.timeout(REQUEST_TIMEOUT):
-                    await self._annotate(pod, statuses)
+                    await self._annotate(pod, statuses, self._seen.get(pod))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -368,9 +481,14 @@ class StatusWriter:
         self._pods_due.pop(pod, None)
         if self._pod_networks.get(pod) is statuses:  # not replaced meanwhile
             del self._pod_networks[pod]
+            self._seen.pop(pod, None)
 
-    async def _annotate(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
+    async def _annotate(
+        self, pod: ObjectRef, statuses: list[dict[str, Any]], seen: SeenAnnotations | None
+    ) -> None:
         if self.client is None:
+            return
+        if seen is not None and self._patch_seen and await self._patch_against(pod, statuses, seen):
             return
         try:
             obj = await self.client.get(Pod, pod.name, namespace=pod.namespace)
@@ -387,6 +505,8 @@ class StatusWriter:
             return  # going away: nobody reads its networks any more
         ours = {s["interface"] for s in statuses} | self._written_interfaces.get(pod, set())
         current = (obj.metadata.annotations or {}).get(NETWORK_STATUS_ANNOTATION)
+        if seen is not None and current == seen.network_status:
+            self._patch_seen = True  # the runtime's view held: patch against it again
         kept = other_entries(current, ours, pod)
         patch = {
             "metadata": {
@@ -397,10 +517,55 @@ class StatusWriter:
         await self.client.patch(
             Pod, pod.name, patch, namespace=pod.namespace, patch_type=PatchType.MERGE
         )
+        self._wrote(pod, statuses)
+
+    def _wrote(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
         if statuses:
             self._written_interfaces[pod] = {s["interface"] for s in statuses}
         else:
             self._written_interfaces.pop(pod, None)
+
+    async def _patch_against(
+        self, pod: ObjectRef, statuses: list[dict[str, Any]], seen: SeenAnnotations
+    ) -> bool:
+        """One JSON patch instead of a GET and a merge patch: it tests that the pod is this
+        one, not being deleted, and that its annotation is still what the runtime gave (a test
+        for null passes on a member that is missing: evanphx/json-patch v4.13.0 patch.go:689,
+        what the apiserver applies), then sets it. False when a test failed (422: apiserver
+        pkg/endpoints/handlers/patch.go:425): the caller reads the pod and merges."""
+        assert self.client is not None
+        ours = {s["interface"] for s in statuses} | self._written_interfaces.get(pod, set())
+        value = _dumps([*other_entries(seen.network_status, ours, pod), *statuses])
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": "/metadata/uid", "value": pod.uid},
+            {"op": "test", "path": "/metadata/deletionTimestamp", "value": None},
+        ]
+        if seen.any:
+            ops.append({"op": "test", "path": _ANNOTATION_PATH, "value": seen.network_status})
+            ops.append({"op": "add", "path": _ANNOTATION_PATH, "value": value})
+        else:  # the pod had no annotation: the map itself may be missing
+            ops.append({"op": "test", "path": "/metadata/annotations", "value": None})
+            ops.append(
+                {
+                    "op": "add",
+                    "path": "/metadata/annotations",
+                    "value": {NETWORK_STATUS_ANNOTATION: value},
+                }
+            )
+        try:
+            await self.client.patch(
+                Pod, pod.name, ops, namespace=pod.namespace, patch_type=PatchType.JSON
+            )
+        except ApiError as exc:
+            if exc.status.code == 404:
+                self._written_interfaces.pop(pod, None)
+                return True  # gone: nobody reads its networks any more
+            if exc.status.code == 422:
+                self._patch_seen = False
+                return False
+            raise
+        self._wrote(pod, statuses)
+        return True
 
     async def _send_events(self) -> None:
         """The queued Events in order; one the apiserver refuses for good is dropped, one that

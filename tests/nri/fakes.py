@@ -23,6 +23,7 @@ from cnidra.state.checkpoint import Checkpoint, PreparedClaim
 from cnidra.state.journal import Journal
 from cnidra.state.layout import StateLayout
 from cnidra.state.sandboxes import SandboxStore
+from cnidra.status.writer import SeenAnnotations
 from cnidra.util.backoff import Backoff
 
 
@@ -174,13 +175,17 @@ class RecordingStatus:
         self.events: list[tuple[ObjectRef, str, str]] = []
         self.event_types: list[str] = []
         self.networks: dict[ObjectRef, list[dict[str, Any]]] = {}
+        self.seen: dict[ObjectRef, SeenAnnotations | None] = {}
         self.gone: list[ObjectRef] = []
+        self.released_claims: list[tuple[ObjectRef, bool]] = []
 
     def put(self, claim: ObjectRef, entry: dict[str, Any]) -> None:
         key = (entry["pool"], entry["device"], entry.get("shareID") or "")
         self.entries.setdefault(claim, {})[key] = entry
 
-    def drop(self, claim: ObjectRef, keys: list[tuple[str, str, str, str]]) -> None:
+    def drop(
+        self, claim: ObjectRef, keys: list[tuple[str, str, str, str]], *, later: bool = False
+    ) -> None:
         for _, pool, device, share in keys:
             self.entries.get(claim, {}).pop((pool, device, share), None)
 
@@ -191,8 +196,17 @@ class RecordingStatus:
         self.events.append((pod, reason, message))
         self.event_types.append(type_)
 
-    def pod_networks(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
+    def released(self, claim: ObjectRef, generated: bool) -> None:
+        self.released_claims.append((claim, generated))
+
+    def pod_networks(
+        self,
+        pod: ObjectRef,
+        statuses: list[dict[str, Any]],
+        seen: SeenAnnotations | None = None,
+    ) -> None:
         self.networks[pod] = statuses
+        self.seen[pod] = seen
 
     def pod_gone(self, pod: ObjectRef) -> None:
         self.gone.append(pod)
@@ -217,6 +231,7 @@ class Node:
         gone: set[str] | None = None,
         journal: Journal | None = None,
         background: bool = False,
+        hold_from_attach: bool = False,
     ) -> Node:
         """A fresh process over `root`: what is on disk is all it knows."""
         plugins = plugins or FakePlugins()
@@ -234,6 +249,7 @@ class Node:
             budget=HookBudget(attach=0.3, request_timeout=1.0),
             max_attachments=3,
             journal=journal,
+            hold_from_attach=hold_from_attach,
         )
         reconciler = Reconciler(lifecycle, layout.write_problem)
         hooks = PodHooks(lifecycle, reconciler, background=background)

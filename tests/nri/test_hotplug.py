@@ -19,8 +19,11 @@ def with_extra(node: Node) -> None:
     prepare(node.checkpoint, "extra", "a-uid", ("net2", network("extra", "bridge")), on_demand=True)
 
 
-async def test_plug_and_unplug_leave_the_start_time_interfaces_alone(tmp_path: Path) -> None:
-    node = Node.start(tmp_path)
+@pytest.mark.parametrize("hold_from_attach", [False, True])
+async def test_plug_and_unplug_leave_the_start_time_interfaces_alone(
+    tmp_path: Path, hold_from_attach: bool
+) -> None:
+    node = Node.start(tmp_path, hold_from_attach=hold_from_attach)
     with_extra(node)
     await node.hooks.run_pod_sandbox(pod("a"))
     assert [c.if_name for c in node.plugins.commands("ADD")] == ["net1"]  # not the on-demand one
@@ -31,7 +34,8 @@ async def test_plug_and_unplug_leave_the_start_time_interfaces_alone(tmp_path: P
     assert record is not None and record.state is State.ADDED
     assert [a.attachment.if_name for a in record.attachments] == ["net1", "net2"]
     extra = next(c for c in node.status.entries if c.name == "extra")
-    assert node.status.finalizers[extra] is True and node.status.entries[extra]
+    assert node.status.finalizers.get(extra) is (True if hold_from_attach else None)
+    assert node.status.entries[extra]
     with pytest.raises(PlugError, match="already has net2"):
         await node.lifecycle.plug("a-sandbox", "extra", "req0")
 
@@ -39,7 +43,8 @@ async def test_plug_and_unplug_leave_the_start_time_interfaces_alone(tmp_path: P
     assert [(c.command, c.if_name) for c in node.plugins.calls][-1] == ("DEL", "net2")
     record = node.store.get("a-sandbox")
     assert record is not None and [a.attachment.if_name for a in record.attachments] == ["net1"]
-    assert node.status.finalizers[extra] is False and not node.status.entries[extra]
+    assert node.status.finalizers.get(extra) is (False if hold_from_attach else None)
+    assert not node.status.entries[extra]
     assert [e.kind for e in node.lifecycle.journal.entries] == ["Attached", "Attached", "Detached"]
 
 

@@ -76,21 +76,47 @@ async def test_a_crash_mid_del_is_finished_after_the_restart(tmp_path: Path) -> 
     assert [c.if_name for c in again.plugins.commands("DEL")] == ["net2", "net2", "net1"]
 
 
+@pytest.mark.parametrize("hold_from_attach", [False, True])
 async def test_a_failing_del_is_retried_with_backoff_and_holds_the_finalizer(
-    tmp_path: Path,
+    tmp_path: Path, hold_from_attach: bool
 ) -> None:
-    node = Node.start(tmp_path, FakePlugins(failing={"macvlan": "DEL"}))
+    """By default the claim is held only once a DEL fails (no request while all goes well:
+    Kubernetes keeps the claim while its pod lives); --claim-finalizer=on-attach holds it from
+    the first interface on."""
+    node = Node.start(
+        tmp_path, FakePlugins(failing={"macvlan": "DEL"}), hold_from_attach=hold_from_attach
+    )
     two_networks(node)
     await node.hooks.run_pod_sandbox(pod("a"))
-    [claim] = node.status.finalizers
+    assert list(node.status.finalizers.values()) == ([True] if hold_from_attach else [])
     await node.hooks.stop_pod_sandbox(pod("a"))
+    [claim] = node.status.finalizers
     assert node.status.finalizers[claim] is True
     assert node.status.events[-1][1] == "NetworkDetachFailed"
     assert node.lifecycle.retrying("a-sandbox")
     node.plugins.failing.clear()  # the fault clears
     await node.settle()
     assert len(node.store) == 0 and node.status.finalizers[claim] is False
-    assert not node.lifecycle.retries
+    assert not node.lifecycle.retries and not node.lifecycle.held
+
+
+async def test_a_claim_held_by_an_earlier_process_is_released_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """The process that held the claim (a failed DEL, or an earlier version holding from
+    attach) is gone: the new one does not know, so it releases every claim of the records it
+    found on disk once their interfaces are gone."""
+    node = Node.start(tmp_path, hold_from_attach=True)
+    two_networks(node)
+    await node.hooks.run_pod_sandbox(pod("a"))
+    again = Node.start(tmp_path)  # holds only on failure, and has asked for nothing yet
+    await again.hooks.stop_pod_sandbox(pod("a"))
+    assert list(again.status.finalizers.values()) == [False]
+    third = Node.start(tmp_path)  # nothing on disk: nothing to release
+    two_networks(third, "b-uid", "d")
+    await third.hooks.run_pod_sandbox(pod("b"))
+    await third.hooks.stop_pod_sandbox(pod("b"))
+    assert third.status.finalizers == {}
 
 
 async def test_a_removed_sandbox_whose_namespace_is_gone_stops_retrying(tmp_path: Path) -> None:
@@ -105,12 +131,30 @@ async def test_a_removed_sandbox_whose_namespace_is_gone_stops_retrying(tmp_path
 async def test_a_shared_claim_keeps_its_finalizer_until_its_last_sandbox_is_gone(
     tmp_path: Path,
 ) -> None:
-    node = Node.start(tmp_path)
+    node = Node.start(tmp_path, hold_from_attach=True)
     prepare(node.checkpoint, "shared", ("a-uid", "b-uid"), ("net1", network("s", "macvlan")))
     await node.hooks.run_pod_sandbox(pod("a"))
     await node.hooks.run_pod_sandbox(pod("b"))
     [claim] = node.status.finalizers
     await node.hooks.stop_pod_sandbox(pod("a"))
+    assert node.status.finalizers[claim] is True
+    await node.hooks.stop_pod_sandbox(pod("b"))
+    assert node.status.finalizers[claim] is False
+
+
+async def test_a_shared_claim_held_after_a_failed_del_stays_held_while_another_uses_it(
+    tmp_path: Path,
+) -> None:
+    node = Node.start(tmp_path, FakePlugins(failing={"macvlan": "DEL"}))
+    prepare(node.checkpoint, "shared", ("a-uid", "b-uid"), ("net1", network("s", "macvlan")))
+    await node.hooks.run_pod_sandbox(pod("a"))
+    await node.hooks.run_pod_sandbox(pod("b"))
+    assert node.status.finalizers == {}
+    await node.hooks.stop_pod_sandbox(pod("a"))
+    [claim] = node.status.finalizers
+    assert node.status.finalizers[claim] is True
+    node.plugins.failing.clear()
+    await node.settle()  # a's DEL succeeds on a retry; b still has the claim's interface
     assert node.status.finalizers[claim] is True
     await node.hooks.stop_pod_sandbox(pod("b"))
     assert node.status.finalizers[claim] is False

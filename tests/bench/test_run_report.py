@@ -1,0 +1,461 @@
+"""bench.run and bench.report without the test bed: the runner over tiny fake benchmarks (one
+that succeeds after noise, one that fails, one that prints no JSON, one that hangs, one that
+ignores SIGINT and SIGTERM), and the README's goals table rendered from sample JSON (the
+figures the README quoted before the runner existed), with missing benches and keys."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import report, run
+
+ROOT = Path(__file__).parents[2]
+
+# ----------------------------------------------------------------------------- sample runs
+
+
+def ok(result: dict[str, Any]) -> dict[str, Any]:
+    return {"status": "ok", "seconds": 1.0, "exit_code": 0, "result": result}
+
+
+POD_READY: dict[str, Any] = {
+    "pods": 50,
+    "rounds": 3,
+    "none": {"p50_s": 8.85, "p99_s": 11.68},
+    "dra_example": {"p50_s": 11.35, "p99_s": 16.13},
+    "multus": {"p50_s": 10.25, "p99_s": 19.81},
+    "cnidra": {"p50_s": 15.33, "p99_s": 17.58},
+    "raw_cni_ms": {"p50": 10.8, "p99": 16.6},
+    "one_pod": {
+        "none": {"p50_s": 0.59, "p99_s": 0.642},
+        "dra_example": {"p50_s": 0.724, "p99_s": 0.732},
+        "multus": {"p50_s": 0.618, "p99_s": 0.64},
+        "cnidra": {"p50_s": 0.725, "p99_s": 0.746},
+    },
+    "cnidra_time_per_pod_ms": {"sandbox_hook_ms": 0.39, "container_wait_ms": 0.16},
+    "cnidra_hook_ms": {"single": {"p50": 24.7, "p99": 45.9}, "burst": {"p50": 104, "p99": 407}},
+    "cnidra_driver_cpu_s_per_burst": 2.91,
+}
+
+
+def sample() -> dict[str, Any]:
+    return {
+        "schema": 1,
+        "source": run.RUN_SOURCE,
+        "command": "make bench",
+        "date": "2026-11-25T10:00:00Z",
+        "finished": "2026-11-25T10:50:00Z",
+        "seconds": 3000.0,
+        "machine": {
+            "cpu": "AMD EPYC",
+            "cores": 2,
+            "memory_gib": 23.5,
+            "kernel": "Linux 6.18",
+            "os": "Debian GNU/Linux 12 (bookworm)",
+            "python": "3.11.7",
+            "kubernetes": "v1.37.2",
+        },
+        "commit": "bf741d382721a9812580af7104d03ff6e491197d",
+        "dirty": False,
+        "benches": {
+            "cni_overhead": ok(
+                {
+                    "runs": [{"ratio_vs_raw": r} for r in (1.19, 1.12, 1.11, 1.12, 1.10)],
+                    "median_ratio_vs_raw": 1.116,
+                    "median_ratio_vs_cnitool": 0.933,
+                }
+            ),
+            "pod_ready": ok(copy.deepcopy(POD_READY)),
+            "driver_latency": ok(
+                {
+                    "rss_idle_mib": 82.7,
+                    "prepare_1_claim_ms": {"p50": 9.3, "p99": 25.3},
+                    "prepare_100_claims_ms": {"p50": 449.0, "p99": 679.0},
+                    "rss_1000_prepared_mib": 88.2,
+                }
+            ),
+            "ipam": ok(
+                {
+                    "cnidra": {"allocs_per_s": 187.5, "duplicates": 0, "leaks": 0},
+                    "whereabouts": {"allocs_per_s": 8.1, "duplicates": 0, "leaks": 0},
+                    "ratio": 23.1,
+                }
+            ),
+            "fleet": {"status": "timeout", "reason": "timed out after 4200 s", "seconds": 4290},
+        },
+    }
+
+
+def rows(data: Any) -> dict[str, tuple[str, str]]:
+    """goal -> (measured, verdict), from the rendered block."""
+    out = {}
+    for line in report.block(data, "x.json").splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[1].startswith("`"):
+            out[cells[0]] = (cells[2], cells[3])
+    return out
+
+
+README = "# x\n\nprose before\n\n<!-- bench:begin -->\nold table\n<!-- bench:end -->\n\nafter\n"
+
+
+# ----------------------------------------------------------------------------- the renderer
+
+
+def test_the_readme_figures_render_as_the_readme_had_them() -> None:
+    got = rows(sample())
+    assert got["pod-ready ≤ dra-example + raw CNI + 20 ms, 1 pod"] == (
+        "p50 0.725 s ≤ 0.755 s, p99 0.746 s ≤ 0.769 s",
+        "met",
+    )
+    assert got["pod-ready ≤ dra-example + raw CNI + 20 ms, 50 pods"] == (
+        "p50 15.33 s > 11.38 s, p99 17.58 s > 16.17 s",
+        "**not met** by 3.95 s (35 %) at p50, 1.41 s (9 %) at p99",
+    )
+    assert got["pod-ready ≤ Multus, 50 pods"][1] == "**not met** by 5.08 s (50 %) at p50"
+    assert got["pod-ready ≤ Multus, 1 pod"][1].startswith("**not met** by 0.107 s (17 %) at p50")
+    assert got["NRI hooks ≤ raw CNI p99 + 5 ms"][1] == "met"
+    assert got["NodePrepareResources p99 ≤ 5 ms, 1 claim a call"] == (
+        "p50 9.3 / p99 25.3 ms",
+        "**not met** by 20.3 ms",
+    )
+    assert got["NodePrepareResources p99 ≤ 50 ms, 100 claims a call"][1] == "**not met** by 629 ms"
+    assert got["RSS ≤ 80 MiB with 1,000 prepared claims"] == (
+        "88.2 MiB (idle 82.7 MiB)",
+        "**not met** by 8.2 MiB",
+    )
+    measured, verdict = got["CNI runtime ADD+DEL ≤ 1.05x raw plugins"]
+    assert measured.startswith("1.116x, median of 5 runs (1.19, 1.12, 1.11, 1.12, 1.10)")
+    assert verdict == "**not met** by 6 %"
+    measured, verdict = got["IPAM ≥ 10x whereabouts' allocations/s, zero duplicates, zero leaks"]
+    assert measured.startswith("23.1x (187.5 against 8.1 allocations/s); duplicates 0, leaks 0")
+    assert verdict == "met"
+    # the figures pod_ready does not have yet, and a bench that timed out
+    assert got["driver CPU per pod ≤ 15 ms"][1].startswith("not measured (no `cpu_ms_per_pod`")
+    assert "58.2 ms a pod" in got["driver CPU per pod ≤ 15 ms"][0]
+    assert got["apiserver requests per pod ≤ 3"][1].startswith("not measured")
+    assert got["at rest, apiserver requests per node per minute ≤ 1"] == (
+        "–",
+        "not run (timed out after 4200 s)",
+    )
+    text = report.block(sample(), "x.json")
+    assert "One run of `make bench` on 2026-11-25 (UTC) at commit bf741d3, 50 min" in text
+    assert "AMD EPYC, 2 cores, 23.5 GiB" in text and "Kubernetes v1.37.2" in text
+    assert (
+        "| **the same network through cnidra** | **15.33 / 17.58 s** | **0.725 / 0.746 s** |"
+        in text
+    )
+
+
+def test_every_goal_has_a_row() -> None:
+    got = rows(sample())
+    assert len(got) == len(report.GOALS)
+
+
+def test_rendering_is_idempotent_and_touches_only_the_block() -> None:
+    once = report.render(README, sample(), "x.json")
+    assert report.render(once, sample(), "x.json") == once
+    assert once.startswith("# x\n\nprose before\n\n<!-- bench:begin -->\n")
+    assert once.endswith("\n<!-- bench:end -->\n\nafter\n")
+    assert "old table" not in once
+    other = sample()
+    other["benches"]["ipam"]["result"]["cnidra"]["duplicates"] = 2
+    changed = report.render(once, other, "x.json")
+    assert "**not met** by 2 duplicates" in changed
+    assert report.render(changed, sample(), "x.json") == once
+
+
+def test_the_committed_readme_is_what_its_json_renders() -> None:
+    assert report.main(["--check"]) == 0
+
+
+def test_a_readme_without_markers_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="bench:begin"):
+        report.render("# no markers\n", sample(), "x.json")
+    data, readme = tmp_path / "run.json", tmp_path / "README.md"
+    data.write_text(json.dumps(sample()))
+    readme.write_text("# no markers\n")
+    assert report.main([str(data), "--readme", str(readme)]) == 2
+    assert readme.read_text() == "# no markers\n"
+    assert report.main([str(tmp_path / "absent.json"), "--readme", str(readme)]) == 2
+    data.write_text("[1, 2]")
+    assert report.main([str(data), "--readme", str(readme)]) == 2
+
+
+def test_main_writes_then_leaves_alone(tmp_path: Path) -> None:
+    data, readme = tmp_path / "run.json", tmp_path / "README.md"
+    data.write_text(json.dumps(sample()))
+    readme.write_text(README)
+    assert report.main([str(data), "--readme", str(readme), "--check"]) == 1
+    assert report.main([str(data), "--readme", str(readme)]) == 0
+    first = readme.read_text()
+    assert report.main([str(data), "--readme", str(readme)]) == 0
+    assert readme.read_text() == first
+    assert report.main([str(data), "--readme", str(readme), "--check"]) == 0
+
+
+def test_missing_failed_and_odd_results_never_raise() -> None:
+    data = sample()
+    data["benches"]["pod_ready"] = {"status": "failed", "reason": "exit 1: RuntimeError: |boom|"}
+    del data["benches"]["driver_latency"]
+    data["benches"]["cni_overhead"]["result"] = {"median_ratio_vs_raw": "fast"}
+    data["benches"]["ipam"]["result"] = {"cnidra": None}
+    got = rows(data)
+    assert got["pod-ready ≤ Multus, 1 pod"] == ("–", "not run (exit 1: RuntimeError: /boom/)")
+    assert got["RSS ≤ 80 MiB with 1,000 prepared claims"] == ("–", "not run (not in this run)")
+    assert got["CNI runtime ADD+DEL ≤ 1.05x raw plugins"][1] == (
+        "not measured (no `median_ratio_vs_raw` in bench.cni_overhead's result)"
+    )
+    assert got["IPAM ≥ 10x whereabouts' allocations/s, zero duplicates, zero leaks"][1].startswith(
+        "not measured"
+    )
+    assert (
+        "**Pod creation to Ready beside the peers** (`python -m bench.pod_ready --json`): not run"
+        in report.block(data, "x.json")
+    )
+    odds: list[Any] = [{}, {"benches": None}, {"benches": {"pod_ready": "ok"}}, {"machine": 3}, []]
+    for odd in odds:
+        text = report.block(odd, "x.json")
+        assert text.count("not run (not in this run)") == len(report.GOALS) + 1  # + pod-ready's
+
+
+def test_a_result_of_an_unexpected_shape_is_said_not_raised() -> None:
+    data = sample()
+    data["benches"]["cni_overhead"]["result"]["runs"] = [{"ratio_vs_raw": 1.2}, "x", None]
+    data["benches"]["pod_ready"]["result"]["one_pod"] = ["not", "a", "dict"]
+    got = rows(data)
+    assert got["CNI runtime ADD+DEL ≤ 1.05x raw plugins"][0].startswith("1.116x, median of 1 runs")
+    assert got["pod-ready ≤ Multus, 1 pod"][1].startswith("not measured")
+
+
+@pytest.mark.parametrize(
+    ("where", "verdict"),
+    [
+        ({"cpu_ms_per_pod": 12.5, "apiserver_requests_per_pod": 2.4}, "met"),
+        ({"cnidra_cpu_ms_per_pod": 20, "cnidra_apiserver_requests_per_pod": 3}, "not met"),
+        ({"cnidra": {**POD_READY["cnidra"], "cpu_ms_per_pod": 20,
+                     "apiserver_requests_per_pod": 7.5}}, "not met"),
+        ({"cnidra_per_pod": {"cpu_ms_per_pod": 9, "apiserver_requests_per_pod": 3}}, "met"),
+    ],
+)  # fmt: skip
+def test_the_per_pod_figures_pod_ready_will_gain(where: dict[str, Any], verdict: str) -> None:
+    data = sample()
+    data["benches"]["pod_ready"]["result"].update(where)
+    data["benches"]["pod_cpu"] = ok({"cpu_ms_per_pod": 4.2, "apiserver_requests_per_pod": 5.0})
+    got = rows(data)
+    cpu, requests = got["driver CPU per pod ≤ 15 ms"], got["apiserver requests per pod ≤ 3"]
+    assert "in process beside a fake apiserver (bench.pod_cpu): 4.2 ms" in cpu[0]
+    if verdict == "met":
+        assert cpu[1] == "met"
+    else:
+        assert cpu[1] == "**not met** by 5 ms"
+        assert requests[1] in ("met", "**not met** by 4.5 requests")
+
+
+def test_fleet_and_in_process_prepare() -> None:
+    data = sample()
+    data["benches"]["fleet"] = ok(
+        {
+            "nodes": 1000,
+            "idle_requests_per_node_per_min": 0.4,
+            "schedule_p99_ms": 130.0,
+            "dra_example_schedule_p99_ms": 100.0,
+        }
+    )
+    data["benches"]["prepare_inproc"] = ok(
+        {"prepare_1_ms": {"p50": 1.9, "p99": 3.2}, "prepare_100_ms": {"p50": 120, "p99": 160}}
+    )
+    got = rows(data)
+    assert got["at rest, apiserver requests per node per minute ≤ 1"] == (
+        "0.4 (1,000 nodes)",
+        "met",
+    )
+    measured, verdict = got["scheduling p99 ≤ 1.2x dra-example-driver's"]
+    assert "130 ms against 100 ms at 1,000 nodes (1.2x: 120 ms)" in measured
+    assert verdict == "**not met** by 10.0 ms"
+    assert (
+        "(bench.prepare_inproc) p50 1.9 / p99 3.2 ms"
+        in got["NodePrepareResources p99 ≤ 5 ms, 1 claim a call"][0]
+    )
+
+
+def test_a_hand_assembled_file_says_so() -> None:
+    data = sample()
+    data["source"] = "hand-assembled from the last runs, not yet a full make bench run"
+    data["commit"] = None
+    line = report.machine_line(report.Run(data), "x.json")
+    assert line.startswith(
+        "Figures hand-assembled from the last runs, not yet a full make bench run (assembled "
+        "2026-11-25)"
+    )
+    committed = json.loads((ROOT / "docs/performance/bench-latest.json").read_text())
+    assert committed["source"] == data["source"] or committed["source"] == run.RUN_SOURCE
+
+
+def test_an_unfinished_run_says_so() -> None:
+    data = sample()
+    data["finished"] = None
+    assert ", not finished" in report.machine_line(report.Run(data), "x.json")
+    data["interrupted"] = True
+    assert ", interrupted" in report.machine_line(report.Run(data), "x.json")
+
+
+# ----------------------------------------------------------------------------- the runner
+
+
+def fake(name: str, code: str) -> tuple[run.Bench, list[str]]:
+    return run.Bench(name, ("--json",), 30, 0.1, ""), [sys.executable, "-c", code]
+
+
+def test_a_bench_that_succeeds_after_noise(tmp_path: Path) -> None:
+    bench, argv = fake("good", "print('building peers...'); print('{\"a\": 1}'); print()")
+    entry = run.run_one(bench, tmp_path, 30, argv)
+    assert entry["status"] == "ok" and entry["result"] == {"a": 1}
+    assert entry["exit_code"] == 0 and entry["seconds"] >= 0
+    assert "stderr_tail" not in entry
+    assert (tmp_path / "good.stdout").read_text().startswith("building peers")
+
+
+def test_a_failing_bench_is_recorded_with_its_stderr(tmp_path: Path) -> None:
+    code = "import sys; print('{\"half\": 1}'); print('Traceback...\\nRuntimeError: no peers', file=sys.stderr); sys.exit(3)"  # noqa: E501
+    bench, argv = fake("bad", code)
+    entry = run.run_one(bench, tmp_path, 30, argv)
+    assert entry["status"] == "failed"
+    assert entry["exit_code"] == 3
+    assert entry["reason"] == "exit 3: RuntimeError: no peers"
+    assert entry["stderr_tail"].endswith("RuntimeError: no peers")
+    assert "result" not in entry
+
+
+def test_a_bench_without_json_is_failed(tmp_path: Path) -> None:
+    bench, argv = fake("prose", "print('p50 3 ms')")
+    entry = run.run_one(bench, tmp_path, 30, argv)
+    assert entry["status"] == "failed"
+    assert entry["reason"].startswith("its last stdout line is not JSON")
+    bench, argv = fake("list", "print('[1, 2]')")
+    assert run.run_one(bench, tmp_path, 30, argv)["reason"].startswith("its last stdout line is")
+    bench, argv = fake("mute", "pass")
+    assert run.run_one(bench, tmp_path, 30, argv)["reason"] == "printed nothing on stdout"
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")  # a zombie waits for its reaper
+
+
+def test_a_hanging_bench_is_stopped_with_what_it_started(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    code = (
+        "import subprocess, time, pathlib\n"
+        "child = subprocess.Popen(['sleep', '300'])\n"
+        f"pathlib.Path({str(pidfile)!r}).write_text(str(child.pid))\n"
+        "print('{\"never\": 1}', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    bench, argv = fake("hang", code)
+    started = time.monotonic()
+    entry = run.run_one(bench, tmp_path, 2, argv, grace_s=3)
+    assert time.monotonic() - started < 15
+    assert entry["status"] == "timeout"
+    assert entry["reason"] == "timed out after 2 s"
+    assert "KeyboardInterrupt" in entry["stderr_tail"]  # SIGINT first: its cleanup runs
+    assert "result" not in entry
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(child)
+
+
+def test_a_bench_deaf_to_sigint_and_sigterm_is_killed(tmp_path: Path) -> None:
+    code = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "time.sleep(300)\n"
+    )
+    bench, argv = fake("deaf", code)
+    started = time.monotonic()
+    entry = run.run_one(bench, tmp_path, 1, argv, grace_s=0.5)
+    assert time.monotonic() - started < 10
+    assert entry["status"] == "timeout"
+    assert entry["exit_code"] == -9
+
+
+def test_the_run_goes_on_after_a_failure(tmp_path: Path) -> None:
+    codes = {
+        "cni_overhead": "import sys; sys.exit(1)",
+        "attach_parallel": "print('{\"speedup\": 1.7}')",
+        "fleet": "print('{\"nodes\": 1000}')",
+    }
+    benches = [run.BY_NAME[n] for n in codes]
+    out = tmp_path / "run.json"
+    said: list[str] = []
+    data = run.run(
+        benches,
+        out,
+        tmp_path / "logs",
+        "make bench",
+        argv_of=lambda b: [sys.executable, "-c", codes[b.name]],
+        say=said.append,
+    )
+    assert json.loads(out.read_text()) == data
+    assert [e["status"] for e in data["benches"].values()] == ["failed", "ok", "ok"]
+    assert data["benches"]["fleet"]["args"] == ["--nodes", "1000", "--json"]
+    assert data["command"] == "make bench" and data["source"] == run.RUN_SOURCE
+    assert data["finished"] and data["date"].endswith("Z")
+    assert set(data["machine"]) >= {"cpu", "cores", "memory_gib", "kernel", "python", "kubernetes"}
+    assert any("failed" in line for line in said)
+    # and the report renders it without a traceback
+    assert "not run (exit 1: no stderr)" in report.block(data, "run.json")
+
+
+def test_an_absent_optional_bench_is_skipped(tmp_path: Path) -> None:
+    absent = run.Bench("not_a_bench", ("--json",), 10, 0.1, "", optional=True)
+    data = run.run([absent], tmp_path / "run.json", tmp_path, "x", say=lambda _: None)
+    assert data["benches"]["not_a_bench"]["status"] == "skipped"
+
+
+def test_the_plan() -> None:
+    names = [b.name for b in run.BENCHES]
+    assert names[:3] == ["cni_overhead", "attach_parallel", "webhook"]
+    assert names.index("pod_ready") < names.index("driver_latency") < names.index("ipam")
+    assert all(b.quick for b in run.select(None, None, quick=True))
+    assert "pod_ready" not in [b.name for b in run.select(None, None, quick=True)]
+    assert [b.name for b in run.select("webhook,cni_overhead", None, False)] == [
+        "cni_overhead",
+        "webhook",
+    ]
+    assert "fleet" not in [b.name for b in run.select(None, "fleet", False)]
+    with pytest.raises(SystemExit, match="unknown benchmark"):
+        run.select("nope", None, False)
+    assert all("--json" in b.args for b in run.BENCHES)
+    assert all(b.present() for b in run.BENCHES if not b.optional)
+
+
+def test_the_list(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run.main(["--quick", "--list"]) == 0
+    plan = capsys.readouterr().out
+    assert "python -m bench.cni_overhead --json" in plan and "pod_ready" not in plan
+
+
+def test_the_machine(tmp_path: Path) -> None:
+    (tmp_path / "testbed").mkdir()
+    (tmp_path / "testbed/build.sh").write_text('K8S_VERSION="${K8S_VERSION:-v1.99.0}"\n')
+    assert run.kubernetes_version(tmp_path, {}) == "v1.99.0"
+    assert run.kubernetes_version(tmp_path, {"K8S_VERSION": "v1.36.3"}) == "v1.36.3"
+    assert run.kubernetes_version(ROOT, {}) is not None
+    found = run.machine()
+    assert found["cores"] == len(os.sched_getaffinity(0))
+    assert found["python"] == ".".join(map(str, sys.version_info[:3]))
