@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test test-matrix test-unit fuzz demo cni-plugins bench soak apiserver-faults dashboard-picture deploy image image-cni-plugins clean
+.PHONY: install lint test test-matrix test-unit fuzz demo cni-plugins bench bench-quick soak apiserver-faults fleet dashboard-picture deploy image image-cni-plugins clean
 
 install: $(STAMP)
 
@@ -66,11 +66,22 @@ image-cni-plugins: install
 deploy:
 	hack/render-deploy.sh
 
-# the quick ones (no test bed, about 2 minutes); the test-bed benchmarks, with how long they
-# take, are listed in docs/performance.md
+# every benchmark, one at a time (bench/run.py: the quick ones, then the ones on the test bed,
+# a singleton), into docs/performance/bench-latest.json, then the README's tables between its
+# bench markers rendered from that file, with the machine and the date (bench/report.py). About
+# 50 minutes on this project's 2-core machine: the quick ones 5, pod_ready 9, driver_latency 4,
+# ipam 7, node_api 1, claims_scale 5, fleet at 1,000 nodes 15, and the peers' first build 3
+# (`python -m bench.run --list` prints the plan). A benchmark that fails or times out is a
+# "not run" row and make's status 1, after the README is rendered.
 bench: install cni-plugins
-	$(BIN)/python -m bench.cni_overhead
-	$(BIN)/python -m bench.attach_parallel
+	@status=0; $(BIN)/python -m bench.run --command 'make bench' || status=$$?; \
+		$(BIN)/python -m bench.report && exit $$status
+
+# the quick ones only (no test bed, about 5 minutes), into build/bench-quick.json; the README
+# is left alone (its tables are from a full run), the goals table printed instead
+bench-quick: install cni-plugins
+	@status=0; $(BIN)/python -m bench.run --quick --out build/bench-quick.json || status=$$?; \
+		$(BIN)/python -m bench.report build/bench-quick.json --print && exit $$status
 
 # pods through the real kubelet and containerd on the test bed, the driver sampled for growth
 # (not in `make test`; its time per 1,000 cycles is in the README). CYCLES=200 for a short one.
@@ -81,6 +92,13 @@ soak: install cni-plugins
 # the driver behind a slow and throttling apiserver (a fault-injecting proxy on loopback)
 apiserver-faults: install cni-plugins
 	$(BIN)/python -m bench.apiserver_faults
+
+# cnidra's slices and its drivers at rest on NODES fake nodes, beside dra-example-driver's
+# shape, on a control plane of its own (etcd, apiserver, scheduler of the test bed's build, on
+# free loopback ports; the test bed itself is not used). About 11 minutes at 1,000 nodes.
+NODES ?= 1000
+fleet: install
+	$(BIN)/python -m bench.fleet --nodes $(NODES) --json
 
 # docs/dashboard.png: the chart's Grafana dashboard's queries over the test bed's data
 dashboard-picture: install cni-plugins

@@ -54,68 +54,85 @@ from testbed.processes import (
 )
 
 
+def etcd_argv(
+    bins: Bins,
+    data_dir: Path | None = None,
+    client: str = ETCD_CLIENT,
+    peer: str = ETCD_PEER,
+    name: str = "testbed",
+) -> list[str]:
+    """etcd's command line: the test bed's, or (bench.fleet) another data dir and ports."""
+    return [
+        str(bins.etcd / "etcd"),
+        "--name",
+        name,
+        "--data-dir",
+        str(data_dir or ROOT / "etcd"),
+        "--listen-client-urls",
+        f"http://{client}",
+        "--advertise-client-urls",
+        f"http://{client}",
+        "--listen-peer-urls",
+        f"http://{peer}",
+        "--initial-advertise-peer-urls",
+        f"http://{peer}",
+        "--initial-cluster",
+        f"{name}=http://{peer}",
+        "--unsafe-no-fsync",
+        "--quota-backend-bytes",
+        str(4 << 30),
+        "--log-level",
+        "warn",
+    ]
+
+
 def start_etcd(bins: Bins) -> None:
-    start(
-        "etcd",
-        [
-            str(bins.etcd / "etcd"),
-            "--name",
-            "testbed",
-            "--data-dir",
-            str(ROOT / "etcd"),
-            "--listen-client-urls",
-            f"http://{ETCD_CLIENT}",
-            "--advertise-client-urls",
-            f"http://{ETCD_CLIENT}",
-            "--listen-peer-urls",
-            f"http://{ETCD_PEER}",
-            "--initial-advertise-peer-urls",
-            f"http://{ETCD_PEER}",
-            "--initial-cluster",
-            f"testbed=http://{ETCD_PEER}",
-            "--unsafe-no-fsync",
-            "--quota-backend-bytes",
-            str(4 << 30),
-            "--log-level",
-            "warn",
-        ],
-    )
+    start("etcd", etcd_argv(bins))
     wait_for("etcd", lambda: port_open(int(ETCD_CLIENT.split(":")[1])), 60, "etcd")
+
+
+def apiserver_argv(
+    bins: Bins,
+    gates: Mapping[str, bool] | None = None,
+    pki: Path | None = None,
+    etcd: str = ETCD_CLIENT,
+    port: int = APISERVER_PORT,
+) -> list[str]:
+    """kube-apiserver's command line: the test bed's, or (bench.fleet) another PKI, etcd and
+    port. `gates`: feature gates to set besides (or instead of) GATES."""
+    pki = pki or Paths.pki
+    feature_gates = ",".join(f"{k}={str(v).lower()}" for k, v in {**GATES, **(gates or {})}.items())
+    return [
+        str(bins.k8s / "kube-apiserver"),
+        f"--etcd-servers=http://{etcd}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        "--authorization-mode=Node,RBAC",
+        "--allow-privileged=true",
+        f"--feature-gates={feature_gates}",
+        f"--runtime-config={RUNTIME_CONFIG}",
+        "--endpoint-reconciler-type=none",
+        "--profiling=false",
+        "--v=1",
+    ]
 
 
 def start_apiserver(bins: Bins, gates: Mapping[str, bool] | None = None) -> None:
     """`gates`: feature gates to set besides (or instead of) GATES, as an older release has them
     (a test then starts it again without)."""
-    pki = Paths.pki
-    feature_gates = ",".join(f"{k}={str(v).lower()}" for k, v in {**GATES, **(gates or {})}.items())
-    start(
-        "kube-apiserver",
-        [
-            str(bins.k8s / "kube-apiserver"),
-            f"--etcd-servers=http://{ETCD_CLIENT}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            f"--secure-port={APISERVER_PORT}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            f"--client-ca-file={pki / 'ca.crt'}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}",
-            f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
-            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
-            f"--kubelet-certificate-authority={pki / 'ca.crt'}",
-            "--kubelet-preferred-address-types=InternalIP,Hostname",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            "--authorization-mode=Node,RBAC",
-            "--allow-privileged=true",
-            f"--feature-gates={feature_gates}",
-            f"--runtime-config={RUNTIME_CONFIG}",
-            "--endpoint-reconciler-type=none",
-            "--profiling=false",
-            "--v=1",
-        ],
-    )
+    start("kube-apiserver", apiserver_argv(bins, gates))
     wait_for(
         "kube-apiserver /readyz",
         lambda: kubectl(bins, "get", "--raw", "/readyz", timeout=5).stdout.strip() == "ok",
@@ -151,19 +168,22 @@ def start_controllers(bins: Bins) -> None:
             "--v=1",
         ],
     )
-    start(
-        "kube-scheduler",
-        [
-            str(bins.k8s / "kube-scheduler"),
-            f"--kubeconfig={Paths.etc / 'scheduler.kubeconfig'}",
-            f"--authentication-kubeconfig={Paths.etc / 'scheduler.kubeconfig'}",
-            f"--authorization-kubeconfig={Paths.etc / 'scheduler.kubeconfig'}",
-            "--bind-address=127.0.0.1",
-            "--leader-elect=false",
-            f"--feature-gates={FEATURE_GATES}",
-            "--v=1",
-        ],
-    )
+    start("kube-scheduler", scheduler_argv(bins))
+
+
+def scheduler_argv(bins: Bins, kubeconfig: Path | None = None) -> list[str]:
+    """kube-scheduler's command line: the test bed's, or (bench.fleet) another kubeconfig."""
+    kubeconfig = kubeconfig or Paths.etc / "scheduler.kubeconfig"
+    return [
+        str(bins.k8s / "kube-scheduler"),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        "--leader-elect=false",
+        f"--feature-gates={FEATURE_GATES}",
+        "--v=1",
+    ]
 
 
 def share_netns_dir(node: Node) -> None:

@@ -15,8 +15,14 @@ def _openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
 
-def _cert(name: str, subject: str, sans: Sequence[str] = (), server: bool = False) -> None:
-    pki = Paths.pki
+def _cert(
+    name: str,
+    subject: str,
+    sans: Sequence[str] = (),
+    server: bool = False,
+    pki: Path | None = None,
+) -> None:
+    pki = pki or Paths.pki
     key, csr, crt, ext = (pki / f"{name}.{s}" for s in ("key", "csr", "crt", "ext"))
     _openssl("genrsa", "-out", str(key), "2048")
     _openssl("req", "-new", "-key", str(key), "-subj", subject, "-out", str(csr))
@@ -51,8 +57,10 @@ def _cert(name: str, subject: str, sans: Sequence[str] = (), server: bool = Fals
     ext.unlink()
 
 
-def make_pki() -> None:
-    pki = Paths.pki
+def make_pki(pki: Path | None = None) -> None:
+    """The test bed's CA and certificates under <root>/pki; `pki`: the same set elsewhere
+    (bench.fleet's own control plane)."""
+    pki = pki or Paths.pki
     if (pki / ".complete").exists():
         return
     shutil.rmtree(pki, ignore_errors=True)
@@ -80,6 +88,7 @@ def make_pki() -> None:
         "apiserver",
         "/CN=kube-apiserver",
         server=True,
+        pki=pki,
         sans=[
             "IP:127.0.0.1",
             f"IP:{SERVICE_IP}",
@@ -95,19 +104,21 @@ def make_pki() -> None:
         f"/CN={NODE}",
         server=True,
         sans=["IP:127.0.0.1", f"IP:{NODE_IP}", f"DNS:{NODE}"],
+        pki=pki,
     )
-    _cert("admin", "/O=system:masters/CN=cnidra-testbed-admin")
-    _cert("apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client")
-    _cert("kubelet", f"/O=system:nodes/CN=system:node:{NODE}")
-    _cert("controller-manager", "/CN=system:kube-controller-manager")
-    _cert("scheduler", "/CN=system:kube-scheduler")
+    _cert("admin", "/O=system:masters/CN=cnidra-testbed-admin", pki=pki)
+    _cert("apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client", pki=pki)
+    _cert("kubelet", f"/O=system:nodes/CN=system:node:{NODE}", pki=pki)
+    _cert("controller-manager", "/CN=system:kube-controller-manager", pki=pki)
+    _cert("scheduler", "/CN=system:kube-scheduler", pki=pki)
     _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
     _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
     (pki / ".complete").touch()
 
 
-def kubeconfig(path: Path, user: str) -> None:
-    pki = Paths.pki
+def kubeconfig(path: Path, user: str, pki: Path | None = None, port: int = APISERVER_PORT) -> None:
+    """A kubeconfig for `user`'s certificate; `pki` and `port`: another control plane's."""
+    pki = pki or Paths.pki
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         json.dumps(
@@ -119,7 +130,7 @@ def kubeconfig(path: Path, user: str) -> None:
                     {
                         "name": "testbed",
                         "cluster": {
-                            "server": f"https://127.0.0.1:{APISERVER_PORT}",
+                            "server": f"https://127.0.0.1:{port}",
                             "certificate-authority": str(pki / "ca.crt"),
                         },
                     }

@@ -1,0 +1,379 @@
+"""bench.fleet's pure parts, without a control plane: the synthetic inventory through the
+driver's own publisher, dra-example-driver's slice shape, the claims and pods, the figures and
+the last line's shape, the request counting, and the test bed's command lines left as they
+were."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+import yaml
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+from bench import fleet
+from cnidra.api.constants import DRIVER_NAME
+from cnidra.api.networks import cninetwork
+from cnidra.api.validate import validate_documents
+from cnidra.inventory.slices import MAX_ATTRIBUTES, MAX_DEVICES_PER_SLICE
+from testbed import components
+from testbed.layout import APISERVER_PORT, ETCD_CLIENT, ETCD_PEER, Bins, Paths
+
+ROOT = Path(__file__).parents[2]
+OWNER = {"apiVersion": "v1", "kind": "Node", "name": "n", "uid": "u", "controller": True}
+
+
+class RecordingClient:
+    """What the publisher writes (server-side apply), kept instead of sent."""
+
+    def __init__(self) -> None:
+        self.applied: list[dict[str, Any]] = []
+
+    async def apply(self, obj: Any, force: bool = False) -> Any:
+        assert force
+        self.applied.append(obj.to_dict())
+        return obj
+
+    async def delete(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("nothing to delete on a first publish")
+
+
+def served() -> list[tuple[str, Any]]:
+    out = []
+    for obj in fleet.cninetworks():
+        network = cninetwork(obj)
+        assert not hasattr(network, "message"), network
+        out.append((obj["metadata"]["name"], network))
+    return out
+
+
+async def publish(index: int, tmp_path: Path, addresses: int = 240) -> list[dict[str, Any]]:
+    """One fake node's slices as the driver's SlicePublisher writes them."""
+    client = RecordingClient()
+    name = fleet.node_name(index)
+    links = fleet.node_links(index, fleet.node_ip(index))
+
+    async def capacity(_: str) -> int:
+        return addresses
+
+    publisher = fleet.FleetPublisher(
+        client,  # type: ignore[arg-type]
+        fleet.SliceSettings(name),
+        [str(fleet.plugin_dir(tmp_path))],
+        fleet.LinkFilter(),
+        links=fleet.constant(links),
+        networks=fleet.StaticNetworks(served()),
+        pool_capacity=capacity,
+    )
+    publisher.node_ips = (fleet.node_ip(index),)
+    publisher.node_known = True
+    assert await publisher.publish_if_changed(OWNER)
+    return client.applied
+
+
+def attribute(device: dict[str, Any], name: str) -> Any:
+    value = device["attributes"].get(name)
+    return None if value is None else next(iter(value.values()))
+
+
+async def test_the_synthetic_inventory_publishes_a_realistic_mix(tmp_path: Path) -> None:
+    counts = []
+    fast_lane = 0
+    for index in range(40):
+        slices = await publish(index, tmp_path)
+        assert len(slices) == 1
+        spec = slices[0]["spec"]
+        assert spec["driver"] == DRIVER_NAME and spec["nodeName"] == fleet.node_name(index)
+        devices = {d["name"]: d for d in spec["devices"]}
+        links = [d for d in devices.values() if attribute(d, "type") != "network"]
+        networks = [d for d in devices.values() if attribute(d, "type") == "network"]
+        counts.append(len(links))
+        # never published: loopback, the node's own NIC, the primary bridge, pods' veths
+        names = {attribute(d, "ifName") for d in links}
+        assert not names & {"lo", "eth0", "cni0"}
+        assert not any(n.startswith("veth") for n in names)
+        assert {"ens2f0", "ens2f1"} <= names
+        ens2f0 = devices["ens2f0"]
+        assert attribute(ens2f0, "cniMacvlan") is True
+        assert attribute(ens2f0, "nodeLink") is False
+        assert attribute(ens2f0, "pciVendor") == "0x15b3"
+        assert attribute(ens2f0, "resource.kubernetes.io/pcieRoot") == "pci0000:3b"
+        assert ens2f0["capacity"]["subInterfaces"]["value"] == "64"
+        assert ens2f0["allowMultipleAllocations"] is True
+        served_here = {attribute(d, "network") for d in networks}
+        assert {"storage", "tenant-data"} <= served_here
+        assert ("fast-lane" in served_here) == ("ens3f0" in names)
+        fast_lane += "fast-lane" in served_here
+        pool = devices["net-tenant-data"]
+        assert attribute(pool, "ipPool") == fleet.POOL
+        assert pool["capacity"]["addresses"]["value"] == "240"
+        for device in devices.values():
+            assert len(device["attributes"]) + len(device.get("capacity", {})) <= MAX_ATTRIBUTES
+        assert len(devices) <= MAX_DEVICES_PER_SLICE
+        assert ResourceSlice.from_dict(slices[0]).spec is not None
+    assert min(counts) == 4 and max(counts) == 8
+    assert 0 < fast_lane < 40
+
+
+async def test_the_inventory_is_the_same_on_every_run(tmp_path: Path) -> None:
+    assert await publish(7, tmp_path) == await publish(7, tmp_path)
+    assert fleet.node_links(7, "10.0.0.1", seed=1) != fleet.node_links(7, "10.0.0.1", seed=2)
+
+
+def test_dra_example_driver_slice_shape() -> None:
+    obj = fleet.example_slice("fleet-00003", "uid-3")
+    spec = obj["spec"]
+    assert spec["driver"] == fleet.EXAMPLE_DRIVER
+    assert spec["pool"] == {"name": "fleet-00003", "generation": 1, "resourceSliceCount": 1}
+    assert [d["name"] for d in spec["devices"]] == [f"gpu-{i}" for i in range(8)]
+    for i, device in enumerate(spec["devices"]):
+        assert set(device["attributes"]) == {"index", "uuid", "model", "driverVersion"}
+        assert device["attributes"]["index"] == {"int": i}
+        assert device["attributes"]["driverVersion"] == {"version": "1.0.0"}
+        assert device["attributes"]["uuid"]["string"].startswith("gpu-")
+        assert device["capacity"] == {"memory": {"value": "80Gi"}}
+    assert len({d["attributes"]["uuid"]["string"] for d in spec["devices"]}) == 8
+    assert fleet.example_slice("fleet-00003", "x")["spec"] == spec  # uuids stable
+    assert obj["metadata"]["ownerReferences"][0]["uid"] == "uid-3"
+    ResourceSlice.from_dict(obj)
+
+
+def test_claims_and_pods() -> None:
+    cnidra = fleet.claim_object("c0", DRIVER_NAME, "t")
+    request = cnidra["spec"]["devices"]["requests"][0]["exactly"]
+    assert request["deviceClassName"] == fleet.CNIDRA_CLASS
+    assert 'ifName == "ens2f0"' in request["selectors"][0]["cel"]["expression"]
+    assert request["capacity"] == {"requests": {"subInterfaces": "1"}}
+    # the claim is one cnidra accepts, with the DeviceClass it is made for
+    classes = list(yaml.safe_load_all((ROOT / "deploy" / "deviceclass.yaml").read_text()))
+    reports = validate_documents([cnidra], policy_docs=classes)
+    assert reports[0].skipped is None and len(reports[0].resolved) == 1
+    assert not reports[0].issues.errors, reports[0].issues.errors
+    example = fleet.claim_object("c1", fleet.EXAMPLE_DRIVER, "t")
+    assert example["spec"]["devices"]["requests"][0]["exactly"] == {
+        "deviceClassName": fleet.EXAMPLE_DRIVER
+    }
+    for obj in (cnidra, example):
+        assert obj["metadata"]["labels"] == {fleet.ROUND_LABEL: "t"}
+        ResourceClaim.from_dict(obj)
+    pod = fleet.pod_object("p0", "fleet-00001", "c0", "t")
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "fleet-00001"}
+    assert pod["spec"]["resourceClaims"] == [{"name": "dev", "resourceClaimName": "c0"}]
+    assert pod["spec"]["containers"][0]["resources"]["claims"] == [{"name": "dev"}]
+    Pod.from_dict(pod)
+
+
+def test_nodes() -> None:
+    obj = fleet.node_object("fleet-00002", fleet.node_ip(2), "2026-01-01T00:00:00Z")
+    assert obj["metadata"]["labels"]["kubernetes.io/hostname"] == "fleet-00002"
+    assert obj["status"]["conditions"][0]["type"] == "Ready"
+    assert obj["status"]["addresses"][0] == {"type": "InternalIP", "address": "10.128.0.3"}
+    Node.from_dict(obj)
+    assert len({fleet.node_ip(i) for i in range(5000)}) == 5000
+
+
+def test_percentile() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert fleet.percentile(values, 0.5) == pytest.approx(50.5)
+    assert fleet.percentile(values, 0.99) == pytest.approx(99.01)
+    assert fleet.percentile(list(reversed(values)), 0.0) == 1.0
+    assert fleet.percentile(values, 1.0) == 100.0
+    assert fleet.percentile([3.0], 0.99) == 3.0
+    assert math.isnan(fleet.percentile([], 0.5))
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "query", "content_type", "kind"),
+    [
+        ("GET", "/apis/cni.networking.x-k8s.io/v1alpha1/cninetworks", "watch=true", "",
+         "WATCH cninetworks"),
+        ("GET", "/apis/cni.networking.x-k8s.io/v1alpha1/cninetworks", "", "", "LIST cninetworks"),
+        ("GET", "/apis/cni.networking.x-k8s.io/v1alpha1/cniippools/p", "", "", "GET cniippools"),
+        ("GET", "/apis/k8s.cni.cncf.io/v1alpha1/ipamclaims", "labelSelector=x", "",
+         "LIST ipamclaims"),
+        ("PATCH", "/apis/resource.k8s.io/v1/resourceslices/n-cni-dra-0", "force=true",
+         "application/apply-patch+yaml", "APPLY resourceslices"),
+        ("GET", "/api/v1/nodes/fleet-00001", "", "", "GET nodes"),
+        ("GET", "/api/v1/namespaces/default/pods", "watch=1", "", "WATCH pods"),
+        ("PUT", "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/status", "", "",
+         "UPDATE resourceclaims/status"),
+        ("POST", "/apis/resource.k8s.io/v1/resourceslices", "dryRun=All", "",
+         "CREATE resourceslices"),
+    ],
+)  # fmt: skip
+def test_request_kind(method: str, path: str, query: str, content_type: str, kind: str) -> None:
+    assert fleet.request_kind(method, path, query, content_type) == kind
+
+
+def test_per_node_per_minute() -> None:
+    assert fleet.per_node_per_minute(150, 50, 60.0) == 3.0
+    assert fleet.per_node_per_minute(30, 10, 300.0) == pytest.approx(0.6)
+    assert math.isnan(fleet.per_node_per_minute(1, 0, 60.0))
+
+
+async def test_requests_are_counted_by_the_hook() -> None:
+    log = fleet.RequestLog()
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, json={})
+
+    async with httpx2.AsyncClient(
+        transport=httpx2.MockTransport(answer),
+        base_url="https://127.0.0.1:1",
+        event_hooks={"request": [log.hook("fleet-00001")]},
+    ) as http:
+        await http.get("/apis/cni.networking.x-k8s.io/v1alpha1/cninetworks?watch=true")
+        await http.get("/apis/cni.networking.x-k8s.io/v1alpha1/cniipblocks")
+    assert [(n, k) for _, n, k in log.entries] == [
+        ("fleet-00001", "WATCH cninetworks"),
+        ("fleet-00001", "LIST cniipblocks"),
+    ]
+    assert log.between(0.0, float("inf")) == {"WATCH cninetworks": 1, "LIST cniipblocks": 1}
+    assert not log.between(0.0, log.entries[0][0])
+
+
+def test_the_driver_client_gets_the_hook(tmp_path: Path) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            }
+        )
+    )
+    client = fleet.counted_client(config, fleet.RequestLog(), "n", 10.0)
+    hooks = client._client._client.event_hooks["request"]
+    assert len(hooks) == 1
+
+
+def detail() -> dict[str, Any]:
+    schedule = {
+        "allocated_p50_ms": 12.5,
+        "allocated_p99_ms": 40.0,
+        "bound_p50_ms": 20.0,
+        "bound_p99_ms": 50.0,
+    }
+    return {
+        "nodes": 50,
+        "cnidra": {"slices": 50, "slice_bytes_per_node": 4328},
+        "idle": {"requests_per_node_per_min": 3.2},
+        "schedule": {"cnidra": schedule, "dra_example": {**schedule, "allocated_p99_ms": 30.0}},
+        "apiserver": {"rss_mib_cnidra_fleet": 310.5},
+    }
+
+
+def test_the_last_line() -> None:
+    line = fleet.summary(detail())
+    assert tuple(line) == fleet.SUMMARY_KEYS
+    assert set(line) == {
+        "nodes",
+        "slices",
+        "slice_bytes_per_node",
+        "idle_requests_per_node_per_min",
+        "schedule_p50_ms",
+        "schedule_p99_ms",
+        "dra_example_schedule_p99_ms",
+        "apiserver_rss_mib",
+    }
+    assert line["schedule_p99_ms"] == 40.0 and line["dra_example_schedule_p99_ms"] == 30.0
+    assert json.loads(json.dumps(line)) == line
+
+
+def test_free_ports_are_distinct_and_never_the_test_beds() -> None:
+    ports = fleet.free_ports(8)
+    assert len(set(ports)) == 8
+    assert not set(ports) & fleet.RESERVED_PORTS
+    assert {APISERVER_PORT, 23790, 23800} <= fleet.RESERVED_PORTS
+
+
+def test_the_test_beds_command_lines_are_unchanged() -> None:
+    """bench.fleet parametrizes the test bed's command lines; their defaults stay the test
+    bed's own paths and ports."""
+    bins = Bins(*(Path(f"/bins/{n}") for n in "abcdefg"))
+    etcd = components.etcd_argv(bins)
+    assert f"http://{ETCD_CLIENT}" in etcd and f"testbed=http://{ETCD_PEER}" in etcd
+    assert str(Paths.pki.parent / "etcd") in etcd
+    api = components.apiserver_argv(bins)
+    assert f"--secure-port={APISERVER_PORT}" in api
+    assert f"--etcd-servers=http://{ETCD_CLIENT}" in api
+    assert f"--client-ca-file={Paths.pki / 'ca.crt'}" in api
+    assert components.scheduler_argv(bins)[1] == f"--kubeconfig={Paths.etc}/scheduler.kubeconfig"
+    other = components.apiserver_argv(bins, pki=Path("/p"), etcd="127.0.0.1:1", port=2)
+    assert "--secure-port=2" in other and "--client-ca-file=/p/ca.crt" in other
+
+
+ATTEMPT = "scheduler_scheduling_attempt_duration_seconds"
+PLUGIN = "scheduler_plugin_execution_duration_seconds"
+DRA = 'plugin="DynamicResources"'
+METRICS = "\n".join(
+    [
+        f"# HELP {ATTEMPT} [STABLE] Scheduling attempt latency in seconds",
+        f'{ATTEMPT}_bucket{{profile="p",result="scheduled",le="0.001"}} 1',
+        f'{ATTEMPT}_sum{{profile="p",result="scheduled"}} 0.5',
+        f'{ATTEMPT}_count{{profile="p",result="scheduled"}} 10',
+        f'{ATTEMPT}_sum{{profile="p",result="unschedulable"}} 9',
+        f'{ATTEMPT}_count{{profile="p",result="unschedulable"}} 1',
+        f'{PLUGIN}_sum{{extension_point="Filter",{DRA},status="Success"}} 0.02',
+        f'{PLUGIN}_count{{extension_point="Filter",{DRA},status="Success"}} 4',
+        f'{PLUGIN}_sum{{extension_point="Filter",{DRA},status="Unschedulable"}} 0.01',
+        f'{PLUGIN}_count{{extension_point="Filter",{DRA},status="Unschedulable"}} 1',
+        f'{PLUGIN}_sum{{extension_point="PreBind",{DRA},status="Success"}} 0.3',
+        f'{PLUGIN}_count{{extension_point="PreBind",{DRA},status="Success"}} 3',
+        f'{PLUGIN}_sum{{extension_point="Filter",plugin="NodeAffinity",status="Success"}} 7',
+        f'{PLUGIN}_count{{extension_point="Filter",plugin="NodeAffinity",status="Success"}} 7',
+    ]
+)
+
+
+def test_the_schedulers_own_histograms() -> None:
+    before = fleet.scheduler_times("")
+    after = fleet.scheduler_times(METRICS)
+    assert after["attempt_ms"] == {"": (0.5, 10.0)}
+    assert after["dra_plugin_ms"] == {"Filter": (0.03, 5.0), "PreBind": (0.3, 3.0)}
+    assert after["prebind_ms"] == {}
+    totals: dict[str, tuple[float, float]] = {}
+    fleet.histogram_delta(before["attempt_ms"], after["attempt_ms"], totals)
+    fleet.histogram_delta(before["attempt_ms"], after["attempt_ms"], totals)  # a second round
+    assert fleet.means_ms(totals) == {"all": 50.0}
+    assert fleet.means_ms(fleet.histogram_delta({}, after["dra_plugin_ms"])) == {
+        "Filter": 6.0,
+        "PreBind": 100.0,
+    }
+    assert fleet.means_ms(fleet.histogram_delta(after["attempt_ms"], after["attempt_ms"])) == {}
+
+
+def test_a_figure_not_measured_is_null() -> None:
+    unmeasured = detail()
+    unmeasured["schedule"]["cnidra"]["allocated_p99_ms"] = float("nan")
+    line = fleet.summary(unmeasured)
+    assert line["schedule_p99_ms"] is None
+    assert json.dumps(line, allow_nan=False)
+    assert fleet.finite({"a": [1.0, float("inf")], "b": (float("nan"),)}) == {
+        "a": [1.0, None],
+        "b": [None],
+    }
+
+
+def test_pods_are_spread_within_what_a_node_has() -> None:
+    rng = fleet.random.Random(1)
+    nodes = [fleet.node_name(i) for i in range(5)]
+    picked = fleet.pick_nodes(nodes, 40, rng)  # every GPU of the fleet
+    assert sorted(picked) == sorted(nodes * fleet.GPUS)
+    many = [fleet.node_name(i) for i in range(1000)]
+    assert len(set(fleet.pick_nodes(many, 100, rng))) > 90
+    with pytest.raises(ValueError):
+        fleet.pick_nodes(nodes * 10, 41, rng)
+    with pytest.raises(ValueError):
+        fleet.pick_nodes(nodes, 41, rng)
+    with pytest.raises(SystemExit):
+        fleet.main(["--nodes", "5", "--pods", "41"])
