@@ -15,7 +15,8 @@ within each stretch between restarts (a restart starts RSS afresh) after its fir
 cycles (warm-up), averaged over the stretches weighted by their cycles; "start" is sampled
 after the first wave, "end" after the last. Leaks are counted against the state after the
 first wave (what is made once: the pool's block, caches), the metrics series against the
-first wave after the last restart.
+first wave after the last restart. A SIGTERM (a `timeout` around it) ends the waves early: the
+pods are deleted, the leaks counted and the JSON printed as ever, with "interrupted": true.
 """
 
 from __future__ import annotations
@@ -222,28 +223,35 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
             first: dict[str, float] | None = None
             rss_max = 0.0
             last: dict[str, float] = {}
-            for wave in range(waves):
-                names = [f"p{wave}-{i}" for i in range(args.wave)]
-                bed.apply_in(namespace, *(pod(n) for n in names))
-                wait_ready(bed, namespace, len(names))
-                bed.kubectl("delete", "pods", "-n", namespace, "-l", "soak=1", "--wait=false")
+            interrupted = False
+            try:
+                for wave in range(waves):
+                    names = [f"p{wave}-{i}" for i in range(args.wave)]
+                    bed.apply_in(namespace, *(pod(n) for n in names))
+                    wait_ready(bed, namespace, len(names))
+                    bed.kubectl("delete", "pods", "-n", namespace, "-l", "soak=1", "--wait=false")
+                    wait_gone(bed, namespace)
+                    cycles += len(names)
+                    last = sample(driver)
+                    if not before:  # after the first wave: files and series that are made once
+                        before = counts(bed, driver, namespace)
+                    if not series_base:  # after the first wave since the (re)start
+                        series_base = counts(bed, driver, namespace)["metrics_series"]
+                    first = first or last
+                    rss_max = max(rss_max, last["rss_mib"])
+                    stretches[-1].append((cycles, last["rss_mib"]))
+                    say(f"{cycles} cycles, {time.monotonic() - started:.0f}s: {last}")
+                    if wave + 1 in restart_at:
+                        driver.stop()
+                        driver.start()
+                        bed.wait("NRI again", lambda: driver.health().get("nriConnected"), 60)
+                        stretches.append([])
+                        series_base = 0
+            except KeyboardInterrupt:  # a SIGTERM (a timeout): what was measured is still said
+                interrupted = True
+                bed.kubectl("delete", "pods", "-n", namespace, "-l", "soak=1", "--wait=false",
+                            check=False)  # fmt: skip
                 wait_gone(bed, namespace)
-                cycles += len(names)
-                last = sample(driver)
-                if not before:  # after the first wave: files and series that are made once
-                    before = counts(bed, driver, namespace)
-                if not series_base:  # after the first wave since the (re)start
-                    series_base = counts(bed, driver, namespace)["metrics_series"]
-                first = first or last
-                rss_max = max(rss_max, last["rss_mib"])
-                stretches[-1].append((cycles, last["rss_mib"]))
-                say(f"{cycles} cycles, {time.monotonic() - started:.0f}s: {last}")
-                if wave + 1 in restart_at:
-                    driver.stop()
-                    driver.start()
-                    bed.wait("NRI again", lambda: driver.health().get("nriConnected"), 60)
-                    stretches.append([])
-                    series_base = 0
             seconds = time.monotonic() - started
             time.sleep(15)  # the status writer and the sweeper settle
             after = counts(bed, driver, namespace)
@@ -255,6 +263,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
             assert first is not None
             result = {
                 "cycles": cycles,
+                **({"interrupted": True} if interrupted else {}),
                 "seconds": round(seconds, 1),
                 "rss_mib": {"start": round(first["rss_mib"], 1), "end": round(last["rss_mib"], 1),
                             "max": round(rss_max, 1)},
