@@ -95,7 +95,7 @@ apiserver-faults: install cni-plugins
 
 # cnidra's slices and its drivers at rest on NODES fake nodes, beside dra-example-driver's
 # shape, on a control plane of its own (etcd, apiserver, scheduler of the test bed's build, on
-# free loopback ports; the test bed itself is not used). About 11 minutes at 1,000 nodes.
+# free loopback ports; the test bed itself is not used). About 8 minutes at 1,000 nodes.
 NODES ?= 1000
 fleet: install
 	$(BIN)/python -m bench.fleet --nodes $(NODES) --json

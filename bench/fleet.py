@@ -44,8 +44,9 @@ Prints a report on stderr; with --json the detail as one JSON line, then the las
 cnidra's slices and the bytes of a node's in etcd (protobuf), the sample's requests a node a
 minute at rest, pod create to claim allocated for cnidra and dra-example, and the apiserver's
 RSS with cnidra's fleet published and the sample running. A figure not measured is null.
-Takes about 8 minutes at 50 nodes and 11 at 1,000 on 2 cores (--rounds 4: 10 and 14; --memory,
-each fleet's apiserver memory alone on a fresh control plane: 4 at 1,000; docs/performance.md)."""
+Takes about 8 minutes at 50 or 1,000 nodes on a quiet 2-core machine (--rounds 4: 9 and 10; 13
+at 1,000 beside a busy test bed). --memory instead: each fleet's apiserver memory alone on a
+fresh control plane (4 minutes at 1,000 nodes). Figures and what they mean: docs/performance.md."""
 
 from __future__ import annotations
 
