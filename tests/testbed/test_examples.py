@@ -38,9 +38,10 @@ def test_the_readme_example_runs_with_the_shipped_defaults(
     [selector] = request["exactly"]["selectors"]
     assert '.type == "physical"' in selector["cel"]["expression"]
     selector["cel"]["expression"] = f'device.attributes["{DRIVER}"].ifName == "{link}"'
-    pod["spec"]["containers"] = [
-        {"name": "app", "image": env_image(), "command": ["sleep", "3600"]}
-    ]
+    [container] = pod["spec"]["containers"]
+    assert container["resources"]["claims"] == [{"name": "data"}]  # the container gate holds it
+    container.update(image=env_image(), command=["sleep", "3600"])
+    container.pop("args", None)
     pod["spec"]["terminationGracePeriodSeconds"] = 1
     driver = DriverProcess(cluster, tmp_path, defaults=True)  # as deploy/ runs it
     try:
