@@ -53,6 +53,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.driver_latency import pct, summary
+
 DRIVER = "cni.dra.networking.x-k8s.io"
 NODE = "bench-node"
 LINK = "ens4"
@@ -269,20 +271,6 @@ def claim_path(obj: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------ the kubelet stand-in
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {
-        "p50": round(pct(values, 0.5), 2),
-        "p99": round(pct(values, 0.99), 2),
-        "max": round(max(values), 2),
-        "n": len(values),
-    }
 
 
 def kubelet(socket: str, refs_file: str, rounds: int, batches: int) -> None:
