@@ -36,6 +36,11 @@ from cnidra.util.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
 POOL_TTL_SECONDS = 10.0
+# how long a pool's published address count is kept before the pool and its blocks are read
+# again (a GET and a LIST); a block this node takes recounts at once. Other nodes' blocks are
+# seen within this time: until then a node may promise an address another took, and prepare
+# refuses, naming the pool (it may anyway, near the end: nodes count the unheld blocks alike)
+CAPACITY_TTL_SECONDS = 300.0
 
 
 class AllocationError(Exception):
@@ -111,6 +116,8 @@ class Allocator:
         self.clock = clock
         self.blocks_changed = blocks_changed  # the inventory recounts the pools' addresses
         self._pools: dict[str, tuple[float, Pool]] = {}
+        self._counts: dict[str, tuple[float, int]] = {}
+        self.capacity_ttl = CAPACITY_TTL_SECONDS
         self._locks = KeyedLocks()
 
     def pool_lock(self, pool: str) -> contextlib.AbstractAsyncContextManager[None]:
@@ -263,6 +270,7 @@ class Allocator:
         for lease in self._persistent_in(pool, block, bound):
             await self.state.lease(lease)
         await self.state.hold(held)
+        self._counts.pop(pool.name, None)
         self.blocks_changed()
 
     async def capacity(self, name: str) -> int | None:
@@ -271,7 +279,17 @@ class Allocator:
         does not change when a claim here takes an address, so the ResourceSlice that
         carries it is rewritten only when blocks or the pool change; the scheduler counts
         the claims. Nodes count the unheld blocks alike, so near the end two may both
-        promise the last one: prepare then refuses, naming the pool."""
+        promise the last one: prepare then refuses, naming the pool. A count is kept for
+        `capacity_ttl` seconds, or until this node takes a block."""
+        kept = self._counts.get(name)
+        if kept is not None and self.clock() - kept[0] < self.capacity_ttl:
+            return kept[1]
+        count = await self._count(name)
+        if count is not None:  # a pool not read or not there yet is asked again next time
+            self._counts[name] = (self.clock(), count)
+        return count
+
+    async def _count(self, name: str) -> int | None:
         try:
             pool = await self.pool(name)
         except AllocationError:

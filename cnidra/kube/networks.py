@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from cnidra.api.networks import (
     node_conf,
     with_routes,
 )
+from cnidra.util.backoff import Backoff
 
 log = logging.getLogger(__name__)
 CNINetwork = create_global_resource(API_GROUP, "v1alpha1", NETWORK_KIND, NETWORK_PLURAL)
@@ -141,19 +143,48 @@ async def list_networks(client: AsyncClient, limit: float = 10.0) -> list[dict[s
 
 class ServedNetworks:
     """cnidra.inventory.publisher.NetworkSource: every CNINetwork with its node conf as this
-    node has it; `watch` calls back on a CNINetwork change or a change in the conf directory."""
+    node has it; `watch` calls back on a CNINetwork change or a change in the conf directory.
+
+    The CNINetworks are LISTed once and again only when the watch says one changed, when the
+    watch (re)starts (it may have missed events), or when the listing is older than `max_age`
+    (a watch that hangs without failing): a resync at rest costs the apiserver nothing. The
+    node confs are read from disk each time."""
 
     def __init__(
-        self, client: AsyncClient, conf_dir: Path, poll: float = 2.0, timeout: float = 10.0
+        self,
+        client: AsyncClient,
+        conf_dir: Path,
+        poll: float = 2.0,
+        timeout: float = 10.0,
+        max_age: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.conf_dir = conf_dir
         self.poll = poll
         self.timeout = timeout
+        self.max_age = max_age
+        self.clock = clock
+        self._listed: tuple[float, list[dict[str, Any]]] | None = None
+        self._stale = True
+
+    async def _objects(self) -> list[dict[str, Any]]:
+        if self._listed is not None and not self._stale:
+            at, objects = self._listed
+            if self.clock() - at < self.max_age:
+                return objects
+        self._stale = False  # a change seen during the LIST marks it stale again
+        try:
+            objects = await list_networks(self.client, self.timeout)
+        except BaseException:
+            self._stale = True
+            raise
+        self._listed = (self.clock(), objects)
+        return objects
 
     async def served(self) -> list[tuple[str, NamedNetwork]]:
         out = []
-        for obj in await list_networks(self.client, self.timeout):
+        for obj in await self._objects():
             name = str(obj["metadata"]["name"])
             network_id = (obj.get("spec") or {}).get("networkID")
             conf = (
@@ -171,16 +202,27 @@ class ServedNetworks:
     async def watch(self, changed: Callable[[], None]) -> None:
         await asyncio.gather(self._watch_objects(changed), self._watch_dir(changed))
 
+    def _changed_object(self, changed: Callable[[], None]) -> None:
+        self._stale = True
+        changed()
+
     async def _watch_objects(self, changed: Callable[[], None]) -> None:
+        backoff = Backoff(initial=5.0, maximum=300.0)
         while True:
+            # a watch started without a resourceVersion opens with every object as ADDED,
+            # which marks the listing stale: what changed while no watch was held is read
+            started = self.clock()
             try:
                 async for _event, _obj in self.client.watch(CNINetwork):
-                    changed()
+                    self._changed_object(changed)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.debug("CNINetwork watch ended (%s); again in 5 s", exc)
-            await asyncio.sleep(5)
+                log.debug("CNINetwork watch ended (%s)", exc)
+            self._stale = True
+            if self.clock() - started > 60:  # it ran: the apiserver ended it, as it does
+                backoff.reset()
+            await asyncio.sleep(backoff.next())
 
     async def _watch_dir(self, changed: Callable[[], None]) -> None:
         last = None

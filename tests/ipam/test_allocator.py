@@ -336,19 +336,29 @@ async def test_the_published_count_moves_with_blocks_not_with_pods(
 ) -> None:
     """What a node publishes as its network device's `addresses` capacity: the scheduler
     counts the claims against it, so a pod taking an address here changes nothing, and
-    another node taking a block lowers it."""
+    another node taking a block lowers it once the count is older than its TTL (a resync at
+    rest asks the apiserver nothing)."""
     api.pool("small", {"ranges": [{"subnet": "198.18.133.0/28"}], "blockSize": 4})
     a, b = node_allocator(api, tmp_path, "a"), node_allocator(api, tmp_path, "b")
+    now = [0.0]
+    a.clock = lambda: now[0]
     assert await a.capacity("small") == 14  # .1 to .14
     await a.assign(claim_using("small", "a1"))
     await a.assign(claim_using("small", "a2"))
-    assert await a.capacity("small") == 14
+    assert await a.capacity("small") == 14  # recounted: a took a block
     await b.assign(claim_using("small", "b1"))
     taken_by_b = next(x for x in api.blocks.values() if x.node == "b")
     pool = await b.pool("small")
     in_b = len(list(pool.usable(pool.block(0, int(taken_by_b.name.rsplit(".", 1)[1])))))
+    asked = len(api.calls)
+    now[0] += a.capacity_ttl - 1
+    assert await a.capacity("small") == 14  # kept: no request
+    assert len(api.calls) == asked
+    now[0] += 2
     assert await a.capacity("small") == 14 - in_b
     assert await a.capacity("missing") is None
+    assert await a.capacity("missing") is None
+    assert api.calls[-2:] == ["get pool missing"] * 2  # a missing pool is not kept
 
 
 async def test_a_down_apiserver_fails_a_reconcile_pass_not_the_task(

@@ -4,6 +4,7 @@ second. The driver runs with the shipped defaults (the container gate on)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -115,6 +116,67 @@ def stop_sandbox(cluster: Cluster, namespace: str, name: str) -> None:
             return
         time.sleep(2)
     raise AssertionError(f"the sandbox of {name} would not stop: {done.stderr.strip()}")
+
+
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # the machine's cgroup v1 cpu hierarchy
+
+
+@contextlib.contextmanager
+def starved(pid: int, percent: int) -> Iterator[None]:
+    """The process (every thread) held to `percent` of one CPU by a CFS quota, in a cgroup of
+    its own; given back its CPU, and the cgroup removed, whatever happens."""
+    group = CPU_CGROUP / f"cnidra-starved-{pid}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text(str(percent * 1000))
+        (group / "cgroup.procs").write_text(str(pid))
+        yield
+    finally:
+        for task in (group / "cgroup.procs").read_text().split():  # the driver and its plugins
+            with contextlib.suppress(OSError):
+                (CPU_CGROUP / "cgroup.procs").write_text(task)
+        for _ in range(50):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def test_a_driver_starved_of_cpu_as_containerd_restarts_never_lets_a_container_run_bare(
+    cluster: Cluster,
+    namespace: str,
+    driver: DriverProcess,
+    parent: str,  # noqa: F811
+) -> None:
+    """Containerd restarts while the driver has 1 % of a CPU: its Synchronize (and every hook
+    after) may miss NRI's 2 s deadline and containerd drop the plugin, as a loaded node made
+    happen in a full run. Pods created and sandboxes re-created meanwhile are held by the
+    container gate; once the driver has its CPU back it reconnects and every pod gets net1."""
+    net = template(
+        "net", [("net", parent, cni_config("starved", parent, "198.18.213.0/24"), "net1")]
+    )
+    apply(cluster, namespace, net, claiming_pod("a", "net"))
+    ready(cluster, namespace, "a")
+    watch = Watch(cluster, namespace)
+    try:
+        assert driver.proc is not None
+        with starved(driver.proc.pid, 1):
+            tb.stop("containerd")
+            tb.start_containerd(cluster.bins)  # NRI registers again: Synchronize, starved
+            apply(cluster, namespace, *(claiming_pod(f"s{i}", "net") for i in range(2)))
+            stop_sandbox(cluster, namespace, "a")
+            time.sleep(30)  # beyond NRI's 2 s and the gate's 20 s wait: kubelet retries
+        cluster.wait("the NRI plugin to connect", lambda: driver.health().get("nriConnected"), 90)
+        for name in ("a", "s0", "s1"):
+            ready(cluster, namespace, name, "180s")
+            assert pod_addresses(cluster, namespace, name, "net1"), name
+    finally:
+        watch.stop()
+    assert driver.proc.poll() is None  # starved, not killed
+    assert watch.samples > 10
+    assert watch.violations == []
 
 
 def test_a_frozen_or_killed_driver_never_lets_a_container_run_without_its_interfaces(

@@ -1,0 +1,119 @@
+"""ServedNetworks at rest: the CNINetworks are LISTed again only when the watch says one
+changed, when the watch restarts, or when the listing is older than its max age."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cnidra.kube.networks import ServedNetworks
+
+
+class Obj:
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.data
+
+
+def network(name: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "config": {
+                "cniVersion": "1.0.0",
+                "name": name,
+                "plugins": [{"type": "macvlan", "master": "eth9"}],
+            }
+        },
+    }
+
+
+class FakeClient:
+    """list and watch of lightkube's AsyncClient, for CNINetworks only."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.lists = 0
+        self.watches = 0
+        self.events: asyncio.Queue[str | None] = asyncio.Queue()
+
+    async def list(self, _kind: Any, **_: Any) -> AsyncIterator[Obj]:
+        self.lists += 1
+        for data in list(self.objects.values()):
+            yield Obj(data)
+
+    async def watch(self, _kind: Any, **_: Any) -> AsyncIterator[tuple[str, Obj]]:
+        self.watches += 1
+        for data in list(self.objects.values()):  # as the apiserver opens a watch without RV
+            yield "ADDED", Obj(data)
+        while (name := await self.events.get()) is not None:
+            yield "MODIFIED", Obj(self.objects[name])
+        raise ConnectionError("watch ended")
+
+
+async def test_a_resync_at_rest_lists_nothing(tmp_path: Path) -> None:
+    client = FakeClient()
+    client.objects["a"] = network("a")
+    now = [0.0]
+    served = ServedNetworks(client, tmp_path, poll=0.01, clock=lambda: now[0])  # type: ignore[arg-type]
+    changes: list[int] = []
+    watch = asyncio.create_task(served.watch(lambda: changes.append(1)))
+    try:
+        await asyncio.sleep(0.05)  # the watch opens with every object: stale once
+        assert [n for n, _ in await served.served()] == ["a"]
+        assert client.lists == 1
+        for _ in range(5):  # resyncs at rest
+            await served.served()
+        assert client.lists == 1
+
+        client.objects["b"] = network("b")
+        client.events.put_nowait("b")
+        await asyncio.sleep(0.05)
+        assert changes  # the publisher was poked
+        assert [n for n, _ in await served.served()] == ["a", "b"]
+        assert client.lists == 2
+
+        now[0] += served.max_age  # a watch that hangs without failing
+        await served.served()
+        assert client.lists == 3
+    finally:
+        watch.cancel()
+
+
+async def test_a_watch_that_ends_makes_the_next_resync_list(tmp_path: Path) -> None:
+    client = FakeClient()
+    client.objects["a"] = network("a")
+    served = ServedNetworks(client, tmp_path, poll=0.01)  # type: ignore[arg-type]
+    watch = asyncio.create_task(served._watch_objects(lambda: None))
+    try:
+        await asyncio.sleep(0.05)
+        await served.served()
+        assert client.lists == 1
+        client.events.put_nowait(None)  # the apiserver ends the watch
+        await asyncio.sleep(0.05)
+        await served.served()
+        assert client.lists == 2  # events may have been missed while no watch was held
+    finally:
+        watch.cancel()
+
+
+async def test_a_failed_list_is_asked_again(tmp_path: Path) -> None:
+    client = FakeClient()
+    served = ServedNetworks(client, tmp_path)  # type: ignore[arg-type]
+
+    async def refused(_kind: Any, **_: Any) -> AsyncIterator[Obj]:
+        raise ConnectionError("refused")
+        yield  # pragma: no cover
+
+    client.list = refused  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        await served.served()
+    client.list = FakeClient.list.__get__(client)  # type: ignore[method-assign]
+    client.objects["a"] = network("a")
+    assert [n for n, _ in await served.served()] == ["a"]
