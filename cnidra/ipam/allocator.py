@@ -6,7 +6,6 @@ hook runs plugins as it always does and never asks the apiserver anything. docs/
 from __future__ import annotations
 
 import contextlib
-import functools
 import ipaddress
 import logging
 import time
@@ -28,7 +27,6 @@ from cnidra.api.ipam import (
 )
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment
-from cnidra.kube.client import with_retries
 from cnidra.observe.metrics import PoolUsage
 from cnidra.state.checkpoint import PreparedClaim
 from cnidra.state.ipam import HeldBlock, IPAMState, Lease, claim_owner, ipamclaim_owner
@@ -48,7 +46,11 @@ class AllocationError(Exception):
 
 
 class IPAMCluster(Protocol):
-    """What the allocator needs of the apiserver (cnidra.kube.ipam; tests use a fake)."""
+    """What the allocator needs of the apiserver (cnidra.kube.ipam; tests use a fake). An
+    implementation asks again itself, a bounded number of times, after a transient answer
+    (throttled, storage initializing, a timeout or a dropped connection) to the calls that may
+    be repeated, and raises only what is not transient, or the last failure: the allocator
+    never retries, and fails what it was doing (naming the pool or IPAMClaim)."""
 
     async def pool(self, name: str) -> Mapping[str, Any] | None: ...
 
@@ -174,8 +176,8 @@ class Allocator:
         cached = self._pools.get(name)
         if cached is not None and self.clock() - cached[0] < self.pool_ttl:
             return cached[1]
-        try:  # a transient answer (throttled, storage initializing) is asked again
-            obj = await with_retries(functools.partial(self.cluster.pool, name))
+        try:
+            obj = await self.cluster.pool(name)
         except Exception as exc:
             if cached is not None:
                 return cached[1]  # the pool as last read, while the apiserver cannot answer
@@ -221,11 +223,9 @@ class Allocator:
         """A block no node holds, reserved by creating its object (one LIST to skip the taken
         ones, then creates until one succeeds)."""
         family = pool.spec.ranges[range_index].subnet
-        try:  # a transient answer (throttled, storage initializing) is asked again
-            taken = {
-                b.name for b in await with_retries(lambda: self.cluster.blocks(pool=pool.name))
-            }
-            bound = await with_retries(lambda: self._bound(pool))
+        try:
+            taken = {b.name for b in await self.cluster.blocks(pool=pool.name)}
+            bound = await self._bound(pool)
         except Exception as exc:
             raise AllocationError(
                 f"CNIIPPool {pool.name}: this node's blocks of {family} are full and the "
@@ -239,9 +239,7 @@ class Allocator:
             if block.name in taken or next(pool.usable(block), None) is None:
                 continue
             try:
-                uid = await with_retries(
-                    functools.partial(self.cluster.create_block, block, self.node)
-                )
+                uid = await self.cluster.create_block(block, self.node)
             except Exception as exc:
                 raise AllocationError(
                     f"CNIIPPool {pool.name}: block {block.name} could not be reserved: {exc}"
@@ -356,9 +354,7 @@ class Allocator:
             )
         for _ in range(5):  # an IPAMClaim another node binds meanwhile is read again
             try:
-                obj = await with_retries(
-                    functools.partial(self.cluster.ipamclaim, claim.namespace, name)
-                )
+                obj = await self.cluster.ipamclaim(claim.namespace, name)
             except Exception as exc:
                 raise AllocationError(f"{what} could not be read: {exc}") from None
             if obj is None:
@@ -435,10 +431,8 @@ class Allocator:
         async with self._locks.hold(pool.name):
             if self.state.blocks.get(block.name) is None:
                 try:
-                    bound = await with_retries(functools.partial(self._bound, pool))
-                    uid = await with_retries(
-                        functools.partial(self.cluster.create_block, block, self.node)
-                    )
+                    bound = await self._bound(pool)
+                    uid = await self.cluster.create_block(block, self.node)
                 except Exception as exc:
                     raise AllocationError(
                         f"{what}: block {block.name} of its address {address} could not be "

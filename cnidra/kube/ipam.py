@@ -2,15 +2,18 @@
 CNIIPBlocks (creation is the reservation; each is owned by its Node, so the garbage collector
 takes a lost node's), IPAMClaims, the claims whose device status shows their addresses, and
 Nodes, each call with a timeout. Called at prepare and by the reconciler, never on the NRI hook
-path."""
+path. The calls that may be repeated are asked again after a transient answer (throttled,
+storage initializing, a timeout or a dropped connection: cnidra.kube.client.with_retries), so
+the allocator never sees one."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 from lightkube import AsyncClient, operators
 from lightkube.core.exceptions import ApiError
@@ -39,6 +42,7 @@ from cnidra.api.ipam import (
     Block,
     BlockObject,
 )
+from cnidra.kube.client import with_retries
 
 log = logging.getLogger(__name__)
 CNIIPPool = create_global_resource(API_GROUP, "v1alpha1", POOL_KIND, POOL_PLURAL)
@@ -46,6 +50,20 @@ CNIIPBlock = create_global_resource(API_GROUP, "v1alpha1", BLOCK_KIND, BLOCK_PLU
 IPAMClaim = create_namespaced_resource(
     IPAMCLAIM_GROUP, IPAMCLAIM_VERSION, IPAMCLAIM_KIND, IPAMCLAIM_PLURAL
 )
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _retried(method: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """A call safe to repeat, asked again after a transient answer (with_retries): the whole
+    call each time, every attempt with its own timeout. Only what is not transient, or the
+    last failure, reaches the caller."""
+
+    @functools.wraps(method)
+    async def retried(*args: P.args, **kwargs: P.kwargs) -> T:
+        return await with_retries(lambda: method(*args, **kwargs))
+
+    return retried
 
 
 def _missing(exc: ApiError) -> bool:
@@ -68,6 +86,13 @@ def _block_object(obj: Any) -> BlockObject:
 
 
 class KubeIPAM:
+    """cnidra.ipam.allocator.IPAMCluster on the apiserver. The calls marked @_retried are asked
+    again after a transient answer. The others are not: a PATCH with a precondition
+    (bind_ipamclaim, own_block, unbind_ipamclaim) whose answer was lost meets its own write as
+    a conflict when sent again, and its caller reads again anyway (the allocator's bind loop,
+    the reconciler's next pass); an Event's create (record) would be written twice; the
+    reconciler's reads (node_exists, addresses_in_use) are asked again by its next pass."""
+
     def __init__(self, client: AsyncClient, timeout: float = 5.0) -> None:
         self.client = client
         self.timeout = timeout
@@ -85,6 +110,7 @@ class KubeIPAM:
             self._node_uids[node] = uid
         return OwnerReference(apiVersion="v1", kind="Node", name=node, uid=uid)
 
+    @_retried
     async def pool(self, name: str) -> Mapping[str, Any] | None:
         try:
             async with asyncio.timeout(self.timeout):
@@ -96,6 +122,7 @@ class KubeIPAM:
         data: dict[str, Any] = obj.to_dict()  # type: ignore[no-untyped-call]
         return data
 
+    @_retried
     async def blocks(self, pool: str | None = None, node: str | None = None) -> list[BlockObject]:
         labels: dict[str, Any] = {
             k: v for k, v in ((LABEL_POOL, pool), (LABEL_NODE, node)) if v is not None
@@ -111,6 +138,7 @@ class KubeIPAM:
                 return []
             raise
 
+    @_retried
     async def create_block(self, block: Block, node: str) -> str | None:
         owner = await self._node_owner(node)
         obj = CNIIPBlock(
@@ -148,6 +176,7 @@ class KubeIPAM:
             raise
         return current.uid if current.node == node and current.owned else None
 
+    @_retried
     async def delete_block(self, name: str, uid: str) -> None:
         try:
             async with asyncio.timeout(self.timeout):
@@ -171,6 +200,7 @@ class KubeIPAM:
         async with asyncio.timeout(self.timeout):
             await self.client.patch(CNIIPBlock, block.name, patch, patch_type=PatchType.MERGE)
 
+    @_retried
     async def ipamclaim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         try:
             async with asyncio.timeout(self.timeout):
@@ -234,6 +264,7 @@ class KubeIPAM:
             raise
         return True
 
+    @_retried
     async def bound_ipamclaims(self) -> list[Mapping[str, Any]]:
         try:
             async with asyncio.timeout(self.timeout * 4):

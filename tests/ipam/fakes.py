@@ -1,6 +1,6 @@
 """Named fakes for cnidra IPAM: an apiserver holding pools, blocks, IPAMClaims and nodes in
 memory, with the same answers as the real one (409 on a second create, resourceVersion
-preconditions), and a way to make it slow or down."""
+preconditions), and ways to make it slow, down, or fail one call."""
 
 from __future__ import annotations
 
@@ -39,8 +39,10 @@ class FakeApiserver:
     events: list[tuple[str, str, str]] = field(default_factory=list)
     down: bool = False
     latency: float = 0.0
-    # (code, message) answers the next calls get, one each
-    transient: list[tuple[int, str]] = field(default_factory=list)
+    # call number (0-based, as counted in `calls`) -> the (code, message) ApiError it raises:
+    # an answer the apiserver adapter gives up on (not transient, or its last retry failed);
+    # the allocator asks an IPAMCluster nothing twice, so it fails what it was doing
+    failing: dict[int, tuple[int, str]] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -78,13 +80,14 @@ class FakeApiserver:
             del self.blocks[block.name]
 
     async def _call(self, what: str) -> None:
+        number = len(self.calls)
         self.calls.append(what)
         if self.latency:
             await asyncio.sleep(self.latency)
         if self.down:
             raise ApiDown(f"{what}: connection refused")
-        if self.transient:  # answers an apiserver gives for a moment, then not
-            code, message = self.transient.pop(0)
+        if number in self.failing:
+            code, message = self.failing.pop(number)
             raise ApiError(status=Status(code=code, message=message))
 
 

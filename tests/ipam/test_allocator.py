@@ -7,16 +7,11 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 from pathlib import Path
-from typing import Any
 
 import pytest
-from lightkube.core.exceptions import ApiError
-from lightkube.models.meta_v1 import Status
 
 from cnidra.ipam.allocator import AllocationError, Allocator
 from cnidra.ipam.reconcile import IPAMReconciler
-from cnidra.state.ipam import IPAMState
-from cnidra.state.layout import StateLayout
 from tests.ipam.fakes import (
     FakeApiserver,
     FakeCluster,
@@ -442,79 +437,40 @@ async def test_pool_usage_is_counted_from_the_nodes_records_for_a_scrape(
     assert f'cnidra_ipam_pool_blocks{{pool="data"}} {float(usage.pool_blocks)}' in text
 
 
-async def test_a_transient_apiserver_answer_is_asked_again_not_an_allocation_failure(
-    api: FakeApiserver, tmp_path: Path
-) -> None:
-    """`bench.ipam` once died on one "storage is (re)initializing" answer (issue 27)."""
-    node = node_allocator(api, tmp_path, "a")
-    await node.pool("data")  # the pool is read; the block LIST is what meets the answers
-    api.transient = [(500, "storage is (re)initializing"), (429, "too many requests")]
-    (address,) = addresses_of(await node.assign(claim_using("data", "c0")))
-    assert address and api.transient == []
-    api.transient = [(403, "forbidden")]  # not transient: no second try
-    node_b = node_allocator(api, tmp_path / "b", "b")
-    with pytest.raises(AllocationError, match="forbidden"):
-        await node_b.assign(claim_using("data", "c1"))
-
-
-class FlakyAt(FakeApiserver):
-    """Answers `answers` transient errors starting at call number `at` (0-based)."""
-
-    def __init__(self, at: int, answers: int = 2) -> None:
-        super().__init__()
-        self.at, self.answers, self.count = at, answers, 0
-
-    async def _call(self, what: str) -> None:
-        index, self.count = self.count, self.count + 1
-        self.calls.append(what)
-        if self.at <= index < self.at + self.answers:
-            raise ApiError(status=Status(code=500, message="storage is (re)initializing"))
-
-
+@pytest.mark.parametrize("answer", [(403, "forbidden"), (500, "storage is (re)initializing")])
 @pytest.mark.parametrize("persistent", [False, True])
-async def test_every_call_of_a_first_allocation_survives_a_transient_answer(
-    tmp_path: Path, persistent: bool
+async def test_a_call_the_cluster_gives_up_on_fails_the_allocation_and_is_not_asked_again(
+    tmp_path: Path, persistent: bool, answer: tuple[int, str]
 ) -> None:
-    """Issue 27: the pool GET, the block LIST, the IPAMClaims, the block CREATE and the
-    IPAMClaim GET each met "storage is (re)initializing" once in a while, and only the LIST
-    was asked again: the others failed the allocation."""
+    """Each apiserver call of a first allocation (the pool GET, the block LIST, the IPAMClaims'
+    LIST, the block CREATE, an IPAMClaim's GET and its bind) that fails fails the allocation,
+    naming the pool or IPAMClaim and the answer, and leaves nothing leased. The allocator asks
+    nothing twice: asking again after a transient answer is the IPAMCluster's (issue 27;
+    tests/kube/test_ipam.py), and what it raises is what it gave up on."""
     spec = {**V4, "allowPersistentIPs": True}
     ref = "keep" if persistent else None
-    probe = FlakyAt(at=10**6)
-    probe.pool("data", spec)
-    probe.ipamclaim("ns", "keep")
+
+    def apiserver() -> FakeApiserver:
+        made = FakeApiserver()
+        made.pool("data", spec)
+        made.ipamclaim("ns", "keep")
+        return made
+
+    probe = apiserver()
     await node_allocator(probe, tmp_path / "probe", "a").assign(
         claim_using("data", "p", namespace="ns", ipam_claim=ref)
     )
-    calls = [c for c in probe.calls if not c.startswith("bind")]  # a bind is read again
-    assert {" ".join(c.split()[:2]) for c in calls} >= {"get pool", "list blocks", "create block"}
-    for at in range(len(calls)):
-        api = FlakyAt(at)
-        api.pool("data", spec)
-        api.ipamclaim("ns", "keep")
+    kinds = {" ".join(c.split()[:2]) for c in probe.calls}
+    assert kinds >= {"get pool", "list blocks", "list ipamclaims", "create block"}, probe.calls
+    assert persistent == (kinds >= {"get ipamclaim", "bind ipamclaim"}), probe.calls
+    for at, call in enumerate(probe.calls):
+        api = apiserver()
+        api.failing[at] = answer
         node = node_allocator(api, tmp_path / f"at{at}", "a")
-        got = await node.assign(claim_using("data", "p", namespace="ns", ipam_claim=ref))
-        assert addresses_of(got), (at, api.calls)
-
-
-async def test_a_block_create_whose_answer_was_lost_is_this_nodes_block(
-    api: FakeApiserver, tmp_path: Path
-) -> None:
-    """A create retried after its answer was lost meets its own block (409): the block is this
-    node's, not another node's, so it is neither leaked nor skipped."""
-
-    class LosesTheFirstAnswer(FakeCluster):
-        lost = False
-
-        async def create_block(self, block: Any, node: str) -> str | None:
-            uid = await super().create_block(block, node)
-            if not self.lost:
-                self.lost = True
-                raise TimeoutError("the answer was lost")
-            return uid
-
-    api.nodes.add("a")
-    node = Allocator("a", IPAMState(StateLayout(tmp_path / "a")), LosesTheFirstAnswer(api))
-    (address,) = addresses_of(await node.assign(claim_using("data", "c0")))
-    assert address and [b.node for b in api.blocks.values()] == ["a"]
-    assert [h.name for h in node.state.blocks.all()] == list(api.blocks)
+        with pytest.raises(AllocationError) as failed:
+            await node.assign(claim_using("data", "p", namespace="ns", ipam_claim=ref))
+        assert api.calls == probe.calls[: at + 1], (call, api.calls)  # stopped, not asked again
+        message = str(failed.value)
+        assert answer[1] in message, (call, message)
+        assert "CNIIPPool data" in message or "IPAMClaim ns/keep" in message, (call, message)
+        assert list(node.state.owners()) == [], call
