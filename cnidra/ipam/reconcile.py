@@ -26,7 +26,7 @@ from typing import Any
 
 from cnidra.api.ipam import IPAMCLAIM_NODE_LABEL, parse_claim_ips
 from cnidra.ipam.allocator import Allocator, IPAMCluster
-from cnidra.state.ipam import owner_claim_uid
+from cnidra.state.ipam import ipamclaim_owner, owner_claim_uid
 
 log = logging.getLogger(__name__)
 GRACE_SECONDS = 120.0
@@ -162,16 +162,24 @@ class IPAMReconciler:
 
     async def release_orphaned_ipamclaims(self) -> int:
         """Drop the finalizer of IPAMClaims being deleted whose node is gone (a node that no
-        longer exists cannot), once nothing holds their addresses."""
+        longer exists cannot), once nothing holds their addresses; and of this node's that it
+        holds no addresses for (bound, then the status write failed and the allocation was
+        undone: free_released_ipamclaims, which goes by this node's leases, never sees them)."""
         released = 0
         alive: dict[str, bool] = {}
+        owners = set(self.allocator.state.owners())
         for obj in await self.cluster.bound_ipamclaims():
             meta = obj.get("metadata") or {}
             if not meta.get("deletionTimestamp"):
                 continue
             node = str((meta.get("labels") or {}).get(IPAMCLAIM_NODE_LABEL) or "")
             if node == self.allocator.node:
-                continue  # this node's own: free_released_ipamclaims
+                owner = ipamclaim_owner(
+                    str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
+                )
+                if owner in owners:
+                    continue  # leased here: free_released_ipamclaims
+                alive[node] = False  # released as a lost node's would be
             if node not in alive:
                 alive[node] = await self.cluster.node_exists(node) if node else False
             if alive[node]:
@@ -185,7 +193,10 @@ class IPAMReconciler:
                 continue
             await self.cluster.unbind_ipamclaim(obj)
             released += 1
-            log.info("released IPAMClaim %s/%s of lost node %s", namespace, name, node)
+            if node == self.allocator.node:
+                log.info("released IPAMClaim %s/%s, bound here without addresses", namespace, name)
+            else:
+                log.info("released IPAMClaim %s/%s of lost node %s", namespace, name, node)
         return released
 
     async def run(self, interval: float, lost_node_every: int = 10) -> None:

@@ -297,6 +297,29 @@ async def test_a_lost_nodes_blocks_go_with_it_and_its_ipamclaim_addresses_stay_h
     assert ("vm-ns", "orphan") not in api.ipamclaims
 
 
+async def test_an_ipamclaim_bound_here_whose_status_write_failed_is_released_when_deleted(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    """The bind is two writes (finalizer and node label, then the status): when the second
+    fails the allocation is undone here, and the IPAMClaim keeps this node's finalizer with no
+    addresses. Deleted then, it is released by this node's reconciler, not kept forever."""
+    api.pool("vms", {**V4, "allowPersistentIPs": True})
+    node = node_allocator(api, tmp_path, "a")
+    half = api.ipamclaim("vm-ns", "half")
+    half["metadata"]["labels"]["ipam.cni.networking.x-k8s.io/node"] = "a"
+    half["metadata"]["finalizers"].append("cni.dra.networking.x-k8s.io/ipam")
+    api.ipamclaim("vm-ns", "vm-b")  # one this node holds, deleted too
+    assert addresses_of(
+        await node.assign(claim_using("vms", "p1", namespace="vm-ns", ipam_claim="vm-b"))
+    )
+    api.delete_ipamclaim("vm-ns", "half")
+    api.delete_ipamclaim("vm-ns", "vm-b")
+    released = await IPAMReconciler(node, set).release_orphaned_ipamclaims()
+    assert released == 1
+    assert ("vm-ns", "half") not in api.ipamclaims
+    assert ("vm-ns", "vm-b") in api.ipamclaims  # leased here: free_released_ipamclaims
+
+
 async def test_a_block_created_but_not_recorded_is_recovered_at_start(
     api: FakeApiserver, tmp_path: Path
 ) -> None:
