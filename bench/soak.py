@@ -12,11 +12,15 @@ output is one JSON object: {"cycles", "seconds", "rss_mib": {"start", "end", "ma
 {"start", "end"}, "leaks": {"netns", "links", "files", "leases", "finalizers", "records",
 "cdi_specs", "metrics_series"}}. The slope is the least-squares fit of RSS against cycles
 within each stretch between restarts (a restart starts RSS afresh) after its first 100
-cycles (warm-up), averaged over the stretches weighted by their cycles; "start" is sampled
-after the first wave, "end" after the last. Leaks are counted against the state after the
-first wave (what is made once: the pool's block, caches), the metrics series against the
-first wave after the last restart. A SIGTERM (a `timeout` around it) ends the waves early: the
-pods are deleted, the leaks counted and the JSON printed as ever, with "interrupted": true.
+cycles (warm-up), averaged over the stretches weighted by their cycles. Every sample is taken
+at rest: after each wave the soak waits until the deleted pods' teardown is done on the node
+(their network namespaces, records, CDI specs and leases gone; "unsettled_waves" counts the
+waves where that took over 120 s). "start" is sampled after the first wave, "end" 35 s after
+the last (the status writer's removals are due 30 s after a claim goes). Leaks are counted
+against the state after the first wave (what is made once: the pool's block, caches), the
+metrics series against the first wave after the last restart. A SIGTERM (a `timeout` around
+it) ends the waves early: the pods are deleted, the leaks counted and the JSON printed as ever,
+with "interrupted": true.
 """
 
 from __future__ import annotations
@@ -149,6 +153,28 @@ def counts(bed: Cluster, driver: DriverProcess, namespace: str) -> dict[str, int
     }
 
 
+# what a pod's life makes on the node and takes away again once its teardown is done: each is
+# back to its value before the first pod when the node is at rest
+AT_REST = ("netns", "records", "cdi_specs", "leases")
+
+
+def settle(
+    bed: Cluster, driver: DriverProcess, namespace: str, rest: dict[str, int], timeout: float = 120
+) -> bool:
+    """Wait (at most `timeout` s) until the deleted pods' teardown is done on the node: their
+    namespaces, records, CDI specs and leases gone, as before the first pod. The API forgets a
+    pod (grace 0) before containerd and the driver have torn its sandbox down, so counting or
+    sampling right after `wait_gone` measures a teardown in flight. False if it never was."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = counts(bed, driver, namespace)
+        if all(now[k] <= rest[k] for k in AT_REST):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1)
+
+
 def wait_ready(bed: Cluster, namespace: str, count: int, timeout: float = 300) -> None:
     def ready() -> bool:
         out = bed.kubectl("get", "pods", "-n", namespace, "-l", "soak=1", "-o", "json")
@@ -215,6 +241,8 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                 60,
             )  # fmt: skip
             bed.apply_in(namespace, *objects(namespace, parent))
+            rest = counts(bed, driver, namespace)  # the node before the first pod
+            unsettled = 0
             before: dict[str, int] = {}
             series_base = 0
             started = time.monotonic()
@@ -231,6 +259,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                     wait_ready(bed, namespace, len(names))
                     bed.kubectl("delete", "pods", "-n", namespace, "-l", "soak=1", "--wait=false")
                     wait_gone(bed, namespace)
+                    unsettled += not settle(bed, driver, namespace, rest)
                     cycles += len(names)
                     last = sample(driver)
                     if not before:  # after the first wave: files and series that are made once
@@ -253,8 +282,13 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                             check=False)  # fmt: skip
                 wait_gone(bed, namespace)
             seconds = time.monotonic() - started
-            time.sleep(15)  # the status writer and the sweeper settle
+            unsettled += not settle(bed, driver, namespace, rest)
+            # the status writer's removals (DROP_GRACE, 30 s) and the sweeper settle: the end's
+            # descriptors, threads and tasks are sampled at rest, as the start's (after the
+            # first wave's teardown) were
+            time.sleep(35)
             after = counts(bed, driver, namespace)
+            last = sample(driver)
             # each stretch without its warm-up (the first WARMUP cycles after a (re)start fill
             # caches, import lazily and grow the heap once)
             warm = [[p for p in s if p[0] - s[0][0] >= WARMUP] for s in stretches if s]
@@ -271,6 +305,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                 "fds": {"start": int(first["fds"]), "end": int(last["fds"])},
                 "threads": {"start": int(first["threads"]), "end": int(last["threads"])},
                 "tasks": {"start": int(first["tasks"]), "end": int(last["tasks"])},
+                "unsettled_waves": unsettled,
                 "leaks": {
                     **{k: after[k] - before[k] for k in before},
                     "metrics_series": after["metrics_series"] - series_base,
