@@ -52,6 +52,7 @@ from cnidra.state.sandboxes import SandboxStore
 from cnidra.status.metadata import DeviceMetadata
 from cnidra.status.writer import StatusWriter
 from cnidra.util.memory import cap_malloc_arenas
+from cnidra.util.workers import start_workers
 
 log = logging.getLogger(__name__)
 STATUS_FLUSH_SECONDS = 5.0
@@ -364,6 +365,7 @@ class Driver:
 
 async def run(settings: DriverSettings) -> None:
     cap_malloc_arenas()
+    start_workers(asyncio.get_running_loop())
     driver = Driver(settings)
     if problem := await dra_api_problem(driver.client):
         log.error("%s", problem)  # the pod's log says why it restarts, before anything else
