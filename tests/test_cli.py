@@ -209,3 +209,21 @@ def test_a_wrong_request_name_does_not_hide_the_configs_other_problems(tmp_path:
     out = cnidra("validate", "-o", "json", str(path))
     ends = sorted(e["path"].rsplit(".", 1)[-1] for e in json.loads(out.stdout)["errors"])
     assert ends == ["ifName", "mode", "mtu", "requests[0]"], ends
+
+
+def test_the_driver_without_an_apiserver_config_says_where_it_looked(tmp_path: Path) -> None:
+    """A new user running `cnidra driver` outside a pod, or with a broken kubeconfig: one line
+    naming the config and what to give, exit 2, no traceback, nothing left behind."""
+    broken = tmp_path / "kubeconfig"
+    broken.write_text("clusters: [")
+    state = tmp_path / "state"
+    for extra, where in (
+        ([], "in-cluster service account"),
+        (["--kubeconfig", str(tmp_path / "missing")], "--kubeconfig"),
+        (["--kubeconfig", str(broken)], "--kubeconfig"),
+    ):
+        result = cnidra("driver", "--node-name", "n1", "--state-dir", str(state), *extra)
+        assert result.returncode == 2, result.stderr
+        assert "no apiserver config" in result.stderr and where in result.stderr
+        assert "Traceback" not in result.stderr
+        assert not state.exists()

@@ -376,10 +376,14 @@ def driver(**values: Any) -> None:
     import asyncio
 
     from cnidra.agent.driver import run
+    from cnidra.kube.client import ClientConfigError
 
     settings = settings_from_flags(DriverSettings, values)
     setup_logs(settings_from_flags(LogSettings, values))
-    asyncio.run(run(settings))
+    try:
+        asyncio.run(run(settings))
+    except ClientConfigError as exc:
+        raise usage_error(f"cnidra driver: {exc}") from None
 
 
 S = typing.TypeVar("S")

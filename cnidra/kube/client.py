@@ -29,10 +29,27 @@ T = TypeVar("T")
 h2.connection.H2Connection.MAX_CLOSED_STREAMS = 1024
 
 
+class ClientConfigError(Exception):
+    """No usable apiserver config: the message names where it was looked for."""
+
+
 def make_client(kubeconfig: str | None, timeout: float = 10.0) -> AsyncClient:
     """From a kubeconfig file, or the in-cluster service account when none is given; every
-    answered request is counted (cnidra_apiserver_requests_total)."""
-    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_service_account()
+    answered request is counted (cnidra_apiserver_requests_total). ClientConfigError when
+    neither can be read."""
+    try:
+        config = (
+            KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_service_account()
+        )
+    except Exception as exc:  # any kubeconfig unreadable: missing, YAML, fields, PEM
+        where = (
+            f"--kubeconfig {kubeconfig}"
+            if kubeconfig
+            else "the in-cluster service account (/var/run/secrets/kubernetes.io/serviceaccount "
+            "and KUBERNETES_SERVICE_HOST): outside a pod give --kubeconfig (CNIDRA_KUBECONFIG)"
+        )
+        detail = f"{type(exc).__name__}: {exc}"
+        raise ClientConfigError(f"no apiserver config from {where} ({detail})") from None
     # HTTP/2: a kubelet batch's claim GETs, the status writes and the watches share one TLS
     # connection instead of opening one (a handshake each) per request in flight
     return count_requests(
