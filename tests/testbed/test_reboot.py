@@ -17,6 +17,7 @@ import pytest
 from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
 from testbed.harness import Cluster, DriverProcess
+from tests.testbed.test_fail_closed import sandbox_of
 from tests.testbed.test_lifecycle import apply, claiming_pod, pod_addresses, ready
 
 pytestmark = pytest.mark.testbed
@@ -73,6 +74,11 @@ def objects(namespace: str, parent: str) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def records() -> set[str]:
+    """The sandbox records on the node's state root, by sandbox id."""
+    return {p.stem for p in (DEFAULT_STATE_ROOT / "sandboxes").glob("*.json")}
+
+
 def container_id(cluster: Cluster, namespace: str, name: str) -> str:
     pod = json.loads(cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json").stdout)
     statuses = pod.get("status", {}).get("containerStatuses") or [{}]
@@ -91,7 +97,7 @@ def test_a_rebooted_node_gives_its_pods_their_interfaces_and_addresses_back(
         ready(cluster, namespace, name)
     before = {n: pod_addresses(cluster, namespace, n, "net1") for n in names}
     assert all(len(a) == 1 for a in before.values()) and len(set().union(*before.values())) == 3
-    old_records = {p.stem for p in (DEFAULT_STATE_ROOT / "sandboxes").glob("*.json")}
+    old_records = records()
     assert len(old_records) == 3
     old_containers = {n: container_id(cluster, namespace, n) for n in names}
 
@@ -111,14 +117,17 @@ def test_a_rebooted_node_gives_its_pods_their_interfaces_and_addresses_back(
         ready(cluster, namespace, name, "240s")
     after = {n: pod_addresses(cluster, namespace, n, "net1") for n in names}
     assert after == before  # the same address each, from the claim's lease
-    records = {p.stem for p in (DEFAULT_STATE_ROOT / "sandboxes").glob("*.json")}
+    # Kubelet may make more than one sandbox for a pod as the node comes back (one it gave up
+    # on while the driver was not yet registered); each dead sandbox's record, the old ones and
+    # any such new one, is cleaned, and what is left is one record for each pod's live sandbox.
+    live = {n: sandbox_of(cluster, namespace, n) for n in names}
+    assert all(live.values()), live
     cluster.wait(
-        "the dead sandboxes' records to be cleaned",
-        lambda: not ({p.stem for p in (DEFAULT_STATE_ROOT / "sandboxes").glob("*.json")}
-                     & old_records),
-        60,
-    )  # fmt: skip
-    assert len(records - old_records) == 3
+        "the records to be exactly the pods' live sandboxes",
+        lambda: records() == set(live.values()),
+        90,
+    )
+    assert not records() & old_records
     cluster.kubectl("delete", "pods", "--all", "-n", namespace, "--timeout=90s", timeout=120)
     cluster.wait(
         "every claim gone (no finalizer kept)",
