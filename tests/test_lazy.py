@@ -60,3 +60,66 @@ def test_the_driver_loads_pyroute2s_iproute_alone_and_the_rest_on_demand() -> No
     assert "conntrack" not in loaded and "ethtool" not in loaded and "ndb" not in loaded
     assert "iproute" in loaded
     assert after == "True True"
+
+
+def test_exported_names_come_from_their_submodules_and_the_rest_still_runs_the_init(
+    tmp_path: Path,
+) -> None:
+    pkg = tmp_path / "served"
+    (pkg / "lifespan").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        "import sys\nsys.stdout.write('init ran\\n')\nfrom served.config import Config\n"
+        "from served.main import run\n"
+    )
+    (pkg / "config.py").write_text("class Config:\n    pass\n")
+    (pkg / "main.py").write_text("def run():\n    return 'ran'\n")
+    (pkg / "lifespan" / "__init__.py").write_text("")
+    (pkg / "lifespan" / "off.py").write_text("from served import Config\n")  # as uvicorn's does
+    out = run(
+        """
+        from cnidra.util.lazy import defer_init
+        assert defer_init("served", {"Config": "config"})
+        from served.lifespan.off import Config
+        import served.config
+        print("imported", Config is served.config.Config)
+        import served
+        print(served.run(), served.Config is Config)
+        """,
+        tmp_path,
+    )
+    assert out.split("\n")[:3] == ["imported True", "init ran", "ran True"]
+
+
+def test_the_driver_started_by_the_cli_loads_no_rich_no_test_framework_no_uvicorn_cli() -> None:
+    """`cnidra driver` imports the CLI, then the driver; serving /healthz and /metrics and
+    reading the links (its steady path) leave out what only other commands or libraries' other
+    uses need: rich (the CLI's printing), unittest's framework (pyroute2 wants its mock), and
+    uvicorn's command line (click, its reloaders). Each still loads when something asks."""
+    out = run(
+        """
+        import contextlib, sys, urllib.request
+        import cnidra.cli.main
+        import cnidra.agent.driver
+        from cnidra.inventory.links import read_links
+        from cnidra.observe import http
+
+        with contextlib.suppress(OSError):  # no netlink here: the imports are what is checked
+            read_links()
+        endpoint = http.HTTPEndpoint("127.0.0.1:0", lambda: (True, {}))
+        endpoint.start()
+        try:
+            for path in ("/healthz", "/metrics"):
+                url = f"http://127.0.0.1:{endpoint.port}{path}"
+                urllib.request.urlopen(url, timeout=10).read()
+        finally:
+            endpoint.stop()
+        unwanted = ("rich", "click", "uvicorn.main", "unittest.case", "unittest.main", "argparse")
+        print([m for m in unwanted if m in sys.modules])
+        import unittest
+        import uvicorn
+        from rich.console import Console
+        print(callable(uvicorn.run), uvicorn.Config is http.Config, uvicorn.Server is http.Server)
+        print(unittest.TestCase.__name__, Console.__name__)
+        """
+    )  # uvicorn.run first: its __init__, run then, binds the same Config and Server
+    assert out.strip().split("\n") == ["[]", "True True True", "TestCase Console"]

@@ -13,8 +13,6 @@ from typing import Annotated, Any
 
 import typer
 import yaml
-from rich.console import Console
-from rich.markup import escape
 
 from cnidra.agent.settings import (  # light: no driver imports
     DEFAULTS,
@@ -29,7 +27,14 @@ from cnidra.api.issues import ROOT
 from cnidra.api.loading import LoadError, load_yaml
 from cnidra.api.validate import DocumentReport, validate_documents
 from cnidra.cli.node import app as node_app
-from cnidra.cli.output import FileReport, as_json, output_option, print_text
+from cnidra.cli.output import (
+    FileReport,
+    LazyConsole,
+    as_json,
+    escape,
+    output_option,
+    print_text,
+)
 
 
 def _plain_help_types() -> None:
@@ -97,7 +102,7 @@ def _root(
     """cnidra: secondary pod interfaces from CNI plugins, through DRA."""
 
 
-err = Console(stderr=True, soft_wrap=True)
+err = LazyConsole(stderr=True, soft_wrap=True)
 
 EXIT_INVALID = 1
 EXIT_USAGE = 2
@@ -201,6 +206,8 @@ def validate(
     elif output == "yaml":
         typer.echo(yaml.safe_dump(result, sort_keys=False), nl=False)
     else:
+        from rich.console import Console
+
         print_text(reports, Console(soft_wrap=True), wide=output == "wide")
     if missing:
         raise typer.Exit(EXIT_USAGE)
@@ -321,7 +328,7 @@ def try_(
     reports = validate_documents(load_yaml_documents(file))
     result = as_json([FileReport(str(file), reports)])
     if not result["valid"]:
-        print_text([FileReport(str(file), reports)], err)
+        print_text([FileReport(str(file), reports)], err.console)
         raise typer.Exit(EXIT_INVALID)
     skipped = [
         i

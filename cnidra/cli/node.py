@@ -10,12 +10,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from cnidra.agent.settings import DEFAULTS
-from cnidra.cli.output import output_option
+from cnidra.cli.output import LazyConsole, escape, output_option
 from cnidra.state.layout import StateLayout
 
 if TYPE_CHECKING:  # gRPC loads only when a node command runs: `cnidra validate` stays quick
@@ -35,8 +32,8 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Pod networks on this node, from the driver's node API (no apiserver needed). " + HOW,
 )
-out = Console(soft_wrap=True, highlight=False, markup=False)  # pod names are not markup
-err = Console(stderr=True, soft_wrap=True, highlight=False)
+out = LazyConsole(soft_wrap=True, highlight=False, markup=False)  # pod names are not markup
+err = LazyConsole(stderr=True, soft_wrap=True, highlight=False)
 CALL_TIMEOUT = 5.0
 
 
@@ -116,6 +113,8 @@ def pods(
     if output in ("json", "yaml"):
         emit([as_data(p) for p in reply.pods], output)
         return
+    from rich.table import Table
+
     wide = output == "wide"
     table = Table(box=None, pad_edge=False)
     columns = ["NAMESPACE", "POD", "STATE", "INTERFACES", "PROBLEM"]

@@ -5,14 +5,43 @@ that apply to what it prints."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from cnidra.api.issues import Issue
 from cnidra.api.validate import DocumentReport
+
+if TYPE_CHECKING:  # rich loads when something is printed with it, not with the command
+    from rich.console import Console
+
+
+def escape(text: str) -> str:
+    """rich's markup escape. rich (1.8 MiB resident) is imported by the first text a command
+    prints with it, not by `cnidra` itself: `cnidra driver`, which prints none, runs on."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+class LazyConsole:
+    """A rich Console made when first printed to (see escape), with these options."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+        self._console: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self.options)
+        return self._console
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        self.console.print(*objects, **options)
+
 
 OUTPUTS = ("table", "wide", "json", "yaml")
 ALIASES = {"text": "table"}  # validate's older name, still taken (not shown)

@@ -14,6 +14,9 @@ from cnidra.util.lazy import defer_init
 # IPRoute alone, not the rest pyroute2's __init__ loads (about 5 MiB of the driver's resident
 # memory: conntrack, ethtool, ipset, ipvs, nl80211, NDB); cnidra.util.lazy
 defer_init("pyroute2")
+# and unittest's mock alone (pyroute2's rtnetlink socket imports it for its mock mode), not the
+# test framework unittest's __init__ loads with it (its runner, loader, argparse: 0.7 MiB)
+defer_init("unittest")
 from pyroute2.iproute import IPRoute  # noqa: E402
 
 SYS_NET = Path("/sys/class/net")

@@ -17,10 +17,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cnidra.observe.metrics import REGISTRY
+from cnidra.util.lazy import defer_init
+
+# uvicorn's server and its config, not its command line: uvicorn's `__init__` imports
+# `uvicorn.main` (click, the reload supervisors, multiprocessing; 1.3 MiB of the driver's
+# resident memory) for its `run`; its own modules import `Config` from the package
+defer_init("uvicorn", {"Config": "config", "Server": "server"})
+from uvicorn.config import Config  # noqa: E402
+from uvicorn.server import Server  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +43,7 @@ class HTTPEndpoint:
     ) -> None:
         host, _, port = address.rpartition(":")
         self.address = address
-        self.config = uvicorn.Config(
+        self.config = Config(
             _App(health),
             host=host or "0.0.0.0",
             port=int(port),
@@ -88,7 +95,7 @@ class HTTPEndpoint:
             self._thread.join(timeout=5)
 
 
-class BoundedServer(uvicorn.Server):
+class BoundedServer(Server):
     """uvicorn's server, with connections that hold a socket without asking anything closed:
     uvicorn's keep-alive timer covers only a connection idle after a response, and stops at the
     first byte of a next request, so a client that connects (and completes TLS) and then sends
@@ -97,7 +104,7 @@ class BoundedServer(uvicorn.Server):
 
     def __init__(
         self,
-        config: uvicorn.Config,
+        config: Config,
         *,
         head_seconds: float,
         keep_alive_seconds: float,
