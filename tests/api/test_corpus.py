@@ -66,19 +66,26 @@ def test_case_insensitive_and_unknown_fields_are_notes_not_errors() -> None:
     assert any("keyA: is not a field of the bridge plugin" in w for w in warnings), warnings
 
 
-def test_a_thousand_claims_validate_in_under_a_second() -> None:
+def test_a_thousand_claims_validate_and_the_cost_grows_linearly() -> None:
+    """A thousand claims in one file all validate, and ten times the claims cost about ten
+    times the time, not a hundred (best of three each, so a loaded machine moves both alike;
+    the absolute figure is a benchmark's, not a test's)."""
     claim = (ROOT / "examples" / "macvlan-claim.yaml").read_text().split("\n---\n")[0]
-    text = "\n---\n".join([claim] * 1000).encode()
     from cnidra.api.loading import load_yaml
 
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        reports = validate_documents(load_yaml(text))
-        best = min(best, time.perf_counter() - start)
-    assert len(reports) == 1000 and not any(r.issues.errors for r in reports)
-    print(f"1000 claims: {best * 1000:.0f} ms")
-    assert best < 1.0
+    def best_of_three(count: int) -> float:
+        text = "\n---\n".join([claim] * count).encode()
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            reports = validate_documents(load_yaml(text))
+            best = min(best, time.perf_counter() - start)
+        assert len(reports) == count and not any(r.issues.errors for r in reports)
+        return best
+
+    small, large = best_of_three(100), best_of_three(1000)
+    print(f"100 claims: {small * 1000:.0f} ms, 1000 claims: {large * 1000:.0f} ms")
+    assert large < 25 * small
 
 
 def test_validate_starts_quickly() -> None:
