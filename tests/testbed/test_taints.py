@@ -70,6 +70,30 @@ def device_taints(cluster: Cluster, link: str) -> list[dict[str, Any]] | None:
     return None
 
 
+def wait_untainted(cluster: Cluster, link: str, what: str, timeout: float) -> None:
+    """Until `link`'s device is published without a taint; on a timeout the message says what
+    the slices held instead (every device of the driver's, with its taints) and how the node
+    sees the link, so a failure on CI can be read without the test bed."""
+    try:
+        cluster.wait(what, lambda: device_taints(cluster, link) == [], timeout)
+    except AssertionError as exc:
+        slices = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json").stdout)
+        devices = [
+            (item["metadata"]["name"], item["spec"]["pool"].get("generation"),
+             device["attributes"].get("ifName", {}).get("string"), device.get("taints"))
+            for item in slices["items"] if item["spec"]["driver"] == DRIVER
+            for device in item["spec"].get("devices") or []
+        ]  # fmt: skip
+        shown = subprocess.run(
+            ["ip", "-d", "link", "show", link],
+            check=False, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        raise AssertionError(
+            f"{exc}; the driver's devices (slice, generation, ifName, taints): {devices}; "
+            f"the link: {(shown.stdout or shown.stderr).strip()[:300]}"
+        ) from None
+
+
 def template(name: str, parent: str, subnet: str, tolerate: str | None = None) -> dict[str, Any]:
     request: dict[str, Any] = {
         "name": "net",
@@ -126,7 +150,7 @@ def test_a_link_that_goes_down_is_tainted_and_new_pods_wait_for_it(
 ) -> None:
     parent = test_link(f"tt{uuid.uuid4().hex[:5]}")
     start_driver()
-    cluster.wait("the link's device", lambda: device_taints(cluster, parent) == [], 60)
+    wait_untainted(cluster, parent, "the link's device", 60)
     apply(
         cluster, namespace, template("data", parent, "198.18.216.0/24"), claiming_pod("a", "data")
     )
@@ -158,7 +182,7 @@ def test_a_link_that_goes_down_is_tainted_and_new_pods_wait_for_it(
     print("scheduler said:", scheduling[-1])
 
     link(parent, "up")
-    cluster.wait("the taint to go", lambda: device_taints(cluster, parent) == [], 30)
+    wait_untainted(cluster, parent, "the taint to go", 30)
     cluster.wait(
         "pod a's device healthy again",
         lambda: device_health(cluster, namespace, "a") == ["Healthy"],
@@ -176,7 +200,7 @@ def test_with_noexecute_the_pods_on_a_dead_link_are_evicted_unless_they_tolerate
 ) -> None:
     parent = test_link(f"tx{uuid.uuid4().hex[:5]}")
     start_driver(link_failure_taint="NoExecute")  # the chart's driver.linkFailureTaint
-    cluster.wait("the link's device", lambda: device_taints(cluster, parent) == [], 60)
+    wait_untainted(cluster, parent, "the link's device", 60)
     apply(
         cluster,
         namespace,
@@ -226,7 +250,7 @@ def test_on_a_cluster_without_the_optional_features_the_driver_leaves_them_out(
         driver = start_driver()
         health = driver.health()["clusterFeatures"]
         assert health == {"consumableCapacity": False, "deviceTaints": False, "known": True}
-        cluster.wait("the link's device", lambda: device_taints(cluster, parent) == [], 60)
+        wait_untainted(cluster, parent, "the link's device", 60)
         link(parent, "down")
         time.sleep(5)
         assert device_taints(cluster, parent) == []  # not written where it would be dropped
