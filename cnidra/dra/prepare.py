@@ -243,7 +243,7 @@ class SharedNetworks:
         return attachment if known is attachment.network else replace(attachment, network=known)
 
 
-class NetworkReader(Protocol):
+class NetworkLookup(Protocol):
     """The objects and node files a claim's network references name (cnidra.kube.networks)."""
 
     async def catalog(self, refs: Sequence[tuple[NetworkRef, str]]) -> StaticCatalog: ...
@@ -262,7 +262,7 @@ class Preparer:
         view: Callable[[], NodeView] = NodeView,
         namespaces: NamespaceLabels | None = None,
         metadata: DeviceMetadata | None = None,
-        networks: NetworkReader | None = None,
+        networks: NetworkLookup | None = None,
         ipam: Allocator | None = None,
     ) -> None:
         self.node = node

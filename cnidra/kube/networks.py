@@ -61,7 +61,7 @@ def read_node_conf(conf_dir: Path, network_id: str) -> NamedNetwork | Unresolved
 
 
 class NetworkReader:
-    """cnidra.dra.prepare.NetworkReader: what a claim's references name, read now."""
+    """cnidra.dra.prepare.NetworkLookup: what a claim's references name, read now."""
 
     def __init__(self, client: AsyncClient, conf_dir: Path, timeout: float = 5.0) -> None:
         self.client = client

@@ -37,7 +37,9 @@ def event_mask(events: tuple[int, ...]) -> int:
     return mask
 
 
-class PodHooks(Protocol):
+class RuntimeHooks(Protocol):
+    """What the NRI plugin calls for each event it subscribed to (cnidra.nri.hooks.PodHooks)."""
+
     async def run_pod_sandbox(self, pod: nri.PodSandbox) -> None: ...
     async def stop_pod_sandbox(self, pod: nri.PodSandbox) -> None: ...
     async def remove_pod_sandbox(self, pod: nri.PodSandbox) -> None: ...
@@ -49,7 +51,7 @@ class PodHooks(Protocol):
 class NRIPlugin:
     def __init__(
         self,
-        hooks: PodHooks,
+        hooks: RuntimeHooks,
         socket_path: str = DEFAULT_SOCKET,
         name: str = "cnidra",
         index: str = "50",

@@ -461,7 +461,7 @@ SUBNET = {"subnet": "198.18.9.0/24"}
 
 
 class Networks:
-    """A NetworkReader with nothing to read again: the view's networks stand."""
+    """A NetworkLookup with nothing to read again: the view's networks stand."""
 
     async def catalog(self, refs: Any) -> StaticCatalog:
         return StaticCatalog()
