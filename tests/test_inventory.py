@@ -282,3 +282,68 @@ def test_a_named_network_whose_parent_is_down_is_served_tainted() -> None:
     parent = link("eth1", 2, state="down")
     dev = network_device("net-data", "data", network, parent, SliceSettings("n1"))
     assert dev["taints"][0]["value"] == "down"
+
+
+def test_slices_deleted_after_kubelet_registers_the_plugin_are_written_again() -> None:
+    """kubelet deletes a driver's slices at its start and 30 s after it lost the plugin; a
+    deletion under way when the plugin registers is not called off and can land after the
+    first publish (a test bed run: one publish, then no device for 60 s). The rounds after a
+    registration check the slices are there, and write them again when they are not."""
+    import asyncio
+    import contextlib
+    from types import SimpleNamespace
+
+    from cnidra.inventory.publisher import SlicePublisher
+
+    class Apiserver:
+        def __init__(self) -> None:
+            self.slices: dict[str, object] = {}
+            self.applied = self.lists = 0
+
+        async def get(self, kind: object, name: str) -> object:
+            meta = SimpleNamespace(labels={}, uid="node-uid")
+            return SimpleNamespace(metadata=meta, status=SimpleNamespace(addresses=[]))
+
+        async def apply(self, obj: object, force: bool = False) -> None:
+            self.slices[obj.metadata.name] = obj  # type: ignore[attr-defined]
+            self.applied += 1
+
+        async def delete(self, kind: object, name: str) -> None:
+            self.slices.pop(name, None)
+
+        async def list(self, *args: object, **kw: object) -> object:
+            self.lists += 1
+            for obj in list(self.slices.values()):
+                yield obj
+
+    async def until(check: object, seconds: float = 3.0) -> bool:
+        for _ in range(int(seconds / 0.02)):
+            if check():  # type: ignore[operator]
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+    async def scenario() -> None:
+        apiserver = Apiserver()
+        publisher = SlicePublisher(
+            apiserver,  # type: ignore[arg-type]
+            SliceSettings("n1"), [], resync=0.3, min_interval=0.01, links=lambda: [link("tt0", 3)],
+        )  # fmt: skip
+        task = asyncio.create_task(publisher.run())
+        try:
+            assert await until(lambda: apiserver.applied == 1)
+            apiserver.slices.clear()  # kubelet's deletion, before it registers the plugin
+            publisher.check_slices()  # kubelet registered the plugin
+            assert await until(lambda: "n1-cni-dra-0" in apiserver.slices), "not written again"
+            assert publisher.generation == 2
+            apiserver.slices.clear()  # a deletion retried, after the registration
+            assert await until(lambda: "n1-cni-dra-0" in apiserver.slices), "not at a resync"
+            await asyncio.sleep(1.0)  # more resyncs: nothing written, nothing listed
+            assert apiserver.applied == 3
+            assert apiserver.lists == 1 + 3  # the adoption at the start, three checked rounds
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(scenario())

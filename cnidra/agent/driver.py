@@ -184,6 +184,7 @@ class Driver:
             health=self.publisher.health,
         )
         self.registration = RegistrationService(str(settings.dra_socket))
+        self.registration.on_registered = self.publisher.check_slices
         self.node_api = NodeNetworksService(
             self.node_records, self.journal, self.lifecycle, refusals=(PlugError,)
         )

@@ -189,6 +189,8 @@ class RegistrationService(reg_grpc.RegistrationServicer):
         self.registered = asyncio.Event()
         self.error: str | None = None
         self.registrations = 0
+        # called on each registration (the driver's publisher checks its slices are there)
+        self.on_registered: Callable[[], None] | None = None
 
     async def GetInfo(self, request: reg.InfoRequest, context: Any) -> reg.PluginInfo:
         return reg.PluginInfo(
@@ -208,6 +210,8 @@ class RegistrationService(reg_grpc.RegistrationServicer):
             self.error = None
             self.registered.set()
             log.info("kubelet registered the plugin (%d time(s))", self.registrations)
+            if self.on_registered is not None:
+                self.on_registered()
         else:
             self.error = request.error
             self.registered.clear()

@@ -136,6 +136,7 @@ class SlicePublisher:
         self.pool_capacity = pool_capacity
         self.health = HealthBoard()
         self.watch = LinkWatch(self.filter.eligible)
+        self._check_rounds = 0  # rounds still to check that the slices written are there
 
     def view(self) -> NodeView:
         """The node as prepare and the hook see it: each published device's link, the links
@@ -224,6 +225,17 @@ class SlicePublisher:
     def poke(self) -> None:
         self._trigger.set()
 
+    def check_slices(self) -> None:
+        """kubelet registered the plugin (at the driver's start, or at kubelet's own): the next
+        `CHECK_ROUNDS` rounds, this one at once, make sure the slices last written are still
+        there. kubelet deletes a driver's slices at its start and 30 s after it lost the
+        plugin's connection; a deletion already under way when the plugin comes back is not
+        called off, and can land after this driver's publish, which then compared only with
+        what it wrote itself and never wrote them again (a test bed run: one publish, then no
+        device for 60 s)."""
+        self._check_rounds = CHECK_ROUNDS
+        self.poke()
+
     async def run(self) -> None:
         owner = await self._node_owner()
         await self._adopt_existing()
@@ -236,6 +248,9 @@ class SlicePublisher:
         try:
             while True:
                 try:
+                    if self._check_rounds:
+                        self._check_rounds -= 1
+                        await self._check_published()
                     await self.publish_if_changed(owner)
                 except asyncio.CancelledError:
                     raise
@@ -357,6 +372,30 @@ class SlicePublisher:
                     self._published_names.add(data["metadata"]["name"])
                     self.generation = max(self.generation, int(data["spec"]["pool"]["generation"]))
 
+    async def _check_published(self) -> None:
+        """Written again next when a slice last written is gone from the apiserver (one LIST,
+        as `_adopt_existing`'s; only after a registration, so a resync at rest asks nothing)."""
+        if self._published is None:
+            return  # nothing written yet, or the last write failed: written again anyway
+        there: set[str] = set()
+        try:
+            async for obj in self.client.list(
+                ResourceSlice, fields={"spec.nodeName": self.settings.node}
+            ):
+                data = obj.to_dict()
+                if data["spec"].get("driver") == DRIVER_NAME:
+                    there.add(data["metadata"]["name"])
+        except Exception as exc:
+            log.warning("ResourceSlices not listed to check them: %s", exc)
+            return
+        if missing := self._published_names - there:
+            log.warning(
+                "ResourceSlice(s) %s deleted by another (kubelet's cleanup of the plugin's "
+                "last run?); writing them again",
+                ", ".join(sorted(missing)),
+            )
+            self._published = None
+
     async def _watch_netlink(self) -> None:
         """A link or address change in the node's namespace that can change what is published
         triggers a publish (coalesced: `_quiet`). The messages are read for the link they name
@@ -385,6 +424,9 @@ class SlicePublisher:
 
 
 BURST_LIMIT = 10  # a publish waits at most this many min_intervals for events to pause
+# rounds after a registration that check the slices are there: at once, then the next two (at
+# rest, two resyncs: kubelet's deletion retries 1 s, 2 s, 4 s, ... apart while it fails)
+CHECK_ROUNDS = 3
 
 # rtnetlink multicast groups (linux/rtnetlink.h)
 RTMGRP_LINK = 0x1

@@ -56,3 +56,18 @@ async def test_both_health_services_are_served_and_advertised() -> None:
     service = DRAService(SimpleNamespace(node="node-a"), health=HealthBoard())  # type: ignore[arg-type]
     served = {h.service_name() for h in service.handlers()}  # type: ignore[attr-defined]
     assert set(HEALTH_SERVICES) <= served
+
+
+async def test_each_registration_by_kubelet_has_the_slices_checked() -> None:
+    """kubelet deletes a driver's slices at its start and after it lost the plugin; each time
+    it registers the plugin the publisher checks they are still there (SlicePublisher)."""
+    from cnidra._proto.pluginregistration.v1 import api_pb2 as reg
+    from cnidra.dra.plugin import RegistrationService
+
+    service = RegistrationService("/x.sock")
+    calls: list[int] = []
+    service.on_registered = lambda: calls.append(service.registrations)
+    for _ in range(2):  # the driver's start, then kubelet's restart
+        await service.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True), None)
+    await service.NotifyRegistrationStatus(reg.RegistrationStatus(error="refused"), None)
+    assert calls == [1, 2]
