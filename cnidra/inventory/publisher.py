@@ -364,27 +364,28 @@ class SlicePublisher:
     async def _adopt_existing(self) -> None:
         """Continue the pool generation across restarts, and know which slices are ours."""
         with contextlib.suppress(Exception):
-            async for obj in self.client.list(
-                ResourceSlice, fields={"spec.nodeName": self.settings.node}
-            ):
-                data = obj.to_dict()
-                if data["spec"].get("driver") == DRIVER_NAME:
-                    self._published_names.add(data["metadata"]["name"])
-                    self.generation = max(self.generation, int(data["spec"]["pool"]["generation"]))
+            for name, generation in (await self._listed()).items():
+                self._published_names.add(name)
+                self.generation = max(self.generation, generation)
+
+    async def _listed(self) -> dict[str, int]:
+        """This driver's slices of this node on the apiserver now: name -> pool generation."""
+        found: dict[str, int] = {}
+        async for obj in self.client.list(
+            ResourceSlice, fields={"spec.nodeName": self.settings.node}
+        ):
+            data = obj.to_dict()
+            if data["spec"].get("driver") == DRIVER_NAME:
+                found[data["metadata"]["name"]] = int(data["spec"]["pool"]["generation"])
+        return found
 
     async def _check_published(self) -> None:
         """Written again next when a slice last written is gone from the apiserver (one LIST,
         as `_adopt_existing`'s; only after a registration, so a resync at rest asks nothing)."""
         if self._published is None:
             return  # nothing written yet, or the last write failed: written again anyway
-        there: set[str] = set()
         try:
-            async for obj in self.client.list(
-                ResourceSlice, fields={"spec.nodeName": self.settings.node}
-            ):
-                data = obj.to_dict()
-                if data["spec"].get("driver") == DRIVER_NAME:
-                    there.add(data["metadata"]["name"])
+            there = set(await self._listed())
         except Exception as exc:
             log.warning("ResourceSlices not listed to check them: %s", exc)
             return
