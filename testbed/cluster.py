@@ -26,6 +26,7 @@ pods from 198.18.129.0/24. `node2-down` (and `down`) remove it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from testbed.components import (  # noqa: F401
     _node_ready,
@@ -182,6 +184,7 @@ def down() -> None:
         subprocess.run(["umount", "-l", target], check=False, capture_output=True)
     subprocess.run(["ip", "link", "del", BRIDGE], check=False, capture_output=True)
     log("down: processes stopped, mounts removed, bridge deleted")
+    KEPT.unlink(missing_ok=True)
     # state that must not survive: runtime state, pod data, CNI allocations; PKI and images stay
     for d in (Paths.run, ROOT / "var", ROOT / "etcd", Paths.cni_data):
         shutil.rmtree(d, ignore_errors=True)
@@ -233,23 +236,75 @@ def env_dict() -> dict[str, str]:
     return {k: v.replace("$PATH", os.environ.get("PATH", "")) for k, v in pairs}
 
 
+# `up` from the command line (or a pytest run with CNIDRA_TESTBED_KEEP=1) leaves this file: a
+# test bed somebody keeps on purpose, which a session reuses. One running without it was left by
+# a run that was killed before its `down`, with whatever that run had installed still in it.
+KEPT = ROOT / "kept"
+# held by each session for its whole length: a second run (a soak beside `make test`, CI beside
+# a developer's run on one machine) waits for the first instead of sharing its test bed.
+SESSION_LOCK = ROOT / "session.lock"
+
+
 @contextlib.contextmanager
-def session() -> Iterator[Bins]:
-    """For pytest: bring the test bed up (reusing a running one), always bring it down after."""
-    was_running = all(running(n) for n in COMPONENTS)
-    if not was_running:
-        up()
-    try:
-        yield Bins.locate()
-    finally:
-        if not was_running and os.environ.get("CNIDRA_TESTBED_KEEP") != "1":
+def _exclusive(path: Path, wait: float) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as f:
+        deadline = time.monotonic() + wait
+        told = False
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    f.seek(0)
+                    raise SystemExit(
+                        f"the test bed is still in use by another run ({f.read().strip()}) "
+                        f"after {wait:.0f} s; see {path}"
+                    ) from None
+                if not told:
+                    f.seek(0)
+                    log(f"the test bed is in use by another run ({f.read().strip()}); waiting")
+                    told = True
+                time.sleep(2)
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}: {' '.join(sys.argv)[:200]}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def session(wait: float = 3 * 3600) -> Iterator[Bins]:
+    """For pytest and the benchmarks: the test bed to this run alone (another run's session is
+    waited for, up to `wait` seconds), brought up for it and down after it. A test bed kept on
+    purpose (`up`, CNIDRA_TESTBED_KEEP=1) is reused and left up; one a killed run left behind,
+    or half of one, is brought down first."""
+    with _exclusive(SESSION_LOCK, wait):
+        up_now = [n for n in COMPONENTS if running(n)]
+        was_running = len(up_now) == len(COMPONENTS) and KEPT.exists()
+        if up_now and not was_running:
+            log(f"{', '.join(up_now)} left running by an interrupted run: brought down first")
             down()
+        if not was_running:
+            up()
+        try:
+            yield Bins.locate()
+        finally:
+            if os.environ.get("CNIDRA_TESTBED_KEEP") == "1":
+                KEPT.touch()
+            elif not was_running:
+                down()
 
 
 def main(argv: Sequence[str]) -> int:
     command = argv[1] if len(argv) > 1 else "status"
     if command == "up":
         up()
+        KEPT.touch()
     elif command == "down":
         down()
     elif command == "status":
