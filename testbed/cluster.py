@@ -98,6 +98,7 @@ from testbed.processes import (  # noqa: F401
     _pidfile,
     cgroup_roots,
     crictl,
+    host_drivers,
     kubectl,
     make_cgroup_roots,
     port_open,
@@ -176,7 +177,7 @@ def down() -> None:
         crictl(bins, "rmp", "--all", "--force", check=False)
     for name in reversed(COMPONENTS):
         stop(name)
-    for pid in _our_shims():
+    for pid in _our_shims() + host_drivers():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     time.sleep(0.3)

@@ -150,6 +150,24 @@ def _our_shims(node: Node = NODE1) -> list[int]:
     return pids
 
 
+def host_drivers(under: Path = ROOT) -> list[int]:
+    """`cnidra driver` processes on the host set up for this test bed (their NRI socket is one of
+    its nodes'), whoever started them: a run killed mid-test leaves its drivers behind, still
+    registered with kubelet and connected to NRI, and the next run's pods would meet them."""
+    pids = []
+    marker = f"CNIDRA_NRI_SOCKET={under}/".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"driver" not in argv or not any(a.endswith(b"cnidra") for a in argv):
+                continue
+            if any(v.startswith(marker) for v in (proc / "environ").read_bytes().split(b"\0")):
+                pids.append(int(proc.name))
+    return pids
+
+
 def _mounts_under_root(under: Path = ROOT) -> list[str]:
     out = Path("/proc/self/mountinfo").read_text().splitlines()
     targets = [line.split()[4] for line in out]

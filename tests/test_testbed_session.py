@@ -110,3 +110,19 @@ def test_a_second_run_waits_for_the_first_and_names_it(tmp_path: Path) -> None:
         holder.wait()
     with tb._exclusive(lock, 1):  # the holder gone, its lock goes with it
         assert f"pid {os.getpid()}:" in lock.read_text()
+
+
+def test_drivers_a_killed_run_left_are_found_by_their_nri_socket(tmp_path: Path) -> None:
+    """down() kills them: `cnidra driver` processes set up for this test bed, and no other."""
+    ours, other = tmp_path / "testbed", tmp_path / "elsewhere"
+    sleep = [sys.executable, "-c", "import time; time.sleep(30)", "cnidra", "driver"]
+    procs = [
+        subprocess.Popen(sleep, env={**os.environ, "CNIDRA_NRI_SOCKET": f"{root}/run/nri.sock"})
+        for root in (ours, other)
+    ]
+    try:
+        assert tb.host_drivers(ours) == [procs[0].pid]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
