@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import select
 import struct
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -122,6 +123,37 @@ def test_an_event_that_restates_a_data_link_does_not_wake_the_publisher() -> Non
         assert not restates(changed, eth1), changed
 
 
+def test_a_pods_veth_joining_the_primary_networks_bridge_does_not_wake_the_publisher() -> None:
+    """The test bed's (and flannel's) shape: the node's address on a bridge, every pod's veth a
+    port of it. The bridge already carries the node; a veth never becomes a device. A link that
+    may become one, on that bridge or on a data link, still matters."""
+    links = [
+        Link("lo", 1, "", 65536, "virtual", None, "unknown", loopback=True),
+        Link("br0", 2, "m0", 1500, "bridge", "bridge", "up", ipv4=("10.0.0.2/24",),
+             default_route=True),
+        Link("eth1", 3, "m1", 1500, "physical", None, "up"),
+        Link("data0", 4, "m2", 1500, "bridge", "bridge", "up"),
+    ]  # fmt: skip
+    w = LinkWatch(LinkFilter().eligible)
+    w.read(links, carrying_node(links))
+    assert not w.matters([link_message(RTM_NEWLINK, 7, "veth1a2b", "veth")])
+    assert not w.matters([link_message(RTM_NEWLINK, 7, "veth1a2b", "veth", master=2)])
+    assert not w.matters([address_message(7)])  # its IPv6 link-local address
+    assert not w.matters([link_message(RTM_DELLINK, 7, "veth1a2b", "veth", master=2)])
+    assert w.matters([link_message(RTM_NEWLINK, 8, "veth3c4d", "veth", master=4)])  # data
+    assert w.matters([link_message(RTM_NEWLINK, 9, "br0.100", "vlan", master=2)])
+    assert w.matters([link_message(RTM_NEWLINK, 10, "eth2", None, master=2)])
+    # the bridge's MAC follows its ports; it is not published, so that shows nowhere
+    w.read(links, carrying_node(links), shown=["eth1", "data0"])
+    br0 = LinkEvent(2, name="br0", link_kind="bridge", mac="m9", mtu=1500, state="up")
+    assert not w.matters([link_message(RTM_NEWLINK, 2, "br0", "bridge")])
+    assert not w._matters(br0)
+    assert w._matters(replace(br0, master=4))  # its place changes what it protects
+    assert w._matters(replace(br0, name="br1"))
+    w.read(links, carrying_node(links), shown=["eth1", "data0", "br0"])  # --publish-node-links
+    assert w._matters(br0)
+
+
 @pytest.mark.netns
 def test_real_events_of_a_namespace(in_node: Path) -> None:
     """The kernel's own messages, in a namespace of the test's: a veth with its address and a
@@ -163,3 +195,40 @@ def test_real_events_of_a_namespace(in_node: Path) -> None:
                 assert not w.matters(datagrams)
             ip(in_node, "link", "set", "data1", "up")
             assert events()
+
+
+@pytest.mark.netns
+def test_real_veths_joining_the_node_bridge_stay_quiet(in_node: Path) -> None:
+    """The kernel's messages as the primary network plugs a pod: a veth made, its peer moved
+    into the pod's namespace, the veth joined to the bridge holding the node's address, set up
+    (its link-local address), and the bridge's own MAC and carrier following its ports. None
+    wakes the publisher; a link that may become a device made on that bridge does."""
+    ip(in_node, "link", "add", "nodebr", "type", "bridge")
+    ip(in_node, "addr", "add", "198.18.8.1/24", "dev", "nodebr")
+    ip(in_node, "link", "set", "nodebr", "up")
+    pod = Path(f"/run/netns/{in_node.name}-pod")
+    subprocess.run(["ip", "netns", "add", pod.name], check=True, timeout=30)
+    try:
+        links = read_links()
+        w = LinkWatch(LinkFilter().eligible)
+        node = carrying_node(links, ["198.18.8.1"])
+        w.read(links, node, [link.name for link in links if link.name not in node])
+        with netlink_events(RTMGRP_LINK | RTMGRP_IPV4_IFADDR) as sock:
+
+            def events() -> bool:
+                found = False
+                while select.select([sock], [], [], 0.5)[0]:
+                    datagrams, overrun = receive(sock)
+                    assert not overrun
+                    found |= w.matters(datagrams)
+                return found
+
+            ip(in_node, "link", "add", "veth7e1a", "type", "veth", "peer", "name", "eth0",
+               "netns", pod.name)  # fmt: skip
+            ip(in_node, "link", "set", "veth7e1a", "master", "nodebr")
+            ip(in_node, "link", "set", "veth7e1a", "up")
+            assert not events()
+            ip(in_node, "link", "add", "link", "nodebr", "name", "mv0", "type", "macvlan")
+            assert events()  # on the node's bridge: it carries the node
+    finally:
+        subprocess.run(["ip", "netns", "del", pod.name], check=False, timeout=30)

@@ -162,11 +162,12 @@ class LinkWatch:
 
     An event matters when it changes a link that may become a device (`eligible`: the admin's
     filter, by name and kind) or one that carries the node (`protected`), or is about a link
-    that is a port of, or sits on, such a link (a veth joining a bridge can make it another
-    network of pods'; a vlan can carry the node), or an address of such a link; and when it
-    cannot be read or names a link never seen. Events about other links (the pods' veths, the
-    runtime's bridges, tunnels), and link events that restate what was read, do not: the next
-    resync reads every link anyway."""
+    that may become a device, or a link that is a port of, or sits on, a link that may (a veth
+    joining a data bridge can make it another network of pods'; a vlan on a node link carries
+    the node), or an address of such a link; and when it cannot be read or names a link never
+    seen. Events about other links (the pods' veths, also as they join the primary network's
+    bridge, the runtime's bridges, tunnels), and link events that restate what was read, do
+    not: the next resync reads every link anyway."""
 
     MAX_IGNORED = 4096  # links learned from events to be irrelevant; beyond, forgotten
 
@@ -174,14 +175,26 @@ class LinkWatch:
         self.eligible = eligible
         self._read = False
         self._relevant: dict[int, Link] = {}
+        self._protected: set[int] = set()
+        self._hidden: set[int] = set()  # carry the node and are not published
         self._ignored: set[int] = set()
 
-    def read(self, links: Iterable[Link], protected: Iterable[str]) -> None:
-        """What a full read of the links found."""
+    def read(
+        self, links: Iterable[Link], protected: Iterable[str], shown: Iterable[str] | None = None
+    ) -> None:
+        """What a full read of the links found: those that carry the node (`protected`), and
+        those behind a published device (`shown`; None: every link)."""
         links = [link for link in links if not link.absent]
         protected = set(protected)
         self._relevant = {
             link.index: link for link in links if self.eligible(link) or link.name in protected
+        }
+        self._protected = {link.index for link in links if link.name in protected}
+        shown = None if shown is None else set(shown)
+        self._hidden = {
+            link.index
+            for link in links
+            if shown is not None and link.name not in shown and link.index in self._protected
         }
         self._ignored = {link.index for link in links} - self._relevant.keys()
         self._read = True
@@ -198,9 +211,14 @@ class LinkWatch:
     def _matters(self, event: LinkEvent) -> bool:
         known = self._relevant.get(event.index)
         if known is not None:
-            return event.address or event.removed or not restates(event, known)
-        if {event.master, event.lower} & self._relevant.keys():
-            return True
+            if event.address or event.removed:
+                return True
+            if event.index in self._hidden:  # its MAC, MTU, state show nowhere; its place does
+                return (event.name, event.master, event.lower, event.loopback) != (
+                    known.name, known.master, known.lower, known.loopback
+                )  # fmt: skip
+            return not restates(event, known)
+        bound = {event.master, event.lower} & self._relevant.keys()
         if event.address:
             return event.index not in self._ignored
         if event.name is None:
@@ -211,6 +229,10 @@ class LinkWatch:
         )  # fmt: skip
         if self.eligible(link):
             return True
+        if bound - self._protected:
+            return True  # a port can make a data bridge another network of pods' (protected)
+        # bound only to links that already carry the node (a pod's veth joining the primary
+        # network's bridge, at every pod): it never becomes a device, and changes none
         if event.removed:
             self._ignored.discard(event.index)
         elif len(self._ignored) < self.MAX_IGNORED:

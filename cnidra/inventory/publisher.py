@@ -41,6 +41,7 @@ from cnidra.inventory.slices import (
     parents,
 )
 from cnidra.observe import metrics
+from cnidra.util.aio import wait_set
 from cnidra.util.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,7 @@ class HealthBoard:
 
     async def wait(self, seconds: float) -> None:
         """Until the next change, or `seconds`."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), seconds)
+        await wait_set(self._changed, seconds)
         self._changed.clear()
 
 
@@ -148,7 +148,7 @@ class SlicePublisher:
         links = await asyncio.to_thread(self.read_links)
         await self._serve(links)
         self._view = self._make_view(links)
-        self.watch.read(links, self._view.protected)
+        self.watch.read(links, self._view.protected, self._view.links.values())
         return self._view
 
     def _protected(self, links: list[Link]) -> frozenset[str]:
@@ -258,8 +258,7 @@ class SlicePublisher:
                     metrics.PUBLISHES.labels("error").inc()
                     log.warning("publishing ResourceSlices failed: %s", exc)
                     self._published = None  # retry on the next round
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._trigger.wait(), self.resync)
+                await wait_set(self._trigger, self.resync)
                 await self._quiet()
         finally:
             watcher.cancel()
@@ -274,9 +273,7 @@ class SlicePublisher:
         first = time.monotonic()
         while time.monotonic() - first < self.min_interval * BURST_LIMIT:
             self._trigger.clear()
-            try:
-                await asyncio.wait_for(self._trigger.wait(), self.min_interval)
-            except TimeoutError:
+            if not await wait_set(self._trigger, self.min_interval):
                 return
 
     async def publish_if_changed(self, owner: dict[str, Any]) -> bool:
@@ -284,7 +281,7 @@ class SlicePublisher:
         await self._serve(every)
         view = self._make_view(every)
         self._view = view
-        self.watch.read(every, view.protected)
+        self.watch.read(every, view.protected, view.links.values())
         published = {n for d, n in view.links.items() if d not in view.networks}
         links = [link for link in every if link.name in published]
         plugins = cni_plugins(self.cni_path)

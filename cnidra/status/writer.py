@@ -28,7 +28,6 @@ the pod is read and merged as before."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -51,6 +50,7 @@ from cnidra.api.loading import LoadError, load_json
 from cnidra.api.refs import ObjectRef
 from cnidra.observe import metrics
 from cnidra.status.devices import NETWORK_STATUS_ANNOTATION
+from cnidra.util.aio import wait_set
 from cnidra.util.backoff import Backoff
 from cnidra.util.files import write_atomically
 
@@ -352,8 +352,7 @@ class StatusWriter:
                 waits.append(self._events_due - time.monotonic())
             timeout = max(0.05, min(waits)) if waits else None
             self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+            await wait_set(self._wake, timeout)
 
     async def _apply(self, claim: ObjectRef) -> bool:
         """The claim's status when it differs from what was written last, then its finalizer
