@@ -17,8 +17,11 @@ at rest: after each wave the soak waits until the deleted pods' teardown is done
 (their network namespaces, records, CDI specs and leases gone; "unsettled_waves" counts the
 waves where that took over 120 s). "start" is sampled after the first wave, "end" 35 s after
 the last (the status writer's removals are due 30 s after a claim goes). Leaks are counted
-against the state after the first wave (what is made once: the pool's block, caches), the
-metrics series against the first wave after the last restart. A SIGTERM (a `timeout` around
+against the state after the first wave (what is made once: the pool's block, caches); the
+metrics series against the first wave after the last restart: "metrics_series" counts the
+added series that name a pod, claim or sandbox (all gone by then), "new_series" lists the
+other added ones (a label value of a bounded set seen for the first time, such as a response
+code), without histogram buckets. A SIGTERM (a `timeout` around
 it) ends the waves early: the pods are deleted, the leaks counted and the JSON printed as ever,
 with "interrupted": true.
 """
@@ -139,7 +142,7 @@ def counts(bed: Cluster, driver: DriverProcess, namespace: str) -> dict[str, int
     claims = json.loads(bed.kubectl("get", "resourceclaims", "-n", namespace, "-o", "json").stdout)[
         "items"
     ]
-    series = [line for line in driver.metrics().splitlines() if line and line[0] != "#"]
+    series = metric_series(driver)
     return {
         "netns": len(list(run_netns.glob("*"))) if run_netns.exists() else 0,
         "links": len(json.loads(links.stdout)),
@@ -151,6 +154,32 @@ def counts(bed: Cluster, driver: DriverProcess, namespace: str) -> dict[str, int
         "cdi_specs": len(list(CDI_DIR.glob(f"{DRIVER}_*"))) if CDI_DIR.exists() else 0,
         "metrics_series": len(series),
     }
+
+
+# labels of series about one pod's interface, which must go when the pod goes; the others have
+# bounded label sets (a method, an outcome, a response code, a network's name)
+PER_OBJECT_LABELS = ("pod=", "claim=", "sandbox=")
+
+
+def metric_series(driver: DriverProcess) -> set[str]:
+    """The driver's series now, each by name and labels (its value left out)."""
+    lines = driver.metrics().splitlines()
+    return {line.rsplit(" ", 1)[0] for line in lines if line and line[0] != "#"}
+
+
+def new_series(base: set[str], now: set[str]) -> tuple[int, list[str]]:
+    """Series added since `base`: how many name a pod, claim or sandbox (leaks: the pods are all
+    gone), and the rest by metric name and labels (a first 409, a first failure's reason:
+    bounded, shown for the reader to judge), without histogram buckets."""
+    added = now - base
+    leaks = sum(1 for s in added if any(label in s for label in PER_OBJECT_LABELS))
+    shown = sorted(
+        s
+        for s in added
+        if not any(label in s for label in PER_OBJECT_LABELS)
+        and not s.split("{")[0].endswith(("_bucket", "_created"))
+    )
+    return leaks, shown
 
 
 # what a pod's life makes on the node and takes away again once its teardown is done: each is
@@ -244,7 +273,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
             rest = counts(bed, driver, namespace)  # the node before the first pod
             unsettled = 0
             before: dict[str, int] = {}
-            series_base = 0
+            series_base: set[str] = set()
             started = time.monotonic()
             cycles = 0
             stretches: list[list[tuple[float, float]]] = [[]]
@@ -265,7 +294,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                     if not before:  # after the first wave: files and series that are made once
                         before = counts(bed, driver, namespace)
                     if not series_base:  # after the first wave since the (re)start
-                        series_base = counts(bed, driver, namespace)["metrics_series"]
+                        series_base = metric_series(driver)
                     first = first or last
                     rss_max = max(rss_max, last["rss_mib"])
                     stretches[-1].append((cycles, last["rss_mib"]))
@@ -275,7 +304,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                         driver.start()
                         bed.wait("NRI again", lambda: driver.health().get("nriConnected"), 60)
                         stretches.append([])
-                        series_base = 0
+                        series_base = set()
             except KeyboardInterrupt:  # a SIGTERM (a timeout): what was measured is still said
                 interrupted = True
                 bed.kubectl("delete", "pods", "-n", namespace, "-l", "soak=1", "--wait=false",
@@ -288,6 +317,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
             # first wave's teardown) were
             time.sleep(35)
             after = counts(bed, driver, namespace)
+            series_leaks, series_added = new_series(series_base, metric_series(driver))
             last = sample(driver)
             # each stretch without its warm-up (the first WARMUP cycles after a (re)start fill
             # caches, import lazily and grow the heap once)
@@ -308,8 +338,9 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                 "unsettled_waves": unsettled,
                 "leaks": {
                     **{k: after[k] - before[k] for k in before},
-                    "metrics_series": after["metrics_series"] - series_base,
+                    "metrics_series": series_leaks,
                 },
+                "new_series": series_added,
             }  # fmt: skip
             print(json.dumps(result))
         finally:
