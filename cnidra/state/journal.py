@@ -28,7 +28,7 @@ DETACH_FAILED = "DetachFailed"
 SWEPT = "Swept"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # 2,000 of them kept: no __dict__ each
 class Entry:
     seq: int
     time: float
