@@ -56,30 +56,25 @@ def test_a_veths_peer_index_in_another_namespace_is_not_a_link_here() -> None:
     from unittest import mock
 
     from cnidra.inventory import links as module
+    from cnidra.inventory.netlink import Address, Dump, LinkMessage
 
-    class Msg(dict):  # type: ignore[type-arg]
-        def get_nested(self, *keys: str) -> None:
-            return None
-
-    raw = [
-        Msg(index=3, flags=0, IFLA_IFNAME="tbdata", IFLA_LINK=None),
-        Msg(index=9, flags=0, IFLA_IFNAME="veth1", IFLA_MASTER=7, IFLA_LINK=3, IFLA_LINK_NETNSID=0),
-        Msg(index=7, flags=0, IFLA_IFNAME="cni0", IFLA_LINK=None),
-    ]
-    ipr = mock.MagicMock()
-    ipr.__enter__.return_value = ipr
-    ipr.get_links.return_value = raw
-    ipr.get_addr.return_value = [
-        {"index": 7, "family": 2, "prefixlen": 24, "IFA_ADDRESS": "198.51.100.1"}
-    ]
-    ipr.get_routes.return_value = []
+    found = Dump(
+        links=[
+            LinkMessage(3, name="tbdata"),
+            # IFLA_LINK 3 with IFLA_LINK_NETNSID: an index in the pod's namespace
+            LinkMessage(9, name="veth1", link_kind="veth", master=7, peer_elsewhere=True),
+            LinkMessage(7, name="cni0"),
+        ],
+        addresses=[Address(7, 2, "198.51.100.1", 24)],
+        routes=[],
+    )
     with (
-        mock.patch.object(module, "IPRoute", return_value=ipr),
+        mock.patch.object(module, "dump", return_value=found),
         mock.patch.object(module, "_sysfs", return_value={}),
     ):
         links = module.read_links()
     veth = next(link for link in links if link.name == "veth1")
-    assert veth.lower is None and veth.master == 7
+    assert veth.lower is None and veth.master == 7 and veth.peer_elsewhere
     # the node bridge and its port carry the node; the data link whose index the peer shares
     # in the pod's namespace does not
     assert carrying_node(links, ["198.51.100.1"]) == {"cni0", "veth1"}
@@ -91,30 +86,22 @@ def test_a_link_the_node_routes_through_carries_the_node() -> None:
     from unittest import mock
 
     from cnidra.inventory import links as module
+    from cnidra.inventory.netlink import Dump, LinkMessage, Route
 
-    class Msg(dict):  # type: ignore[type-arg]
-        def get_nested(self, *keys: str) -> None:
-            return None
-
-        def get_attr(self, key: str) -> object:
-            return self.get(key)
-
-    raw = [
-        Msg(index=i, flags=0, IFLA_IFNAME=name, IFLA_LINK=None)
-        for i, name in ((3, "storage0"), (4, "data0"), (5, "mgmt0"), (6, "mgmt1"))
-    ]
-    routes = [
-        Msg(dst_len=24, RTA_OIF=3, RTA_GATEWAY="198.18.50.1"),  # 198.18.60.0/24 via it
-        Msg(dst_len=24, RTA_OIF=4),  # data0's own subnet, no gateway
-        Msg(dst_len=16, RTA_OIF=None, RTA_MULTIPATH=[{"oif": 5}, {"oif": 6}]),
-    ]
-    ipr = mock.MagicMock()
-    ipr.__enter__.return_value = ipr
-    ipr.get_links.return_value = raw
-    ipr.get_addr.return_value = []
-    ipr.get_routes.side_effect = lambda family, table: routes if family == 2 else []
+    found = Dump(
+        links=[
+            LinkMessage(i, name=name)
+            for i, name in ((3, "storage0"), (4, "data0"), (5, "mgmt0"), (6, "mgmt1"))
+        ],
+        addresses=[],
+        routes=[
+            Route(2, 24, 3, gateway=True),  # 198.18.60.0/24 via 198.18.50.1 on storage0
+            Route(2, 24, 4, gateway=False),  # data0's own subnet, no gateway
+            Route(2, 16, None, gateway=False, hops=(5, 6)),  # multipath
+        ],
+    )
     with (
-        mock.patch.object(module, "IPRoute", return_value=ipr),
+        mock.patch.object(module, "dump", return_value=found),
         mock.patch.object(module, "_sysfs", return_value={}),
     ):
         links = module.read_links()

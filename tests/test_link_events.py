@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from cnidra.cni import netns
-from cnidra.inventory.events import (
+from cnidra.inventory.events import LinkWatch, restates
+from cnidra.inventory.links import Link, LinkFilter, carrying_node, read_links
+from cnidra.inventory.netlink import (
     IFLA_IFNAME,
     IFLA_INFO_KIND,
     IFLA_LINKINFO,
@@ -22,13 +24,10 @@ from cnidra.inventory.events import (
     RTM_DELLINK,
     RTM_NEWADDR,
     RTM_NEWLINK,
-    LinkEvent,
-    LinkWatch,
+    LinkMessage,
     Unreadable,
     parse,
-    restates,
 )
-from cnidra.inventory.links import Link, LinkFilter, carrying_node, read_links
 from cnidra.inventory.publisher import RTMGRP_IPV4_IFADDR, RTMGRP_LINK, netlink_events, receive
 from tests.conftest import ip
 
@@ -109,7 +108,7 @@ def test_an_event_that_restates_a_data_link_does_not_wake_the_publisher() -> Non
     eth1 = Link("eth1", 3, "52:54:00:00:00:01", 1500, "physical", None, "up", carrier=True)
     w = LinkWatch(LinkFilter().eligible)
     w.read([eth1], ())
-    same = LinkEvent(3, name="eth1", mac=eth1.mac, mtu=1500, state="up", carrier=True)
+    same = LinkMessage(3, name="eth1", mac=eth1.mac, mtu=1500, state="up", carrier=True)
     assert restates(same, eth1)
     for changed in (
         replace(same, mtu=9000),
@@ -145,7 +144,7 @@ def test_a_pods_veth_joining_the_primary_networks_bridge_does_not_wake_the_publi
     assert w.matters([link_message(RTM_NEWLINK, 10, "eth2", None, master=2)])
     # the bridge's MAC follows its ports; it is not published, so that shows nowhere
     w.read(links, carrying_node(links), shown=["eth1", "data0"])
-    br0 = LinkEvent(2, name="br0", link_kind="bridge", mac="m9", mtu=1500, state="up")
+    br0 = LinkMessage(2, name="br0", link_kind="bridge", mac="m9", mtu=1500, state="up")
     assert not w.matters([link_message(RTM_NEWLINK, 2, "br0", "bridge")])
     assert not w._matters(br0)
     assert w._matters(replace(br0, master=4))  # its place changes what it protects

@@ -1,4 +1,4 @@
-"""The node's network links, read with pyroute2 (netlink) and sysfs."""
+"""The node's network links, read from rtnetlink (cnidra.inventory.netlink) and sysfs."""
 
 from __future__ import annotations
 
@@ -9,18 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cnidra.inventory import DEFAULT_EXCLUDE
-from cnidra.util.lazy import defer_init
-
-# IPRoute alone, not the rest pyroute2's __init__ loads (about 5 MiB of the driver's resident
-# memory: conntrack, ethtool, ipset, ipvs, nl80211, NDB); cnidra.util.lazy
-defer_init("pyroute2")
-# and unittest's mock alone (pyroute2's rtnetlink socket imports it for its mock mode), not the
-# test framework unittest's __init__ loads with it (its runner, loader, argparse: 0.7 MiB)
-defer_init("unittest")
-from pyroute2.iproute import IPRoute  # noqa: E402
+from cnidra.inventory.netlink import AF_INET, AF_INET6, dump
 
 SYS_NET = Path("/sys/class/net")
-_AF_INET, _AF_INET6 = 2, 10
 
 
 @dataclass(frozen=True)
@@ -112,63 +103,52 @@ def _sysfs(name: str) -> dict[str, object]:
 
 def read_links() -> list[Link]:
     """Every link of the current network namespace, with its addresses."""
-    with IPRoute() as ipr:
-        raw_links = ipr.get_links()
-        raw_addrs = ipr.get_addr()
-        routes = [
-            route
-            for family in (_AF_INET, _AF_INET6)
-            for route in ipr.get_routes(family=family, table=254)
-        ]
-    defaults = {r.get_attr("RTA_OIF") for r in routes if r["dst_len"] == 0}
+    found = dump()
+    defaults = {r.oif for r in found.routes if r.dst_len == 0}
     # the node reaches other networks through a gateway on these (a storage or management
     # route): traffic of the node's own, as much as a default route's
-    routed = {r.get_attr("RTA_OIF") for r in routes if r.get_attr("RTA_GATEWAY")} | {
-        hop.get("oif") for r in routes for hop in (r.get_attr("RTA_MULTIPATH") or [])
+    routed = {r.oif for r in found.routes if r.gateway} | {
+        hop for r in found.routes for hop in r.hops
     }
     v4: dict[int, list[str]] = {}
     v6: dict[int, list[str]] = {}
-    for addr in raw_addrs:
-        ip = addr.get("IFA_ADDRESS")
-        if not ip or (addr["family"] == _AF_INET6 and ip.startswith("fe80:")):
+    for addr in found.addresses:
+        if addr.family == AF_INET6 and addr.ip.startswith("fe80:"):
             continue
-        target = v4 if addr["family"] == _AF_INET else v6
-        target.setdefault(addr["index"], []).append(f"{ip}/{addr['prefixlen']}")
+        target = v4 if addr.family == AF_INET else v6
+        target.setdefault(addr.index, []).append(f"{addr.ip}/{addr.prefixlen}")
     links = []
-    for msg in raw_links:
-        name = msg.get("IFLA_IFNAME")
-        link_kind = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND")
-        sysfs = _sysfs(name)
-        flags = int(msg["flags"])
+    for msg in found.links:
+        if msg.name is None:
+            continue  # every link has a name; a message without one is not a link to show
+        sysfs = _sysfs(msg.name)
         links.append(
             Link(
-                name=name,
-                index=msg["index"],
-                mac=str(msg.get("IFLA_ADDRESS") or ""),
-                mtu=int(msg.get("IFLA_MTU") or 0),
-                kind=classify(link_kind, bool(sysfs.get("has_device"))),
-                link_kind=link_kind,
-                state=str(msg.get("IFLA_OPERSTATE") or "UNKNOWN").lower(),
+                name=msg.name,
+                index=msg.index,
+                mac=msg.mac or "",
+                mtu=msg.mtu or 0,
+                kind=classify(msg.link_kind, bool(sysfs.get("has_device"))),
+                link_kind=msg.link_kind,
+                state=msg.state or "unknown",
                 speed_mbps=sysfs.get("speed_mbps"),  # type: ignore[arg-type]
                 pci_address=sysfs.get("pci_address"),  # type: ignore[arg-type]
                 pci_vendor=sysfs.get("pci_vendor"),  # type: ignore[arg-type]
                 pci_device=sysfs.get("pci_device"),  # type: ignore[arg-type]
                 numa_node=sysfs.get("numa_node"),  # type: ignore[arg-type]
                 sriov_vfs=sysfs.get("sriov_vfs"),  # type: ignore[arg-type]
-                ipv4=tuple(v4.get(msg["index"], ())),
-                ipv6=tuple(v6.get(msg["index"], ())),
-                loopback=bool(flags & 0x8),
-                master=msg.get("IFLA_MASTER") or None,
+                ipv4=tuple(v4.get(msg.index, ())),
+                ipv6=tuple(v6.get(msg.index, ())),
+                loopback=msg.loopback,
+                master=msg.master,
                 # IFLA_LINK of a veth names its peer in another namespace when
-                # IFLA_LINK_NETNSID is set: an index there, not here
-                lower=None
-                if msg.get("IFLA_LINK_NETNSID") is not None
-                else (msg.get("IFLA_LINK") or None),
-                default_route=msg["index"] in defaults,
-                gateway_route=msg["index"] in routed,
-                peer_elsewhere=link_kind == "veth" and msg.get("IFLA_LINK_NETNSID") is not None,
-                admin_up=bool(flags & 0x1),
-                carrier=None if msg.get("IFLA_CARRIER") is None else bool(msg.get("IFLA_CARRIER")),
+                # IFLA_LINK_NETNSID is set: an index there, not here (then None)
+                lower=msg.lower,
+                default_route=msg.index in defaults,
+                gateway_route=msg.index in routed,
+                peer_elsewhere=msg.link_kind == "veth" and msg.peer_elsewhere,
+                admin_up=msg.admin_up,
+                carrier=msg.carrier,
             )
         )
     return links

@@ -1,16 +1,15 @@
 """A package whose `__init__` runs only when something asks it for a name it defines.
 
 Some libraries' `__init__` imports every part they have, so that `from lib import X` works
-for any X: pyroute2's loads its conntrack, ethtool, ipset, ipvs, nl80211 and NDB modules
-(some 70 modules, about 5 MiB resident) for a driver that reads links with `IPRoute` alone.
-`defer_init("pyroute2")` puts the package in `sys.modules` with its path set but its
-`__init__` not run: a submodule (`pyroute2.iproute`, or `from pyroute2 import config`)
-imports as usual, and the first other name asked of the package itself (`from pyroute2 import
-NetNS`, `pyroute2.IPRoute`) runs the real `__init__` then, so nothing that uses the library
-another way sees a difference. `exports` names what the `__init__` re-exports from its own
-submodules (name -> submodule) for the package's modules that import it from there (uvicorn's
-lifespan does `from uvicorn import Config`): such a name is the submodule's object, the one the
-`__init__` binds, and the `__init__` still waits for a name not listed."""
+for any X: uvicorn's loads its command line (click, the reload supervisors, multiprocessing)
+for a driver that takes its `Config` and `Server` alone. `defer_init("uvicorn")` puts the
+package in `sys.modules` with its path set but its `__init__` not run: a submodule
+(`uvicorn.config`) imports as usual, and the first other name asked of the package itself
+(`uvicorn.run`) runs the real `__init__` then, so nothing that uses the library another way sees
+a difference. `exports` names what the `__init__` re-exports from its own submodules (name ->
+submodule) for the package's modules that import it from there (uvicorn's lifespan does `from
+uvicorn import Config`): such a name is the submodule's object, the one the `__init__` binds,
+and the `__init__` still waits for a name not listed."""
 
 from __future__ import annotations
 
