@@ -163,6 +163,10 @@ class DriverProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.source,
+                # its own session: a signal to the run's process group (`timeout` around a
+                # benchmark, Ctrl-C) reaches the run, which reads its figures and then stops
+                # the driver; `down` kills any the run could not (testbed.processes)
+                start_new_session=True,
             )
         if wait_registered:
             self.cluster.wait(
