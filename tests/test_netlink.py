@@ -195,6 +195,14 @@ def test_the_kernels_error_is_an_oserror_with_its_errno() -> None:
     assert raised.value.errno == 1
 
 
+def test_a_dump_the_kernel_could_not_finish_is_an_oserror() -> None:
+    part = scripted(netlink.RTM_NEWLINK, link_body(2, "eth0"))
+    done = scripted(netlink.NLMSG_DONE, struct.pack("=i", -90))  # EMSGSIZE
+    with pytest.raises(OSError) as raised:
+        netlink._dump(FakeSocket([[part, done]]), netlink.RTM_GETLINK, 0, iter(range(1, 5)))  # type: ignore[arg-type]
+    assert raised.value.errno == 90
+
+
 def test_the_kernels_silence_is_a_timeout() -> None:
     class Silent(FakeSocket):
         def recv_into(self, buffer: Any) -> int:

@@ -279,6 +279,10 @@ def _dump_once(sock: socket.socket, kind: int, seq: int, family: int) -> tuple[l
                 continue  # an answer to an earlier request of this socket: not ours
             interrupted = interrupted or bool(flags & NLM_F_DUMP_INTR)
             if msg_kind == NLMSG_DONE:
+                # a dump the kernel could not finish says why in its DONE (an errno, negated)
+                code = -_ERROR.unpack_from(datagram, body)[0] if body + _ERROR.size <= end else 0
+                if code > 0:
+                    raise OSError(code, f"rtnetlink dump {kind}: {os.strerror(code)}")
                 if keep:
                     datagrams.append(datagram)
                 return datagrams, interrupted
