@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -70,6 +71,18 @@ def pyroute2_links() -> list[Link]:
     return found
 
 
+def stable_reads() -> tuple[list[Link], list[Link]]:
+    """Both readings of a namespace at rest: links just set up change their operational state
+    and carrier a moment later (the kernel's linkwatch), so read until ours is the same before
+    and after pyroute2's."""
+    for _ in range(40):
+        before, theirs, after = read_links(), pyroute2_links(), read_links()
+        if before == after:
+            return before, theirs
+        time.sleep(0.25)
+    raise AssertionError("the namespace's links kept changing for 10 s")
+
+
 @pytest.fixture
 def other_netns() -> Iterator[Path]:
     with netns.temporary("cnidra-nl-other") as path:
@@ -106,7 +119,7 @@ def test_a_namespace_reads_as_pyroute2_reads_it(in_node: Path, other_netns: Path
        "nexthop", "via", "192.0.2.253")  # fmt: skip
     ip(in_node, "route", "add", "198.18.201.0/24", "via", "192.0.2.252", "table", "100")
     ip(in_node, "-6", "route", "add", "2001:db8:77::/48", "via", "2001:db8:9::fe")
-    ours, theirs = read_links(), pyroute2_links()
+    ours, theirs = stable_reads()
     # pci and SR-IOV fields come from sysfs in both; namespaces made here have none
     assert [replace(link, pci_address=None) for link in ours] == theirs
     by_name = {link.name: link for link in ours}
