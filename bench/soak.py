@@ -8,22 +8,22 @@ at the end (not a test: numbers; `make soak`).
 A cycle is one pod: created with a ResourceClaimTemplate (macvlan on a test-made bridge, an
 address from a cnidra IPAM pool), Ready with its interface, deleted, gone. The last line of the
 output is one JSON object: {"cycles", "seconds", "rss_mib": {"start", "end", "max"},
-"rss_slope_mib_per_1000", "fds": {"start", "end"}, "threads": {"start", "end"}, "tasks":
-{"start", "end"}, "leaks": {"netns", "links", "files", "leases", "finalizers", "records",
-"cdi_specs", "metrics_series"}}. The slope is the least-squares fit of RSS against cycles
-within each stretch between restarts (a restart starts RSS afresh) after its first 100
-cycles (warm-up), averaged over the stretches weighted by their cycles. Every sample is taken
-at rest: after each wave the soak waits until the deleted pods' teardown is done on the node
-(their network namespaces, records, CDI specs and leases gone; "unsettled_waves" counts the
-waves where that took over 120 s). "start" is sampled after the first wave, "end" 35 s after
-the last (the status writer's removals are due 30 s after a claim goes). Leaks are counted
-against the state after the first wave (what is made once: the pool's block, caches); the
-metrics series against the first wave after the last restart: "metrics_series" counts the
-added series that name a pod, claim or sandbox (all gone by then), "new_series" lists the
-other added ones (a label value of a bounded set seen for the first time, such as a response
-code), without histogram buckets. A SIGTERM (a `timeout` around
-it) ends the waves early: the pods are deleted, the leaks counted and the JSON printed as ever,
-with "interrupted": true.
+"rss_slope_mib_per_1000", "fds": {"start", "end", "added", "gone"}, "threads": {"start", "end"},
+"tasks": {"start", "end"}, "leaks": {"netns", "links", "files", "leases", "finalizers",
+"records", "cdi_specs", "metrics_series"}}. The slope is the least-squares fit of RSS against
+cycles within each stretch between restarts (a restart starts RSS afresh) after its first 100
+cycles (warm-up), averaged over the stretches weighted by their cycles. Every sample is taken at
+rest: after each wave the soak waits until the deleted pods' teardown is done on the node (their
+network namespaces, records, CDI specs and leases gone; "unsettled_waves" counts the waves where
+that took over 120 s). "start" is sampled after the first wave, "end" 35 s after the last (the
+status writer's removals are due 30 s after a claim goes). Leaks are counted against the state
+after the first wave (what is made once: the pool's block, caches); the metrics series against
+the first wave after the last restart: "metrics_series" counts the added series that name a pod,
+claim or sandbox (all gone by then), "new_series" lists the other added ones (a label value of a
+bounded set seen for the first time, such as a response code), without histogram buckets. The
+descriptors "added" and "gone" between start and end are named (a path, a pipe, a socket by
+family and peer) when there are any. A SIGTERM (a `timeout` around it) ends the waves early: the
+pods are deleted, the leaks counted and the JSON printed as ever, with "interrupted": true.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -111,16 +112,64 @@ def pod(name: str) -> dict[str, Any]:
 
 
 def sample(driver: DriverProcess) -> dict[str, float]:
-    assert driver.proc is not None
-    pid = driver.proc.pid
+    """RSS, threads, descriptors and asyncio tasks. The descriptors leave out the soak's own
+    probes: its /healthz and /metrics requests are answered on connections the driver accepts,
+    which can still be closing when the count is read (a 24th descriptor, now and then)."""
+    pid = driver.pid
+    tasks = float(driver.health().get("asyncioTasks") or 0)
     status = Path(f"/proc/{pid}/status").read_text()
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     return {
         "rss_mib": int(fields["VmRSS"].split()[0]) / 1024,
         "threads": int(fields["Threads"]),
-        "fds": len(os.listdir(f"/proc/{pid}/fd")),
-        "tasks": float(driver.health().get("asyncioTasks") or 0),
+        "fds": sum(1 for d in descriptors(pid, driver.port) if d != PROBE),
+        "tasks": tasks,
     }
+
+
+PROBE = "tcp: a probe of the soak's, accepted on the driver's HTTP port"
+
+
+def descriptors(pid: int, http_port: int | None = None) -> list[str]:
+    """What each of the process's descriptors is: a file's path, a pipe, an anon inode (eventfd,
+    epoll), or a socket by family with its peer (a TCP connection's remote port, a unix
+    socket's path), so a descriptor added over the soak can be named; a connection accepted on
+    `http_port` (the driver's /healthz and /metrics) is PROBE."""
+    sockets: dict[str, str] = {}
+    for family in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{family}").read_text().splitlines()[1:]:
+            f = line.split()
+            local, remote, state = (int(f[i].rsplit(":", 1)[-1], 16) for i in (1, 2, 3))
+            listening = state == 10  # TCP_LISTEN
+            sockets[f[9]] = (
+                PROBE
+                if local == http_port and not listening
+                else f"{family} -> :{remote} state {state}"
+            )
+    for line in Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]:
+        f = line.split()
+        sockets[f[6]] = f"unix {f[7] if len(f) > 7 else '(unnamed)'}"
+    for line in Path(f"/proc/{pid}/net/netlink").read_text().splitlines()[1:]:
+        f = line.split()
+        sockets[f[-1]] = f"netlink protocol {f[1]}"
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            target = sockets.get(target[8:-1], "socket (other)")
+        elif target.startswith("pipe:["):
+            target = "pipe"
+        out.append(target)
+    return sorted(out)
+
+
+def difference(start: list[str], end: list[str]) -> dict[str, list[str]]:
+    """The descriptors added and gone between two readings, as multisets."""
+    a, b = Counter(start), Counter(end)
+    return {"added": sorted((b - a).elements()), "gone": sorted((a - b).elements())}
 
 
 def slope(points: list[tuple[float, float]]) -> float:
@@ -243,6 +292,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
     parser.add_argument("--wave", type=int, default=20)
     parser.add_argument("--restarts", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="only the JSON line")
+    parser.add_argument("--log", type=Path, help="keep the driver's log (all its runs) here")
     args = parser.parse_args()
     say = (lambda *a: None) if args.json else print
     parent = f"sk{uuid.uuid4().hex[:4]}"
@@ -278,6 +328,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
             cycles = 0
             stretches: list[list[tuple[float, float]]] = [[]]
             first: dict[str, float] | None = None
+            fds_first: list[str] = []
             rss_max = 0.0
             last: dict[str, float] = {}
             interrupted = False
@@ -295,10 +346,15 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                         before = counts(bed, driver, namespace)
                     if not series_base:  # after the first wave since the (re)start
                         series_base = metric_series(driver)
+                    if first is None:
+                        fds_first = descriptors(driver.pid, driver.port)
                     first = first or last
                     rss_max = max(rss_max, last["rss_mib"])
                     stretches[-1].append((cycles, last["rss_mib"]))
                     say(f"{cycles} cycles, {time.monotonic() - started:.0f}s: {last}")
+                    if not args.json and last["fds"] != first["fds"]:
+                        now = descriptors(driver.pid, driver.port)
+                        say(f"  descriptors: {difference(fds_first, now)}")
                     if wave + 1 in restart_at:
                         driver.stop()
                         driver.start()
@@ -319,6 +375,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
             after = counts(bed, driver, namespace)
             series_leaks, series_added = new_series(series_base, metric_series(driver))
             last = sample(driver)
+            fds_end = descriptors(driver.pid, driver.port)
             # each stretch without its warm-up (the first WARMUP cycles after a (re)start fill
             # caches, import lazily and grow the heap once)
             warm = [[p for p in s if p[0] - s[0][0] >= WARMUP] for s in stretches if s]
@@ -332,7 +389,8 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                 "rss_mib": {"start": round(first["rss_mib"], 1), "end": round(last["rss_mib"], 1),
                             "max": round(rss_max, 1)},
                 "rss_slope_mib_per_1000": round(sum(s * w for s, w in weighted) / total * 1000, 3),
-                "fds": {"start": int(first["fds"]), "end": int(last["fds"])},
+                "fds": {"start": int(first["fds"]), "end": int(last["fds"]),
+                        **({k: v for k, v in difference(fds_first, fds_end).items() if v})},
                 "threads": {"start": int(first["threads"]), "end": int(last["threads"])},
                 "tasks": {"start": int(first["tasks"]), "end": int(last["tasks"])},
                 "unsettled_waves": unsettled,
@@ -348,6 +406,8 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                         check=False, timeout=240)  # fmt: skip
             bed.kubectl("delete", "cniippool", f"soak-{namespace}", check=False)
             driver.stop()
+            if args.log:
+                shutil.copyfile(driver.log, args.log)
             shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
             subprocess.run(["ip", "link", "del", parent], check=False, capture_output=True)
 

@@ -152,6 +152,11 @@ class DriverProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
+    def pid(self) -> int:
+        assert self.proc is not None, "the driver is not running"
+        return self.proc.pid
+
+    @property
     def dra_socket(self) -> str:
         return f"{self.env['CNIDRA_PLUGINS_DIR']}/cni.dra.networking.x-k8s.io/dra.sock"
 
