@@ -159,7 +159,7 @@ class Driver:
             self.sandboxes,
             self.status,
             concurrent=settings.concurrent_attach,
-            budget=HookBudget(settings.attach_budget),
+            budget=HookBudget(settings.attach_budget, behind=settings.cni_timeout),
             max_attachments=settings.max_attachments,
             protected_links=lambda: self.publisher.view().protected,
             metadata=self.metadata,

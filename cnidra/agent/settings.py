@@ -109,8 +109,9 @@ class DriverSettings:
     )
     attach_budget: float = setting(
         0.0,
-        "seconds all of a pod's ADDs may take; 0: 60% of the runtime's NRI request timeout "
-        "(1.2 s with containerd's default 2 s)",
+        "seconds all of a pod's ADDs may take; 0: behind the sandbox, the plugin timeout "
+        "(--cni-timeout), and inside the sandbox hook 60% of the runtime's NRI request timeout "
+        "(1.2 s with containerd's default 2 s), which also caps a larger value there",
         chart=True,
         schema={"minimum": 0},
     )

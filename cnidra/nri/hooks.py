@@ -14,6 +14,7 @@ from cnidra.observe import metrics
 from cnidra.state.sandboxes import State
 
 log = logging.getLogger(__name__)
+BEHIND = "Attach"  # the hook label of a pod's ADDs behind its sandbox
 
 
 class PodHooks:
@@ -39,7 +40,7 @@ class PodHooks:
             await self._attach(pod, "RunPodSandbox")
             return
         start = time.perf_counter()
-        task = asyncio.create_task(self._attach(pod, "Attach"), name=f"attach-{pod.id[:12]}")
+        task = asyncio.create_task(self._attach(pod, BEHIND), name=f"attach-{pod.id[:12]}")
         task.add_done_callback(_observed)
         self._attaching[pod.id] = task
         metrics.HOOK_LATENCY.labels("RunPodSandbox").observe(time.perf_counter() - start)
@@ -47,7 +48,7 @@ class PodHooks:
     async def _attach(self, pod: nri.PodSandbox, hook: str) -> None:
         start = time.perf_counter()
         try:
-            count = await self.lifecycle.attach(pod)
+            count = await self.lifecycle.attach(pod, behind_sandbox=hook == BEHIND)
         finally:
             elapsed = time.perf_counter() - start
             metrics.HOOK_LATENCY.labels(hook).observe(elapsed)

@@ -64,6 +64,9 @@ DEFAULT_REQUEST_TIMEOUT = 2.0
 # interfaces and drop the connection).
 ATTACH_SHARE = 0.6
 ANSWER_SHARE = 0.9
+# all of a pod's ADDs behind its sandbox, unless --attach-budget says otherwise: the driver
+# passes its plugin timeout (--cni-timeout)
+DEFAULT_BEHIND_SANDBOX = 10.0
 
 
 class AttachError(Exception):
@@ -76,11 +79,17 @@ class PlugError(Exception):
 
 @dataclass
 class HookBudget:
-    """How long one hook may take. `attach` 0 derives the ADD budget from the runtime's request
-    timeout; a configured value above what fits is cut down to fit."""
+    """How long one hook may take. Inside a hook, `attach` 0 derives the ADD budget from the
+    runtime's request timeout, and a configured value above what fits is cut down to fit.
+    Behind the sandbox (the RunPodSandbox hook has answered; the pod's CreateContainer waits
+    for the ADDs, and fails and is tried again while they run) no hook's answer waits on the
+    ADDs: they get `attach` when set, else `behind` (the plugin timeout), so a node slowed
+    down by a burst or a restart does not kill ADDs that would have finished, only to do them
+    again at the next try."""
 
     attach: float = 0.0
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    behind: float = DEFAULT_BEHIND_SANDBOX
 
     @property
     def answer_seconds(self) -> float:
@@ -91,7 +100,16 @@ class HookBudget:
         fits = self.request_timeout * ATTACH_SHARE
         return min(self.attach, self.answer_seconds) if self.attach > 0 else fits
 
-    def deadlines(self) -> Budget:
+    @property
+    def behind_seconds(self) -> float:
+        return self.attach if self.attach > 0 else self.behind
+
+    def deadlines(self, *, behind_sandbox: bool = False) -> Budget:
+        if behind_sandbox:
+            return Budget(
+                add=Deadline.after(self.behind_seconds, "the pod's attach budget"),
+                rollback=Deadline.after(self.behind_seconds, "the pod's rollback budget"),
+            )
         return Budget(
             add=Deadline.after(self.attach_seconds, "the pod's attach budget"),
             rollback=self.answer_by(),
@@ -195,8 +213,9 @@ class PodLifecycle:
 
     # ------------------------------------------------------------------ attach
 
-    async def attach(self, pod: nri.PodSandbox) -> int:
-        """ADD the pod's attachments; returns how many were added now (0: nothing to do)."""
+    async def attach(self, pod: nri.PodSandbox, *, behind_sandbox: bool = False) -> int:
+        """ADD the pod's attachments; returns how many were added now (0: nothing to do).
+        `behind_sandbox`: no hook waits to answer on them (HookBudget)."""
         planned = self.plan(pod)
         if not planned:
             return 0
@@ -215,7 +234,7 @@ class PodLifecycle:
             at_start = tuple(a for a in planned if not a.attachment.on_demand)
             record = SandboxRecord(pod.id, pod_ref(pod), netns, State.ADDING, at_start)
             await self.store.put(record)  # write-ahead: a crash from here on is undone
-            return await self._add(pod, record)
+            return await self._add(pod, record, behind_sandbox)
 
     def _refusal(self, pod: nri.PodSandbox, planned: list[Attached]) -> str | None:
         """Why the pod's interfaces must not be set up, checked at every attach."""
@@ -248,7 +267,7 @@ class PodLifecycle:
             )
         return None
 
-    async def _add(self, pod: nri.PodSandbox, record: SandboxRecord) -> int:
+    async def _add(self, pod: nri.PodSandbox, record: SandboxRecord, behind_sandbox: bool) -> int:
         attachments = [a.attachment for a in record.attachments]
         started = time.perf_counter()
         try:
@@ -258,7 +277,7 @@ class PodLifecycle:
                 pod.id,
                 record.netns,
                 concurrent=self.concurrent,
-                budget=self.budget.deadlines(),
+                budget=self.budget.deadlines(behind_sandbox=behind_sandbox),
             )
         except asyncio.CancelledError:
             # the runtime gave up on the hook, or the connection dropped: a background detach

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cnidra.nri.lifecycle import AttachError
+from cnidra.nri.lifecycle import AttachError, HookBudget
 from cnidra.state.sandboxes import State
 from tests.nri.fakes import FakePlugins, Node, network, pod, prepare
 
@@ -82,3 +82,28 @@ async def test_pods_without_cnidra_claims_are_not_waited_for(tmp_path: Path) -> 
     await node.hooks.run_pod_sandbox(pod("plain"))
     await node.hooks.create_container(pod("plain"))
     assert node.plugins.calls == []
+
+
+async def test_behind_the_sandbox_a_slow_add_is_not_killed_at_the_hooks_budget(
+    tmp_path: Path,
+) -> None:
+    """A node slowed by a burst: the ADD outlasts what one hook may wait (0.9 s of the fake
+    runtime's 1 s), so the first CreateContainer fails and kubelet's next try finds it done.
+    The ADD had the plugin timeout, not the hook's 1.2 s share, so it was never killed and
+    done again (in the sandbox hook the same plugin fails the sandbox: test_ownership)."""
+    node = Node.start(tmp_path, FakePlugins(slow={"macvlan": 1.2}), background=True)
+    node.lifecycle.budget = HookBudget(request_timeout=1.0, behind=5.0)
+    one_network(node, "a")
+    await node.hooks.run_pod_sandbox(pod("a"))
+    with pytest.raises(AttachError, match="still being set up"):
+        await node.hooks.create_container(pod("a"))
+    await node.hooks.create_container(pod("a"))  # kubelet's next try
+    record = node.store.get("a-sandbox")
+    assert record is not None and record.state is State.ADDED
+    assert [c.command for c in node.plugins.calls] == ["ADD"]  # once, never killed or undone
+
+
+def test_the_budget_behind_the_sandbox() -> None:
+    assert HookBudget(behind=10).behind_seconds == 10  # the plugin timeout, by default
+    assert HookBudget(attach=3, behind=10).behind_seconds == 3  # --attach-budget when set
+    assert HookBudget(attach=30, behind=10).behind_seconds == 30  # no hook's timeout caps it
