@@ -176,6 +176,12 @@ def last_json(stdout: str) -> dict[str, Any] | str:
     return value
 
 
+def _sigint_default() -> None:
+    """In the bench's process before it execs: SIGINT back to its default, so Python makes it
+    a KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def stop(proc: subprocess.Popen[bytes], grace_s: float) -> None:
     """SIGINT to the bench (its finally blocks run), SIGTERM, then SIGKILL to its session."""
     for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, min(10.0, grace_s))):
@@ -221,6 +227,10 @@ def run_one(
                 stderr=err,
                 env=env,
                 start_new_session=True,  # a terminal's ^C reaches the runner, not the bench
+                # a run started in the background (`make bench &`, nohup) has SIGINT ignored,
+                # and an ignored SIGINT is inherited: the bench would never see the SIGINT
+                # that lets its cleanup run when it times out
+                preexec_fn=_sigint_default,  # noqa: PLW1509 - the runner has no threads
             )
         except OSError as e:
             entry.update(status="failed", reason=f"could not start: {e}", exit_code=None)
