@@ -544,14 +544,24 @@ class PodLifecycle:
             self.removed.add(sandbox_id)
 
     async def detach(
-        self, sandbox_id: str, pod: ObjectRef | None, deadline: Deadline | None = None
+        self,
+        sandbox_id: str,
+        pod: ObjectRef | None,
+        deadline: Deadline | None = None,
+        *,
+        unfinished_only: bool = False,
     ) -> bool:
-        """DEL everything of the sandbox; True when nothing is left. Failures retry later."""
+        """DEL everything of the sandbox; True when nothing is left. Failures retry later.
+        `unfinished_only`: undo the record only if, under the sandbox's lock, it is still not
+        `added` (a record read as `adding` may be an ADD in flight in this process, which the
+        lock waits for; one that succeeded is left alone)."""
         if self.store.get(sandbox_id) is None:
             return True  # not cnidra's: no lock, no state for other owners' pods
         async with self.locks.hold(sandbox_id):
             record = self.store.get(sandbox_id)
             if record is None:
+                return True
+            if unfinished_only and record.state is State.ADDED:
                 return True
             if record.state is not State.DELETING:
                 record = record.with_state(State.DELETING)

@@ -40,8 +40,11 @@ class Reconciler:
             if pod is None:
                 life.forget_sandbox(record.sandbox_id)
             if pod is None or record.state is not State.ADDED:
+                # a live pod's record not `added`: a crash left it half-done, or its ADDs run
+                # behind the sandbox in this process right now (NRI reconnected meanwhile);
+                # the sandbox's lock tells them apart
                 try:
-                    await life.detach(record.sandbox_id, None)
+                    await life.detach(record.sandbox_id, None, unfinished_only=pod is not None)
                 except Exception:  # retried by the sweeper; the other records go on
                     log.exception("undoing sandbox %s failed", record.sandbox_id[:12])
             elif any(a.pending for a in record.attachments):

@@ -107,3 +107,42 @@ def test_the_budget_behind_the_sandbox() -> None:
     assert HookBudget(behind=10).behind_seconds == 10  # the plugin timeout, by default
     assert HookBudget(attach=3, behind=10).behind_seconds == 3  # --attach-budget when set
     assert HookBudget(attach=30, behind=10).behind_seconds == 30  # no hook's timeout caps it
+
+
+async def test_a_reconnect_mid_add_leaves_the_add_alone(tmp_path: Path) -> None:
+    """NRI reconnects (containerd dropped a starved driver) while a pod's ADDs run behind its
+    sandbox: Synchronize reads the record as `adding`, which a crash would also leave. It
+    waits for the sandbox's lock and finds the ADDs done, so it leaves them: undoing them
+    then would take net1 from a container the gate had just let start (the starved-driver
+    test on the test bed saw one run bare for 10 s that way)."""
+    node = Node.start(tmp_path, FakePlugins(slow={"macvlan": 0.15}), background=True)
+    one_network(node, "a")
+    await node.hooks.run_pod_sandbox(pod("a"))
+    await asyncio.sleep(0.05)  # the ADD is running
+    record = node.store.get("a-sandbox")
+    assert record is not None and record.state is State.ADDING
+    await node.hooks.synchronize([pod("a")])
+    await node.hooks.create_container(pod("a"))
+    record = node.store.get("a-sandbox")
+    assert record is not None and record.state is State.ADDED
+    assert [c.command for c in node.plugins.calls if c.command in ("ADD", "DEL")] == ["ADD"]
+
+
+async def test_a_crash_mid_add_is_still_undone_at_synchronize(tmp_path: Path) -> None:
+    """The other `adding`: a record left by a process that died mid-ADD (no ADD in flight
+    here) is undone, and the live pod attached again."""
+    node = Node.start(tmp_path, background=True)
+    one_network(node, "a")
+    await node.hooks.run_pod_sandbox(pod("a"))
+    await node.hooks.create_container(pod("a"))
+    record = node.store.get("a-sandbox")
+    assert record is not None
+    await node.store.put(record.with_state(State.ADDING))  # as a crash mid-ADD leaves it
+    node.plugins.calls.clear()
+    await node.hooks.synchronize([pod("a")])
+    assert [c.command for c in node.plugins.calls if c.command in ("ADD", "DEL")] == [
+        "DEL",
+        "ADD",
+    ]
+    record = node.store.get("a-sandbox")
+    assert record is not None and record.state is State.ADDED
