@@ -94,7 +94,7 @@ class PodHooks:
             await self._attach(pod, "RunPodSandbox")
 
     async def stop_pod_sandbox(self, pod: nri.PodSandbox) -> None:
-        self._attaching.pop(pod.id, None)  # detach waits for the ADDs: the sandbox's lock
+        self._stop_adding(pod.id)
         start = time.perf_counter()
         try:
             await self.lifecycle.detach(pod.id, pod_ref(pod), self.lifecycle.budget.answer_by())
@@ -102,12 +102,21 @@ class PodHooks:
             metrics.HOOK_LATENCY.labels("StopPodSandbox").observe(time.perf_counter() - start)
 
     async def remove_pod_sandbox(self, pod: nri.PodSandbox) -> None:
-        self._attaching.pop(pod.id, None)
+        self._stop_adding(pod.id)
         self.lifecycle.forget_sandbox(pod.id)
         await self.lifecycle.detach(pod.id, pod_ref(pod), self.lifecycle.budget.answer_by())
 
     async def synchronize(self, pods: list[nri.PodSandbox]) -> None:
         await self.reconciler.synchronize(pods)
+
+    def _stop_adding(self, sandbox_id: str) -> None:
+        """The sandbox goes: ADDs still running behind it are cancelled (their plugins killed,
+        the record left `adding` for the DELs), so the hook's detach, which waits for the
+        sandbox's lock, is not held up for as long as they could take (the plugin timeout,
+        beyond the runtime's hook timeout)."""
+        task = self._attaching.pop(sandbox_id, None)
+        if task is not None and not task.done():
+            task.cancel()
 
 
 def _observed(task: asyncio.Task[None]) -> None:

@@ -646,7 +646,7 @@ class PodLifecycle:
             if record is None or record.state is State.ADDED:
                 return  # undone meanwhile, or attached again since (a late attach): not ours
             try:
-                if await self.detach(sandbox_id, None):
+                if await self.detach(sandbox_id, None, unfinished_only=True):
                     log.info("detached sandbox %s after retrying", sandbox_id[:12])
                     return
             except Exception:

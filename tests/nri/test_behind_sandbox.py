@@ -146,3 +146,25 @@ async def test_a_crash_mid_add_is_still_undone_at_synchronize(tmp_path: Path) ->
     ]
     record = node.store.get("a-sandbox")
     assert record is not None and record.state is State.ADDED
+
+
+async def test_a_sandbox_stopped_during_a_long_add_answers_within_the_hooks_time(
+    tmp_path: Path,
+) -> None:
+    """ADDs behind the sandbox may take the plugin timeout, longer than the runtime waits for
+    a hook: StopPodSandbox cancels them (the plugin killed) instead of waiting for them, and
+    DELs what the record lists, in time."""
+    node = Node.start(tmp_path, FakePlugins(slow={"macvlan": 5.0}), background=True)
+    node.lifecycle.budget = HookBudget(request_timeout=1.0, behind=10.0)
+    one_network(node, "a")
+    await node.hooks.run_pod_sandbox(pod("a"))
+    await asyncio.sleep(0.05)  # the ADD is running
+    start = time.perf_counter()
+    await node.hooks.stop_pod_sandbox(pod("a"))
+    assert time.perf_counter() - start < 0.9  # the fake runtime's hook timeout is 1 s
+    assert [c.command for c in node.plugins.calls] == ["ADD", "DEL"]
+    assert node.store.get("a-sandbox") is None
+    await node.hooks.remove_pod_sandbox(pod("a"))
+    await asyncio.sleep(0.05)  # the cancelled ADD's rollback finds nothing left, and ends
+    assert node.store.get("a-sandbox") is None and not node.lifecycle.retries
+    assert [c.command for c in node.plugins.calls] == ["ADD", "DEL"]
