@@ -94,6 +94,7 @@ class PodHooks:
             await self._attach(pod, "RunPodSandbox")
 
     async def stop_pod_sandbox(self, pod: nri.PodSandbox) -> None:
+        self.lifecycle.sandbox_stopped(pod.id)
         self._stop_adding(pod.id)
         start = time.perf_counter()
         try:

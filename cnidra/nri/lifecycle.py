@@ -48,7 +48,7 @@ from cnidra.status.devices import NETWORK_STATUS_ANNOTATION, device_status, netw
 from cnidra.status.metadata import DeviceMetadata
 from cnidra.status.writer import SeenAnnotations, StatusSink
 from cnidra.util.backoff import Backoff
-from cnidra.util.locks import KeyedLocks
+from cnidra.util.locks import Busy, KeyedLocks
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,10 @@ class PodLifecycle:
         # sandboxes the runtime removed (or that vanished) while cnidra still holds a record;
         # dropped with the record
         self.removed: set[str] = set()
+        # sandboxes of cnidra's the runtime stopped (a stopped sandbox never runs again): no
+        # attach may start for them, and their records are undone even when `added`; each is
+        # dropped at its RemovePodSandbox, or at a Synchronize that no longer lists it
+        self.stopped: set[str] = set()
 
     # ------------------------------------------------------------------ planning
 
@@ -228,6 +232,8 @@ class PodLifecycle:
             raise AttachError(refusal)
         netns = netns_of(pod)
         async with self.locks.hold(pod.id):
+            if self._going(pod.id):
+                return 0  # stopped while this waited (a Synchronize's list of pods is old)
             existing = self.store.get(pod.id)
             if existing is not None and existing.state is State.ADDED:
                 return 0  # the hook ran already (reconnect, or a late attach)
@@ -540,8 +546,22 @@ class PodLifecycle:
 
     def forget_sandbox(self, sandbox_id: str) -> None:
         """The runtime removed the sandbox: a failing DEL stops retrying once its netns is gone."""
+        self.stopped.discard(sandbox_id)
         if self.store.get(sandbox_id) is not None:
             self.removed.add(sandbox_id)
+
+    def sandbox_stopped(self, sandbox_id: str) -> None:
+        """StopPodSandbox: nothing attaches to the sandbox from now on."""
+        if self.store.get(sandbox_id) is not None or sandbox_id in self.locks.busy():
+            self.stopped.add(sandbox_id)
+
+    def _going(self, sandbox_id: str) -> bool:
+        """The runtime stopped or removed the sandbox: it never runs again."""
+        return sandbox_id in self.stopped or sandbox_id in self.removed
+
+    def _undone_anyway(self, record: SandboxRecord) -> bool:
+        """An `added` record is left alone unless its sandbox is going."""
+        return record.state is not State.ADDED or self._going(record.sandbox_id)
 
     async def detach(
         self,
@@ -553,57 +573,75 @@ class PodLifecycle:
     ) -> bool:
         """DEL everything of the sandbox; True when nothing is left. Failures retry later.
         `unfinished_only`: undo the record only if, under the sandbox's lock, it is still not
-        `added` (a record read as `adding` may be an ADD in flight in this process, which the
-        lock waits for; one that succeeded is left alone)."""
+        `added` or its sandbox is going (a record read as `adding` may be an ADD in flight in
+        this process, which the lock waits for; one that succeeded is left alone). With a
+        `deadline` (a hook's), a lock still busy at the deadline hands the detach to a retry
+        in the background, so the hook answers in time."""
         if self.store.get(sandbox_id) is None:
             return True  # not cnidra's: no lock, no state for other owners' pods
-        async with self.locks.hold(sandbox_id):
-            record = self.store.get(sandbox_id)
-            if record is None:
-                return True
-            if unfinished_only and record.state is State.ADDED:
-                return True
-            if record.state is not State.DELETING:
-                record = record.with_state(State.DELETING)
-                await self.store.put(record)
-            errors = await detach_all(
-                self.runtime,
-                [a.attachment for a in record.attachments],
-                sandbox_id,
-                self._netns_for_del(record),
-                deadline,
-                on_done=_observe_del,
-            )
-            if errors and self._can_retry(record):
-                message = f"pod {record.pod}: " + "; ".join(errors)
-                log.warning("detach failed, will retry: %s", message)
-                self.journal.record(events.DETACH_FAILED, record.pod, sandbox_id, "; ".join(errors))
-                if pod is not None:
-                    self.status.event(pod, REASON_DETACH_FAILED, message)
-                for claim in record.claims():
-                    self._hold(claim)
-                self.retry_detach(sandbox_id)
-                return False
-            if errors:
-                log.error(
-                    "giving up on DEL for sandbox %s, whose namespace is gone: %s",
-                    sandbox_id,
-                    "; ".join(errors),
-                )
-            await self._forget(record)
-            self.journal.record(
-                events.DETACHED,
-                record.pod,
-                sandbox_id,
-                "detached " + ", ".join(a.attachment.if_name for a in record.attachments),
-            )
-            if record.attachments and not errors:
-                names = ", ".join(
-                    f"{a.attachment.if_name} ({a.attachment.network_label})"
-                    for a in record.attachments
-                )
-                self.status.event(record.pod, REASON_REMOVED, f"Removed {names}", "Normal")
+        try:
+            async with self.locks.hold(sandbox_id, deadline.remaining() if deadline else None):
+                return await self._detach_held(sandbox_id, pod, deadline, unfinished_only)
+        except Busy:
+            # the lock is busy past the hook's time (another detach's DELs, an ADD that is
+            # unwinding): the hook answers, and a retry undoes the record once it is free
+            log.info("sandbox %s is busy; its detach goes on in the background", sandbox_id[:12])
+            self.retry_detach(sandbox_id)
+            return False
+
+    async def _detach_held(
+        self,
+        sandbox_id: str,
+        pod: ObjectRef | None,
+        deadline: Deadline | None,
+        unfinished_only: bool,
+    ) -> bool:
+        """detach's work, under the sandbox's lock."""
+        record = self.store.get(sandbox_id)
+        if record is None:
             return True
+        if unfinished_only and not self._undone_anyway(record):
+            return True
+        if record.state is not State.DELETING:
+            record = record.with_state(State.DELETING)
+            await self.store.put(record)
+        errors = await detach_all(
+            self.runtime,
+            [a.attachment for a in record.attachments],
+            sandbox_id,
+            self._netns_for_del(record),
+            deadline,
+            on_done=_observe_del,
+        )
+        if errors and self._can_retry(record):
+            message = f"pod {record.pod}: " + "; ".join(errors)
+            log.warning("detach failed, will retry: %s", message)
+            self.journal.record(events.DETACH_FAILED, record.pod, sandbox_id, "; ".join(errors))
+            if pod is not None:
+                self.status.event(pod, REASON_DETACH_FAILED, message)
+            for claim in record.claims():
+                self._hold(claim)
+            self.retry_detach(sandbox_id)
+            return False
+        if errors:
+            log.error(
+                "giving up on DEL for sandbox %s, whose namespace is gone: %s",
+                sandbox_id,
+                "; ".join(errors),
+            )
+        await self._forget(record)
+        self.journal.record(
+            events.DETACHED,
+            record.pod,
+            sandbox_id,
+            "detached " + ", ".join(a.attachment.if_name for a in record.attachments),
+        )
+        if record.attachments and not errors:
+            names = ", ".join(
+                f"{a.attachment.if_name} ({a.attachment.network_label})" for a in record.attachments
+            )
+            self.status.event(record.pod, REASON_REMOVED, f"Removed {names}", "Normal")
+        return True
 
     def _can_retry(self, record: SandboxRecord) -> bool:
         """Retry while the sandbox lives or its namespace still exists."""
@@ -643,7 +681,7 @@ class PodLifecycle:
         while True:
             await asyncio.sleep(delay)
             record = self.store.get(sandbox_id)
-            if record is None or record.state is State.ADDED:
+            if record is None or not self._undone_anyway(record):
                 return  # undone meanwhile, or attached again since (a late attach): not ours
             try:
                 if await self.detach(sandbox_id, None, unfinished_only=True):

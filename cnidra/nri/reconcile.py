@@ -35,6 +35,7 @@ class Reconciler:
         half-done; attach pods that started while cnidra was away; then GC."""
         life = self.lifecycle
         live = {p.id: p for p in pods}
+        life.stopped &= set(live)  # the runtime forgot the others: their Remove may be lost
         for record in life.store.all():
             pod = live.get(record.sandbox_id)
             if pod is None:

@@ -8,17 +8,29 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 
+class Busy(Exception):
+    """A key's lock was not got in the time allowed."""
+
+
 class KeyedLocks:
     def __init__(self) -> None:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
     @asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
+    async def hold(self, key: str, wait: float | None = None) -> AsyncIterator[None]:
+        """The key's lock; Busy when it is not got within `wait` seconds."""
         lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
         self._locks[key] = (lock, users + 1)
         try:
-            async with lock:
+            try:
+                async with asyncio.timeout(wait):
+                    await lock.acquire()
+            except TimeoutError:
+                raise Busy(key) from None
+            try:
                 yield
+            finally:
+                lock.release()
         finally:
             lock, users = self._locks[key]
             if users == 1:

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from cnidra.cni.errors import PluginTimeout
 from cnidra.nri.lifecycle import AttachError, HookBudget
 from cnidra.state.sandboxes import State
 from tests.nri.fakes import FakePlugins, Node, network, pod, prepare
@@ -168,3 +171,64 @@ async def test_a_sandbox_stopped_during_a_long_add_answers_within_the_hooks_time
     await asyncio.sleep(0.05)  # the cancelled ADD's rollback finds nothing left, and ends
     assert node.store.get("a-sandbox") is None and not node.lifecycle.retries
     assert [c.command for c in node.plugins.calls] == ["ADD", "DEL"]
+
+
+@dataclass
+class SlowDel(FakePlugins):
+    """DEL takes `del_s`, within its deadline as the real exec does."""
+
+    del_s: float = 0.0
+
+    async def run(
+        self, plugin_type: str, invocation: Any, stdin: bytes, deadline: Any = None
+    ) -> Any:
+        if invocation.command == "DEL" and self.del_s:
+            limit = self.timeout if deadline is None else min(self.timeout, deadline.remaining())
+            await asyncio.sleep(min(limit, self.del_s))
+            if limit < self.del_s:
+                raise PluginTimeout(plugin_type, "DEL", limit, "")
+        return await super().run(plugin_type, invocation, stdin, deadline)
+
+
+async def test_a_stop_behind_a_reconnects_detach_still_answers_in_time(tmp_path: Path) -> None:
+    """NRI reconnects mid-ADD: Synchronize's detach waits for the sandbox's lock first, then
+    the sandbox is stopped. The lock goes to Synchronize, whose DELs are slow: the Stop hook
+    hands its detach to a retry at its deadline instead of waiting past the runtime's."""
+    plugins = SlowDel(slow={"macvlan": 5.0}, del_s=1.5)
+    node = Node.start(tmp_path, plugins, background=True)
+    node.lifecycle.budget = HookBudget(request_timeout=1.0, behind=10.0)
+    one_network(node, "a")
+    await node.hooks.run_pod_sandbox(pod("a"))
+    await asyncio.sleep(0.05)  # the ADD is running, the lock held
+    sync = asyncio.create_task(node.hooks.synchronize([pod("a")]))
+    await asyncio.sleep(0.05)  # Synchronize waits for the lock
+    start = time.perf_counter()
+    await node.hooks.stop_pod_sandbox(pod("a"))
+    assert time.perf_counter() - start < 0.95
+    await sync
+    await node.hooks.remove_pod_sandbox(pod("a"))
+    await node.settle()
+    assert node.store.get("a-sandbox") is None and not node.lifecycle.retries
+    assert not node.lifecycle.stopped
+
+
+async def test_a_sandbox_stopped_during_a_synchronize_is_not_attached_by_it(
+    tmp_path: Path,
+) -> None:
+    """Synchronize's list of pods goes old while it waits for a pod's lock (an ADD in
+    flight): a sandbox stopped meanwhile has no record, and must not be attached by it."""
+    node = Node.start(tmp_path, FakePlugins(slow={"macvlan": 0.2}), background=True)
+    for name in ("a", "b"):
+        one_network(node, name)
+    await node.hooks.run_pod_sandbox(pod("b"))
+    await node.hooks.create_container(pod("b"))  # b attached
+    await node.hooks.run_pod_sandbox(pod("a"))
+    await asyncio.sleep(0.05)  # a's ADD is running
+    sync = asyncio.create_task(node.hooks.synchronize([pod("a"), pod("b")]))
+    await asyncio.sleep(0.02)
+    await node.hooks.stop_pod_sandbox(pod("b"))
+    assert node.store.get("b-sandbox") is None
+    await sync
+    assert node.store.get("b-sandbox") is None
+    await node.hooks.remove_pod_sandbox(pod("b"))
+    assert "b-sandbox" not in node.lifecycle.stopped

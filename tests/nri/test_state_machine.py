@@ -244,12 +244,16 @@ async def test_a_host_network_pod_is_refused_never_attached_to_the_node(tmp_path
 
 
 async def test_a_stale_rollback_retry_never_undoes_a_later_attach(tmp_path: Path) -> None:
-    """A cancelled hook's rollback that must retry (its DEL failed) stops once the sandbox is
-    attached again (a late attach after the reconnect): it undoes only its own record."""
+    """A rollback that must retry (its DEL failed) stops once the sandbox is attached again (a
+    late attach after the reconnect): it undoes only its own record. (A stopped sandbox is
+    never attached again: CRI has no restart for it.)"""
     node = Node.start(tmp_path, FakePlugins(failing={"macvlan": "DEL"}))
     two_networks(node)
     await node.hooks.run_pod_sandbox(pod("a"))
-    await node.hooks.stop_pod_sandbox(pod("a"))  # DEL fails: a retry is in flight
+    record = node.store.get("a-sandbox")
+    assert record is not None
+    await node.store.put(record.with_state(State.ADDING))  # as a crash mid-ADD leaves it
+    await node.hooks.synchronize([pod("a")])  # undone: its DEL fails, a retry is in flight
     assert node.lifecycle.retrying("a-sandbox")
     node.plugins.failing.clear()
     await node.store.remove("a-sandbox")  # undone by someone else, then attached again
