@@ -14,7 +14,6 @@ from cnidra.observe import metrics
 from cnidra.state.sandboxes import State
 
 log = logging.getLogger(__name__)
-BEHIND = "Attach"  # the hook label of a pod's ADDs behind its sandbox
 
 
 class PodHooks:
@@ -40,15 +39,18 @@ class PodHooks:
             await self._attach(pod, "RunPodSandbox")
             return
         start = time.perf_counter()
-        task = asyncio.create_task(self._attach(pod, BEHIND), name=f"attach-{pod.id[:12]}")
+        task = asyncio.create_task(
+            self._attach(pod, "Attach", behind=True), name=f"attach-{pod.id[:12]}"
+        )
         task.add_done_callback(_observed)
         self._attaching[pod.id] = task
         metrics.HOOK_LATENCY.labels("RunPodSandbox").observe(time.perf_counter() - start)
 
-    async def _attach(self, pod: nri.PodSandbox, hook: str) -> None:
+    async def _attach(self, pod: nri.PodSandbox, hook: str, *, behind: bool = False) -> None:
+        """`hook` labels the latency metric; `behind`: no hook's answer waits on the ADDs."""
         start = time.perf_counter()
         try:
-            count = await self.lifecycle.attach(pod, behind_sandbox=hook == BEHIND)
+            count = await self.lifecycle.attach(pod, behind_sandbox=behind)
         finally:
             elapsed = time.perf_counter() - start
             metrics.HOOK_LATENCY.labels(hook).observe(elapsed)
