@@ -294,6 +294,10 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
     parser.add_argument("--json", action="store_true", help="only the JSON line")
     parser.add_argument("--log", type=Path, help="keep the driver's log (all its runs) here")
     args = parser.parse_args()
+    if args.log and not args.log.parent.is_dir():
+        parser.error(f"--log {args.log}: {args.log.parent} is not a directory")
+    if args.cycles < 1 or args.wave < 1 or args.restarts < 0:
+        parser.error("--cycles and --wave must be at least 1, --restarts at least 0")
     say = (lambda *a: None) if args.json else print
     parent = f"sk{uuid.uuid4().hex[:4]}"
     namespace = f"soak-{uuid.uuid4().hex[:6]}"
