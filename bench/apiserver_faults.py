@@ -154,7 +154,7 @@ class FaultProxy:
 
 
 def _kind(method: str, path: str, query: str) -> str:
-    """"GET resourceclaims", "WATCH cninetworks": the verb and the resource of a request."""
+    """The verb and the resource of a request: "GET resourceclaims", "WATCH cninetworks"."""
     parts = path.strip("/").split("/")
     if "namespaces" in parts and parts.index("namespaces") + 2 < len(parts):
         resource = parts[parts.index("namespaces") + 2]

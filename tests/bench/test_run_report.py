@@ -260,6 +260,23 @@ def test_the_per_pod_figures_pod_ready_will_gain(where: dict[str, Any], verdict:
         assert requests[1] in ("met", "**not met** by 4.5 requests")
 
 
+def test_the_requests_row_names_each_kind_and_the_count_without_normal_events() -> None:
+    data = sample()
+    kinds = {"create events": 3.0, "get resourceclaims": 1.0, "patch pods": 1.0,
+             "apply resourceclaims/status": 1.0, "list cninetworks": 0.16}  # fmt: skip
+    data["benches"]["pod_ready"]["result"]["cnidra"] = {
+        **POD_READY["cnidra"],
+        "apiserver_requests_per_pod": 6.16,
+        "apiserver_requests_per_pod_by_kind": kinds,
+    }
+    measured, verdict = rows(data)["apiserver requests per pod ≤ 3"]
+    assert "by kind: create events 3, get resourceclaims 1," in measured
+    assert measured.endswith("3.16 without the Normal Events")
+    assert verdict == "**not met** by 3.16 requests"
+    data["benches"]["pod_ready"]["result"]["cnidra"]["apiserver_requests_per_pod_by_kind"] = "x"
+    assert "by kind" not in rows(data)["apiserver requests per pod ≤ 3"][0]
+
+
 def test_fleet_and_in_process_prepare() -> None:
     data = sample()
     data["benches"]["fleet"] = ok(
