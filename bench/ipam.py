@@ -100,6 +100,16 @@ class Way:
         return None
 
 
+def fake_node(name: str) -> dict[str, Any]:
+    """A Node object with no kubelet behind it, unschedulable so nothing else lands on it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"cnidra.bench/ipam": "true"}},
+        "spec": {"unschedulable": True},
+    }
+
+
 class CnidraWay(Way):
     name = "cnidra"
 
@@ -116,11 +126,15 @@ class CnidraWay(Way):
                 "spec": {"ranges": [{"subnet": RANGES["cnidra"]}], "blockSize": 16},
             }
         )
+        # a node's blocks are owned by its Node object (the garbage collector deletes a lost
+        # node's blocks), so each simulated node is a Node, without a kubelet; deleted at close
+        self.node_names = [f"{self.pool}-node-{n}" for n in range(nodes)]
+        bed.apply(*(fake_node(name) for name in self.node_names))
         kubeconfig = str(tb.Paths.admin_kubeconfig)
         self.clients = [make_client(kubeconfig) for _ in range(nodes)]
         self.states = [IPAMState(StateLayout(work / f"node{n}")) for n in range(nodes)]
         self.nodes = [
-            Allocator(f"bench-node-{n}", self.states[n], KubeIPAM(self.clients[n]))
+            Allocator(self.node_names[n], self.states[n], KubeIPAM(self.clients[n]))
             for n in range(nodes)
         ]
         self.held: dict[str, NetworkConfigList] = {}
@@ -157,6 +171,7 @@ class CnidraWay(Way):
         self.bed.kubectl(
             "delete", "cniipblocks", "-l", f"cni.networking.x-k8s.io/pool={self.pool}", check=False
         )
+        self.bed.kubectl("delete", "node", *self.node_names, "--wait=false", check=False)
 
 
 class WhereaboutsWay(Way):
