@@ -152,12 +152,18 @@ PLUGINS = [
 # ------------------------------------------------------------------ the fleet's objects (pure)
 
 
+# only the benchmark range 198.18.0.0/15, as every address of the tests (none of these is
+# configured on a link: they are what the fake nodes' objects say); node IPs from 198.18.0.1
+POOL_SUBNET = "198.19.0.0/16"
+MAX_NODES = 4096  # the pool's blocks of 16 addresses, one a node
+
+
 def node_name(index: int) -> str:
     return f"fleet-{index:05d}"
 
 
 def node_ip(index: int) -> str:
-    return str(ipaddress.IPv4Address("10.128.0.0") + index + 1)
+    return str(ipaddress.IPv4Address("198.18.0.0") + index + 1)
 
 
 def node_object(name: str, ip: str, now: str) -> dict[str, Any]:
@@ -244,7 +250,14 @@ def node_links(index: int, ip: str, seed: int = 0) -> list[Link]:
         _nic("ens2f0", 3, "0000:3b:00.0", "0x15b3", "0x1017", 25000, 0, 8),
         _nic("ens2f1", 4, "0000:3b:00.1", "0x15b3", "0x1017", 25000, 0, 8),
         Link(
-            "cni0", 5, "0a:58:0a:f4:00:01", 1500, "bridge", "bridge", "up", ipv4=("10.244.0.1/24",)
+            "cni0",
+            5,
+            "0a:58:0a:f4:00:01",
+            1500,
+            "bridge",
+            "bridge",
+            "up",
+            ipv4=("198.18.244.1/24",),
         ),
     ]
     links += [
@@ -296,7 +309,7 @@ def cninetworks() -> list[dict[str, Any]]:
                 "type": "macvlan",
                 "master": "ens2f1",
                 "mode": "bridge",
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.50.0.0/16"}]]},
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": "198.18.248.0/22"}]]},
             },
         ),
         net(
@@ -309,7 +322,7 @@ def cninetworks() -> list[dict[str, Any]]:
                 "type": "ipvlan",
                 "master": "ens3f0",
                 "mode": "l2",
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.60.0.0/16"}]]},
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": "198.18.252.0/22"}]]},
             },
         ),
     ]
@@ -321,7 +334,7 @@ def pool_object() -> dict[str, Any]:
         "kind": "CNIIPPool",
         "metadata": {"name": POOL},
         "spec": {
-            "ranges": [{"subnet": "10.64.0.0/12", "gateway": "10.64.0.1"}],
+            "ranges": [{"subnet": POOL_SUBNET, "gateway": "198.19.0.1"}],
             "blockSize": 16,
             "namespaces": [NAMESPACE],
         },
@@ -1573,6 +1586,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if not 1 <= args.nodes <= MAX_NODES:
+        parser.error(f"--nodes: 1 to {MAX_NODES} (a block of the pool {POOL_SUBNET} each)")
     if max(args.pods, args.warmup_pods) > GPUS * args.nodes:
         parser.error(f"--pods: at most {GPUS} a node ({GPUS * args.nodes} for --nodes)")
 

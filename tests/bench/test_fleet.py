@@ -172,7 +172,7 @@ def test_nodes() -> None:
     obj = fleet.node_object("fleet-00002", fleet.node_ip(2), "2026-01-01T00:00:00Z")
     assert obj["metadata"]["labels"]["kubernetes.io/hostname"] == "fleet-00002"
     assert obj["status"]["conditions"][0]["type"] == "Ready"
-    assert obj["status"]["addresses"][0] == {"type": "InternalIP", "address": "10.128.0.3"}
+    assert obj["status"]["addresses"][0] == {"type": "InternalIP", "address": "198.18.0.3"}
     Node.from_dict(obj)
     assert len({fleet.node_ip(i) for i in range(5000)}) == 5000
 
