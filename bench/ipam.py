@@ -8,7 +8,8 @@ Per pod, what the pod's plugin would need before it can set up the interface, ex
 cnidra's CNI runtime in a throwaway namespace:
 
   cnidra       prepare's allocation (`Allocator.assign`, each simulated node with its own
-               apiserver client and state directory), then the `static` IPAM plugin's ADD
+               apiserver client and state directory, and a Node object without a kubelet:
+               a node's blocks are owned by its Node), then the `static` IPAM plugin's ADD
                with the addresses it chose
   whereabouts  the whereabouts IPAM plugin's ADD (v0.9.4, built from the Go module proxy by
                hack/install-peers.sh), with the test bed's admin kubeconfig
