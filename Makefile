@@ -77,7 +77,7 @@ bench: install cni-plugins
 	@status=0; $(BIN)/python -m bench.run --command 'make bench' || status=$$?; \
 		$(BIN)/python -m bench.report && exit $$status
 
-# the quick ones only (no test bed, about 3 minutes), into build/bench-quick.json; the README
+# the quick ones only (no test bed, about 2 minutes), into build/bench-quick.json; the README
 # is left alone (its tables are from a full run), the goals table printed instead
 bench-quick: install cni-plugins
 	@status=0; $(BIN)/python -m bench.run --quick --out build/bench-quick.json || status=$$?; \
