@@ -169,6 +169,7 @@ def main() -> None:
     out: dict[str, Any] = {"claims": args.claims}
     with tb.session() as bins, tempfile.TemporaryDirectory() as tmp:
         bed = Cluster(bins, tb.env_dict())
+        bed.install_cnidra_api()  # the CRDs and DeviceClasses, as the chart ships them
         kubeconfig = bed.env["KUBECONFIG"]
         namespace = f"scale-{uuid.uuid4().hex[:6]}"
         bed.kubectl("create", "namespace", namespace)

@@ -455,7 +455,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
     parent = f"bench{uuid.uuid4().hex[:4]}"
     with tb.session() as bins, tempfile.TemporaryDirectory() as tmp:
         bed = Cluster(bins, tb.env_dict())
-        bed.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
+        bed.install_cnidra_api()  # the CRDs and DeviceClasses, as the chart ships them
         subprocess.run(["ip", "link", "add", parent, "type", "bridge"], check=True)
         subprocess.run(["ip", "link", "set", parent, "up"], check=True)
         driver = DriverProcess(

@@ -74,7 +74,7 @@ def main() -> None:
     args = parser.parse_args()
     with tb.session() as bins, tempfile.TemporaryDirectory() as tmp:
         bed = Cluster(bins, tb.env_dict())
-        bed.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
+        bed.install_cnidra_api()  # the CRDs and DeviceClasses, as the chart ships them
         namespace = f"bench-{uuid.uuid4().hex[:6]}"
         parent = f"bn{uuid.uuid4().hex[:6]}"
         subprocess.run(["ip", "link", "add", parent, "type", "bridge"], check=True)

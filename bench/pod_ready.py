@@ -37,6 +37,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -54,6 +55,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.driver_latency import pct, raw_cni_ms
 from bench.profile import profiled
 from cnidra.cni import netns
+from cnidra.inventory.publisher import CHECK_ROUNDS
 from testbed import cluster as tb
 from testbed.crds import NAD_CRD
 from testbed.harness import ROOT, Cluster, DriverProcess
@@ -418,6 +420,17 @@ def start_cnidra(bed: Cluster, state_dir: Path, parent: str) -> DriverProcess:
         lambda: parent in bed.kubectl("get", "resourceslices", "-o", "json").stdout,
         60,
     )
+    # its start-up is not a pod's: the slice checks after kubelet registered it (a LIST each,
+    # the first at once, the next two at its next publishes, at the latest two resyncs later)
+    # would otherwise land in the first burst's requests
+    checks = 1 + CHECK_ROUNDS  # the LIST that adopts its slices at start, then the checks
+    started = time.monotonic()
+    while time.monotonic() - started < 90:
+        if requests_by_kind(driver.metrics()).get("list resourceslices", 0) >= checks:
+            break
+        time.sleep(1)
+    else:
+        print("cnidra's start-up slice checks did not end in 90 s", file=sys.stderr)
     return driver
 
 
@@ -450,7 +463,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
         work = Path(tmp)
         bed = Cluster(bins, tb.env_dict())
         client = Client(KubeConfig.from_file(str(tb.Paths.admin_kubeconfig)))
-        bed.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
+        bed.install_cnidra_api()  # the CRDs and DeviceClasses, as the chart ships them
         bed.apply(NAD_CRD)
         bed.wait(
             "the NAD CRD",
