@@ -30,7 +30,7 @@ from cnidra._proto.node.v1alpha1 import api_pb2 as api
 from cnidra._proto.node.v1alpha1 import api_pb2_grpc as api_grpc
 from cnidra.kube.client import make_sync_client
 from testbed import cluster as tb
-from testbed.harness import ROOT, Cluster, DriverProcess
+from testbed.harness import Cluster, DriverProcess
 from tests.testbed.test_lifecycle import claiming_pod, cni_config, ready, template
 
 ResourceClaim = create_namespaced_resource(

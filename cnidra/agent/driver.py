@@ -145,6 +145,7 @@ class Driver:
             self.client,
             releases=self.layout.finalizer_releases,
             normal_events=settings.normal_events,
+            node=settings.node_name,
         )
         self.preparer.on_prepared = lambda claim: self.status.claim_event(
             claim.ref, REASON_PREPARED, prepared_message(claim, settings.node_name)

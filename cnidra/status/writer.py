@@ -33,7 +33,8 @@ import logging
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -90,6 +91,9 @@ class _Event:
     type: str
     attempts: int = 0
     kind: str = "Pod"
+    # when it happened, not when the apiserver took it (a retry, a queue behind a burst):
+    # `kubectl get events` and `describe` show and sort by it; without it, "<unknown>"
+    at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
 
 DeviceKey = tuple[str, str, str, str]  # driver, pool, device, shareID
@@ -135,13 +139,16 @@ class StatusWriter:
         releases: Path | None = None,
         *,
         normal_events: bool = True,
+        node: str = "",
     ) -> None:
         """`releases`: a directory where a finalizer removal waits on disk until the apiserver
         took it, so a restart (rolling upgrade, crash) never leaves a claim held whose
         interfaces are all gone. `normal_events` False: only Warning Events are written (each
-        Event is one request)."""
+        Event is one request). `node`: the node the Events come from (their source host and
+        reporting instance, as kubelet's)."""
         self.client = client
         self.component = component
+        self.node = node
         self.releases = releases
         self.normal_events = normal_events
         self._devices: dict[ObjectRef, dict[DeviceKey, dict[str, Any]]] = {}
@@ -590,7 +597,11 @@ class StatusWriter:
                 reason=item.reason,
                 message=item.message[:1024],
                 type=item.type,
-                source=EventSource(component=self.component),
+                source=EventSource(component=self.component, host=self.node or None),
+                reportingComponent=self.component,
+                reportingInstance=self.node or None,
+                firstTimestamp=item.at,
+                lastTimestamp=item.at,
                 count=1,
             )
             try:

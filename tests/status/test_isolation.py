@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from lightkube.core.exceptions import ApiError
@@ -179,6 +180,33 @@ async def test_a_claims_normal_event_is_about_the_resourceclaim() -> None:
         "uid-c",
     )
     assert (event.type, event.reason) == ("Normal", "Prepared")
+
+
+async def test_an_event_carries_when_it_happened_and_where_even_when_sent_late(
+    monkeypatch: Any,
+) -> None:
+    """`kubectl get events` showed cnidra's Events as LAST SEEN "<unknown>", sorted apart from
+    kubelet's: they had no timestamps. They carry the time they happened (not the time a retry
+    got through) and the node, as kubelet's do."""
+    api = Pods()
+    api.event_failures["AddedInterface"] = ConnectionError("reset")
+    monkeypatch.setattr(module.Backoff, "next", lambda self: 0.2)
+    writer = StatusWriter(api, node="node-a")  # type: ignore[arg-type]
+    before = datetime.now(UTC)
+    writer.event(pod("p"), "AddedInterface", "Add net1", "Normal")
+    queued = datetime.now(UTC)
+    async with running(writer):
+        await asyncio.sleep(0.05)
+        del api.event_failures["AddedInterface"]
+        await settle(writer)
+    [event] = api.objects
+    assert event.firstTimestamp is not None and event.source is not None
+    assert event.firstTimestamp == event.lastTimestamp
+    assert before <= event.firstTimestamp <= queued  # not the retry's time
+    assert event.count == 1
+    assert (event.source.component, event.source.host) == ("cnidra", "node-a")
+    assert (event.reportingComponent, event.reportingInstance) == ("cnidra", "node-a")
+    assert "firstTimestamp" in event.to_dict() and "lastTimestamp" in event.to_dict()
 
 
 async def test_what_the_writer_keeps_goes_with_the_pods() -> None:

@@ -13,6 +13,7 @@ import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -59,6 +60,22 @@ def test_the_readme_example_runs_with_the_shipped_defaults(
             return any(e.get("interface") == "net1" for e in json.loads(text or "[]"))
 
         cluster.wait("net1 in the pod's network-status annotation", listed, 30)
+
+        def added() -> list[dict[str, Any]]:
+            return [
+                e
+                for e in cluster.events(pod["metadata"]["name"], namespace)
+                if e["reason"] == "AddedInterface"
+            ]
+
+        # the shipped defaults write the Normal Events, with when and where they happened:
+        # `kubectl get events` shows their age beside kubelet's, not "<unknown>"
+        [event] = cluster.wait("the Normal Event AddedInterface", added, 30)
+        assert event["type"] == "Normal" and "net1" in event["message"]
+        assert event["firstTimestamp"] and event["lastTimestamp"], event
+        assert event["source"] == {"component": "cnidra", "host": tb.NODE1.name}
+        shown = cluster.kubectl("get", "events", "-n", namespace).stdout
+        assert "AddedInterface" in shown and "<unknown>" not in shown, shown
     finally:
         cluster.kubectl(
             "delete", "pods", "--all", "-n", namespace, "--timeout=90s", check=False, timeout=120
