@@ -18,10 +18,13 @@ Each simulated node runs its pods `--parallel` at a time, all nodes at once. The
 DEL (cnidra: the static DEL, then unprepare's release). Reported per way: allocations per
 second over the ADD phase, p50/p99 of one pod's allocation, duplicates (an address held by two
 pods at once), leaks (addresses still held after every DEL: whereabouts' IPPool allocations and
-OverlappingRangeIPReservations, cnidra's leases on the nodes' disks). The two ways alternate
-round by round. The last line is one JSON object:
+OverlappingRangeIPReservations, cnidra's leases on the nodes' disks), and the calls that failed
+(a plugin past the runtime's 120 s timeout, an error) with the first one's error: a failure is
+counted, the pod's DEL still made, and the run goes on. The two ways alternate round by round.
+The last line is one JSON object:
 
-  {"cnidra": {"allocs_per_s", "p50_ms", "p99_ms", "duplicates", "leaks"},
+  {"cnidra": {"allocs_per_s", "p50_ms", "p99_ms", "duplicates", "leaks", "failed",
+              "failed_deletes", "first_failure"},
    "whereabouts": {the same}, "ratio": cnidra allocs_per_s / whereabouts allocs_per_s}
 """
 
@@ -159,7 +162,9 @@ class CnidraWay(Way):
         return str(result.raw["ips"][0]["address"])
 
     async def delete(self, node: int, pod: str) -> None:
-        await self.runtime.delete(self.held.pop(pod), pod_conf(pod, node, self.pod_ns))
+        net = self.held.pop(pod, None)  # None: its ADD failed; its claim is released anyway
+        if net is not None:
+            await self.runtime.delete(net, pod_conf(pod, node, self.pod_ns))
         await self.nodes[node].release_claim(f"uid-claim-{pod}")
 
     def leaks(self) -> int:
@@ -229,11 +234,14 @@ class WhereaboutsWay(Way):
 
 async def burst(
     nodes: int, pods: int, parallel: int, op: Callable[[int, str], Awaitable[Any]]
-) -> tuple[float, list[float], list[Any]]:
+) -> tuple[float, list[float], list[Any], list[str]]:
     """Every node's pods, `parallel` at a time per node, all nodes at once: (wall seconds, each
-    call's seconds, each call's answer)."""
+    successful call's seconds, its answer, and what each failed call raised). A failed call (a
+    plugin that timed out: whereabouts under this load once held an ADD past the runtime's
+    120 s) is part of the measurement, not the end of it."""
     times: list[float] = []
     answers: list[Any] = []
+    failures: list[str] = []
 
     async def node(n: int) -> None:
         gate = asyncio.Semaphore(parallel)
@@ -241,26 +249,34 @@ async def burst(
         async def one(p: int) -> None:
             async with gate:
                 start = time.perf_counter()
-                answers.append(await op(n, f"n{n}-p{p}"))
+                try:
+                    answer = await op(n, f"n{n}-p{p}")
+                except Exception as exc:
+                    failures.append(f"{type(exc).__name__}: {exc}")
+                    return
+                answers.append(answer)
                 times.append(time.perf_counter() - start)
 
         await asyncio.gather(*(one(p) for p in range(pods)))
 
     start = time.perf_counter()
     await asyncio.gather(*(node(n) for n in range(nodes)))
-    return time.perf_counter() - start, times, answers
+    return time.perf_counter() - start, times, answers, failures
 
 
 async def measure(way: Way, nodes: int, pods: int, parallel: int) -> dict[str, Any]:
-    wall, times, addresses = await burst(nodes, pods, parallel, way.add)
+    wall, times, addresses, failed = await burst(nodes, pods, parallel, way.add)
     duplicates = len(addresses) - len(set(addresses))
-    await burst(nodes, pods, parallel, way.delete)
+    _, _, _, failed_deletes = await burst(nodes, pods, parallel, way.delete)
     return {
         "allocs_per_s": round(len(addresses) / wall, 1),
-        "p50_ms": round(pct(times, 0.5) * 1000, 1),
-        "p99_ms": round(pct(times, 0.99) * 1000, 1),
+        "p50_ms": round(pct(times, 0.5) * 1000, 1) if times else None,
+        "p99_ms": round(pct(times, 0.99) * 1000, 1) if times else None,
         "duplicates": duplicates,
         "leaks": way.leaks(),
+        "failed": len(failed),
+        "failed_deletes": len(failed_deletes),
+        "first_failure": (failed + failed_deletes or [None])[0],
         "wall_s": round(wall, 2),
     }
 
@@ -309,12 +325,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in WAYS:
         runs = rounds[name]
+        timed = [x for x in runs if x["p50_ms"] is not None]
         out[name] = {
             "allocs_per_s": round(statistics.median(x["allocs_per_s"] for x in runs), 1),
-            "p50_ms": round(statistics.median(x["p50_ms"] for x in runs), 1),
-            "p99_ms": round(statistics.median(x["p99_ms"] for x in runs), 1),
+            "p50_ms": round(statistics.median(x["p50_ms"] for x in timed), 1) if timed else None,
+            "p99_ms": round(statistics.median(x["p99_ms"] for x in timed), 1) if timed else None,
             "duplicates": sum(x["duplicates"] for x in runs),
             "leaks": sum(x["leaks"] for x in runs),
+            # calls that failed (ADDs, then DELs), over the rounds, and the first one's error
+            "failed": sum(x["failed"] for x in runs),
+            "failed_deletes": sum(x["failed_deletes"] for x in runs),
+            "first_failure": next((x["first_failure"] for x in runs if x["first_failure"]), None),
         }
     out["ratio"] = round(out["cnidra"]["allocs_per_s"] / out["whereabouts"]["allocs_per_s"], 1)
     out["setup"] = {

@@ -350,6 +350,11 @@ def _ipam(run: Run, goal: float = 10) -> Row:
     with contextlib.suppress(Missing):
         dups_wb, leaks_wb = num(r, "whereabouts", "duplicates"), num(r, "whereabouts", "leaks")
         text += f" (whereabouts {dups_wb:.0f}, {leaks_wb:.0f})"
+    failed = _failed(r, "cnidra")
+    if failed:
+        text += f"; cnidra failed {failed:.0f} call(s)"
+    if failed_wb := _failed(r, "whereabouts"):
+        text += f"; whereabouts failed {failed_wb:.0f} call(s) (timeouts or errors)"
     misses = []
     if ratio < goal:
         misses.append(f"{g(goal - ratio)}x")
@@ -357,9 +362,19 @@ def _ipam(run: Run, goal: float = 10) -> Row:
         misses.append(f"{dups:.0f} duplicates")
     if leaks:
         misses.append(f"{leaks:.0f} leaks")
+    if failed:
+        misses.append(f"{failed:.0f} failed calls")
     row.measured = text
     row.verdict = not_met(*misses) if misses else MET
     return row
+
+
+def _failed(result: dict[str, Any], way: str) -> float:
+    """A way's failed ADDs and DELs in bench.ipam (0 for a run from before they were counted)."""
+    found = result.get(way)
+    if not isinstance(found, dict):
+        return 0.0
+    return sum(float(found[k]) for k in ("failed", "failed_deletes") if _number(found.get(k)))
 
 
 def _fleet_idle(run: Run, goal: float = 1) -> Row:

@@ -121,14 +121,7 @@ class PluginExec:
                 raise PluginTimeout(plugin_type, invocation.command, 0, budget)
         env = invocation.environment(self.cni_path, self.base_env)
         started = time.perf_counter()
-        proc = await asyncio.create_subprocess_exec(
-            path,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
+        proc = await _spawn(path, env)
         try:
             async with asyncio.timeout(limit):
                 stdout, stderr = await proc.communicate(stdin)
@@ -141,6 +134,46 @@ class PluginExec:
         if self.on_exec is not None:
             self.on_exec(plugin_type, invocation.command, time.perf_counter() - started)
         return _interpret(plugin_type, invocation.command, proc.returncode, stdout, stderr)
+
+
+# how long a spawn cancelled from outside may take to finish before its process is killed
+SPAWN_GRACE = 5.0
+
+
+async def _spawn(path: str, env: Mapping[str, str]) -> asyncio.subprocess.Process:
+    """The plugin's process, started where no cancellation reaches inside asyncio's spawn.
+    CPython 3.11's `create_subprocess_exec`, cancelled while it connects the pipes, closes the
+    transport and then waits for pipes that are never all connected: the task never ends (a
+    benchmark's task, cancelled when a peer's plugin timed out, hung there for the rest of the
+    run: unix_events.py:220, `await transp._wait()`). A hook's deadline is such a cancellation.
+    So the spawn runs as its own task; a cancellation waits for it (bounded by SPAWN_GRACE),
+    kills the plugin's process group, and goes on."""
+    spawn = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(
+            path,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=dict(env),
+            start_new_session=True,
+        )
+    )
+    try:
+        return await asyncio.shield(spawn)
+    except asyncio.CancelledError:
+        done, _ = await asyncio.wait({spawn}, timeout=SPAWN_GRACE)
+        if done and not spawn.cancelled() and spawn.exception() is None:
+            await _kill_group(spawn.result())
+        elif not done:
+            log.warning("plugin %s still starting %.0f s after the call ended", path, SPAWN_GRACE)
+            spawn.add_done_callback(_kill_when_started)
+        raise
+
+
+def _kill_when_started(spawn: asyncio.Future[asyncio.subprocess.Process]) -> None:
+    if not spawn.cancelled() and spawn.exception() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(spawn.result().pid, signal.SIGKILL)
 
 
 async def _kill_group(proc: asyncio.subprocess.Process) -> None:

@@ -5,6 +5,7 @@ figures the README quoted before the runner existed), with missing benches and k
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import os
@@ -275,6 +276,34 @@ def test_the_requests_row_names_each_kind_and_the_count_without_normal_events() 
     assert verdict == "**not met** by 3.16 requests"
     data["benches"]["pod_ready"]["result"]["cnidra"]["apiserver_requests_per_pod_by_kind"] = "x"
     assert "by kind" not in rows(data)["apiserver requests per pod ≤ 3"][0]
+
+
+def test_the_ipam_row_says_which_calls_failed() -> None:
+    data = sample()
+    goal = "IPAM ≥ 10x whereabouts' allocations/s, zero duplicates, zero leaks"
+    assert "failed" not in rows(data)[goal][0]  # a run from before failures were counted
+    result = data["benches"]["ipam"]["result"]
+    result["whereabouts"].update(failed=1, failed_deletes=0, first_failure="PluginFailed: ...")
+    measured, verdict = rows(data)[goal]
+    assert "whereabouts failed 1 call(s) (timeouts or errors)" in measured
+    assert verdict == "met"  # the peer's failure is a finding about the peer
+    result["cnidra"].update(failed=2, failed_deletes=1)
+    measured, verdict = rows(data)[goal]
+    assert "cnidra failed 3 call(s)" in measured and "3 failed calls" in verdict
+
+
+async def test_a_failed_call_in_the_ipam_burst_is_counted_and_the_burst_goes_on() -> None:
+    from bench.ipam import burst
+
+    async def op(node: int, pod: str) -> str:
+        if pod.endswith("-p3"):
+            raise RuntimeError("plugin 'whereabouts' did not finish ADD within 120s")
+        await asyncio.sleep(0)
+        return f"{node}/{pod}"
+
+    wall, times, answers, failures = await burst(2, 5, 2, op)
+    assert len(answers) == len(times) == 8 and wall >= 0
+    assert failures == ["RuntimeError: plugin 'whereabouts' did not finish ADD within 120s"] * 2
 
 
 def test_fleet_and_in_process_prepare() -> None:

@@ -502,6 +502,77 @@ async def test_cancellation_kills_the_plugin(runtime: CNIRuntime, pod_netns: Pat
     assert "fault-hang" not in sh("ps", "-eo", "args")
 
 
+async def test_a_cancellation_while_the_plugin_starts_never_reaches_inside_the_spawn(
+    tmp_path: Path, pod_netns: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CPython 3.11's create_subprocess_exec, cancelled while it connects the pipes, can wait
+    forever (bench.ipam hung so when a peer's plugin timed out). A hook's deadline cancels at
+    any moment: the spawn is never cancelled itself, the call ends at once, and the plugin
+    started meanwhile is killed."""
+    from cnidra.cni import invoke
+
+    real = asyncio.create_subprocess_exec
+    spawns: list[str] = []
+
+    async def slow_spawn(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        try:
+            await asyncio.sleep(0.3)  # the window where a cancellation used to land
+        except asyncio.CancelledError:
+            spawns.append("cancelled")
+            raise
+        spawns.append("started")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(invoke.asyncio, "create_subprocess_exec", slow_spawn)
+    pidfile = tmp_path / "child.pid"
+    exec_ = invoke.PluginExec(
+        [str(FAULTS)], timeout=30, base_env={**os.environ, "FAULT_PIDFILE": str(pidfile)}
+    )
+    runtime = CNIRuntime([], cache_dir=str(tmp_path / "cache"), exec_=exec_)
+    net = netlist({"cniVersion": "1.0.0", "name": "hang", "plugins": [{"type": "fault-hang"}]})
+    task = asyncio.create_task(runtime.add(net, rt(pod_netns)))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert loop.time() - start < 2
+    assert spawns == ["started"]  # the spawn ran to its end, uncancelled
+    for _ in range(20):  # the plugin may not have written its pid yet when it was killed
+        if pidfile.exists() and pidfile.read_text().strip():
+            break
+        await asyncio.sleep(0.05)
+    if pidfile.exists() and pidfile.read_text().strip():
+        child = int(pidfile.read_text())
+        await asyncio.sleep(0.1)
+        assert (
+            not Path(f"/proc/{child}").exists()
+            or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+        )
+    assert "fault-hang" not in sh("ps", "-eo", "args")
+
+
+async def test_cancellations_at_any_moment_of_many_spawns_end_and_leave_no_plugin(
+    runtime: CNIRuntime, pod_netns: Path
+) -> None:
+    """Fifty calls at once, all cancelled at moments spread over their start: each ends within
+    a second and no plugin process is left."""
+    net = netlist({"cniVersion": "1.0.0", "name": "hang", "plugins": [{"type": "fault-hang"}]})
+    for delay in (0.0, 0.002, 0.01, 0.03, 0.1):
+        tasks = [
+            asyncio.create_task(runtime.add(net, rt(pod_netns, cid=f"c{n}"))) for n in range(50)
+        ]
+        await asyncio.sleep(delay)
+        for task in tasks:
+            task.cancel()
+        done, pending = await asyncio.wait(tasks, timeout=5)
+        assert not pending, f"{len(pending)} calls still running after a cancel at {delay}s"
+        assert all(t.cancelled() for t in done)
+    await asyncio.sleep(0.2)
+    assert "fault-hang" not in sh("ps", "-eo", "args")
+
+
 @pytest.mark.parametrize(
     "plugin,cause,fragment",
     [
