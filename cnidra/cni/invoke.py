@@ -172,13 +172,16 @@ async def _spawn(path: str, env: Mapping[str, str]) -> asyncio.subprocess.Proces
 
 def _kill_when_started(spawn: asyncio.Future[asyncio.subprocess.Process]) -> None:
     if not spawn.cancelled() and spawn.exception() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(spawn.result().pid, signal.SIGKILL)
+        _signal_group(spawn.result())
+
+
+def _signal_group(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 async def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    _signal_group(proc)
     with contextlib.suppress(ProcessLookupError):
         await proc.wait()
 
