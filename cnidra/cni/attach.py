@@ -66,6 +66,9 @@ class Attachment:
     # in `pool_ranges`, the DeviceClass's claims.ipRanges (None: any)
     tenant_pool: bool = False
     pool_ranges: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] | None = None
+    # prepare only (not checkpointed): the network's static IPAM addresses were written by a
+    # tenant, so prepare leases each through the cluster IPAM pool that owns it (docs/ipam.md)
+    tenant_static: bool = False
     _netconf: NetworkConfigList | None = field(default=None, init=False, repr=False, compare=False)
 
     @property

@@ -10,10 +10,11 @@ the plugins read, so the bytes a plugin gets are the form that was judged."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from cnidra.api.constants import DRIVER_NAME
+from cnidra.api.hostside import NodeFacts, judge_host_side
 from cnidra.api.ipam import cnidra_ipam
 from cnidra.api.issues import FieldPath, Issues
 from cnidra.api.merge import ConfigEntry, Source, applicable
@@ -40,12 +41,15 @@ def resolve_attachment(
     catalog: NetworkCatalog | None = None,
     device_network: NamedNetwork | None = None,
     verdicts: VerdictCache | None = None,
+    node: NodeFacts | None = None,
 ) -> Attachment | None:
     """The one path from a claim's configs to what the runtime executes: checked against the
     class's CNIPolicy, merged and validated as `cnidra validate` does, bound to the allocated
     link, named and given state directories as cnidra owns them. None (with the reasons in
     `issues`) when the request cannot be attached. `verdicts`: the same verdict, remembered
-    for configs judged before (prepare's)."""
+    for configs judged before (prepare's). `node`: the node's links as they are now; with it,
+    the bound network's host-side effects are judged (`cnidra.api.hostside`: values that would
+    change a shared host object pinned or refused)."""
     before = len(issues.errors)
     judge = verdicts.check_request if verdicts is not None else check_request
     resolved = judge(
@@ -89,12 +93,46 @@ def resolve_attachment(
     if attachment is None:
         return None
     ranges = rules.ip_ranges if rules is not None else None
+    tenant = tenant_writer(resolved, class_entries)
+    if node is not None and attachment.parent:
+        before = len(issues.errors)
+        network = judge_host_side(
+            attachment.network, attachment.parent, node, tenant, issues, where
+        )
+        if len(issues.errors) > before:
+            return None
+        attachment = replace(attachment, network=network)
     return replace(
         attachment,
         node_link_allowed=attachment.parent in node_links,
         tenant_pool=tenant_chose_pool(resolved, class_entries),
         pool_ranges=tuple(ranges) if ranges is not None else None,
     )
+
+
+def tenant_writer(
+    resolved: ResolvedRequest, class_entries: Sequence[ConfigEntry]
+) -> Callable[[tuple[object, ...]], bool]:
+    """Whether a tenant wrote the value at a path of the network's conflist form
+    (`("plugins", 0, "mtu")`): a tenant's NetworkAttachmentDefinition, or the claim's own
+    config where the class's did not write. The admin's named networks and class configs
+    are the admin's."""
+    if resolved.network is not None:
+        trusted = resolved.network.trusted
+        return lambda path: not trusted
+    if not any(e.source is Source.CLAIM and "config" in e.parameters for e in resolved.entries):
+        return lambda path: False
+    config = resolved.config.config
+    single = config is not None and "plugins" not in config
+    admin = admin_paths(class_entries)
+
+    def tenant(path: tuple[object, ...]) -> bool:
+        raw: tuple[object, ...] = path
+        if single and path[:2] == ("plugins", 0):
+            raw = path[2:]
+        return not written_by(tuple(raw), admin)  # type: ignore[arg-type]
+
+    return tenant
 
 
 def tenant_chose_pool(resolved: ResolvedRequest, class_entries: Sequence[ConfigEntry]) -> bool:
