@@ -96,12 +96,12 @@ def resolve_attachment(
     tenant = tenant_writer(resolved, class_entries)
     if node is not None and attachment.parent:
         before = len(issues.errors)
-        network = judge_host_side(
+        pinned = judge_host_side(
             attachment.network, attachment.parent, node, tenant, issues, where
         )
         if len(issues.errors) > before:
             return None
-        attachment = replace(attachment, network=network)
+        attachment = replace(attachment, network=pinned)
     return replace(
         attachment,
         node_link_allowed=attachment.parent in node_links,
