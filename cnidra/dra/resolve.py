@@ -107,7 +107,24 @@ def resolve_attachment(
         node_link_allowed=attachment.parent in node_links,
         tenant_pool=tenant_chose_pool(resolved, class_entries),
         pool_ranges=tuple(ranges) if ranges is not None else None,
+        tenant_static=bool(tenant_static_ipam(attachment.network, tenant)),
     )
+
+
+def tenant_static_ipam(
+    network: Mapping[str, object], tenant: Callable[[tuple[object, ...]], bool]
+) -> list[int]:
+    """Indexes of the plugins whose `static` IPAM a tenant wrote (its type or its
+    addresses): prepare leases those addresses through the cluster IPAM (docs/ipam.md)."""
+    plugins = network.get("plugins")
+    out = []
+    for i, plugin in enumerate(plugins if isinstance(plugins, list) else []):
+        ipam = plugin.get("ipam") if isinstance(plugin, Mapping) else None
+        if not isinstance(ipam, Mapping) or ipam.get("type") != "static":
+            continue
+        if tenant(("plugins", i, "ipam", "type")) or tenant(("plugins", i, "ipam", "addresses")):
+            out.append(i)
+    return out
 
 
 def tenant_writer(

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cnidra.api.hostside import LinkFacts, NodeFacts
 from cnidra.inventory import DEFAULT_EXCLUDE
 from cnidra.inventory.netlink import AF_INET, AF_INET6, dump
 
@@ -41,6 +42,7 @@ class Link:
     admin_up: bool = True  # IFF_UP: set up by the node's admin
     carrier: bool | None = None  # IFLA_CARRIER: a cable, a peer, a switch port
     absent: bool = False  # gone from the node, kept as a device while claims use it
+    vlan_filtering: bool | None = None  # bridges: whether the bridge filters VLANs
 
 
 def link_failure(link: Link) -> str | None:
@@ -149,9 +151,29 @@ def read_links() -> list[Link]:
                 peer_elsewhere=msg.link_kind == "veth" and msg.peer_elsewhere,
                 admin_up=msg.admin_up,
                 carrier=msg.carrier,
+                vlan_filtering=msg.vlan_filtering,
             )
         )
     return links
+
+
+def node_facts(links: Iterable[Link]) -> NodeFacts:
+    """The node's links as prepare judges a network's host-side effects against them
+    (cnidra.api.hostside): each link's kind, MTU, the node's addresses on it, and whether a
+    bridge filters VLANs."""
+    return NodeFacts(
+        {
+            link.name: LinkFacts(
+                link.name,
+                link.kind,
+                link.mtu,
+                (*link.ipv4, *link.ipv6),
+                link.vlan_filtering,
+            )
+            for link in links
+            if not link.absent
+        }
+    )
 
 
 def primary_bridges(links: Iterable[Link]) -> frozenset[int]:

@@ -33,7 +33,8 @@ RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
 RTM_NEWROUTE, RTM_GETROUTE = 24, 26
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINK, IFLA_MASTER = 1, 3, 4, 5, 10
 IFLA_OPERSTATE, IFLA_LINKINFO, IFLA_CARRIER, IFLA_LINK_NETNSID = 16, 18, 33, 37
-IFLA_INFO_KIND = 1
+IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
+IFLA_BR_VLAN_FILTERING = 7  # a u8 in a bridge's IFLA_INFO_DATA
 IFA_ADDRESS = 1
 RTA_OIF, RTA_GATEWAY, RTA_MULTIPATH, RTA_TABLE = 4, 5, 9, 15
 RT_TABLE_MAIN = 254
@@ -82,6 +83,7 @@ class LinkMessage:
     mtu: int | None = None
     state: str | None = None
     carrier: bool | None = None
+    vlan_filtering: bool | None = None  # a bridge's IFLA_BR_VLAN_FILTERING
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,15 @@ def _link(kind: int, data: bytes, body: int, end: int) -> LinkMessage:
             for nested, info in _attributes(value, 0, len(value)):
                 if nested == IFLA_INFO_KIND:
                     found["link_kind"] = _text(info)
+                elif nested == IFLA_INFO_DATA:
+                    data_attrs = _attributes(info, 0, len(info))
+                    for key, item in data_attrs:
+                        if key == IFLA_BR_VLAN_FILTERING and item:
+                            found["vlan_filtering"] = bool(item[0])
+            if found.get("link_kind") != "bridge":
+                found.pop("vlan_filtering", None)
+            elif "vlan_filtering" not in found:
+                found["vlan_filtering"] = False
     return LinkMessage(
         index,
         removed=kind == RTM_DELLINK,
