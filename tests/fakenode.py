@@ -61,7 +61,6 @@ def _configs() -> str:
                     "type": "macvlan",
                     "master": "eth1",
                     "mode": "bridge",
-                    "ipam": {"type": "host-local", "ranges": [[{"subnet": "198.18.161.0/24"}]]},
                 }
             ],
         },
@@ -79,7 +78,7 @@ def _configs() -> str:
 
 def configs() -> list[dict[str, Any]]:
     """The allocation's configs of bench.pod_ready's cnidra template: the DeviceClass's policy
-    (deploy/deviceclass.yaml) and the claim's macvlan + host-local CNIConfig."""
+    (deploy/deviceclass.yaml) and the claim's macvlan CNIConfig (L2: host-local by a claim is refused)."""
     loaded: list[dict[str, Any]] = json.loads(_configs())
     return loaded
 

@@ -61,5 +61,97 @@ def judge_host_side(
 ) -> dict[str, Any]:
     """The bound network (a conflist) with the values pinned that keep shared host objects as
     they are, and errors for what a tenant wrote that would change one. `tenant(path)`: whether
-    a tenant wrote the value at a path of the conflist (`("plugins", 0, "mtu")`)."""
-    return dict(network)
+    a tenant wrote the value at a path of the conflist (`("plugins", 0, "mtu")`); what the
+    admin wrote passes as written. `where`: the network's place in the claim, for the errors
+    (a single-plugin config is named as its conflist form, `plugins[0]`)."""
+    link = node.links.get(parent)
+    held = node.addresses()
+    plugins = network.get("plugins")
+    out = []
+    for i, original in enumerate(plugins if isinstance(plugins, list) else []):
+        if not isinstance(original, Mapping):
+            out.append(original)
+            continue
+        plugin = dict(original)
+        at = where / "plugins" / i
+        wrote = _writer(tenant, ("plugins", i))
+        if plugin.get("type") == "bridge" and link is not None and link.kind == "bridge":
+            _bridge(plugin, link, wrote, issues, at)
+        ipam = plugin.get("ipam")
+        if isinstance(ipam, Mapping) and held:
+            _node_addresses(
+                ipam, held, _writer(tenant, ("plugins", i, "ipam")), issues, at / "ipam"
+            )
+        out.append(plugin)
+    return {**network, "plugins": out}
+
+
+def _writer(
+    tenant: Callable[[tuple[Any, ...]], bool], prefix: tuple[Any, ...]
+) -> Callable[[str], bool]:
+    def wrote(key: str) -> bool:
+        return tenant((*prefix, key))
+
+    return wrote
+
+
+def _bridge(
+    plugin: dict[str, Any],
+    bridge: LinkFacts,
+    tenant: Callable[[str], bool],
+    issues: Issues,
+    at: FieldPath,
+) -> None:
+    """The host end of the pod's veth gets the plugin's `mtu` (the kernel's 1500 without one),
+    and the kernel sizes a bridge to its smallest port (and, with no smaller port, grows it):
+    only the bridge's own MTU changes nothing. A VLAN on a bridge that does not filter VLANs
+    isolates nothing, and the plugin turns filtering on only for a bridge it creates."""
+    mtu = plugin.get("mtu")
+    if mtu in (None, 0):
+        plugin["mtu"] = bridge.mtu  # pinned: the value that changes nothing
+    elif mtu != bridge.mtu and tenant("mtu"):
+        issues.error(
+            at / "mtu",
+            f"{mtu} differs from bridge {bridge.name}'s MTU {bridge.mtu}: the host end of the "
+            "pod's veth is a port of the shared bridge, and the kernel sizes a bridge to its "
+            f"smallest port, so every other port would get it too; leave it out (cnidra sets "
+            f"{bridge.mtu}) or set the pod's own end with tuning's mtu",
+        )
+    if bridge.vlan_filtering:
+        return
+    for key in ("vlan", "vlanTrunk"):
+        if plugin.get(key) in (None, 0, [], False) or not tenant(key):
+            continue
+        issues.error(
+            at / key,
+            f"bridge {bridge.name} does not filter VLANs (vlan_filtering is off), so a VLAN on "
+            "its port isolates nothing; the admin must enable VLAN filtering on the bridge "
+            "(ip link set BRIDGE type bridge vlan_filtering 1) for claims to use VLANs on it",
+        )
+
+
+def _node_addresses(
+    ipam: Mapping[str, Any],
+    held: frozenset[Address],
+    tenant: Callable[[str], bool],
+    issues: Issues,
+    at: FieldPath,
+) -> None:
+    """A static address the node holds would be taken from the node by the plugin's
+    gratuitous ARP (or unsolicited neighbour advertisement): never a tenant's."""
+    if ipam.get("type") != "static" or not tenant("addresses"):
+        return
+    addresses = ipam.get("addresses")
+    for j, entry in enumerate(addresses if isinstance(addresses, list) else []):
+        text = entry.get("address") if isinstance(entry, Mapping) else None
+        try:
+            ip = ipaddress.ip_interface(str(text)).ip
+        except ValueError:
+            continue
+        mapped = getattr(ip, "ipv4_mapped", None)
+        if ip in held or (mapped is not None and mapped in held):
+            issues.error(
+                at / "addresses" / j / "address",
+                f"{ip} is an address of this node: the plugin would announce it from the pod "
+                "and take the node's traffic",
+            )

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cnidra.api.hostside import NodeFacts
 from cnidra.api.networks import NamedNetwork
 
 
@@ -23,6 +24,8 @@ class NodeView:
     attributes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # devices that stand for a named network this node serves (CNINetworks), by device name
     networks: Mapping[str, NamedNetwork] = field(default_factory=dict)
+    # every link of the node as the host-side judgement needs it (cnidra.api.hostside)
+    facts: NodeFacts = field(default_factory=NodeFacts)
 
 
 def selects(

@@ -72,6 +72,14 @@ DANGEROUS_IPAM: Mapping[tuple[str, str], str] = {
     ("host-local", "resolvConf"): "a host file the root driver reads into the result",
     ("dhcp", "daemonSocketPath"): "a host socket the root driver connects to",
 }
+# IPAM a tenant may not write on a shared link: it hands out addresses without knowing who
+# else holds them on the segment (docs/security.md, "Addresses are owned")
+SEGMENT_BLIND_IPAM: Mapping[str, str] = {
+    "host-local": (
+        "host-local written by a claim is refused: it keeps one pool per network name and "
+        "node, so two namespaces, or two nodes on one L2 segment, hand out the same addresses"
+    ),
+}
 # macvlan's passthru gives the pod the parent link itself: every other pod on it loses it
 EXCLUSIVE_MODES: Mapping[tuple[str, str], str] = {("macvlan", "passthru"): "macvlan passthru"}
 # CNIConfig.capabilities no claim may ask for: portMappings DNATs node ports.
@@ -396,6 +404,20 @@ def _check_network(
             _check_type("plugin", plugin.type, plugin.path, rules, issues)
         if plugin.ipam is not None and not network.is_admin((*plugin.raw, "ipam", "type")):
             _check_type("IPAM plugin", plugin.ipam.type, plugin.ipam.path, rules, issues)
+        if plugin.ipam is not None and plugin.ipam.type in SEGMENT_BLIND_IPAM:
+            wrote = [
+                k
+                for k in (*plugin.ipam.fields, "type")
+                if not network.is_admin((*plugin.raw, "ipam", k))
+            ]
+            if wrote:
+                issues.error(
+                    plugin.ipam.path / ("type" if "type" in wrote else wrote[0]),
+                    f"{SEGMENT_BLIND_IPAM[plugin.ipam.type]}; a claim's network takes its "
+                    "addresses from an owner that knows the segment: `ipam: {type: cnidra, "
+                    "pool: NAME}` (a CNIIPPool serving this namespace) or static addresses "
+                    "inside one (docs/ipam.md)",
+                )
     for plugin, key, where in network.tenant_fields():
         reason = DANGEROUS.get((plugin.type, key)) or DANGEROUS.get(("*", key))
         if reason and not is_zero(plugin.get(key)):

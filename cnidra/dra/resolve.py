@@ -96,8 +96,12 @@ def resolve_attachment(
     tenant = tenant_writer(resolved, class_entries)
     if node is not None and attachment.parent:
         before = len(issues.errors)
+        anchor = next(
+            (e.path / "config" for e in reversed(resolved.entries) if "config" in e.parameters),
+            where,
+        )
         pinned = judge_host_side(
-            attachment.network, attachment.parent, node, tenant, issues, where
+            attachment.network, attachment.parent, node, tenant, issues, anchor
         )
         if len(issues.errors) > before:
             return None

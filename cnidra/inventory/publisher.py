@@ -30,6 +30,7 @@ from cnidra.inventory.links import (
     carrying_node,
     cni_plugins,
     link_failure,
+    node_facts,
     read_links,
 )
 from cnidra.inventory.slices import (
@@ -164,7 +165,9 @@ class SlicePublisher:
         for dev, (_, _, parent) in self._served.items():
             names[dev] = parent.name if parent else ""
         networks = {dev: network for dev, (_, network, _) in self._served.items()}
-        return NodeView(names, protected, self.node_labels, networks=networks)
+        return NodeView(
+            names, protected, self.node_labels, networks=networks, facts=node_facts(links)
+        )
 
     async def _serve(self, links: list[Link]) -> None:
         """The named networks this node can serve: each CNINetwork whose node conf (if it

@@ -33,7 +33,7 @@ POLICY = {
             "kind": "CNIPolicy",
             "claims": {
                 "defineNetworks": True,
-                "plugins": ["macvlan", "host-local"],
+                "plugins": ["macvlan", "static"],
                 "fields": ["args"],
                 "ipRanges": ["198.18.0.0/15"],
             },
@@ -55,7 +55,6 @@ def params(**extra: Any) -> dict[str, Any]:
                 {
                     "type": "macvlan",
                     "master": "eth1",
-                    "ipam": {"type": "host-local", "ranges": [[{"subnet": "198.18.0.0/24"}]]},
                 }
             ],
         },
@@ -151,7 +150,6 @@ def test_class_config_then_claim_config() -> None:
 def test_a_network_the_claim_defines_is_named_for_its_namespace() -> None:
     [dev] = resolve_claim(claim(), REF, "n1", DIRS, VIEW).devices
     assert dev.network["name"] == "cnidra-ns.ns.n" and dev.network_label == "n"
-    assert dev.network["plugins"][0]["ipam"]["dataDir"] == "/state/ipam"
 
 
 def class_then_claim(claim_params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -197,7 +195,7 @@ def test_a_state_directory_in_the_claim_is_refused() -> None:
     plugin = c["status"]["allocation"]["devices"]["config"][1]["opaque"]["parameters"]["config"][
         "plugins"
     ][0]
-    plugin["ipam"]["dataDir"] = "/etc"
+    plugin["ipam"] = {"type": "host-local", "subnet": "198.18.0.0/24", "dataDir": "/etc"}
     with pytest.raises(PrepareError, match=r"plugins\[0\]\.ipam\.dataDir: is chosen by cnidra"):
         resolve_claim(c, REF, "n1", DIRS, VIEW)
 

@@ -18,7 +18,19 @@ from cnidra.dra.claim import ALLOCATION_CONFIG, read_claim
 from cnidra.dra.prepare import PrepareError, Preparer, SharedNetworks, resolve_claim
 from cnidra.state.checkpoint import Checkpoint
 from cnidra.state.layout import StateLayout
-from tests.dra.test_prepare import DIRS, REF, VIEW, Claims, Labels, claim, params
+from tests.dra.test_prepare import DIRS, REF, VIEW, Claims, Labels, claim
+from tests.dra.test_prepare import params as l2_params
+
+
+def params(**extra: Any) -> dict[str, Any]:
+    """The claim's network with an address (a tenant's static one: host-local by a claim is
+    refused), so the class's ipRanges judge it."""
+    p = l2_params(**extra)
+    p["config"]["plugins"][0]["ipam"] = {
+        "type": "static",
+        "addresses": [{"address": "198.18.0.5/24"}],
+    }
+    return p
 
 RANGE = {"subnet": "198.18.0.0/24"}
 
@@ -47,7 +59,7 @@ def judged(cache: VerdictCache | None, parameters: dict[str, Any]) -> tuple[Any,
 
 def subnet(text: str) -> dict[str, Any]:
     p = params()
-    p["config"]["plugins"][0]["ipam"]["ranges"] = [[{"subnet": text}]]
+    p["config"]["plugins"][0]["ipam"]["addresses"] = [{"address": text}]
     return p
 
 
@@ -63,7 +75,7 @@ def test_a_config_judged_again_gets_the_same_verdict_from_the_cache() -> None:
 
 def test_a_refused_config_is_refused_again_with_every_reason() -> None:
     cache = VerdictCache()
-    bad = subnet("10.0.0.0/24")  # outside the class's ipRanges
+    bad = subnet("10.0.0.5/24")  # outside the class's ipRanges
     assert judged(cache, bad) == judged(cache, bad) == judged(None, bad)
     resolved, told = judged(cache, bad)
     assert resolved is None and any("outside the ranges" in t for t in told)
@@ -73,7 +85,7 @@ def test_a_refused_config_is_refused_again_with_every_reason() -> None:
 @pytest.mark.parametrize(
     "change",
     [
-        lambda p: p["config"]["plugins"][0]["ipam"]["ranges"][0][0].update(subnet="10.1.0.0/24"),
+        lambda p: p["config"]["plugins"][0]["ipam"]["addresses"][0].update(address="10.1.0.5/24"),
         lambda p: p["config"]["plugins"][0].update(mode="passthru"),  # exclusive: refused
         lambda p: p["config"]["plugins"][0].update(Mode="bridge"),  # a spelling Go folds
         lambda p: p["config"]["plugins"][0]["ipam"].update(dataDir="/tmp"),
@@ -120,10 +132,10 @@ def test_namespace_and_labels_are_part_of_the_key() -> None:
 def test_tenants_cannot_grow_the_cache() -> None:
     cache = VerdictCache(size=8)
     for i in range(40):
-        judged(cache, subnet(f"198.18.{i}.0/24"))
+        judged(cache, subnet(f"198.18.{i}.5/24"))
     assert len(cache) == 8
-    judged(cache, subnet("198.18.39.0/24"))  # the most recent are kept
-    judged(cache, subnet("198.18.0.0/24"))  # the oldest went
+    judged(cache, subnet("198.18.39.5/24"))  # the most recent are kept
+    judged(cache, subnet("198.18.0.5/24"))  # the oldest went
     assert cache.hits == 1 and cache.misses == 41
 
 
@@ -177,7 +189,8 @@ async def test_prepare_judges_a_changed_namespace_label_anew(tmp_path: Path) -> 
 
 
 async def test_a_batch_of_one_templates_claims_is_judged_once(tmp_path: Path) -> None:
-    claims = [with_params(copy.deepcopy(params()), f"c{i}", f"u{i}") for i in range(5)]
+    # L2 (no address): a tenant's static address needs the cluster IPAM, which this has not
+    claims = [with_params(copy.deepcopy(l2_params()), f"c{i}", f"u{i}") for i in range(5)]
     for i, c in enumerate(claims):
         c["status"]["reservedFor"][0]["uid"] = f"pod-{i}"
     preparer = Preparer(
@@ -199,7 +212,7 @@ def test_equal_networks_are_held_once_and_the_memory_is_bounded() -> None:
     first, second = shared.share(one), shared.share(two)
     assert second == two and second.devices[0].network is first.devices[0].network
     for i in range(10):  # other networks: the oldest are forgotten, never more than `size`
-        c = with_params(subnet(f"198.18.{i}.0/24"), f"d{i}", f"v{i}")
+        c = with_params(subnet(f"198.18.{i}.5/24"), f"d{i}", f"v{i}")
         shared.share(resolve_claim(c, ObjectRef("ns", f"d{i}", f"v{i}"), "n1", DIRS, VIEW))
     assert len(shared._by_text) == 4
     assert shared.share(one).devices[0].network is one.devices[0].network  # not remembered
