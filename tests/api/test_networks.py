@@ -33,12 +33,12 @@ MACVLAN = {
     "name": "blue-net",
     "type": "macvlan",
     "master": "eth1",
-    "ipam": {"type": "host-local", "subnet": "198.18.5.0/24"},
+    "ipam": {"type": "static", "addresses": [{"address": "198.18.5.5/24"}]},
 }
 POLICY = {
     "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
     "kind": "CNIPolicy",
-    "claims": {"defineNetworks": True, "plugins": ["macvlan", "host-local"]},
+    "claims": {"defineNetworks": True, "plugins": ["macvlan", "static"]},
 }
 
 

@@ -58,7 +58,7 @@ def network(*plugins: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 MACVLAN = {
     "type": "macvlan",
-    "ipam": {"type": "host-local", "ranges": [[{"subnet": "198.18.1.0/24"}]]},
+    "ipam": {"type": "static", "addresses": [{"address": "198.18.1.5/24"}]},
 }
 
 

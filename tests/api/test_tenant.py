@@ -154,7 +154,16 @@ DEFAULT_CLASS: list[tuple[str, dict[str, Any], str, str]] = [
     # 8. host files and link-exclusive modes
     (
         "host-local reads a host file into the status",
-        conflist({**BRIDGE, "ipam": {**MACVLAN["ipam"], "resolvConf": "/etc/shadow"}}),
+        conflist(
+            {
+                **BRIDGE,
+                "ipam": {
+                    "type": "host-local",
+                    "subnet": "198.18.1.0/24",
+                    "resolvConf": "/etc/shadow",
+                },
+            }
+        ),
         "plugins[0].ipam.resolvConf",
         "never claim-settable: a host file",
     ),
