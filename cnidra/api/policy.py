@@ -54,6 +54,11 @@ DANGEROUS: Mapping[tuple[str, str], str] = {
     ("host-device", "hwaddr"): "picks a host link by its address, not the allocated one",
     ("host-device", "deviceID"): "picks a host device other than the allocated link",
     ("tuning", "dataDir"): "a host path the root driver writes",
+    # the plugin then looks the parent up in the pod's namespace: the child sits on whichever
+    # pod interface bears the allocated link's name (another network's, or eth0), not on it
+    ("macvlan", "linkInContainer"): "puts the child on a pod interface, not the allocated link",
+    ("ipvlan", "linkInContainer"): "puts the child on a pod interface, not the allocated link",
+    ("vlan", "linkInContainer"): "puts the child on a pod interface, not the allocated link",
     # a macvlan, ipvlan or vlan child passes these flags to its parent: the host link
     ("tuning", "promisc"): "a promiscuous macvlan or vlan makes its host parent promiscuous",
     ("tuning", "allmulti"): "an all-multicast macvlan or vlan makes its host parent so too",
@@ -82,6 +87,39 @@ SEGMENT_BLIND_IPAM: Mapping[str, str] = {
 }
 # macvlan's passthru gives the pod the parent link itself: every other pod on it loses it
 EXCLUSIVE_MODES: Mapping[tuple[str, str], str] = {("macvlan", "passthru"): "macvlan passthru"}
+# Settings that act on the parent link or the segment every pod on it shares, a claim's only
+# with the class's claims.segmentSettings: (plugin type, field) -> (the values that change
+# nothing, what the others do)
+SEGMENT_SETTINGS: Mapping[tuple[str, str], tuple[tuple[Any, ...], str]] = {
+    ("ipvlan", "mode"): (
+        (None, "", "l2"),
+        "the ipvlan mode is the parent's, shared by every ipvlan on it: each ADD sets it for "
+        "all of them (l3 and l3s also route the pod by the node's tables and netfilter)",
+    ),
+    ("macvlan", "bcqueuelen"): (
+        (None, 0),
+        "the broadcast queue is the parent's, shared by every macvlan on it (the largest asked "
+        "for wins)",
+    ),
+    ("bridge", "mac"): (
+        (None, ""),
+        "a chosen MAC moves that address to the pod's port in the bridge (another station's "
+        "traffic with it)",
+    ),
+    ("macvlan", "mac"): (
+        (None, ""),
+        "a chosen MAC enters the parent's address filter and is answered from the pod",
+    ),
+    ("tuning", "mac"): (
+        (None, ""),
+        "a chosen MAC is used on the segment by the pod (another station's traffic with it)",
+    ),
+}
+# tuning sysctls no claim may set: the one net key a namespace shares with the node (kernel
+# 6.18: it cannot even be turned off again), and those that make the pod answer for addresses
+# that are not its own on the segment (proxy ARP / NDP)
+NODE_WIDE_SYSCTLS = ("net.netfilter.nf_hooks_lwtunnel",)
+PROXY_SYSCTLS = ("proxy_arp", "proxy_arp_pvlan", "proxy_ndp")
 # CNIConfig.capabilities no claim may ask for: portMappings DNATs node ports.
 DANGEROUS_CAPABILITIES = {"portMappings": "DNATs node ports to the pod, past the hostPort rules"}
 # CNI_ARGS the driver sets for the pod; a claim's would come after and win.
@@ -143,6 +181,8 @@ class ClaimRules(BaseModel):
     plugin_fields: dict[str, list[str]] = Field(default_factory=dict, alias="pluginFields")
     # modes that take the parent link for one pod (macvlan passthru)
     exclusive_link_modes: bool = Field(False, alias="exclusiveLinkModes")
+    # settings of the parent link or the segment that every pod on it shares (SEGMENT_SETTINGS)
+    segment_settings: bool = Field(False, alias="segmentSettings")
     # namespaces besides the claim's own whose NetworkAttachmentDefinitions claims may use
     # (Multus' namespaceIsolation with its global namespaces)
     attachment_definition_namespaces: list[str] = Field(
@@ -429,10 +469,26 @@ def _check_network(
                 f"{mode} takes the parent link for one pod, so every other pod on it loses it; "
                 "the DeviceClass's CNIPolicy must set claims.exclusiveLinkModes",
             )
+        shared = SEGMENT_SETTINGS.get((plugin.type, key))
+        if shared and plugin.get(key) not in shared[0] and not rules.segment_settings:
+            issues.error(
+                where,
+                f"{shared[1]}; the DeviceClass's CNIPolicy must set claims.segmentSettings",
+            )
+        if plugin.type == "tuning" and key == "sysctl":
+            _check_sysctls(plugin.get(key), where, issues)
     for plugin, where, key, value in network.tenant_args():
         reason = DANGEROUS.get((plugin.type, key))
         if reason and not is_zero(value):
             issues.error(where, f"never claim-settable: {reason}")
+        shared = SEGMENT_SETTINGS.get((plugin.type, key))
+        if shared and value not in shared[0] and not rules.segment_settings:
+            issues.error(
+                where,
+                f"{shared[1]}; the DeviceClass's CNIPolicy must set claims.segmentSettings",
+            )
+        if plugin.type == "tuning" and key == "sysctl":
+            _check_sysctls(value, where, issues)
     for plugin, key, where in network.tenant_ipam_fields():
         assert plugin.ipam is not None
         reason = DANGEROUS_IPAM.get((plugin.ipam.type, key))
@@ -452,6 +508,25 @@ def _check_network(
                 shown = str(span.low) if span.low == span.high else f"{span.low}-{span.high}"
                 issues.error(span.path, f"VLAN {shown} is not allowed; allowed: {allowed}")
     return network
+
+
+def _check_sysctls(sysctls: Any, where: FieldPath, issues: Issues) -> None:
+    """tuning writes /proc/sys/net in the pod's namespace; a few keys reach beyond the pod."""
+    if not isinstance(sysctls, Mapping):
+        return
+    for key in sysctls:
+        name = str(key).replace("/", ".")
+        if name in NODE_WIDE_SYSCTLS:
+            issues.error(
+                where / key,
+                "never claim-settable: a network namespace shares this key with the node",
+            )
+        elif name.rsplit(".", 1)[-1] in PROXY_SYSCTLS:
+            issues.error(
+                where / key,
+                "never claim-settable: makes the pod answer on the segment for addresses that "
+                "are not its own",
+            )
 
 
 # CNI_ARGS the IPAM plugins read addresses from (host-local: IP; static: IP and GATEWAY), a

@@ -4,6 +4,7 @@ refused where the tenant wrote them; the admin's pass as written."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -13,7 +14,9 @@ from hypothesis import strategies as st
 from cnidra.api.hostside import LinkFacts, NodeFacts, judge_host_side
 from cnidra.api.issues import FieldPath, Issues
 from cnidra.dra.prepare import PrepareError, resolve_claim
-from tests.dra.test_prepare import DIRS, REF, VIEW, claim
+from tests.api.test_policy import DEFAULT_CLASSES, MACVLAN, claim, errors, network
+from tests.dra.test_prepare import DIRS, REF, VIEW
+from tests.dra.test_prepare import claim as allocated_claim
 
 BRIDGE = LinkFacts("br-data", "bridge", 1500, ("198.18.3.1/24",), vlan_filtering=False)
 DATA = LinkFacts("data0", "physical", 9000, ("198.18.2.2/24", "2001:db8:2::2/64"))
@@ -112,7 +115,7 @@ def test_prepare_judges_with_the_nodes_facts() -> None:
     view = type(VIEW)(
         links={"eth1": "br-data"}, protected=VIEW.protected, facts=NodeFacts({"br-data": BRIDGE})
     )
-    c = claim()
+    c = allocated_claim()
     policy, mine = c["status"]["allocation"]["devices"]["config"]
     policy["opaque"]["parameters"]["claims"]["plugins"] = ["bridge"]
     mine["opaque"]["parameters"]["config"]["plugins"] = [{"type": "bridge", "mtu": 68}]
@@ -122,3 +125,90 @@ def test_prepare_judges_with_the_nodes_facts() -> None:
     [dev] = resolve_claim(c, REF, "n1", DIRS, view).devices
     assert dev.network["plugins"][0]["mtu"] == 1500
     assert dev.network["plugins"][0]["bridge"] == "br-data"
+
+
+# ------------------------------------------------------------------ what the policy refuses
+
+
+SEGMENT = [
+    ({"type": "ipvlan", "mode": "l3"}, "ipvlan mode is the parent's"),
+    ({"type": "ipvlan", "mode": "l3s"}, "ipvlan mode is the parent's"),
+    ({"type": "macvlan", "bcqueuelen": 100000}, "broadcast queue is the parent's"),
+    ({"type": "macvlan", "mac": "02:00:00:00:00:01"}, "parent's address filter"),
+    ({"type": "bridge", "mac": "02:00:00:00:00:01"}, "to the pod's port in the bridge"),
+]
+
+
+@pytest.mark.parametrize(("plugin", "says"), SEGMENT)
+def test_a_setting_every_pod_on_the_parent_shares_needs_the_class(
+    plugin: dict[str, Any], says: str
+) -> None:
+    found = errors(claim(network(plugin)))
+    assert any(says in e and "claims.segmentSettings" in e for e in found), found
+    opened = copy.deepcopy(DEFAULT_CLASSES[0])
+    opened["metadata"]["name"] = "segment-settings"
+    opened["spec"]["config"][0]["opaque"]["parameters"]["claims"]["segmentSettings"] = True
+    assert errors(claim(network(plugin), "segment-settings"), [opened]) == []
+
+
+def test_the_values_that_change_nothing_pass() -> None:
+    assert errors(claim(network({"type": "ipvlan", "mode": "l2"}))) == []
+    assert errors(claim(network({"type": "ipvlan"}))) == []
+
+
+def test_a_mac_through_tunings_args_needs_the_class_too() -> None:
+    tuning = {"type": "tuning", "args": {"cni": {"mac": "02:00:00:00:00:01"}}}
+    found = errors(claim(network(MACVLAN, tuning)))
+    assert any("plugins[1].args.cni.mac" in e and "segmentSettings" in e for e in found), found
+
+
+@pytest.mark.parametrize("plugin", ["macvlan", "ipvlan", "vlan"])
+def test_link_in_container_is_never_a_claims(plugin: str) -> None:
+    conf: dict[str, Any] = {"type": plugin, "linkInContainer": True}
+    if plugin == "vlan":
+        conf["vlanId"] = 10
+    found = errors(claim(network(conf)))
+    assert any("linkInContainer: never claim-settable" in e for e in found), found
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "net.ipv4.conf.net1.proxy_arp",
+        "net.ipv4.conf.all.proxy_arp_pvlan",
+        "net.ipv6.conf.net1.proxy_ndp",
+        "net/ipv4/conf/net1/proxy_arp",
+        "net.netfilter.nf_hooks_lwtunnel",
+    ],
+)
+def test_sysctls_that_reach_beyond_the_pod_are_refused(key: str) -> None:
+    for tuning in (
+        {"type": "tuning", "sysctl": {key: "1"}},
+        {"type": "tuning", "args": {"cni": {"sysctl": {key: "1"}}}},
+    ):
+        found = errors(claim(network(MACVLAN, tuning)))
+        assert any("never claim-settable" in e and key in e for e in found), found
+    ok = {"type": "tuning", "sysctl": {"net.ipv4.conf.net1.rp_filter": "1"}}
+    assert errors(claim(network(MACVLAN, ok))) == []
+
+
+def test_a_tenants_static_addresses_come_from_ipam_addresses_only() -> None:
+    """static reads args.cni.ips (and CNI_ARGS IP, runtimeConfig ips) over its own: prepare
+    could not lease what the plugin would really use."""
+    c = allocated_claim()
+    policy, mine = c["status"]["allocation"]["devices"]["config"]
+    policy["opaque"]["parameters"]["claims"]["plugins"] = ["macvlan", "static"]
+    mine["opaque"]["parameters"].update(
+        {
+            "ifName": "net1",
+            "config": {
+                "cniVersion": "1.1.0",
+                "name": "n",
+                "plugins": [
+                    {**MACVLAN, "args": {"cni": {"ips": ["198.18.2.2/24"]}}},
+                ],
+            },
+        }
+    )
+    with pytest.raises(PrepareError, match=r"plugins\[0\]\.args\.cni\.ips would replace"):
+        resolve_claim(c, REF, "n1", DIRS, VIEW)
