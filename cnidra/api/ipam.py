@@ -12,6 +12,8 @@ the objects). docs/ipam.md.
   apiserver call per pod. Two nodes never hold the same block, so never the same address.
 - An **IPAMClaim** (k8s.cni.cncf.io, KubeVirt's persistent IPs) named by a CNIConfig's
   `ipamClaimReference` keeps its addresses until it is deleted.
+- A tenant's own **static** addresses (`static_ipam_addresses`) are leased from the one pool
+  whose range holds each, as if that pool had handed them out.
 """
 
 from __future__ import annotations
@@ -191,6 +193,22 @@ class Pool:
                 return self.block(i, offset // self.spec.block_size)
         return None
 
+    def range_of(self, address: Address) -> IPRange | None:
+        """The range whose addresses to hand out (rangeStart to rangeEnd) hold `address`."""
+        block = self.block_of(address)
+        return self.spec.ranges[block.range_index] if block is not None else None
+
+    def in_subnet(self, address: Address) -> bool:
+        return any(
+            address.version == r.subnet.version and address in r.subnet for r in self.spec.ranges
+        )
+
+    def hands_out(self, address: Address) -> bool:
+        """Whether a pod may get `address` from this pool (`usable`): inside a range, not
+        excluded, not the gateway."""
+        block = self.block_of(address)
+        return block is not None and address in set(self.usable(block))
+
     def usable(self, block: Block) -> Iterator[Address]:
         """The block's addresses a pod may get, lowest first: inside the range, not excluded,
         not the gateway."""
@@ -354,6 +372,46 @@ def with_static_ipam(
         else:
             plugins.append(plugin)
     return {**conflist, "plugins": plugins}
+
+
+STATIC_IPAM_TYPE = "static"
+
+
+def static_ipam_addresses(
+    conflist: Mapping[str, Any],
+    cni_args: Sequence[tuple[str, str]] = (),
+    capability_args: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """Every address the `static` IPAM plugins of a conflist could give the pod, from each
+    place the plugin reads one: `ipam.addresses[].address`, the plugin's `args.cni.ips`, the
+    runtime's `ips` capability (runtimeConfig.ips, to a plugin that declares it) and CNI_ARGS'
+    `IP` (comma-separated; the last `IP` of CNI_ARGS counts, as Go's LoadArgs reads it).
+    Plugin versions differ in which of them wins over the others, so all are counted. The
+    text as written (CIDR notation), each once, in that order."""
+    found: list[str] = []
+    env = [value for key, value in cni_args if key == "IP"]
+    env_ips = [part.strip() for part in env[-1].split(",") if part.strip()] if env else []
+    runtime = (capability_args or {}).get("ips")
+    plugins = conflist.get("plugins")
+    for plugin in plugins if isinstance(plugins, list) else []:
+        if not isinstance(plugin, Mapping):
+            continue
+        ipam = plugin.get("ipam")
+        if not isinstance(ipam, Mapping) or ipam.get("type") != STATIC_IPAM_TYPE:
+            continue
+        entries = ipam.get("addresses")
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, Mapping) and isinstance(entry.get("address"), str):
+                found.append(entry["address"])
+        args = plugin.get("args")
+        cni = args.get("cni") if isinstance(args, Mapping) else None
+        ips = cni.get("ips") if isinstance(cni, Mapping) else None
+        found += [ip for ip in (ips if isinstance(ips, list) else []) if isinstance(ip, str)]
+        capabilities = plugin.get("capabilities")
+        if isinstance(capabilities, Mapping) and capabilities.get("ips") is True:
+            found += [str(ip) for ip in (runtime if isinstance(runtime, list) else [])]
+        found += env_ips
+    return list(dict.fromkeys(found))
 
 
 def parse_claim_ips(values: Any) -> list[Interface]:

@@ -381,10 +381,19 @@ class Preparer:
         return self.shared_networks.share(await self._addresses(prepared, typed))
 
     async def _addresses(self, prepared: PreparedClaim, claim: AllocatedClaim) -> PreparedClaim:
-        """cnidra-IPAM networks get their addresses now, while the apiserver can be asked."""
-        if not any(cnidra_ipam(a.network) for a in prepared.devices):
+        """cnidra-IPAM networks get their addresses now, while the apiserver can be asked, and
+        the static addresses a tenant wrote are leased through the cluster IPAM (docs/ipam.md)."""
+        if not any(cnidra_ipam(a.network) or a.tenant_static for a in prepared.devices):
             return prepared
         if self.ipam is None:
+            static = next((a for a in prepared.devices if a.tenant_static), None)
+            if static is not None:
+                raise PrepareError(
+                    f"claim {prepared.ref}: request {static.request!r}: a tenant's static IPAM "
+                    "addresses are leased through cnidra's cluster IPAM, so that no two pods "
+                    "hold one address, which this driver runs only with an apiserver "
+                    "connection; no owner of the address can be asked"
+                )
             raise PrepareError(
                 f"claim {prepared.ref}: its network asks for cnidra IPAM, which this driver "
                 "runs only with an apiserver connection"

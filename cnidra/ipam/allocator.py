@@ -1,11 +1,14 @@
 """cnidra's IPAM at prepare: a claim's cnidra-IPAM networks get addresses from the node's blocks
 (a block reserved by creating its CNIIPBlock when the node has no free address left), or from
 the IPAMClaim they reference; the networks are rewritten to static IPAM with them, so the NRI
-hook runs plugins as it always does and never asks the apiserver anything. docs/ipam.md."""
+hook runs plugins as it always does and never asks the apiserver anything. The static
+addresses a tenant wrote are leased from the CNIIPPool that owns them, so no two holders
+anywhere get one address. docs/ipam.md."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import logging
 import time
@@ -23,6 +26,7 @@ from cnidra.api.ipam import (
     parse_claim_ips,
     pool_from_object,
     pool_name_problem,
+    static_ipam_addresses,
     with_static_ipam,
 )
 from cnidra.api.refs import ObjectRef
@@ -53,6 +57,10 @@ class IPAMCluster(Protocol):
     never retries, and fails what it was doing (naming the pool or IPAMClaim)."""
 
     async def pool(self, name: str) -> Mapping[str, Any] | None: ...
+
+    async def pools(self) -> list[Mapping[str, Any]]:
+        """Every CNIIPPool (which one owns a tenant's static address)."""
+        ...
 
     async def blocks(
         self, pool: str | None = None, node: str | None = None
@@ -100,6 +108,10 @@ class IPAMCluster(Protocol):
         ...
 
 
+def _gave(what: str, address: Address, lease: Lease) -> str:
+    return f"{what} holds {address}, which this node gave to {lease.holder or 'another owner'}"
+
+
 class Allocator:
     def __init__(
         self,
@@ -118,6 +130,7 @@ class Allocator:
         self.clock = clock
         self.blocks_changed = blocks_changed  # the inventory recounts the pools' addresses
         self._pools: dict[str, tuple[float, Pool]] = {}
+        self._pool_list: tuple[float, list[Pool]] | None = None
         self._counts: dict[str, tuple[float, int]] = {}
         self.capacity_ttl = CAPACITY_TTL_SECONDS
         self._locks = KeyedLocks()
@@ -130,9 +143,30 @@ class Allocator:
 
     async def assign(self, prepared: PreparedClaim, pods: Sequence[str] = ()) -> PreparedClaim:
         """The claim with addresses in its cnidra-IPAM networks. The same claim and request
-        get the same addresses every time (kubelet prepares a claim again after a restart)."""
+        get the same addresses every time (kubelet prepares a claim again after a restart). The
+        static addresses a tenant wrote are leased first, the network left as written. A
+        refusal gives back what this call leased (what the claim held before stays)."""
+        mine = f"claim/{prepared.uid}/"
+        before = {
+            lease.key
+            for owner in self.state.owners()
+            if owner.startswith(mine)
+            for lease in self.state.of_owner(owner)
+        }
+        try:
+            return await self._assign(prepared, pods)
+        except AllocationError:
+            for owner in self.state.owners():
+                if owner.startswith(mine):
+                    for lease in self.state.of_owner(owner):
+                        if lease.key not in before:
+                            await self.state.unlease(lease)
+            raise
+
+    async def _assign(self, prepared: PreparedClaim, pods: Sequence[str]) -> PreparedClaim:
         devices = []
         for attachment in prepared.devices:
+            static = await self._static(prepared, attachment) if attachment.tenant_static else []
             uses = cnidra_ipam(attachment.network)
             if not uses:
                 devices.append(attachment)
@@ -156,7 +190,7 @@ class Allocator:
                 addresses = await self._persistent(pool, prepared.ref, attachment, pods)
             else:
                 owner = claim_owner(prepared.uid, attachment.request)
-                addresses = await self._allocate(pool, owner, f"claim {prepared.ref}")
+                addresses = await self._allocate(pool, owner, f"claim {prepared.ref}", static)
             network = with_static_ipam(attachment.network, pool, addresses)
             devices.append(replace(attachment, network=network))
         return replace(prepared, devices=tuple(devices))
@@ -191,10 +225,38 @@ class Allocator:
         self._pools[name] = (self.clock(), pool)
         return pool
 
-    async def _allocate(self, pool: Pool, owner: str, holder: str) -> list[Address]:
-        """One address of each of the pool's ranges for `owner` (the ones it has, if any)."""
+    async def pools(self) -> list[Pool]:
+        """Every CNIIPPool, read with one LIST and kept as long as a pool's GET (a pool that
+        does not parse is left out: nothing is ever leased from it)."""
+        cached = self._pool_list
+        if cached is not None and self.clock() - cached[0] < self.pool_ttl:
+            return cached[1]
+        try:
+            objects = await self.cluster.pools()
+        except Exception as exc:
+            if cached is not None:
+                return cached[1]  # the pools as last read, while the apiserver cannot answer
+            raise AllocationError(f"the CNIIPPools could not be listed: {exc}") from None
+        pools = []
+        for obj in objects:
+            try:
+                pools.append(pool_from_object(obj))
+            except PoolError as exc:
+                log.warning("%s; no static address is leased from it", exc)
+        self._pool_list = (self.clock(), pools)
+        return pools
+
+    async def _allocate(
+        self, pool: Pool, owner: str, holder: str, static: Sequence[Address] = ()
+    ) -> list[Address]:
+        """One address of each of the pool's ranges for `owner` (the ones it has, if any; not
+        the tenant's `static` addresses the same owner leased for another plugin)."""
         async with self._locks.hold(pool.name):
-            held = {ipaddress.ip_address(a.address) for a in self.state.of_owner(owner)}
+            held = {
+                ipaddress.ip_address(a.address)
+                for a in self.state.of_owner(owner)
+                if a.pool == pool.name
+            } - set(static)
             addresses: list[Address] = []
             for index, r in enumerate(pool.spec.ranges):
                 mine = [a for a in held if a.version == r.subnet.version]
@@ -397,17 +459,14 @@ class Allocator:
         for address in addresses:
             lease = self.state.at(pool.name, str(address))
             if lease is not None and lease.owner != owner:
-                holder = lease.holder or "another owner"
-                raise AllocationError(f"{what} holds {address}, which this node gave to {holder}")
+                raise AllocationError(_gave(what, address, lease))
         outside = [str(a) for a in addresses if pool.block_of(a) is None]
         if outside:
             raise AllocationError(
                 f"{what} holds {', '.join(outside)}, which is not in CNIIPPool {pool.name}"
             )
         for address in addresses:
-            block = pool.block_of(address)
-            assert block is not None
-            if address not in set(pool.usable(block)):
+            if not pool.hands_out(address):
                 raise AllocationError(
                     f"{what} holds {address}, which CNIIPPool {pool.name} never hands out "
                     "(its gateway, an excluded address, or a subnet's network or broadcast)"
@@ -418,17 +477,37 @@ class Allocator:
                 f"{what} holds {', '.join(map(str, addresses))}, not one address of each of "
                 f"CNIIPPool {pool.name}'s ranges"
             )
+        holder = what.split(": ", 1)[-1]
         for address in addresses:
-            await self._lease_claimed(pool, address, owner, what)
+            taken = functools.partial(_gave, what, address)
+            await self._lease_claimed(pool, address, owner, what, holder, taken)
         return sorted(addresses, key=lambda a: families.index(a.version))
 
-    async def _lease_claimed(self, pool: Pool, address: Address, owner: str, what: str) -> None:
-        if self.state.at(pool.name, str(address)) is not None:
-            return  # leased here already (to this owner: checked above)
+    async def _lease_claimed(
+        self,
+        pool: Pool,
+        address: Address,
+        owner: str,
+        what: str,
+        holder: str,
+        taken: Callable[[Lease], str],
+        *,
+        strict: bool = False,
+    ) -> None:
+        """Lease an address someone chose (not this allocator) to `owner`, under the pool's
+        lock: refused (`taken`) if this node leased it to another owner; in this node's block,
+        or in a block no node holds, reserved now. In a block another node holds: left to that
+        node (an IPAMClaim's address: it leased it when it allocated it or reserved the block),
+        or, `strict`, refused, since that node hands the block's addresses out itself and this
+        one cannot know whether it did."""
         block = pool.block_of(address)
         assert block is not None
-        holder = what.split(": ", 1)[-1]
         async with self._locks.hold(pool.name):
+            lease = self.state.at(pool.name, str(address))
+            if lease is not None:
+                if lease.owner != owner:
+                    raise AllocationError(taken(lease))
+                return  # leased here already, to this owner
             if self.state.blocks.get(block.name) is None:
                 try:
                     bound = await self._bound(pool)
@@ -439,14 +518,131 @@ class Allocator:
                         f"checked or reserved: {exc}"
                     ) from None
                 if uid is None:
+                    if strict:
+                        raise AllocationError(
+                            await self._held_elsewhere(pool, block, address, what)
+                        )
                     return  # another node holds the block, and leased the address in it
                 held = HeldBlock(
                     pool.name, block.name, block.range_index, block.index, str(block.cidr), uid
                 )
                 await self._hold_with_persistent(pool, block, held, bound)
-                log.info("reserved block %s of IPAMClaim address %s", block.name, address)
+                log.info("reserved block %s of claimed address %s", block.name, address)
+                lease = self.state.at(pool.name, str(address))
+                if lease is not None and lease.owner != owner:  # an IPAMClaim's, in it
+                    raise AllocationError(taken(lease))
             if self.state.at(pool.name, str(address)) is None:
                 await self.state.lease(Lease(pool.name, str(address), block.name, owner, holder))
+
+    async def _held_elsewhere(self, pool: Pool, block: Block, address: Address, what: str) -> str:
+        """Why a static address in a block another node holds is refused, naming that node
+        (one LIST of the pool's blocks, on this refusal only)."""
+        try:
+            objects = await self.cluster.blocks(pool=pool.name)
+            holder = next((b.node for b in objects if b.name == block.name), None)
+        except Exception:
+            holder = None
+        node = f"node {holder}" if holder else "another node"
+        return (
+            f"{what}: static address {address} is in block {block.name} ({block.cidr}) of "
+            f"CNIIPPool {pool.name}, which {node} holds: that node hands out the block's "
+            f"addresses itself and this node ({self.node}) cannot know whether it gave "
+            f"{address} to a pod; the pod can run on {node}, or take an address of a block no "
+            "node holds (kubectl get cniipblocks)"
+        )
+
+    # ------------------------------------------------------------------ tenants' static IPAM
+
+    async def _static(self, prepared: PreparedClaim, attachment: Attachment) -> list[Address]:
+        """The static addresses a tenant wrote for this request, each leased to the request
+        (the owner a pool allocation has, so unprepare frees it) from the one CNIIPPool whose
+        range holds it: a pool that serves the claim's namespace as a tenant's pool (its
+        `namespaces` names it, its ranges inside the class's claims.ipRanges), the prefix
+        length the pool's subnet has, an address the pool hands out, not leased here to
+        another owner, in this node's block or one no node holds (reserved now). The network
+        stays as the tenant wrote it."""
+        what = f"request {attachment.request!r}"
+        namespace = prepared.ref.namespace
+        texts = static_ipam_addresses(
+            attachment.network, attachment.cni_args, attachment.capability_args
+        )
+        if not texts:
+            return []
+        owner = claim_owner(prepared.uid, attachment.request)
+        holder = f"claim {prepared.ref}"
+        pools = await self.pools()
+        leased: list[Address] = []
+        for text in texts:
+            try:
+                written = ipaddress.ip_interface(text)
+            except ValueError:
+                raise AllocationError(
+                    f"{what}: static address {text!r} is not an address in CIDR notation"
+                ) from None
+            address = written.ip
+            pool = self._static_pool(pools, written, namespace, attachment, what)
+            r = pool.range_of(address)
+            assert r is not None
+            if written.network.prefixlen != r.subnet.prefixlen:
+                raise AllocationError(
+                    f"{what}: static address {text} has prefix length "
+                    f"{written.network.prefixlen}, but CNIIPPool {pool.name}'s subnet "
+                    f"{r.subnet} has {r.subnet.prefixlen}: write {address}/{r.subnet.prefixlen}"
+                )
+            if not pool.hands_out(address):
+                raise AllocationError(
+                    f"{what}: static address {text} is one CNIIPPool {pool.name} never hands "
+                    "out (its gateway, an excluded address, or a subnet's network or broadcast)"
+                )
+
+            def taken(lease: Lease, text: str = text) -> str:
+                return (
+                    f"{what}: static address {text} is held by "
+                    f"{lease.holder or 'another owner'} (leased on node {self.node})"
+                )
+
+            await self._lease_claimed(pool, address, owner, what, holder, taken, strict=True)
+            leased.append(address)
+        return leased
+
+    def _static_pool(
+        self,
+        pools: Sequence[Pool],
+        written: ipaddress.IPv4Interface | ipaddress.IPv6Interface,
+        namespace: str,
+        attachment: Attachment,
+        what: str,
+    ) -> Pool:
+        """The one pool whose range holds a tenant's static address, if it may serve it."""
+        address = written.ip
+        owners = [p for p in pools if p.block_of(address) is not None]
+        ask = (
+            f"a tenant's static address must lie in a CNIIPPool that serves namespace "
+            f"{namespace} (ask the admin for one), or use "
+            "ipam: {type: cnidra, pool: NAME}"
+        )
+        if len(owners) > 1:
+            names = " and ".join(p.name for p in sorted(owners, key=lambda p: p.name)[:2])
+            raise AllocationError(
+                f"{what}: static address {written} lies in the ranges of CNIIPPools {names}, "
+                "which overlap (the admin's to fix; cnidra does not guess which one holds it)"
+            )
+        if not owners:
+            near = [p.name for p in pools if p.in_subnet(address)]
+            where = (
+                f" (it is in the subnet of CNIIPPool {', '.join(sorted(near))}, outside the "
+                "range it hands out)"
+                if near
+                else ""
+            )
+            raise AllocationError(
+                f"{what}: static address {written} lies in no CNIIPPool{where}: {ask}"
+            )
+        pool = owners[0]
+        problem = pool.tenant_problem(namespace, attachment.pool_ranges)
+        if problem:
+            raise AllocationError(f"{what}: static address {written}: {problem}; {ask}")
+        return pool
 
     # ------------------------------------------------------------------ start-up
 

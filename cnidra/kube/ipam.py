@@ -123,6 +123,19 @@ class KubeIPAM:
         return data
 
     @_retried
+    async def pools(self) -> list[Mapping[str, Any]]:
+        try:
+            async with asyncio.timeout(self.timeout * 4):
+                return [
+                    o.to_dict()  # type: ignore[no-untyped-call]
+                    async for o in self.client.list(CNIIPPool)
+                ]
+        except ApiError as exc:
+            if _missing(exc):  # the CRD is not installed: no pools
+                return []
+            raise
+
+    @_retried
     async def blocks(self, pool: str | None = None, node: str | None = None) -> list[BlockObject]:
         labels: dict[str, Any] = {
             k: v for k, v in ((LABEL_POOL, pool), (LABEL_NODE, node)) if v is not None

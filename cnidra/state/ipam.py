@@ -116,6 +116,15 @@ class IPAMState:
         self._by_owner.setdefault(lease.owner, []).append(lease)
         return lease
 
+    async def unlease(self, lease: Lease) -> None:
+        """Free one address (a prepare that failed after leasing it gives it back)."""
+        kept = [x for x in self._by_owner.get(lease.owner, []) if x.key != lease.key]
+        if kept:
+            self._by_owner[lease.owner] = kept
+        else:
+            self._by_owner.pop(lease.owner, None)
+        await self.leases.remove(lease.key)
+
     async def release(self, owner: str) -> list[Lease]:
         released = self._by_owner.pop(owner, [])
         for lease in released:

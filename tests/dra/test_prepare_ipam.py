@@ -22,14 +22,24 @@ from tests.ipam.fakes import FakeApiserver, node_allocator
 def pooled(name: str, uid: str) -> dict[str, Any]:
     """A claim whose network takes its address from CNIIPPool `data`, under a class whose
     policy allows cnidra IPAM."""
+    return tenants(name, uid, {"type": "cnidra", "pool": "data"})
+
+
+def static(name: str, uid: str, address: str, node: str = "n1") -> dict[str, Any]:
+    """A claim whose own network has static IPAM with `address`."""
+    return tenants(name, uid, {"type": "static", "addresses": [{"address": address}]}, node)
+
+
+def tenants(name: str, uid: str, ipam: dict[str, Any], node: str = "n1") -> dict[str, Any]:
+    """A claim whose own network (the tenant's) has this IPAM, under a class whose policy
+    allows cnidra and static IPAM, allocated a link of `node`."""
     policy = copy.deepcopy(POLICY)
-    policy["opaque"]["parameters"]["claims"]["plugins"].append("cnidra")
+    plugins = policy["opaque"]["parameters"]["claims"]["plugins"]
+    plugins += [p for p in ("cnidra", "static") if p not in plugins]
     network = {
         "cniVersion": "1.0.0",
         "name": "n",
-        "plugins": [
-            {"type": "macvlan", "master": "eth1", "ipam": {"type": "cnidra", "pool": "data"}}
-        ],
+        "plugins": [{"type": "macvlan", "master": "eth1", "ipam": ipam}],
     }
     configs = [
         policy,
@@ -39,7 +49,8 @@ def pooled(name: str, uid: str) -> dict[str, Any]:
             "opaque": {"driver": DRIVER, "parameters": params(config=network, ifName=f"{name}0")},
         },
     ]
-    c = claim(configs)
+    result = {"request": "net", "driver": DRIVER, "pool": node, "device": "eth1"}
+    c = claim(configs, [result], node=node)
     c["metadata"].update(name=name, uid=uid)
     del c["status"]["allocation"]["devices"]["config"][0]  # the default POLICY: one per class
     return c
@@ -49,18 +60,24 @@ DATA_POOL = {"ranges": [{"subnet": "198.18.130.0/24"}], "blockSize": 16, "namesp
 
 
 def ipam_preparer(
-    tmp_path: Path, *claims: dict[str, Any], limit: int = 8, pool: dict[str, Any] | None = None
+    tmp_path: Path,
+    *claims: dict[str, Any],
+    limit: int = 8,
+    pool: dict[str, Any] | None = None,
+    api: FakeApiserver | None = None,
+    node: str = "n1",
 ) -> Preparer:
-    api = FakeApiserver()
-    api.pool("data", pool or DATA_POOL)
+    if api is None:
+        api = FakeApiserver()
+        api.pool("data", pool or DATA_POOL)
     return Preparer(
-        "n1",
+        node,
         Claims(*claims),
-        Checkpoint(StateLayout(tmp_path / "state")),
+        Checkpoint(StateLayout(tmp_path / f"state-{node}")),
         DIRS,
         max_attachments=limit,
         view=lambda: VIEW,
-        ipam=node_allocator(api, tmp_path, "n1"),
+        ipam=node_allocator(api, tmp_path, node),
     )
 
 
@@ -155,3 +172,79 @@ async def test_a_tenants_network_gets_a_pool_only_inside_its_namespace_and_range
         assert preparer.ipam is not None and len(preparer.ipam.state.leases) == 0
     ok = ipam_preparer(tmp_path / "ok", pooled("a", "u-a"))
     assert len((await ok.prepare(ref)).devices) == 1
+
+
+async def test_a_tenants_static_address_is_leased_so_a_second_holder_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Issue 39: two claims write one static address; the second is refused naming the first,
+    until the first is unprepared. The network stays as the tenant wrote it."""
+    a, b = ObjectRef("ns", "a", "u-a"), ObjectRef("ns", "b", "u-b")
+    preparer = ipam_preparer(
+        tmp_path, static("a", "u-a", "198.18.130.7/24"), static("b", "u-b", "198.18.130.7/24")
+    )
+    prepared = await preparer.prepare(a)
+    ipam = prepared.devices[0].network["plugins"][0]["ipam"]
+    assert ipam == {"type": "static", "addresses": [{"address": "198.18.130.7/24"}]}
+    assert preparer.ipam is not None
+    assert [x.owner for x in preparer.ipam.state.leases.all()] == ["claim/u-a/net"]
+    assert await preparer.prepare(a) == prepared  # kubelet prepares again: the same lease
+    with pytest.raises(
+        PrepareError,
+        match=r"claim ns/b: request 'net': static address 198\.18\.130\.7/24 is held by "
+        "claim ns/a",
+    ):
+        await preparer.prepare(b)
+    assert preparer.checkpoint.get("u-b") is None
+    await preparer.unprepare(a)
+    await preparer.prepare(b)
+    assert [x.owner for x in preparer.ipam.state.leases.all()] == ["claim/u-b/net"]
+
+
+async def test_a_static_address_in_another_nodes_block_is_refused(tmp_path: Path) -> None:
+    api = FakeApiserver()
+    api.pool("data", DATA_POOL)
+    one = ipam_preparer(tmp_path, static("a", "u-a", "198.18.130.7/24"), api=api)
+    two = ipam_preparer(
+        tmp_path, static("b", "u-b", "198.18.130.9/24", node="n2"), api=api, node="n2"
+    )
+    await one.prepare(ObjectRef("ns", "a", "u-a"))
+    with pytest.raises(PrepareError, match=r"claim ns/b: .*which node n1 holds"):
+        await two.prepare(ObjectRef("ns", "b", "u-b"))
+    assert two.ipam is not None and len(two.ipam.state.leases) == 0
+
+
+async def test_a_refused_static_address_leaves_no_lease(tmp_path: Path) -> None:
+    """One pod, two claims in one batch: the one whose address lies in no pool is refused,
+    and what its batch leased for it is given back."""
+    preparer = ipam_preparer(
+        tmp_path, static("a", "u-a", "198.18.130.7/24"), static("b", "u-b", "198.18.200.7/24")
+    )
+    first, second = await preparer.prepare_batch(
+        [ObjectRef("ns", "a", "u-a"), ObjectRef("ns", "b", "u-b")]
+    )
+    assert isinstance(first, PreparedClaim) and isinstance(second, PrepareError)
+    assert "198.18.200.7/24 lies in no CNIIPPool" in str(second)
+    assert "must lie in a CNIIPPool that serves namespace ns" in str(second)
+    assert preparer.ipam is not None
+    assert [x.owner for x in preparer.ipam.state.leases.all()] == ["claim/u-a/net"]
+
+
+async def test_without_the_allocator_a_tenants_static_address_is_refused(
+    tmp_path: Path,
+) -> None:
+    """No apiserver, no allocator: no owner of the address can be asked."""
+    preparer = Preparer(
+        "n1",
+        Claims(static("a", "u-a", "198.18.130.7/24")),
+        Checkpoint(StateLayout(tmp_path)),
+        DIRS,
+        view=lambda: VIEW,
+    )
+    with pytest.raises(
+        PrepareError,
+        match=r"claim ns/a: request 'net': a tenant's static IPAM addresses are leased "
+        "through cnidra's cluster IPAM",
+    ):
+        await preparer.prepare(ObjectRef("ns", "a", "u-a"))
+    assert preparer.checkpoint.get("u-a") is None

@@ -101,6 +101,10 @@ class FakeCluster:
         await self.api._call(f"get pool {name}")
         return copy.deepcopy(self.api.pools.get(name))
 
+    async def pools(self) -> list[Mapping[str, Any]]:
+        await self.api._call("list pools")
+        return copy.deepcopy(list(self.api.pools.values()))
+
     async def blocks(self, pool: str | None = None, node: str | None = None) -> list[BlockObject]:
         await self.api._call("list blocks")
         return [

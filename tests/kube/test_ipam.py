@@ -126,6 +126,8 @@ class Apiserver:
                     yield obj
             elif resource is IPAMClaim:
                 yield _claim([IPAMCLAIM_FINALIZER])
+            elif resource is CNIIPPool:
+                yield CNIIPPool(metadata=ObjectMeta(name="data"), spec={"blockSize": 16})
 
         return answer()
 
@@ -155,6 +157,7 @@ Call = Callable[[KubeIPAM], Awaitable[Any]]
 # every call of IPAMCluster that may be repeated: asked again after a transient answer
 RETRIED: dict[str, Call] = {
     "pool": lambda ipam: ipam.pool("data"),
+    "pools": lambda ipam: ipam.pools(),
     "blocks": lambda ipam: ipam.blocks(pool="data"),
     "create_block": lambda ipam: ipam.create_block(BLOCK, "a"),
     "delete_block": lambda ipam: ipam.delete_block(HELD.name, "held-uid"),
