@@ -1,8 +1,8 @@
 """Turn the CNI files people already have (.conf, .conflist, Multus NetworkAttachmentDefinition)
 and the workloads that use them (Multus' networks annotation) into CNIConfig-carrying
 Kubernetes objects that pass the shipped classes' policy: fields cnidra owns are dropped,
-whereabouts IPAM becomes a CNIIPPool, SR-IOV NADs are refused with what the admin must provide,
-and each change is said in a note. Pure: text in, objects and notes out."""
+whereabouts and host-local IPAM become a CNIIPPool, SR-IOV NADs are refused with what the admin
+must provide, and each change is said in a note. Pure: text in, objects and notes out."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from cnidra.api.constants import API_GROUP, API_VERSION, DEVICE_CLASS_NAME, DRIVER_NAME, KIND
-from cnidra.api.ipam import POOL_KIND
+from cnidra.api.ipam import BLOCK_SIZE_DEFAULT, POOL_KIND, PoolError, Route, pool_from_object
 from cnidra.api.loading import LoadError, load_json, load_yaml
 from cnidra.api.multus import (
     NETWORKS_ANNOTATION,
@@ -28,7 +28,7 @@ from cnidra.api.multus import (
     pod_template,
 )
 from cnidra.api.netconf import to_conflist
-from cnidra.api.policy import parent_links
+from cnidra.api.policy import SEGMENT_BLIND_IPAM, parent_links
 
 
 class OutputKind(StrEnum):
@@ -48,6 +48,7 @@ class Source:
     namespace: str | None = None
     from_nad: bool = False
     resource_name: str | None = None  # an SR-IOV NAD's device-plugin resource
+    origin: str | None = None  # the file it was read from, to name in messages
 
 
 RESOURCE_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
@@ -89,7 +90,8 @@ def read_sources(data: str | bytes, name: str = "input") -> list[Source]:
             )
         if not json_file:
             raise ConvertError("a CNI config file is JSON (libcni reads nothing else), not YAML")
-        return [Source(doc, doc.get("name") if isinstance(doc.get("name"), str) else None)]
+        config_name = doc.get("name") if isinstance(doc.get("name"), str) else None
+        return [Source(doc, config_name, origin=name)]
     nads = [d for d in docs if isinstance(d, dict) and d.get("kind") == NAD_KIND]
     if not nads:
         kinds = ", ".join(sorted({str(d.get("kind")) for d in docs if isinstance(d, dict)}))
@@ -97,7 +99,7 @@ def read_sources(data: str | bytes, name: str = "input") -> list[Source]:
         raise ConvertError(
             f"expected a CNI config object or a NetworkAttachmentDefinition; found {found}"
         )
-    return [_from_nad(nad) for nad in nads]
+    return [_from_nad(nad, name) for nad in nads]
 
 
 def read_inputs(
@@ -118,7 +120,7 @@ def read_inputs(
     if not annotated:
         return read_sources(data, name), []
     nads = [d for d in docs if isinstance(d, dict) and d.get("kind") == NAD_KIND]
-    return [_from_nad(nad) for nad in nads], annotated
+    return [_from_nad(nad, name) for nad in nads], annotated
 
 
 def _items(doc: Any) -> list[Any]:
@@ -140,7 +142,7 @@ def read_source(text: str | bytes) -> Source:
     return read_sources(text)[0]
 
 
-def _from_nad(nad: dict[str, Any]) -> Source:
+def _from_nad(nad: dict[str, Any], origin: str | None = None) -> Source:
     meta = nad.get("metadata")
     spec = nad.get("spec")
     if not isinstance(meta, dict):
@@ -174,6 +176,7 @@ def _from_nad(nad: dict[str, Any]) -> Source:
         namespace if isinstance(namespace, str) else None,
         from_nad=True,
         resource_name=resource if isinstance(resource, str) else None,
+        origin=origin,
     )
 
 
@@ -251,10 +254,22 @@ class Refused(ConvertError):
     """A source cnidra cannot take as it is; the message says what the admin must provide."""
 
 
-def adapt(source: Source) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+def describe(source: Source) -> str:
+    """How messages name a source: the NAD, or the CNI file and its network."""
+    if source.from_nad:
+        return f"{NAD_KIND} {source.namespace + '/' if source.namespace else ''}{source.name}"
+    where = f" ({source.origin})" if source.origin else ""
+    return f"CNI config {source.name or '(unnamed)'}{where}"
+
+
+def adapt(
+    source: Source, namespace: str | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
     """The source's config as the shipped classes take it, the objects it needs besides (a
-    CNIIPPool for whereabouts), and notes on what changed."""
-    what = f"{NAD_KIND} {source.namespace + '/' if source.namespace else ''}{source.name}"
+    CNIIPPool for whereabouts or host-local IPAM), and notes on what changed. `namespace`: where
+    the claims that carry the config go (default: the source's), which a pool must serve."""
+    what = describe(source)
+    served = namespace or source.namespace or "default"
     config = copy.deepcopy(source.config)
     notes: list[str] = []
     extra: list[dict[str, Any]] = []
@@ -283,7 +298,7 @@ def adapt(source: Source) -> tuple[dict[str, Any], list[dict[str, Any]], list[st
                 )
                 del owner[key]
         if isinstance(ipam, dict) and ipam.get("type") == "whereabouts":
-            pool = _whereabouts_pool(ipam, source, what)
+            pool = _whereabouts_pool(ipam, source, what, served)
             extra.append(pool)
             kept = {k: ipam[k] for k in ("routes", "dns") if k in ipam}
             plugin["ipam"] = {"type": "cnidra", "pool": pool["metadata"]["name"], **kept}
@@ -293,10 +308,33 @@ def adapt(source: Source) -> tuple[dict[str, Any], list[dict[str, Any]], list[st
                 '{"type": "cnidra"} IPAM; addresses whereabouts handed out are not carried '
                 "over, so move workloads in a window or exclude those in use"
             )
+        elif isinstance(ipam, dict) and ipam.get("type") == "host-local":
+            pool, kept, pool_notes = _host_local_pool(ipam, source, what, served)
+            extra.append(pool)
+            name = pool["metadata"]["name"]
+            plugin["ipam"] = {"type": "cnidra", "pool": name, **kept}
+            unnamed = (
+                ""
+                if source.namespace or namespace
+                else " (the input names no namespace: put the claims' one in spec.namespaces)"
+            )
+            notes.append(
+                f"{what}: host-local IPAM became CNIIPPool {name} (emitted before the claims; "
+                "apply it once, as the admin: pools are cluster-scoped), serving namespace "
+                f'{served}{unnamed}, and {{"type": "cnidra", "pool": "{name}"}} IPAM: host-local '
+                "in a claim's network is refused, as it keeps one pool per network name and "
+                "node, so two namespaces, or two nodes on one L2 segment, hand out the same "
+                "addresses; the pool's addresses are unique cluster-wide. Addresses host-local "
+                "handed out are not carried over: move workloads in a window or exclude those "
+                "in use"
+            )
+            notes += pool_notes
     return config, extra, notes
 
 
-def _whereabouts_pool(ipam: Mapping[str, Any], source: Source, what: str) -> dict[str, Any]:
+def _whereabouts_pool(
+    ipam: Mapping[str, Any], source: Source, what: str, namespace: str
+) -> dict[str, Any]:
     """A CNIIPPool with whereabouts' ranges: `range` (a CIDR, or `first-last/prefix`),
     `range_start`, `range_end`, `exclude`, `gateway`, and `ipRanges` for more families."""
     entries = [ipam, *[r for r in ipam.get("ipRanges") or [] if isinstance(r, Mapping)]]
@@ -327,16 +365,219 @@ def _whereabouts_pool(ipam: Mapping[str, Any], source: Source, what: str) -> dic
         exclude += [str(x) for x in entry.get("exclude") or [] if isinstance(x, str)]
     if not ranges:
         raise ConvertError(f"{what}: whereabouts IPAM without a range cannot become a pool")
-    name = dns_label(f"{source.namespace or 'default'}-{source.name or 'network'}")
-    spec: dict[str, Any] = {"ranges": ranges, "namespaces": [source.namespace or "default"]}
+    spec: dict[str, Any] = {"ranges": ranges, "namespaces": [namespace]}
     if exclude:
         spec["exclude"] = [str(ipaddress.ip_network(x, strict=False)) for x in exclude]
+    return _pool_document(source, spec)
+
+
+def _pool_document(source: Source, spec: dict[str, Any]) -> dict[str, Any]:
+    """The CNIIPPool a source's IPAM becomes, named after the source (its namespace too: two
+    NADs of one name in two namespaces are two networks)."""
+    name = dns_label(f"{source.namespace or 'default'}-{source.name or 'network'}")
     return {
         "apiVersion": f"{API_GROUP}/v1alpha1",
         "kind": POOL_KIND,
         "metadata": {"name": name},
         "spec": spec,
     }
+
+
+# host-local's fields: the old-style single range at the top level, and what else it reads
+_RANGE_FIELDS = ("subnet", "rangeStart", "rangeEnd", "gateway")
+_HOST_LOCAL_FIELDS = {"type", "ranges", "routes", "dataDir", *_RANGE_FIELDS}
+
+
+@dataclass(frozen=True)
+class _HostRange:
+    """One range of host-local's, canonical as host-local makes it (Canonicalize): rangeStart
+    defaults to the subnet's first address after the network address, rangeEnd to its last
+    (IPv4: before the broadcast), and the gateway, never handed out, to the first address."""
+
+    path: str
+    subnet: ipaddress.IPv4Network | ipaddress.IPv6Network
+    first: ipaddress.IPv4Address | ipaddress.IPv6Address
+    last: ipaddress.IPv4Address | ipaddress.IPv6Address
+    gateway: ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _host_local_range(entry: Any, path: str, what: str) -> _HostRange:
+    if not isinstance(entry, Mapping):
+        raise Refused(f"{what}: host-local {path} is not a range object ({{subnet, ...}})")
+    try:
+        subnet = ipaddress.ip_network(str(entry.get("subnet")), strict=False)
+    except ValueError:
+        raise Refused(
+            f"{what}: host-local {path}.subnet {entry.get('subnet')!r} is not a CIDR"
+        ) from None
+    last = subnet.broadcast_address - 1 if subnet.version == 4 else subnet.broadcast_address
+    bounds = {"rangeStart": subnet.network_address + 1, "rangeEnd": last}
+    bounds["gateway"] = subnet.network_address + 1
+    for key in bounds:
+        value = entry.get(key)
+        if value is None:
+            continue
+        try:
+            address = ipaddress.ip_address(str(value))
+        except ValueError:
+            raise Refused(f"{what}: host-local {path}.{key} {value!r} is not an address") from None
+        if address.version != subnet.version or address not in subnet:
+            raise Refused(f"{what}: host-local {path}.{key} {address} is not in subnet {subnet}")
+        bounds[key] = address
+    if int(bounds["rangeStart"]) > int(bounds["rangeEnd"]):
+        raise Refused(
+            f"{what}: host-local {path} hands out no address ({bounds['rangeStart']} to "
+            f"{bounds['rangeEnd']} in {subnet})"
+        )
+    return _HostRange(path, subnet, bounds["rangeStart"], bounds["rangeEnd"], bounds["gateway"])
+
+
+def _host_local_pool(
+    ipam: Mapping[str, Any], source: Source, what: str, namespace: str
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """A CNIIPPool with host-local's ranges, the fields the network's cnidra IPAM keeps, and
+    notes. host-local gives a pod one address of each range set (the top-level `subnet`, which
+    it puts first, then each of `ranges`); a pool one of each range, at most one per address
+    family. So:
+
+    - one range set of a family: its range, the gateway host-local would claim (given, or the
+      subnet's first address: host-local never hands it out and reports it) kept as the pool's;
+    - ranges of one range set in one subnet with one gateway (a subnet split into pieces): one
+      range from the lowest to the highest address, the addresses between the pieces excluded,
+      so the pool hands out exactly what host-local did;
+    - anything else (two range sets of one family, which give a pod two addresses of it, or a
+      range set over two subnets) is refused, naming the field: picking one would silently
+      change the pods' addresses, and which subnet the segment routes is the admin's to say.
+
+    `routes` (dst and gw) go onto the pool's routes; a route with more (mtu, table...) stays in
+    the network's IPAM, which cnidra passes on to the plugin. Other fields are not carried, with
+    a note."""
+    families: dict[int, str] = {}
+    ranges: list[dict[str, Any]] = []
+    exclude: list[str] = []
+    for set_path, range_set in _host_local_sets(ipam, what):
+        paths = [f"{set_path}[{j}]" for j in range(len(range_set))]
+        if set_path == "ipam":
+            paths = [set_path]
+        parsed = [_host_local_range(e, at, what) for e, at in zip(range_set, paths, strict=True)]
+        family = parsed[0].subnet.version
+        if family in families:
+            raise Refused(
+                f"{what}: host-local {families[family]} and {set_path} are both IPv{family} "
+                f"range sets: host-local gives a pod an address of each, and a CNIIPPool has one "
+                f"range per address family, so its pods would get one IPv{family} address where "
+                f"they had two. Not converted: keep one IPv{family} range set in the config (or "
+                "make the pool by hand, docs/ipam.md) and convert it again"
+            )
+        families[family] = set_path
+        ranges.append(_pool_range(set_path, parsed, what))
+        exclude += _gaps(parsed)
+    spec: dict[str, Any] = {"ranges": ranges, "namespaces": [namespace]}
+    if exclude:
+        spec["exclude"] = exclude
+    onto_pool, own = _split_routes(ipam.get("routes"), what)
+    if onto_pool:
+        spec["routes"] = onto_pool
+    smallest = min(ipaddress.ip_network(r["subnet"]).num_addresses for r in ranges)
+    if smallest < BLOCK_SIZE_DEFAULT:
+        spec["blockSize"] = smallest  # a block must fit in the subnet
+    pool = _pool_document(source, spec)
+    try:
+        pool_from_object(pool)
+    except PoolError as exc:
+        raise Refused(f"{what}: host-local IPAM cannot become a pool: {exc}") from None
+    notes: list[str] = []
+    for key in sorted(k for k in ipam if k not in _HOST_LOCAL_FIELDS):
+        why = (
+            "a host file the driver would read into the result (put dns in the network's ipam "
+            "instead: cnidra passes it on)"
+            if key == "resolvConf"
+            else "host-local does not read it"
+        )
+        notes.append(f"{what}: host-local {key} {ipam[key]!r} not carried: {why}")
+    return pool, ({"routes": own} if own else {}), notes
+
+
+def _host_local_sets(ipam: Mapping[str, Any], what: str) -> list[tuple[str, list[Any]]]:
+    """host-local's range sets, each with where it was written, in host-local's order."""
+    sets: list[tuple[str, list[Any]]] = []
+    if ipam.get("subnet") is not None:  # host-local prepends the old-style range
+        sets.append(("ipam", [{k: ipam[k] for k in _RANGE_FIELDS if k in ipam}]))
+    listed = ipam.get("ranges")
+    if listed is not None and not isinstance(listed, list):
+        raise Refused(f"{what}: host-local ipam.ranges is not a list of range sets")
+    for i, range_set in enumerate(listed or []):
+        if not isinstance(range_set, list) or not range_set:
+            raise Refused(f"{what}: host-local ipam.ranges[{i}] is not a list of ranges")
+        sets.append((f"ipam.ranges[{i}]", range_set))
+    if not sets:
+        raise Refused(
+            f"{what}: host-local IPAM has neither subnet nor ranges, so there is no range for a "
+            "CNIIPPool; give it its subnet, or write ipam: {type: cnidra, pool: NAME} naming a "
+            "pool (docs/ipam.md)"
+        )
+    return sets
+
+
+def _pool_range(set_path: str, parsed: Sequence[_HostRange], what: str) -> dict[str, Any]:
+    """One range set's pool range: one subnet and gateway, from its lowest to its highest
+    address (rangeStart and rangeEnd written where they are not the subnet's defaults)."""
+    pieces = {(r.subnet, r.gateway) for r in parsed}
+    if len(pieces) > 1:
+        found = ", ".join(sorted({f"{r.subnet} (gateway {r.gateway})" for r in parsed}))
+        raise Refused(
+            f"{what}: host-local {set_path} hands out addresses of {found}, and a CNIIPPool "
+            "range is one subnet with one gateway. Not converted: keep the subnet the segment "
+            "routes in the config (or make the pool by hand, docs/ipam.md) and convert it again"
+        )
+    [(subnet, gateway)] = pieces
+    first = min((r.first for r in parsed), key=int)
+    last = max((r.last for r in parsed), key=int)
+    item: dict[str, Any] = {"subnet": str(subnet)}
+    if first != subnet.network_address + 1:
+        item["rangeStart"] = str(first)
+    if last != subnet.broadcast_address - (1 if subnet.version == 4 else 0):
+        item["rangeEnd"] = str(last)
+    item["gateway"] = str(gateway)
+    return item
+
+
+def _split_routes(routes: Any, what: str) -> tuple[list[dict[str, Any]], list[Any]]:
+    """host-local's routes: those a pool holds (dst, gw), and those the network's IPAM keeps."""
+    if routes is None:
+        return [], []
+    if not isinstance(routes, list):
+        raise Refused(f"{what}: host-local ipam.routes is not a list of routes")
+    onto_pool: list[dict[str, Any]] = []
+    own: list[Any] = []
+    for route in routes:
+        if isinstance(route, Mapping) and set(route) <= {"dst", "gw"} and _is_route(route):
+            onto_pool.append(dict(route))
+        else:
+            own.append(route)
+    return onto_pool, own
+
+
+def _gaps(parsed: Sequence[_HostRange]) -> list[str]:
+    """The addresses between ranges of one subnet, as CIDRs: what a pool spanning them excludes."""
+    make = ipaddress.IPv6Address if parsed[0].subnet.version == 6 else ipaddress.IPv4Address
+    held = sorted((int(r.first), int(r.last)) for r in parsed)
+    found: list[str] = []
+    reach = held[0][1]
+    for low, high in held[1:]:
+        if low > reach + 1:
+            gap = ipaddress.summarize_address_range(make(reach + 1), make(low - 1))
+            found += [str(n) for n in gap]
+        reach = max(reach, high)
+    return found
+
+
+def _is_route(route: Mapping[str, Any]) -> bool:
+    try:
+        Route.model_validate(route)
+    except ValueError:
+        return False
+    return True
 
 
 # ------------------------------------------------------------------ whole inputs
@@ -363,16 +604,60 @@ def convert(
         try:
             if reference:
                 out.docs.append(to_document(source, kind, name, if_name, reference=True))
+                out.notes += _refused_as_written(source)
                 continue
             config, extra, notes = adapt(source)
         except Refused as exc:
             out.refused.append(str(exc))
             continue
-        out.docs += extra
+        _add_docs(out, extra)
         out.notes += notes
         adapted = Source(config, source.name, source.namespace, source.from_nad)
         out.docs.append(to_document(adapted, kind, name, if_name))
     return out
+
+
+def _refused_as_written(source: Source) -> list[str]:
+    """What a claim referencing the NAD as it is (--reference) will meet at prepare: a NAD of
+    the claim's namespace is held as the claim's own network, and IPAM that cannot know who
+    else holds an address on the segment is refused there. Said for each such NAD (a note: the
+    claim is made all the same, and editing the NAD in place makes it pass)."""
+    found = []
+    for plugin in to_conflist(source.config).get("plugins") or []:
+        ipam = plugin.get("ipam") if isinstance(plugin, Mapping) else None
+        kind = ipam.get("type") if isinstance(ipam, Mapping) else None
+        if isinstance(kind, str) and kind in SEGMENT_BLIND_IPAM and kind not in found:
+            found.append(kind)
+    command = f"cnidra convert {source.origin or 'FILE'}"
+    return [
+        f"{describe(source)} is referenced as it is, so the claim will be refused at "
+        f"prepare for the NAD's {kind} IPAM: {SEGMENT_BLIND_IPAM[kind]} (a NAD of the claim's "
+        f"namespace is held as the claim's own network). Convert it instead: `{command}` without "
+        f"--reference embeds its config with {kind} turned into a CNIIPPool; or change the "
+        'NAD\'s ipam to {"type": "cnidra", "pool": NAME}, a CNIIPPool serving '
+        f"{source.namespace or 'its namespace'} (docs/ipam.md)"
+        for kind in found
+    ]
+
+
+def _add_docs(out: Conversion, extra: Sequence[dict[str, Any]]) -> None:
+    """The objects a config needs, each once: a pool two claims' configs use (one NAD used by
+    workloads of several namespaces) serves all their namespaces."""
+    for doc in extra:
+        same = next(
+            (
+                d
+                for d in out.docs
+                if d.get("kind") == POOL_KIND == doc.get("kind")
+                and d["metadata"]["name"] == doc["metadata"]["name"]
+            ),
+            None,
+        )
+        if same is None:
+            out.docs.append(doc)
+            continue
+        served = same["spec"]["namespaces"]
+        served += [n for n in doc["spec"]["namespaces"] if n not in served]
 
 
 def _convert_workload(
@@ -403,11 +688,11 @@ def _convert_workload(
         nad = nads.get(selection.reference)
         if nad is not None:
             try:
-                config, extra, notes = adapt(nad)
+                config, extra, notes = adapt(nad, namespace)
             except Refused as exc:
                 out.refused.append(f"{what}: {exc}")
                 return
-            out.docs += [d for d in extra if d not in out.docs]
+            _add_docs(out, extra)
             out.notes += [n for n in notes if n not in out.notes]
             params["config"] = config
             parent = _parent(config)

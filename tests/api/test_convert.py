@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from pathlib import Path
@@ -7,8 +8,10 @@ from typing import Any
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from cnidra.api.convert import (
+    Conversion,
     ConvertError,
     OutputKind,
     convert,
@@ -18,8 +21,10 @@ from cnidra.api.convert import (
     render_yaml,
     to_document,
 )
+from cnidra.api.ipam import pool_from_object
 from cnidra.api.multus import NETWORKS_ANNOTATION, AnnotationError, parse_networks, pod_template
 from cnidra.api.validate import validate_documents
+from cnidra.cli.main import app
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "convert"
 
@@ -115,23 +120,29 @@ def test_what_needs_adapting_is_adapted_and_said() -> None:
     sources, _ = read_inputs((EXAMPLES / "nads-to-adapt.yaml").read_text())
     result = convert(sources)
     kinds = [d["kind"] for d in result.docs]
-    assert kinds == ["ResourceClaimTemplate", "CNIIPPool", "ResourceClaimTemplate"]
-    bridge = extract_config(result.docs[0])
-    assert "dataDir" not in bridge["ipam"] and bridge["isGateway"] is False  # harmless default
-    pool = result.docs[1]
+    assert kinds == ["CNIIPPool", "ResourceClaimTemplate", "CNIIPPool", "ResourceClaimTemplate"]
+    bridge = extract_config(result.docs[1])
+    assert bridge["isGateway"] is False  # harmless default
+    # host-local (its dataDir dropped on the way) became a pool
+    assert bridge["ipam"] == {"type": "cnidra", "pool": "telco-br-net"}
+    assert result.docs[0]["spec"] == {
+        "ranges": [{"subnet": "192.0.2.0/24", "gateway": "192.0.2.1"}],
+        "namespaces": ["telco"],
+    }
+    pool = result.docs[2]
     assert pool["spec"] == {
         "ranges": [{"subnet": "192.0.2.0/24", "rangeStart": "192.0.2.10", "gateway": "192.0.2.1"}],
         "namespaces": ["telco"],
         "exclude": ["192.0.2.100/30"],
     }
-    assert extract_config(result.docs[2])["ipam"] == {"type": "cnidra", "pool": "telco-wb-net"}
+    assert extract_config(result.docs[3])["ipam"] == {"type": "cnidra", "pool": "telco-wb-net"}
     assert any("dataDir" in n for n in result.notes) and any(
         "whereabouts" in n for n in result.notes
     )
     [refused] = result.refused  # the SR-IOV NAD: never silently
     assert "intel.com/intel_sriov_netdevice" in refused and "examples/sriov-vf.yaml" in refused
     # a bridge NAD selects its bridge as a macvlan one selects its master
-    [request] = result.docs[0]["spec"]["spec"]["devices"]["requests"]
+    [request] = result.docs[1]["spec"]["spec"]["devices"]["requests"]
     assert '.ifName == "br1"' in request["exactly"]["selectors"][0]["cel"]["expression"]
 
 
@@ -165,6 +176,249 @@ def test_whereabouts_range_forms_and_dual_stack() -> None:
     assert pool["spec"]["exclude"] == ["2001:db8:62::/120"]
     assert extract_config(template)["ipam"]["routes"] == [{"dst": "198.18.63.0/24"}]
     assert shipped_verdict(result.docs) == []
+
+
+def nad(name: str, ipam: dict[str, Any], namespace: str = "t") -> dict[str, Any]:
+    config = {"cniVersion": "1.0.0", "type": "macvlan", "master": "eth1", "ipam": ipam}
+    return {
+        "apiVersion": "k8s.cni.cncf.io/v1",
+        "kind": "NetworkAttachmentDefinition",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"config": json.dumps(config)},
+    }
+
+
+def convert_nads(*nads: dict[str, Any], reference: bool = False) -> Conversion:
+    sources, workloads = read_inputs(yaml.safe_dump_all(nads), "nads.yaml")
+    return convert(sources, workloads, reference=reference)
+
+
+@pytest.mark.parametrize(
+    ("ipam", "ranges", "routes"),
+    [
+        pytest.param(
+            {"type": "host-local", "subnet": "198.18.64.0/24"},
+            [{"subnet": "198.18.64.0/24", "gateway": "198.18.64.1"}],  # host-local's own .1
+            None,
+            id="single-range",
+        ),
+        pytest.param(
+            {
+                "type": "host-local",
+                "subnet": "198.18.64.0/24",
+                "rangeStart": "198.18.64.100",
+                "rangeEnd": "198.18.64.200",
+                "gateway": "198.18.64.254",
+            },
+            [
+                {
+                    "subnet": "198.18.64.0/24",
+                    "rangeStart": "198.18.64.100",
+                    "rangeEnd": "198.18.64.200",
+                    "gateway": "198.18.64.254",
+                }
+            ],
+            None,
+            id="rangeStart-rangeEnd",
+        ),
+        pytest.param(
+            {
+                "type": "host-local",
+                "ranges": [
+                    [{"subnet": "198.18.64.0/24", "rangeStart": "198.18.64.10"}],
+                    [{"subnet": "2001:db8:64::/64", "gateway": "2001:db8:64::fe"}],
+                ],
+                "routes": [
+                    {"dst": "198.18.65.0/24", "gw": "198.18.64.1"},
+                    {"dst": "2001:db8:65::/64"},
+                ],
+            },
+            [
+                {
+                    "subnet": "198.18.64.0/24",
+                    "rangeStart": "198.18.64.10",
+                    "gateway": "198.18.64.1",
+                },
+                {"subnet": "2001:db8:64::/64", "gateway": "2001:db8:64::fe"},
+            ],
+            [{"dst": "198.18.65.0/24", "gw": "198.18.64.1"}, {"dst": "2001:db8:65::/64"}],
+            id="dual-stack-with-routes",
+        ),
+    ],
+)
+def test_host_local_becomes_a_pool_that_passes_the_shipped_policy(
+    ipam: dict[str, Any], ranges: list[dict[str, str]], routes: list[dict[str, str]] | None
+) -> None:
+    result = convert_nads(nad("hl", ipam))
+    pool, template = result.docs
+    assert pool["kind"] == "CNIIPPool" and pool["metadata"] == {"name": "t-hl"}
+    assert pool["spec"]["ranges"] == ranges
+    assert pool["spec"]["namespaces"] == ["t"]  # the claims' namespace: a tenant's may use it
+    assert pool["spec"].get("routes") == routes
+    assert extract_config(template)["ipam"] == {"type": "cnidra", "pool": "t-hl"}
+    assert shipped_verdict(result.docs) == []
+    assert not result.refused
+    [note] = [n for n in result.notes if "host-local IPAM became CNIIPPool t-hl" in n]
+    assert "NetworkAttachmentDefinition t/hl" in note
+    assert "one pool per network name and node" in note and "unique cluster-wide" in note
+    assert "host-local handed out are not carried over" in note
+
+
+def test_host_local_pool_hands_out_what_host_local_did() -> None:
+    """Two ranges of one range set in one subnet are one pool range, the addresses between them
+    excluded; the gateway host-local claims is never handed out; a small subnet gets blocks
+    that fit."""
+    split = [
+        {"subnet": "198.18.66.0/24", "rangeStart": "198.18.66.10", "rangeEnd": "198.18.66.50"},
+        {"subnet": "198.18.66.0/24", "rangeStart": "198.18.66.100", "rangeEnd": "198.18.66.120"},
+    ]
+    small = {"type": "host-local", "subnet": "198.18.67.0/29"}
+    result = convert_nads(
+        nad("split", {"type": "host-local", "ranges": [split]}), nad("small", small)
+    )
+    assert shipped_verdict(result.docs) == []
+    split_pool, small_pool = (pool_from_object(d) for d in result.docs if d["kind"] == "CNIIPPool")
+    given = {int(ip) for ip in ipaddress.ip_network("198.18.66.0/24")}
+    host_local = {a for a in given if 10 <= a % 256 <= 50 or 100 <= a % 256 <= 120}
+    pooled = {a for a in given if split_pool.hands_out(ipaddress.IPv4Address(a))}
+    assert pooled == host_local
+    assert small_pool.spec.block_size == 8
+    assert [str(a) for a in small_pool.usable(small_pool.block(0, 0))] == [
+        f"198.18.67.{i}"
+        for i in range(2, 7)  # .1 is host-local's gateway, .7 the broadcast
+    ]
+
+
+@pytest.mark.parametrize(
+    ("ipam", "fragments"),
+    [
+        pytest.param(
+            {"type": "host-local", "ranges": [[{"subnet": "198.18.68.0/24"}],
+                                              [{"subnet": "198.18.69.0/24"}]]},
+            ["ipam.ranges[0] and ipam.ranges[1] are both IPv4 range sets",
+             "one range per address family"],
+            id="two-ipv4-range-sets",
+        ),
+        pytest.param(
+            {"type": "host-local", "subnet": "198.18.68.0/24",
+             "ranges": [[{"subnet": "198.18.69.0/24"}]]},
+            ["ipam and ipam.ranges[0] are both IPv4 range sets"],
+            id="subnet-and-ranges",
+        ),
+        pytest.param(
+            {"type": "host-local", "ranges": [[{"subnet": "198.18.68.0/24"},
+                                               {"subnet": "198.18.69.0/24"}]]},
+            ["ipam.ranges[0] hands out addresses of 198.18.68.0/24", "one subnet"],
+            id="two-subnets-in-one-range-set",
+        ),
+        pytest.param(
+            {"type": "host-local", "ranges": [[{"subnet": "198.18.68.0/24",
+                                                "rangeStart": "198.18.70.1"}]]},
+            ["ipam.ranges[0][0].rangeStart 198.18.70.1 is not in subnet 198.18.68.0/24"],
+            id="outside-its-subnet",
+        ),
+        pytest.param(
+            {"type": "host-local"},
+            ["neither subnet nor ranges"],
+            id="no-range",
+        ),
+    ],
+)  # fmt: skip
+def test_host_local_a_pool_cannot_hold_is_refused_naming_the_field(
+    ipam: dict[str, Any], fragments: list[str]
+) -> None:
+    result = convert_nads(
+        nad("bad", ipam), nad("good", {"type": "host-local", "subnet": "198.18.71.0/24"})
+    )
+    [refused] = result.refused  # exit 1 from the CLI; the other NAD is still converted
+    assert refused.startswith("NetworkAttachmentDefinition t/bad: host-local ")
+    for fragment in fragments:
+        assert fragment in refused
+    assert [d["metadata"]["name"] for d in result.docs] == ["t-good", "good"]
+    assert shipped_verdict(result.docs) == []
+
+
+def test_a_conflist_with_host_local_becomes_a_pool_and_says_which_file() -> None:
+    conflist = {
+        "cniVersion": "1.0.0",
+        "name": "storage",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": "br-storage",
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": "198.51.100.0/24"}]],
+                         "resolvConf": "/etc/resolv.conf"},
+            },
+            {"type": "tuning", "mtu": 1400},
+        ],
+    }  # fmt: skip
+    sources, _ = read_inputs(json.dumps(conflist), "storage.conflist")
+    result = convert(sources)
+    pool, template = result.docs
+    assert pool["spec"]["namespaces"] == ["default"]
+    assert extract_config(template)["plugins"][0]["ipam"] == {
+        "type": "cnidra",
+        "pool": "default-storage",
+    }
+    assert shipped_verdict(result.docs) == []
+    assert any(
+        n.startswith("CNI config storage (storage.conflist): host-local IPAM became")
+        and "the input names no namespace" in n
+        for n in result.notes
+    )
+    assert any("resolvConf '/etc/resolv.conf' not carried" in n for n in result.notes)
+
+
+def test_a_nad_used_from_two_namespaces_gives_one_pool_serving_both() -> None:
+    shared = nad("shared", {"type": "host-local", "subnet": "198.18.72.0/24"}, "infra")
+    workloads = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "p",
+                "namespace": ns,
+                "annotations": {NETWORKS_ANNOTATION: "infra/shared"},
+            },
+            "spec": {"containers": [{"name": "c", "image": "i"}]},
+        }
+        for ns in ("team-a", "team-b")
+    ]
+    result = convert_nads(shared, *workloads)
+    [pool] = [pool_from_object(d) for d in result.docs if d["kind"] == "CNIIPPool"]
+    assert pool.name == "infra-shared" and pool.spec.namespaces == ["team-a", "team-b"]
+    for ns in ("team-a", "team-b"):  # what prepare asks of a tenant's network
+        assert pool.tenant_problem(ns, None) is None
+    assert shipped_verdict(result.docs) == []
+
+
+def test_reference_to_a_host_local_nad_warns_it_will_be_refused() -> None:
+    pooled = nad("pooled", {"type": "cnidra", "pool": "t-data"})
+    result = convert_nads(
+        nad("blue", {"type": "host-local", "subnet": "198.18.73.0/24"}), pooled, reference=True
+    )
+    params = [
+        d["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"] for d in result.docs
+    ]
+    assert [p["network"] for p in params] == [
+        {"attachmentDefinition": "blue"},
+        {"attachmentDefinition": "pooled"},
+    ]
+    assert not result.refused  # the claims are made (editing the NAD in place makes them pass)
+    [warning] = result.notes  # one, for the host-local NAD
+    assert warning.startswith("NetworkAttachmentDefinition t/blue is referenced as it is")
+    assert "will be refused at prepare" in warning and "one pool per network name" in warning
+    assert "`cnidra convert nads.yaml` without --reference" in warning
+
+
+def test_reference_warning_reaches_stderr_and_keeps_exit_0(tmp_path: Path) -> None:
+    path = tmp_path / "nads.yaml"
+    path.write_text(yaml.safe_dump(nad("blue", {"type": "host-local", "subnet": "198.18.73.0/24"})))
+    result = CliRunner().invoke(app, ["convert", "--reference", str(path)])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stderr.split())  # as rich wraps it
+    assert "note: NetworkAttachmentDefinition t/blue is referenced as it is" in said
+    assert f"`cnidra convert {path}` without --reference" in said
 
 
 @pytest.mark.parametrize(
