@@ -78,7 +78,8 @@ def _configs() -> str:
 
 def configs() -> list[dict[str, Any]]:
     """The allocation's configs of bench.pod_ready's cnidra template: the DeviceClass's policy
-    (deploy/deviceclass.yaml) and the claim's macvlan CNIConfig (L2: host-local by a claim is refused)."""
+    (deploy/deviceclass.yaml) and the claim's macvlan CNIConfig (L2: host-local by a claim is
+    refused)."""
     loaded: list[dict[str, Any]] = json.loads(_configs())
     return loaded
 
