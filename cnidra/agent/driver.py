@@ -5,6 +5,7 @@ understands. No other module knows how the parts fit."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import signal
@@ -82,6 +83,7 @@ class Driver:
             settings.node_name,
             IPAMState(self.layout),
             KubeIPAM(self.client, settings.api_timeout),
+            node_addresses=self._node_addresses,
         )
         self.publisher = SlicePublisher(
             self.client,
@@ -194,6 +196,10 @@ class Driver:
         self.http = HTTPEndpoint(settings.http_address, self.healthz)
         self._servers: list[grpc.aio.Server] = []
         self.started = time.time()
+
+    def _node_addresses(self) -> frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+        """What the node holds on its links, as the publisher last read them."""
+        return self.publisher.view().facts.addresses()
 
     def node_records(self) -> NodeRecords:
         return NodeRecords(

@@ -122,8 +122,12 @@ class Allocator:
         pool_ttl: float = POOL_TTL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         blocks_changed: Callable[[], None] = lambda: None,
+        node_addresses: Callable[[], frozenset[Address]] = frozenset,
     ) -> None:
         self.node = node
+        # the addresses this node holds on its links now: never handed out to a pod (a pool
+        # whose range holds one, unexcluded, would give the pod the node's address)
+        self.node_addresses = node_addresses
         self.state = state
         self.cluster = cluster
         self.pool_ttl = pool_ttl
@@ -269,15 +273,16 @@ class Allocator:
             return addresses
 
     async def _free_address(self, pool: Pool, range_index: int) -> tuple[Address, HeldBlock]:
+        node = self.node_addresses()
         for held in self.state.held_blocks(pool.name, range_index):
             block = pool.block(range_index, held.index)
             for address in pool.usable(block):
-                if not self.state.is_taken(pool.name, str(address)):
+                if address not in node and not self.state.is_taken(pool.name, str(address)):
                     return address, held
         held = await self._reserve_block(pool, range_index)
         block = pool.block(range_index, held.index)
         for address in pool.usable(block):
-            if not self.state.is_taken(pool.name, str(address)):
+            if address not in node and not self.state.is_taken(pool.name, str(address)):
                 return address, held
         raise AllocationError(f"CNIIPPool {pool.name}: block {held.name} has no free address")
 

@@ -418,3 +418,20 @@ async def _run(root: Path, wanted: list[str], steps: list[Step]) -> None:
         assert api.blocks[lease.block].node == nodes[n].node
     on_nodes = [x.address for node in nodes for x in node.state.leases.all()]
     assert len(on_nodes) == len(set(on_nodes))
+
+
+async def test_the_pool_never_hands_out_an_address_the_node_holds(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    """A pool whose range holds the node's own address (a storage network's, not excluded):
+    the node skips it, so no pod is given the node's address and takes its traffic."""
+    node = node_allocator(api, tmp_path, "node-a")
+    first = addresses_of(await node.assign(claim_using("lab", "p0", namespace="team-a")))[0]
+    base = ipaddress.ip_interface(first).ip
+    held = frozenset({base + 1, base + 2})  # the next two in the node's block: the node's
+    node.node_addresses = lambda: held
+    got = [
+        addresses_of(await node.assign(claim_using("lab", f"p{i}", namespace="team-a")))[0]
+        for i in range(1, 4)
+    ]
+    assert got == [f"{base + i}/24" for i in (3, 4, 5)]
