@@ -68,10 +68,20 @@ def ip(ns: Path, *args: str) -> None:
     subprocess.run(["ip", "-n", ns.name, *args], check=True, capture_output=True, timeout=30)
 
 
+# this run's namespaces carry its tag (cnidra.cni.netns.create; the `cnidra try` processes a
+# test starts inherit it): the leak check below counts those only, never namespaces another run
+# on the machine made meanwhile
+RUN_TAG = f"t{os.getpid()}"
+os.environ[netns.TAG_VARIABLE] = RUN_TAG
+
+
 @pytest.fixture(autouse=True)
 def _no_leaked_namespaces() -> Iterator[None]:
-    before = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+    def ours() -> set[str]:
+        names = os.listdir("/run/netns") if os.path.isdir("/run/netns") else []
+        return {n for n in names if n.startswith("cnidra") and f"-{RUN_TAG}-" in n}
+
+    before = ours()
     yield
-    after = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
-    leaked = {n for n in after - before if n.startswith("cnidra")}
+    leaked = ours() - before
     assert not leaked, f"namespaces left behind: {leaked}"

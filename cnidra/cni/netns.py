@@ -17,8 +17,15 @@ __all__ = ["create", "entered", "remove", "setns", "temporary"]
 NETNS_RUN_DIR = Path("/run/netns")
 
 
+# a run's tag in the names of the namespaces it (and every process it starts) creates, so a
+# run can tell its own from those of anyone else on the machine (the tests' leak check)
+TAG_VARIABLE = "CNIDRA_NETNS_TAG"
+
+
 def create(prefix: str = "cnidra") -> Path:
-    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    tag = os.environ.get(TAG_VARIABLE, "")
+    tag = "".join(c for c in tag if c.isalnum())[:12]
+    name = f"{prefix}-{tag}-{uuid.uuid4().hex[:10]}" if tag else f"{prefix}-{uuid.uuid4().hex[:10]}"
     _ip("netns", "add", name)
     _ip("-n", name, "link", "set", "lo", "up")
     return NETNS_RUN_DIR / name
