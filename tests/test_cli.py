@@ -84,7 +84,8 @@ def test_unbounded_input_is_an_answer_not_a_traceback(tmp_path: Path) -> None:
     JSON-string config 10,000 levels deep or with a 5,000-digit number with a traceback."""
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
-    claim = yaml.safe_load((ROOT / "examples" / "two-networks-claim.yaml").read_text())
+    example = (ROOT / "examples" / "two-networks-claim.yaml").read_text()
+    [claim] = [d for d in yaml.safe_load_all(example) if d["kind"] == "ResourceClaim"]
     params = claim["spec"]["devices"]["config"][1]["opaque"]["parameters"]
     strings = tmp_path / "strings.yaml"
     docs = []

@@ -70,3 +70,22 @@ def test_the_readme_shows_a_pod_with_its_claim() -> None:
     assert pods and templates
     used = {c.get("resourceClaimTemplateName") for p in pods for c in p["spec"]["resourceClaims"]}
     assert used & templates
+
+
+def test_the_readme_example_takes_its_addresses_as_the_example_file_does() -> None:
+    """The README's first example is examples/macvlan-claim.yaml in short: the same admin's
+    CNIIPPool before the claim template, and the template's macvlan addressed from it (a
+    claim's own host-local is refused: cnidra/api/policy.py SEGMENT_BLIND_IPAM)."""
+    readme = (ROOT / "README.md").read_text()
+    first = re.findall(r"```yaml\n(.*?)```", readme, re.S)[0]
+    shown = [d for d in yaml.safe_load_all(first) if d]
+    example = list(yaml.safe_load_all((ROOT / "examples" / "macvlan-claim.yaml").read_text()))
+    assert [d["kind"] for d in shown] == [d["kind"] for d in example]
+    assert [d["kind"] for d in example] == ["CNIIPPool", "ResourceClaimTemplate", "Pod"]
+    assert shown[0] == example[0]
+
+    def ipam(template: dict[str, Any]) -> Any:
+        [config] = template["spec"]["spec"]["devices"]["config"]
+        return config["opaque"]["parameters"]["config"]["plugins"][0]["ipam"]
+
+    assert ipam(shown[1]) == ipam(example[1]) == {"type": "cnidra", "pool": "data"}

@@ -325,7 +325,8 @@ def try_(
 
     if netns_path and not Path(netns_path).exists():
         raise usage_error(f"--netns {netns_path}: no such namespace")
-    reports = validate_documents(load_yaml_documents(file))
+    docs = load_yaml_documents(file)
+    reports = validate_documents(docs)
     result = as_json([FileReport(str(file), reports)])
     if not result["valid"]:
         print_text([FileReport(str(file), reports)], err.console)
@@ -336,9 +337,12 @@ def try_(
         for i in r.issues.warnings
         if i.path.segments[-1:] == ("network",) and "not in the input" in i.message
     ]
+    notes: list[str] = []
     try:
-        attachments = plan_attachments(reports, default_pool(host), host=host)
-    except NoParent as exc:
+        attachments = plan_attachments(
+            reports, default_pool(host), host=host, documents=docs, notes=notes
+        )
+    except NoParent as exc:  # and a CNIIPPool not in the input (PoolNotInInput)
         raise usage_error(f"{file}: {exc}") from None
     if not attachments:
         why = "; ".join(f"{i.path}: {i.message}" for i in skipped)
@@ -356,7 +360,9 @@ def try_(
             "cnidra try runs the plugins as the driver does, in network namespaces it creates, "
             "which needs root: run it with sudo (or as root in a container with CAP_NET_ADMIN)"
         )
-    plan = TryPlan(attachments, host=host, keep=keep, pod_netns=netns_path)
+    plan = TryPlan(attachments, host=host, keep=keep, pod_netns=netns_path, notes=notes)
+    for note in notes:
+        err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     where = "the host" if host else "a throwaway node namespace"
     err.print(f"[bold]ADD[/] {len(attachments)} attachment(s) in {where}", highlight=False)
     outcome = execute(plan, [p for p in cni_path.split(":") if p], state_dir, timeout)

@@ -2,12 +2,17 @@
 
 Safe by default: plugins run in a throwaway "node" network namespace with stand-in links for
 the host interfaces the config names, host-local keeps its allocations in a scratch directory,
-and the result cache lives there too. `--host` runs against the real host instead."""
+and the result cache lives there too. `--host` runs against the real host instead.
+
+Offline: a network with cnidra IPAM (`ipam: {type: cnidra, pool: NAME}`) takes its addresses
+from the CNIIPPool of that name among the input's documents, handed out by host-local over the
+pool's ranges in try's own state (the driver leases them cluster-wide through the apiserver)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import re
 import shutil
 import socket
@@ -19,10 +24,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cnidra.api.ipam import IPAM_TYPE, POOL_KIND, Pool, PoolError, cnidra_ipam, pool_from_object
 from cnidra.api.issues import Issues
+from cnidra.api.merge import Source
 from cnidra.api.ownership import owned_network
 from cnidra.api.refs import ObjectRef
-from cnidra.api.validate import DocumentReport
+from cnidra.api.validate import DocumentReport, ResolvedRequest
 from cnidra.cni import netns
 from cnidra.cni.attach import AttachFailed, Attachment, Outcome, attach_all, detach_all
 from cnidra.cni.runtime import CNIRuntime
@@ -58,22 +65,39 @@ class TryResult:
 
 
 class NoParent(ValueError):
-    """A config that leaves its parent link to the allocation, tried on the real host."""
+    """Input try cannot run as the driver would (a usage error, exit 2): first of all a config
+    that leaves its parent link to the allocation, tried on the real host."""
+
+
+class PoolNotInInput(NoParent):
+    """A network with cnidra IPAM whose CNIIPPool is not among the input's documents: try has
+    no apiserver to read it from."""
 
 
 def plan_attachments(
-    reports: Sequence[DocumentReport], pool: str, *, host: bool = False
+    reports: Sequence[DocumentReport],
+    pool: str,
+    *,
+    host: bool = False,
+    documents: Sequence[Any] = (),
+    notes: list[str] | None = None,
 ) -> list[Attachment]:
     """What the driver would attach, made the driver's way (`attachment_from`), for a pod
     `cnidra-try` in namespace `cnidra-try`, state under the --host state root. A config that
     names no parent link (the claim selects its link by attribute and prepare fills the
     allocated one in) is bound to a stand-in link (allocated0, ...) in the throwaway node; on the
-    real host there is no allocation to take it from (NoParent)."""
+    real host there is no allocation to take it from (NoParent). A network with cnidra IPAM
+    takes its addresses from its CNIIPPool among `documents` (the input the reports are of),
+    handed out locally (`local_pool_ipam`; PoolNotInInput when the pool is not there); what
+    the user should know about that is appended to `notes`."""
     out: list[Attachment] = []
     pod = ObjectRef(TRY_NAMESPACE, TRY_NAMESPACE, str(uuid.uuid4()))
     stand_ins = 0
+    pools = input_pools(documents)
+    used: dict[str, list[str]] = {}  # pool -> networks that take from it
     for report in reports:
         claim = ObjectRef(TRY_NAMESPACE, report.name or f"{report.kind}-{report.index}", "")
+        doc = documents[report.index] if report.index < len(documents) else None
         for resolved in report.resolved:
             config = resolved.config.config
             assert config is not None
@@ -94,8 +118,165 @@ def plan_attachments(
             )
             if attachment is None:
                 raise NoParent("; ".join(f"{i.path}: {i.message}" for i in issues.errors))
+            name = pool_name(attachment.network)
+            if name is not None:
+                where = f"request {resolved.request!r} (network {attachment.network_name})"
+                attachment = local_pool_ipam(attachment, pools, name, where)
+                used.setdefault(name, []).append(attachment.network_name)
+                refused = serves(pools[name], _namespace(doc), _tenant_network(resolved))
+                if refused and notes is not None:
+                    notes.append(f"{where}: {refused}: the driver refuses it at prepare")
             out.append(attachment.for_pod(pod, TRY_CONTAINER))
+    if used and notes is not None:
+        notes.append(pool_note(used, pools))
     return out
+
+
+def pool_note(used: Mapping[str, Sequence[str]], pools: Mapping[str, Pool]) -> str:
+    """One line for the networks that take addresses from CNIIPPools: where try's come from,
+    and where they differ from the driver's."""
+    taken = "; ".join(f"CNIIPPool {p} for network {', '.join(n)}" for p, n in used.items())
+    caveats = []
+    if any(len(n) > 1 for n in used.values()):
+        caveats.append("networks sharing a pool each keep their own store, so may get one address")
+    if any(r.gateway is None for p in used for r in pools[p].spec.ranges):
+        caveats.append(
+            "host-local takes a range's first address as its gateway where the pool names none"
+        )
+    return (
+        f"addresses from {taken}: the driver leases them cluster-wide through the apiserver "
+        "(no address twice in the cluster); try hands them out only locally, by host-local "
+        "over the pool's ranges in try's own state"
+        + (f" ({'; '.join(caveats)})" if caveats else "")
+    )
+
+
+def input_pools(documents: Sequence[Any]) -> dict[str, Pool]:
+    """The valid CNIIPPools among the input's documents, by name (an invalid one has made the
+    input invalid before try plans anything)."""
+    pools: dict[str, Pool] = {}
+    for doc in documents:
+        if isinstance(doc, dict) and doc.get("kind") == POOL_KIND:
+            try:
+                pool = pool_from_object(doc)
+            except PoolError:
+                continue
+            pools[pool.name] = pool
+    return pools
+
+
+def pool_name(network: Mapping[str, Any]) -> str | None:
+    """The CNIIPPool a network's cnidra IPAM names ("" for one it does not name)."""
+    uses = cnidra_ipam(network)
+    return str(uses[0][1].get("pool") or "") if uses else None
+
+
+def local_pool_ipam(
+    attachment: Attachment, pools: Mapping[str, Pool], name: str, where: str
+) -> Attachment:
+    """The attachment with its cnidra IPAM rewritten to host-local over the pool's ranges (its
+    gateway and routes, and the network's own routes), host-local's state under try's state
+    root, as `owned_network` places it. The driver hands the plugin `static` IPAM with
+    addresses leased cluster-wide; offline, try has only this machine to keep them in."""
+    pool = pools.get(name)
+    if pool is None:
+        raise PoolNotInInput(
+            f"{where} takes its addresses from CNIIPPool {name or '(unnamed)'}, which is not in "
+            f"the input: cnidra try does not read the cluster, so add the CNIIPPool {name} "
+            "(the admin's, as applied) to the file"
+        )
+    plugins = []
+    for plugin in attachment.network.get("plugins") or []:
+        ipam = plugin.get("ipam") if isinstance(plugin, Mapping) else None
+        if isinstance(ipam, Mapping) and ipam.get("type") == IPAM_TYPE:
+            plugins.append({**plugin, "ipam": host_local_ipam(pool, ipam, where)})
+        else:
+            plugins.append(plugin)
+    network = {**attachment.network, "plugins": plugins}
+    dirs = HOST_LAYOUT.private_dirs()  # as plan_attachments made it; `relocated` moves it
+    return replace(attachment, network=owned_network(network, str(network["name"]), dirs))
+
+
+def host_local_ipam(pool: Pool, ipam: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """host-local's IPAM config handing out what the pool hands out: one range set per
+    address family (a pod gets one address of each, as from the pool), each the pool's range
+    (rangeStart to rangeEnd) with its exclusions cut out, the gateway (which host-local skips),
+    the pool's routes and then the network's own."""
+    range_sets = []
+    for r in pool.spec.ranges:
+        excluded = [n for n in pool.spec.exclude if n.version == r.subnet.version]
+        runs = _runs(int(r.first), int(r.last), excluded)
+        if not runs:
+            raise NoParent(
+                f"{where}: CNIIPPool {pool.name} hands out no address of {r.subnet} (its "
+                "exclude covers the whole range), so the driver cannot give it one either"
+            )
+        make = ipaddress.IPv6Address if r.subnet.version == 6 else ipaddress.IPv4Address
+        gateway = {"gateway": str(r.gateway)} if r.gateway is not None else {}
+        range_sets.append(
+            [
+                {
+                    "subnet": str(r.subnet),
+                    "rangeStart": str(make(low)),
+                    "rangeEnd": str(make(high)),
+                    **gateway,
+                }
+                for low, high in runs
+            ]
+        )
+    out: dict[str, Any] = {"type": "host-local", "ranges": range_sets}
+    routes: list[Mapping[str, Any]] = [
+        {"dst": str(r.dst), **({"gw": str(r.gw)} if r.gw is not None else {})}
+        for r in pool.spec.routes
+    ]
+    routes += [r for r in ipam.get("routes") or [] if isinstance(r, Mapping)]
+    if routes:
+        out["routes"] = routes
+    return out
+
+
+def _runs(
+    low: int, high: int, excluded: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network]
+) -> list[tuple[int, int]]:
+    """[low, high] without the excluded networks, as sorted inclusive runs."""
+    runs = [(low, high)]
+    for net in excluded:
+        start, end = int(net.network_address), int(net.broadcast_address)
+        cut = []
+        for a, b in runs:
+            if end < a or start > b:
+                cut.append((a, b))
+                continue
+            if a < start:
+                cut.append((a, start - 1))
+            if end < b:
+                cut.append((end + 1, b))
+        runs = cut
+    return sorted(runs)
+
+
+def _namespace(doc: Any) -> str:
+    """The namespace `kubectl apply` would put a document in (default when it names none)."""
+    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    namespace = meta.get("namespace") if isinstance(meta, dict) else None
+    return namespace if isinstance(namespace, str) and namespace else "default"
+
+
+def _tenant_network(resolved: ResolvedRequest) -> bool:
+    """The network is the claim's own (it writes `config`), not an admin's."""
+    return resolved.network is None and any(
+        e.source is Source.CLAIM and "config" in e.parameters for e in resolved.entries
+    )
+
+
+def serves(pool: Pool, namespace: str, tenant: bool) -> str | None:
+    """Why prepare would not give a claim of `namespace` addresses from the pool (the
+    class's claims.ipRanges aside: try has no class to read them from)."""
+    if tenant:
+        return pool.tenant_problem(namespace, None)
+    if not pool.allows_namespace(namespace):
+        return f"CNIIPPool {pool.name} does not serve namespace {namespace} (spec.namespaces)"
+    return None
 
 
 def unnamed_parent(config: Mapping[str, Any]) -> str | None:

@@ -70,6 +70,12 @@ def test_success_prints_the_status_and_leaves_nothing(
     assert device["networkData"]["interfaceName"] == "net1"
     assert device["networkData"]["ips"][0].startswith("198.18.10.")
     assert device["networkData"]["hardwareAddress"] == device["data"]["interfaces"][0]["mac"]
+    # the claim's addresses are the file's CNIIPPool's, handed out locally: said once
+    assert device["networkData"]["ips"] == ["198.18.10.2/24"]  # .1 is the pool's gateway
+    assert device["data"]["ips"][0]["gateway"] == "198.18.10.1"
+    [note] = [line for line in out.stderr.splitlines() if line.startswith("note:")]
+    assert "CNIIPPool data for network macvlan-data" in note
+    assert "cluster-wide" in note and "only locally" in note
     assert "nothing left behind" in out.stderr
 
 
@@ -88,33 +94,89 @@ def test_failed_add_rolls_back_prints_not_ready_and_exits_1(
 def test_second_attachment_failing_rolls_back_the_first(
     cni_tools: CNITools, tmp_path: Path, clean_machine: None
 ) -> None:
-    doc = yaml.safe_load((EXAMPLES / "two-networks-claim.yaml").read_text())
-    storage = doc["spec"]["devices"]["config"][1]["opaque"]["parameters"]
-    storage["config"] = (
-        storage["config"]
-        .replace("198.51.100.0/24", "198.51.100.0/30")
-        .replace('"isGateway": false', '"isGateway": true')
-    )
-    conf = json.loads(storage["config"])
-    conf["plugins"][0]["ipam"]["ranges"] = [
-        [
-            {
-                "subnet": "198.51.100.0/30",
-                "rangeStart": "198.51.100.1",
-                "rangeEnd": "198.51.100.1",
-                "gateway": "198.51.100.1",
-            }
-        ]
-    ]
-    storage["config"] = json.dumps(conf)
+    docs = list(yaml.safe_load_all((EXAMPLES / "two-networks-claim.yaml").read_text()))
+    [claim] = [d for d in docs if d["kind"] == "ResourceClaim"]
+    storage = claim["spec"]["devices"]["config"][1]["opaque"]["parameters"]
+    assert '"pool": "storage"' in storage["config"]
+    storage["config"] = storage["config"].replace('"isGateway": false', '"isGateway": true')
+    # the storage network's pool, shrunk to one address, its gateway: none left for the pod
+    [pool] = [d for d in docs if d["kind"] == "CNIIPPool" and d["metadata"]["name"] == "storage"]
+    pool["spec"].update(blockSize=4, ranges=[{
+        "subnet": "198.51.100.0/30", "rangeStart": "198.51.100.1", "rangeEnd": "198.51.100.1",
+        "gateway": "198.51.100.1",
+    }])  # fmt: skip
     path = tmp_path / "claim.yaml"
-    path.write_text(yaml.safe_dump(doc))
+    path.write_text(yaml.safe_dump_all(docs))
     out = cnidra_try(cni_tools, str(path))
     assert out.returncode == 1
     first, second = yaml.safe_load(out.stdout)["status"]["devices"]
     assert first["conditions"][0]["status"] == "False"
     assert "rolled back because" in first["conditions"][0]["message"]
     assert "no IP addresses available" in second["conditions"][0]["message"]
+
+
+def test_a_pool_in_the_input_is_handed_out_as_the_driver_would(
+    cni_tools: CNITools, clean_machine: None
+) -> None:
+    """examples/dual-stack-pool.yaml: one address of each family, none of the pool's excluded
+    /28, its gateway the plugin's."""
+    out = cnidra_try(cni_tools, str(EXAMPLES / "dual-stack-pool.yaml"), "-o", "json")
+    assert out.returncode == 0, out.stderr
+    [device] = json.loads(out.stdout)["status"]["devices"]
+    v4, v6 = device["networkData"]["ips"]
+    assert v4 == "198.18.20.16/24" and v6.startswith("2001:db8:20::") and v6.endswith("/64")
+    assert device["data"]["ips"][0]["gateway"] == "198.18.20.1"
+    assert out.stderr.count("note:") == 1 and "CNIIPPool data-dual" in out.stderr
+
+
+def test_a_pool_not_in_the_input_is_named(cni_tools: CNITools, tmp_path: Path) -> None:
+    """try reads no cluster: a claim whose network names a CNIIPPool the file lacks is refused
+    before any plugin runs, naming the pool and what to do, as try's other input errors."""
+    docs = list(yaml.safe_load_all((EXAMPLES / "macvlan-claim.yaml").read_text()))
+    path = tmp_path / "no-pool.yaml"
+    path.write_text(yaml.safe_dump_all([d for d in docs if d["kind"] != "CNIIPPool"]))
+    out = cnidra_try(cni_tools, str(path))
+    assert out.returncode == 2, out.stderr
+    assert "CNIIPPool data, which is not in the input" in out.stderr
+    assert "add the CNIIPPool data" in out.stderr and "to the file" in out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def test_host_local_over_a_pool() -> None:
+    """The pool's ranges as host-local reads them: one range set per family, the excluded
+    addresses cut out, the gateway kept (host-local skips it), the pool's routes before the
+    network's own."""
+    from cnidra.api.ipam import pool_from_object
+    from cnidra.cli.try_ import host_local_ipam
+
+    pool = pool_from_object({"metadata": {"name": "p"}, "spec": {
+        "ranges": [{"subnet": "198.18.40.0/24", "rangeStart": "198.18.40.1",
+                    "rangeEnd": "198.18.40.100", "gateway": "198.18.40.1"},
+                   {"subnet": "2001:db8:40::/120"}],
+        "exclude": ["198.18.40.16/28", "198.18.40.96/30"],
+        "routes": [{"dst": "198.18.41.0/24", "gw": "198.18.40.1"}],
+    }})  # fmt: skip
+    ipam = host_local_ipam(pool, {"type": "cnidra", "pool": "p", "routes": [
+        {"dst": "198.18.42.0/24"}]}, "here")  # fmt: skip
+    v4 = [(r["rangeStart"], r["rangeEnd"]) for r in ipam["ranges"][0]]
+    assert v4 == [
+        ("198.18.40.1", "198.18.40.15"),
+        ("198.18.40.32", "198.18.40.95"),
+        ("198.18.40.100", "198.18.40.100"),
+    ]
+    assert {r["gateway"] for r in ipam["ranges"][0]} == {"198.18.40.1"}
+    assert ipam["ranges"][1] == [
+        {
+            "subnet": "2001:db8:40::/120",
+            "rangeStart": "2001:db8:40::1",
+            "rangeEnd": "2001:db8:40::ff",
+        }
+    ]
+    assert ipam["routes"] == [
+        {"dst": "198.18.41.0/24", "gw": "198.18.40.1"},
+        {"dst": "198.18.42.0/24"},
+    ]
+    assert ipam["type"] == "host-local" and "dataDir" not in ipam  # owned_network places it
 
 
 def test_invalid_claim_is_refused_before_any_plugin_runs(
@@ -179,7 +241,8 @@ def test_host_mode_uses_the_machine_it_runs_on(
     assert device["pool"] != "cnidra-try"
     assert "network macvlan-data" in device["conditions"][0]["message"]  # the user's name
     assert not list((tmp_path / "cni" / "results").iterdir())
-    # host-local's pool is cnidra's own, under the state root, named by cnidra
+    # the CNIIPPool's addresses in host-local's store: cnidra's own, under the state root,
+    # named by cnidra
     [pool] = (tmp_path / "ipam").iterdir()
     assert pool.name == "cnidra-ns.cnidra-try.macvlan-data"
     assert not [p for p in pool.iterdir() if p.name[0].isdigit()]
