@@ -15,14 +15,22 @@ import yaml
 
 from cnidra.cni import netns
 from tests.cni.helpers import addresses, links, sh
-from tests.conftest import ROOT, CNITools
+from tests.conftest import ROOT, RUN_TAG, CNITools
 
 pytestmark = pytest.mark.netns
 EXAMPLES = ROOT / "examples"
 
 
 def namespaces() -> set[str]:
-    return set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+    """This run's namespaces (the `cnidra try` it starts inherits its tag): another run's on
+    the machine are not this test's to count."""
+    names = os.listdir("/run/netns") if os.path.isdir("/run/netns") else []
+    return {n for n in names if f"-{RUN_TAG}-" in n}
+
+
+def root_links() -> set[str]:
+    """The names of the node's links (their states are other programs' to change)."""
+    return {line.split()[0].split("@")[0] for line in sh("ip", "-br", "link").splitlines()}
 
 
 def scratch_dirs() -> set[str]:
@@ -32,11 +40,11 @@ def scratch_dirs() -> set[str]:
 @pytest.fixture
 def clean_machine() -> Iterator[None]:
     before_ns, before_tmp = namespaces(), scratch_dirs()
-    before_links = sh("ip", "-br", "link")
+    before_links = root_links()
     yield
     assert namespaces() == before_ns
     assert scratch_dirs() == before_tmp
-    assert sh("ip", "-br", "link") == before_links
+    assert root_links() <= before_links, root_links() - before_links
     assert not Path("/var/lib/cni/networks/macvlan-data").exists()
 
 
