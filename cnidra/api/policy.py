@@ -307,11 +307,50 @@ def leaves(value: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
         yield path, value
 
 
-def _overlaps(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    """One path is the other or inside it; keys compared case-insensitively, because the
-    plugins read `MTU` as `mtu` (a claim must not override a class field by its spelling)."""
-    n = min(len(a), len(b))
-    return _folded(a[:n]) == _folded(b[:n])
+class _Locked:
+    """The paths a DeviceClass's configs write, as a tree of their folded keys: whether a
+    claim's path is one of them, lies inside one or holds one is one walk down the claim's
+    path, however many paths the class writes. Keys are compared case-insensitively, because
+    the plugins read `MTU` as `mtu` (a claim must not override a class field by its spelling)."""
+
+    __slots__ = ("below", "below_order", "children", "here", "here_order")
+
+    def __init__(self) -> None:
+        self.children: dict[Any, _Locked] = {}
+        self.here: FieldPath | None = None  # the first class config whose path ends here
+        self.here_order = 0
+        self.below: FieldPath | None = None  # the first class config whose path passes here
+        self.below_order = 0
+
+    def add(self, path: tuple[Any, ...], order: int, where: FieldPath) -> None:
+        """Configs are added in DRA order: the first to write a path is the one named."""
+        node = self
+        node._passes(order, where)
+        for key in _folded(path):
+            node = node.children.setdefault(key, _Locked())
+            node._passes(order, where)
+        if node.here is None:
+            node.here, node.here_order = where, order
+
+    def _passes(self, order: int, where: FieldPath) -> None:
+        if self.below is None:
+            self.below, self.below_order = where, order
+
+    def clash(self, path: tuple[Any, ...]) -> FieldPath | None:
+        """The class config, first in DRA order, that writes `path`, a path holding it or a
+        path inside it; None when none does."""
+        found: tuple[int, FieldPath] | None = None
+        node = self
+        for key in _folded(path):
+            if node.here is not None and (found is None or node.here_order < found[0]):
+                found = (node.here_order, node.here)
+            child = node.children.get(key)
+            if child is None:
+                return found[1] if found else None
+            node = child
+        if node.below is not None and (found is None or node.below_order < found[0]):
+            found = (node.below_order, node.below)
+        return found[1] if found else None
 
 
 def _folded(path: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -338,12 +377,15 @@ def check_claim(
     verdict = governing_policy(class_entries, namespace, labels, issues)
     rules = verdict.policy.claims if verdict.covered and verdict.policy else NO_RULES
     why = f" ({verdict.reason})" if verdict.reason else ""
-    locked = [
+    locked = _Locked()
+    written = (
         (p, e.path)
         for e in class_entries
         if not is_policy(e.parameters)
         for p, _ in leaves({k: v for k, v in e.parameters.items() if k not in CNICONFIG_KEYS})
-    ]
+    )
+    for order, (p, where) in enumerate(written):
+        locked.add(p, order, where)
     for entry in claim_entries:
         params = {k: v for k, v in entry.parameters.items() if k not in CNICONFIG_KEYS}
         if not params:  # e.g. only a network reference, which has been put in place
@@ -351,7 +393,7 @@ def check_claim(
         defines = False
         for path, value in leaves(params):
             where = entry.path.join(path)
-            clash = next((cls for lp, cls in locked if _overlaps(lp, path)), None)
+            clash = locked.clash(path)
             if clash is not None:
                 issues.error(
                     where,
@@ -369,7 +411,48 @@ def check_claim(
                 "defineNetworks",
             )
     if any("config" in e.parameters for e in claim_entries) and rules.define_networks:
-        _check_network(merged.get("config"), claim_entries, class_entries, rules, issues)
+        network = _check_network(merged.get("config"), claim_entries, class_entries, rules, issues)
+        if network is not None:
+            _check_static_sources(network, claim_entries, issues)
+
+
+STATIC_SOURCES = (
+    "would replace the static addresses the network writes in ipam.addresses (the static "
+    "plugin reads it over its own); a tenant's static addresses come from ipam.addresses only, "
+    "so that prepare leases exactly those (docs/ipam.md)"
+)
+
+
+def _check_static_sources(
+    network: TenantNetwork, claim_entries: Sequence[ConfigEntry], issues: Issues
+) -> None:
+    """A tenant's static IPAM is leased through the cluster IPAM from its ipam.addresses; the
+    other places the static plugin reads addresses from would go around that."""
+    static = [
+        p
+        for p in network.plugins
+        if p.ipam is not None
+        and p.ipam.type == "static"
+        and not (
+            network.is_admin((*p.raw, "ipam", "type"))
+            and network.is_admin((*p.raw, "ipam", "addresses"))
+        )
+    ]
+    if not static:
+        return
+    for plugin in static:
+        args = plugin.get("args")
+        cni = args.get("cni") if isinstance(args, Mapping) else None
+        if isinstance(cni, Mapping) and "ips" in cni:
+            issues.error(plugin.path / "args" / "cni" / "ips", STATIC_SOURCES)
+    for entry in claim_entries:
+        args = entry.parameters.get("args")
+        for key in ADDRESS_ARGS:
+            if isinstance(args, Mapping) and key in args:
+                issues.error(entry.path / "args" / key, STATIC_SOURCES)
+        caps = entry.parameters.get("capabilities")
+        if isinstance(caps, Mapping) and "ips" in caps:
+            issues.error(entry.path / "capabilities" / "ips", STATIC_SOURCES)
 
 
 def _check_field(
@@ -442,9 +525,12 @@ def _check_network(
     for plugin in network.plugins:
         if not network.is_admin((*plugin.raw, "type")):
             _check_type("plugin", plugin.type, plugin.path, rules, issues)
-        if plugin.ipam is not None and not network.is_admin((*plugin.raw, "ipam", "type")):
+        blind = plugin.ipam is not None and plugin.ipam.type in SEGMENT_BLIND_IPAM
+        # a segment-blind IPAM is refused below whatever the class lists, with the reason
+        tenant_type = not network.is_admin((*plugin.raw, "ipam", "type"))
+        if plugin.ipam is not None and tenant_type and not blind:
             _check_type("IPAM plugin", plugin.ipam.type, plugin.ipam.path, rules, issues)
-        if plugin.ipam is not None and plugin.ipam.type in SEGMENT_BLIND_IPAM:
+        if plugin.ipam is not None and blind:
             wrote = [
                 k
                 for k in (*plugin.ipam.fields, "type")

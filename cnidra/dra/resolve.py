@@ -95,17 +95,6 @@ def resolve_attachment(
     ranges = rules.ip_ranges if rules is not None else None
     tenant = tenant_writer(resolved, class_entries)
     static = tenant_static_ipam(attachment.network, tenant)
-    if static:
-        replaced = _replacing_addresses(attachment, static)
-        if replaced:
-            issues.error(
-                where,
-                f"{', '.join(replaced)} would replace the static addresses the claim's network "
-                "writes in ipam.addresses (the static plugin reads them over its own); a "
-                "tenant's static addresses come from ipam.addresses only, so that prepare "
-                "leases exactly those (docs/ipam.md)",
-            )
-            return None
     if node is not None and attachment.parent:
         before = len(issues.errors)
         anchor = next(
@@ -125,21 +114,6 @@ def resolve_attachment(
         pool_ranges=tuple(ranges) if ranges is not None else None,
         tenant_static=bool(static),
     )
-
-
-def _replacing_addresses(attachment: Attachment, plugins: Sequence[int]) -> list[str]:
-    """Where the static plugin would read addresses besides its ipam.addresses."""
-    out = [f"args.{key}" for key, _ in attachment.cni_args if key in ("IP", "GATEWAY")]
-    if "ips" in attachment.capability_args:
-        out.append("capabilities.ips")
-    listed = attachment.network.get("plugins")
-    for i in plugins:
-        plugin = listed[i] if isinstance(listed, list) else None
-        args = plugin.get("args") if isinstance(plugin, Mapping) else None
-        cni = args.get("cni") if isinstance(args, Mapping) else None
-        if isinstance(cni, Mapping) and "ips" in cni:
-            out.append(f"plugins[{i}].args.cni.ips")
-    return out
 
 
 def tenant_static_ipam(

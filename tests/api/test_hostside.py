@@ -210,5 +210,5 @@ def test_a_tenants_static_addresses_come_from_ipam_addresses_only() -> None:
             },
         }
     )
-    with pytest.raises(PrepareError, match=r"plugins\[0\]\.args\.cni\.ips would replace"):
+    with pytest.raises(PrepareError, match=r"plugins\[0\]\.args\.cni\.ips: would replace"):
         resolve_claim(c, REF, "n1", DIRS, VIEW)

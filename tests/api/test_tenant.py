@@ -314,11 +314,14 @@ def test_what_the_restricted_class_allows_passes() -> None:
                 "vlan": 120,
                 "vlanTrunk": [{"minID": 100, "maxID": 199}],
                 "isGateway": False,
-                "ipam": MACVLAN["ipam"],
             }
         ),
     }
     assert errors(claim(ok, "restricted"), [RESTRICTED]) == []
+    # with the tenant's own static addresses, CNI_ARGS IP would replace them: refused
+    ok["config"]["plugins"][0]["ipam"] = MACVLAN["ipam"]
+    found = errors(claim(ok, "restricted"), [RESTRICTED])
+    assert len(found) == 1 and "args.IP: would replace the static addresses" in found[0]
 
 
 def test_zero_values_of_dangerous_fields_are_what_leaving_them_out_is() -> None:
