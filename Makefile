@@ -48,7 +48,7 @@ test-unit: install
 fuzz: install
 	CNIDRA_FUZZ_EXAMPLES=$${CNIDRA_FUZZ_EXAMPLES:-20000} $(BIN)/pytest -q -p no:cacheprovider \
 		tests/cni/test_decoders.py tests/dra/test_one_verdict.py tests/api/test_loading_fuzz.py \
-		tests/api/test_tenant.py
+		tests/api/test_tenant.py tests/cni/test_node_effects.py
 
 demo: install cni-plugins
 	hack/demo.sh
