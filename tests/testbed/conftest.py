@@ -3,18 +3,20 @@ from the cache) once, brought down after the session unless it was already runni
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
-from testbed.harness import Cluster
+from testbed.harness import ROOT, Cluster
 from testbed.incluster import Release, wait_gone
 
 
@@ -72,6 +74,66 @@ def test_link(request: pytest.FixtureRequest) -> Iterator[Callable[[str], str]]:
     yield make
     for name in made:
         subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
+
+
+def cnidra_crds(cluster: Cluster) -> None:
+    """deploy/'s CRDs, served before this returns (the pools' and blocks' at least)."""
+    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "crds.yaml"))
+    cluster.wait(
+        "the CRDs to be served",
+        lambda: cluster.kubectl("get", "cniippools,cniipblocks", check=False).returncode == 0,
+        60,
+    )
+
+
+def ip_pool(name: str, subnet: str, namespaces: list[str], **range_: Any) -> dict[str, Any]:
+    """An admin's CNIIPPool of one range that serves the tenants of `namespaces`."""
+    return {
+        "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+        "kind": "CNIIPPool",
+        "metadata": {"name": name},
+        "spec": {
+            "ranges": [{"subnet": subnet, **range_}],
+            **({"namespaces": namespaces} if namespaces else {}),
+        },
+    }
+
+
+def pool_leases(state_root: Path, pool: str | None = None) -> dict[str, dict[str, Any]]:
+    """The addresses a driver with this state root has leased (of one pool, or of all),
+    address -> its Lease (pool, address, block, owner `claim/<uid>/<request>` or
+    `ipamclaim/...`, holder `claim <namespace>/<name>`): cnidra.state.ipam's files."""
+    out = {}
+    for path in (state_root / "pools" / "addresses").glob("*.json"):
+        try:
+            lease = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # freed meanwhile
+        if pool is None or lease.get("pool") == pool:
+            out[lease["address"]] = lease
+    return out
+
+
+@pytest.fixture
+def ip_pools(cluster: Cluster) -> Iterator[Callable[..., str]]:
+    """Makes CNIIPPools (a unique name each), as an admin does for tenants: `make(subnet,
+    *namespaces, **range fields)` -> the pool's name, for `ipam: {type: cnidra, pool: NAME}`.
+    Deleted at the end with the blocks nodes reserved in them."""
+    cnidra_crds(cluster)
+    made: list[str] = []
+
+    def make(subnet: str, *namespaces: str, name: str = "", **range_: Any) -> str:
+        name = name or f"tb-{uuid.uuid4().hex[:8]}"
+        cluster.apply(ip_pool(name, subnet, list(namespaces), **range_))
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        cluster.kubectl("delete", "cniippool", name, "--ignore-not-found", check=False)
+        cluster.kubectl(
+            "delete", "cniipblocks", "-l", f"cni.networking.x-k8s.io/pool={name}", check=False
+        )
 
 
 @pytest.fixture(scope="module")

@@ -41,8 +41,8 @@ def start_driver(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[..., Dri
 def network_claim(
     parent: str,
     *,
+    pool: str,
     if_name: str = "net1",
-    subnet: str = "198.18.200.0/24",
     bad: dict[str, Any] | None = None,
     sub_interfaces: int | None = None,
     plugin: str = "macvlan",
@@ -62,7 +62,9 @@ def network_claim(
         "type": plugin,
         "master": parent,
         **(bad or {}),
-        "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]]},
+        # cnidra's cluster IPAM from a CNIIPPool serving the namespace (host-local written by
+        # a claim is refused: two namespaces or nodes on one segment would share its pool)
+        "ipam": {"type": "cnidra", "pool": pool},
     }
     return {
         "apiVersion": "resource.k8s.io/v1",
@@ -181,11 +183,14 @@ def test_pod_is_scheduled_where_its_parent_exists_and_prepare_is_checkpointed(
     namespace: str,
     start_driver: Callable[..., DriverProcess],
     test_link: Callable[[str], str],
+    ip_pools: Callable[..., str],
 ) -> None:
     parent = test_link(f"tb{uuid.uuid4().hex[:6]}")
+    other = f"{namespace}-b"
+    pool = ip_pools("198.19.120.0/24", namespace, other)
     driver = start_driver()
     cluster.wait("slice", lambda: parent in our_slice_devices(cluster))
-    apply_ns(cluster, namespace, network_claim(parent), claim_pod("p1"))
+    apply_ns(cluster, namespace, network_claim(parent, pool=pool), claim_pod("p1"))
     cluster.kubectl("wait", "-n", namespace, "--for=condition=Ready", "pod/p1", "--timeout=90s")
     uid = cluster.get("pod", "p1", namespace)["metadata"]["uid"]
     [entry] = [c for c in driver.checkpoint() if c["namespace"] == namespace]
@@ -193,11 +198,14 @@ def test_pod_is_scheduled_where_its_parent_exists_and_prepare_is_checkpointed(
     [device] = entry["devices"]
     assert (device["device"], device["pool"], device["if_name"]) == (parent, "testbed-node", "net1")
     assert device["network"]["plugins"][0]["master"] == parent
+    # prepare leased the pod's address and handed the plugin static IPAM with it
+    [address] = device["network"]["plugins"][0]["ipam"]["addresses"]
+    assert device["network"]["plugins"][0]["ipam"]["type"] == "static"
+    assert address["address"].startswith("198.19.120.")
     assert device["share_id"]
 
-    lacking = network_claim("no-such-nic")
+    lacking = network_claim("no-such-nic", pool=pool)
     lacking["metadata"]["name"] = "net"
-    other = f"{namespace}-b"
     cluster.kubectl("create", "namespace", other)
     try:
         apply_ns(cluster, other, lacking, claim_pod("p2"))
@@ -221,8 +229,10 @@ def test_consumable_capacity_refuses_the_pod_beyond_the_parents_limit(
     namespace: str,
     start_driver: Callable[..., DriverProcess],
     test_link: Callable[[str], str],
+    ip_pools: Callable[..., str],
 ) -> None:
     parent = test_link(f"tb{uuid.uuid4().hex[:6]}")
+    pool = ip_pools("198.19.121.0/24", namespace)
     start_driver(sub_interfaces="2")
     cluster.wait(
         "slice",
@@ -238,7 +248,7 @@ def test_consumable_capacity_refuses_the_pod_beyond_the_parents_limit(
     apply_ns(
         cluster,
         namespace,
-        network_claim(parent, sub_interfaces=1),
+        network_claim(parent, pool=pool, sub_interfaces=1),
         *(claim_pod(f"p{i}") for i in range(3)),
     )
 
@@ -264,13 +274,15 @@ def test_prepare_with_the_apiserver_stopped_answers_from_the_checkpoint(
     namespace: str,
     start_driver: Callable[..., DriverProcess],
     test_link: Callable[[str], str],
+    ip_pools: Callable[..., str],
 ) -> None:
     from testbed import cluster as tb
 
     parent = test_link(f"tb{uuid.uuid4().hex[:6]}")
+    pool = ip_pools("198.19.122.0/24", namespace)
     driver = start_driver()
     cluster.wait("slice", lambda: parent in our_slice_devices(cluster))
-    apply_ns(cluster, namespace, network_claim(parent), claim_pod("p1"))
+    apply_ns(cluster, namespace, network_claim(parent, pool=pool), claim_pod("p1"))
     cluster.kubectl("wait", "-n", namespace, "--for=condition=Ready", "pod/p1", "--timeout=90s")
     claim = json.loads(
         cluster.kubectl("get", "resourceclaims", "-n", namespace, "-o", "json").stdout
@@ -294,14 +306,16 @@ def test_bad_opaque_config_fails_prepare_with_the_validators_message(
     namespace: str,
     start_driver: Callable[..., DriverProcess],
     test_link: Callable[[str], str],
+    ip_pools: Callable[..., str],
 ) -> None:
     parent = test_link(f"tb{uuid.uuid4().hex[:6]}")
+    pool = ip_pools("198.19.123.0/24", namespace)
     driver = start_driver()
     cluster.wait("slice", lambda: parent in our_slice_devices(cluster))
     apply_ns(
         cluster,
         namespace,
-        network_claim(parent, bad={"mode": "bridged", "mtu": 20}),
+        network_claim(parent, pool=pool, bad={"mode": "bridged", "mtu": 20}),
         claim_pod("p1"),
     )
 

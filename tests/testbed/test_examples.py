@@ -21,20 +21,41 @@ import yaml
 from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
 from testbed.harness import ROOT, Cluster, DriverProcess
-from tests.testbed.conftest import env_image
+from tests.testbed.conftest import cnidra_crds, env_image, pool_leases
 from tests.testbed.test_lifecycle import pod_addresses, ready
 
 pytestmark = pytest.mark.testbed
 DRIVER = "cni.dra.networking.x-k8s.io"
 
 
+def readme_example(
+    namespace: str,
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any], str]:
+    """examples/macvlan-claim.yaml: its CNIIPPools (the admin's, cluster-scoped, made to serve
+    `namespace`), its claim template, its pod, and the prefix of the address it gets."""
+    text = (ROOT / "examples" / "macvlan-claim.yaml").read_text()
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    pools = [d for d in docs if d["kind"] == "CNIIPPool"]
+    template, pod = [d for d in docs if d["kind"] != "CNIIPPool"]
+    assert (template["kind"], pod["kind"]) == ("ResourceClaimTemplate", "Pod")
+    for pool in pools:
+        assert pool["spec"].get("namespaces"), "a tenant's pool names the namespaces it serves"
+        pool["spec"]["namespaces"] = [namespace]
+    subnet = pools[0]["spec"]["ranges"][0]["subnet"] if pools else "198.18.10.0/24"
+    return pools, template, pod, subnet.rsplit(".", 1)[0] + "."
+
+
 def test_the_readme_example_runs_with_the_shipped_defaults(
     cluster: Cluster, namespace: str, test_link: Callable[[str], str], tmp_path: Path
 ) -> None:
+    """The example is the admin's CNIIPPool (applied with its spec.namespaces naming the
+    test's namespace), the tenant's claim template and the pod; the example's older shape,
+    template and pod alone, is read too."""
     link = test_link(f"tbex{uuid.uuid4().hex[:5]}")
+    cnidra_crds(cluster)
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
     cluster.kubectl("label", "namespace", namespace, "cni.networking.x-k8s.io/claim-config=true")
-    template, pod = list(yaml.safe_load_all((ROOT / "examples" / "macvlan-claim.yaml").read_text()))
+    pools, template, pod, prefix = readme_example(namespace)
     [request] = template["spec"]["spec"]["devices"]["requests"]
     [selector] = request["exactly"]["selectors"]
     assert '.type == "physical"' in selector["cel"]["expression"]
@@ -48,11 +69,21 @@ def test_the_readme_example_runs_with_the_shipped_defaults(
     try:
         driver.start()
         cluster.wait("the NRI plugin to connect", lambda: driver.health().get("nriConnected"), 60)
+        for pool in pools:
+            cluster.apply(pool)
         cluster.apply_in(namespace, template)
         cluster.apply_in(namespace, pod)
         ready(cluster, namespace, pod["metadata"]["name"])
         [address] = pod_addresses(cluster, namespace, pod["metadata"]["name"], "net1")
-        assert address.startswith("198.18.10.")
+        assert address.startswith(prefix), (address, prefix)
+        if pools:  # leased to the pod's claim from the example's pool
+            [claim] = json.loads(
+                cluster.kubectl("get", "resourceclaims", "-n", namespace, "-o", "json").stdout
+            )["items"]
+            leased = pool_leases(DEFAULT_STATE_ROOT, pools[0]["metadata"]["name"])
+            assert {a: x["holder"] for a, x in leased.items()} == {
+                address.split("/")[0]: f"claim {namespace}/{claim['metadata']['name']}"
+            }
 
         def listed() -> bool:
             meta = cluster.get("pod", pod["metadata"]["name"], namespace)["metadata"]
@@ -82,6 +113,12 @@ def test_the_readme_example_runs_with_the_shipped_defaults(
         )
         driver.stop()
         shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
+        for pool in pools:
+            name = pool["metadata"]["name"]
+            cluster.kubectl("delete", "cniippool", name, "--ignore-not-found", check=False)
+            cluster.kubectl(
+                "delete", "cniipblocks", "-l", f"cni.networking.x-k8s.io/pool={name}", check=False
+            )
 
 
 def test_a_multus_deployment_converted_runs(
@@ -115,7 +152,10 @@ def test_a_multus_deployment_converted_runs(
     )  # fmt: skip
     assert checked.returncode == 0, checked.stdout
     docs = [d for d in yaml.safe_load_all(converted.stdout) if d]
-    [pool] = [d for d in docs if d["kind"] == "CNIIPPool"]
+    # whereabouts' range and host-local's subnet both become CNIIPPools (host-local in a
+    # claim's network is refused: one pool per network name and node)
+    pools = [d for d in docs if d["kind"] == "CNIIPPool"]
+    assert len(pools) == 2, [p["metadata"]["name"] for p in pools]
     for doc in docs:  # the test bed's busybox, which stays up
         if doc["kind"] == "Deployment":
             [container] = doc["spec"]["template"]["spec"]["containers"]
@@ -161,11 +201,12 @@ def test_a_multus_deployment_converted_runs(
         )
         driver.stop()
         shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
-        cluster.kubectl("delete", "cniippool", pool["metadata"]["name"], check=False)
-        cluster.kubectl(
-            "delete", "cniipblocks", "-l",
-            f"cni.networking.x-k8s.io/pool={pool['metadata']['name']}", check=False,
-        )  # fmt: skip
+        for pool in pools:
+            cluster.kubectl("delete", "cniippool", pool["metadata"]["name"], check=False)
+            cluster.kubectl(
+                "delete", "cniipblocks", "-l",
+                f"cni.networking.x-k8s.io/pool={pool['metadata']['name']}", check=False,
+            )  # fmt: skip
 
 
 RUNNABLE = {

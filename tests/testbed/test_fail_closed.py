@@ -10,7 +10,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -149,14 +149,14 @@ def test_a_driver_starved_of_cpu_as_containerd_restarts_never_lets_a_container_r
     namespace: str,
     driver: DriverProcess,
     parent: str,  # noqa: F811
+    ip_pools: Callable[..., str],
 ) -> None:
     """Containerd restarts while the driver has 1 % of a CPU: its Synchronize (and every hook
     after) may miss NRI's 2 s deadline and containerd drop the plugin, as a loaded node made
     happen in a full run. Pods created and sandboxes re-created meanwhile are held by the
     container gate; once the driver has its CPU back it reconnects and every pod gets net1."""
-    net = template(
-        "net", [("net", parent, cni_config("starved", parent, "198.18.213.0/24"), "net1")]
-    )
+    pool = ip_pools("198.19.170.0/24", namespace)
+    net = template("net", [("net", parent, cni_config("starved", parent, pool), "net1")])
     apply(cluster, namespace, net, claiming_pod("a", "net"))
     ready(cluster, namespace, "a")
     watch = Watch(cluster, namespace)
@@ -184,8 +184,10 @@ def test_a_frozen_or_killed_driver_never_lets_a_container_run_without_its_interf
     namespace: str,
     driver: DriverProcess,
     parent: str,  # noqa: F811
+    ip_pools: Callable[..., str],
 ) -> None:
-    net = template("net", [("net", parent, cni_config("gated", parent, "198.18.212.0/24"), "net1")])
+    pool = ip_pools("198.19.171.0/24", namespace)
+    net = template("net", [("net", parent, cni_config("gated", parent, pool), "net1")])
     apply(cluster, namespace, net, claiming_pod("a", "net"))
     ready(cluster, namespace, "a")
     watch = Watch(cluster, namespace)

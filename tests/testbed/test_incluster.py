@@ -13,7 +13,7 @@ import json
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from testbed.incluster import (
     load_image,
     wait_gone,
 )
+from tests.testbed.conftest import pool_leases
 from tests.testbed.test_lifecycle import claiming_pod, cni_config, pod_addresses, ready, template
 
 pytestmark = pytest.mark.testbed
@@ -68,13 +69,19 @@ def net1(cluster: Cluster, ns: str, name: str) -> set[str]:
     return pod_addresses(cluster, ns, name, "net1")
 
 
-def allocated(ns: str) -> set[str]:
-    pool = DEFAULT_STATE_ROOT / "ipam" / f"cnidra-ns.{ns}.incluster"
-    return {p.name for p in pool.iterdir() if p.name[0].isdigit()}
+def allocated(ns: str, pool: str) -> set[str]:
+    """The addresses the driver (its state under the chart's hostPaths.state) leased from the
+    pool to claims of the namespace."""
+    leases = pool_leases(DEFAULT_STATE_ROOT, pool)
+    return {a for a, lease in leases.items() if lease["holder"].startswith(f"claim {ns}/")}
 
 
 def test_installed_with_helm_the_driver_serves_pods(
-    cluster: Cluster, release: Release, test_link: Any, tmp_path: Path
+    cluster: Cluster,
+    release: Release,
+    test_link: Any,
+    tmp_path: Path,
+    ip_pools: Callable[..., str],
 ) -> None:
     driver = InClusterDriver(cluster)
     driver.wait_ready()
@@ -86,7 +93,8 @@ def test_installed_with_helm_the_driver_serves_pods(
     parent = test_link(f"tbi{uuid.uuid4().hex[:5]}")
     cluster.wait("the slice", lambda: parent in cluster.kubectl(
         "get", "resourceslices", "-o", "json").stdout, 30)  # fmt: skip
-    conf = cni_config("incluster", parent, "198.18.241.0/24")
+    pool = ip_pools("198.19.180.0/24", ns)
+    conf = cni_config("incluster", parent, pool)
     cluster.apply_in(ns, template("net", [("net", parent, conf, "net1")]))
     start_pod(cluster, ns, "p1")
     ready(cluster, ns, "p1")
@@ -110,7 +118,7 @@ def test_installed_with_helm_the_driver_serves_pods(
     [entry] = [e for e in json.loads(annotation) if e["interface"] == "net1"]
     assert sorted(entry["ips"]) == sorted(ip.split("/")[0] for ip in before)
 
-    upgrade_while_pods_come_and_go(cluster, release, driver, ns, before)
+    upgrade_while_pods_come_and_go(cluster, release, driver, ns, pool, before)
     reinstall_with_bundled_plugins(cluster, release, driver, ns, tmp_path / "opt-cni-bin")
 
     for name in ("p2", "p3"):
@@ -132,7 +140,12 @@ def test_installed_with_helm_the_driver_serves_pods(
 
 
 def upgrade_while_pods_come_and_go(
-    cluster: Cluster, release: Release, driver: InClusterDriver, ns: str, before: set[str]
+    cluster: Cluster,
+    release: Release,
+    driver: InClusterDriver,
+    ns: str,
+    pool: str,
+    before: set[str],
 ) -> None:
     """A rolling upgrade (a new pod spec) while p1 runs, p2 starts and "gone" is deleted: p1
     keeps its interface and address (the new driver's Synchronize finds its record: no DEL, no
@@ -141,8 +154,8 @@ def upgrade_while_pods_come_and_go(
     start_pod(cluster, ns, "gone")
     ready(cluster, ns, "gone")
     start = time.monotonic()
-    with ThreadPoolExecutor(1) as pool:
-        upgrade = pool.submit(release.upgrade, "driver.logLevel=debug")
+    with ThreadPoolExecutor(1) as executor:
+        upgrade = executor.submit(release.upgrade, "driver.logLevel=debug")
         time.sleep(0.5)
         cluster.kubectl("delete", "pod", "gone", "-n", ns, "--wait=false")
         start_pod(cluster, ns, "p2")
@@ -153,7 +166,7 @@ def upgrade_while_pods_come_and_go(
     ready(cluster, ns, "p2")
     cluster.wait("p2's interface", lambda: len(net1(cluster, ns, "p2")) == 1, 30)
     live = {a.split("/")[0] for a in before | net1(cluster, ns, "p2")}
-    cluster.wait("only live pods' addresses allocated", lambda: allocated(ns) == live, 60)
+    cluster.wait("only live pods' addresses leased", lambda: allocated(ns, pool) == live, 60)
 
 
 def reinstall_with_bundled_plugins(

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import pytest
 
 from testbed.harness import ROOT, Cluster, DriverProcess
 from testbed.incluster import FAULT_PLUGINS, InClusterDriver, Release
-from tests.testbed.conftest import env_image, pod
+from tests.testbed.conftest import env_image, pod, pool_leases
 
 pytestmark = pytest.mark.testbed
 DRIVER = "cni.dra.networking.x-k8s.io"
@@ -55,7 +55,7 @@ def plugins_class() -> dict[str, Any]:
                                 "defineNetworks": True,
                                 "plugins": [
                                     "macvlan",
-                                    "host-local",
+                                    "cnidra",
                                     "fault-del-fails",
                                     "tb-sleepy",
                                 ],
@@ -117,7 +117,10 @@ def parent(cluster: Cluster) -> Iterator[str]:
     subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
 
 
-def cni_config(name: str, parent: str, subnet: str, **ipam: Any) -> dict[str, Any]:
+def cni_config(name: str, parent: str, pool: str) -> dict[str, Any]:
+    """A tenant's macvlan network addressed from cnidra's cluster IPAM: `pool` is a CNIIPPool
+    serving the claim's namespace (the `ip_pools` fixture makes one). host-local written by a
+    claim is refused (cnidra.api.policy.SEGMENT_BLIND_IPAM)."""
     return {
         "cniVersion": "1.1.0",
         "name": name,
@@ -126,10 +129,7 @@ def cni_config(name: str, parent: str, subnet: str, **ipam: Any) -> dict[str, An
                 "type": "macvlan",
                 "master": parent,
                 "mode": "bridge",
-                "ipam": {
-                    "type": "host-local",
-                    "ranges": [[{"subnet": subnet, **ipam}]],
-                },
+                "ipam": {"type": "cnidra", "pool": pool},
             }
         ],
     }
@@ -241,10 +241,17 @@ def claims_of(cluster: Cluster, namespace: str, pod_name: str) -> list[dict[str,
     ]
 
 
-def allocations(driver: Driver, namespace: str, network: str) -> set[str]:
-    """host-local's reservations in the pool cnidra owns for a namespace's network."""
-    d = driver.state_root / "ipam" / f"cnidra-ns.{namespace}.{network}"
-    return {p.name for p in d.iterdir() if p.name[0].isdigit()} if d.exists() else set()
+def allocations(driver: Driver, pool: str) -> set[str]:
+    """The addresses the driver has leased from a CNIIPPool (cnidra IPAM's leases under its
+    state root, one per address with the claim that holds it)."""
+    return set(pool_leases(driver.state_root, pool))
+
+
+def lease_owners(driver: Driver, pool: str) -> dict[str, str]:
+    """address -> the claim UID whose request holds it (`claim/<uid>/<request>`)."""
+    return {
+        a: lease["owner"].split("/")[1] for a, lease in pool_leases(driver.state_root, pool).items()
+    }
 
 
 def ready(cluster: Cluster, namespace: str, name: str, timeout: str = "90s") -> None:
@@ -260,15 +267,18 @@ def ready(cluster: Cluster, namespace: str, name: str, timeout: str = "90s") -> 
 
 
 def test_the_seed_demo_for_real(
-    cluster: Cluster, namespace: str, driver: Driver, parent: str, tmp_path: Path
+    cluster: Cluster,
+    namespace: str,
+    driver: Driver,
+    parent: str,
+    tmp_path: Path,
+    ip_pools: Callable[..., str],
 ) -> None:
+    pool = ip_pools("198.19.101.0/24", namespace)
     apply(
         cluster,
         namespace,
-        template(
-            "macvlan",
-            [("net", parent, cni_config("demo", parent, "198.18.201.0/24"), "net1")],
-        ),
+        template("macvlan", [("net", parent, cni_config("demo", parent, pool), "net1")]),
         claiming_pod("demo", "macvlan"),
     )
     ready(cluster, namespace, "demo")
@@ -298,7 +308,8 @@ def test_the_seed_demo_for_real(
     assert net["hardwareAddress"] == status["data"]["interfaces"][0]["mac"]
     assert status["data"]["cniVersion"] == "1.1.0"
     [ip] = net["ips"]
-    assert allocations(driver, namespace, "demo") == {ip.split("/")[0]}
+    # the address is leased from the pool to the pod's claim, and to nothing else
+    assert lease_owners(driver, pool) == {ip.split("/")[0]: claim["metadata"]["uid"]}
     # the container finds its claim's device metadata (KEP-5304) where Kubernetes says, with
     # the network data the claim status has
     metadata = cluster.kubectl("exec", "-n", namespace, "demo", "--", "cat", METADATA_FILE).stdout
@@ -313,28 +324,34 @@ def test_the_seed_demo_for_real(
     assert device["attributes"]["ifName"] == {"string": parent}  # as its ResourceSlice says
 
     cluster.kubectl("delete", "-n", namespace, "pod", "demo", "--timeout=60s")
-    cluster.wait("the address to be freed", lambda: not allocations(driver, namespace, "demo"), 30)
+    cluster.wait("the address to be freed", lambda: not allocations(driver, pool), 30)
     cluster.wait("the sandbox record to go", lambda: driver.health().get("sandboxes") == 0, 30)
     assert not list((driver.state_root / "cni" / "results").glob("*"))
 
 
 def test_two_claims_three_attachments_in_a_fixed_order(
-    cluster: Cluster, namespace: str, driver: Driver, parent: str, tmp_path: Path
+    cluster: Cluster,
+    namespace: str,
+    driver: Driver,
+    parent: str,
+    tmp_path: Path,
+    ip_pools: Callable[..., str],
 ) -> None:
+    x, y, z = (ip_pools(f"198.19.{i}.0/24", namespace) for i in (102, 103, 104))
     first = template(
         "a",
         [
-            ("x", parent, cni_config("net-x", parent, "198.18.202.0/24"), "netx"),
-            ("y", parent, cni_config("net-y", parent, "198.18.203.0/24"), "nety"),
+            ("x", parent, cni_config("net-x", parent, x), "netx"),
+            ("y", parent, cni_config("net-y", parent, y), "nety"),
         ],
     )
-    second = template("b", [("z", parent, cni_config("net-z", parent, "198.18.204.0/24"), "netz")])
+    second = template("b", [("z", parent, cni_config("net-z", parent, z), "netz")])
     apply(cluster, namespace, first, second, claiming_pod("multi", "a", "b"))
     ready(cluster, namespace, "multi")
     for if_name, prefix in (
-        ("netx", "198.18.202."),
-        ("nety", "198.18.203."),
-        ("netz", "198.18.204."),
+        ("netx", "198.19.102."),
+        ("nety", "198.19.103."),
+        ("netz", "198.19.104."),
     ):
         [address] = pod_addresses(cluster, namespace, "multi", if_name)
         assert address.startswith(prefix)
@@ -370,15 +387,18 @@ def test_two_claims_three_attachments_in_a_fixed_order(
 
 
 def test_a_template_gives_every_replica_its_own_address(
-    cluster: Cluster, namespace: str, driver: Driver, parent: str, tmp_path: Path
+    cluster: Cluster,
+    namespace: str,
+    driver: Driver,
+    parent: str,
+    tmp_path: Path,
+    ip_pools: Callable[..., str],
 ) -> None:
+    pool = ip_pools("198.19.105.0/24", namespace)
     apply(
         cluster,
         namespace,
-        template(
-            "net",
-            [("net", parent, cni_config("replicas", parent, "198.18.205.0/24"), "net1")],
-        ),
+        template("net", [("net", parent, cni_config("replicas", parent, pool), "net1")]),
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
@@ -403,27 +423,37 @@ def test_a_template_gives_every_replica_its_own_address(
     addresses = [pod_addresses(cluster, namespace, p["metadata"]["name"], "net1") for p in pods]
     flat = {a for s in addresses for a in s}
     assert all(len(s) == 1 for s in addresses) and len(flat) == 3
-    assert {a.split("/")[0] for a in flat} == allocations(driver, namespace, "replicas")
+    assert {a.split("/")[0] for a in flat} == allocations(driver, pool)
+
+
+def failing_config(name: str, parent: str, pool: str) -> dict[str, Any]:
+    """A network whose plugin fails its ADD: a macvlan larger than its parent (1500), which
+    the plugin refuses ("invalid MTU 9000, must be [0, master MTU(1500)]"; the kernel would
+    too). Nothing before the plugin judges a macvlan's MTU (it is the pod's own link), so the
+    claim is prepared and its address leased."""
+    conf = cni_config(name, parent, pool)
+    conf["plugins"][0]["mtu"] = 9000
+    return conf
 
 
 def test_a_failing_plugin_fails_the_sandbox_and_leaves_nothing(
-    cluster: Cluster, namespace: str, driver: Driver, parent: str, tmp_path: Path
+    cluster: Cluster,
+    namespace: str,
+    driver: Driver,
+    parent: str,
+    tmp_path: Path,
+    ip_pools: Callable[..., str],
 ) -> None:
-    one_address = cni_config(
-        "tiny",
-        parent,
-        "198.18.206.0/24",
-        rangeStart="198.18.206.10",
-        rangeEnd="198.18.206.10",
-    )
+    pool = ip_pools("198.19.106.0/24", namespace)
     apply(
         cluster,
         namespace,
-        template("tiny", [("net", parent, one_address, "net1")]),
-        claiming_pod("first", "tiny"),
+        template("fine", [("net", parent, cni_config("fine", parent, pool), "net1")]),
+        template("broken", [("net", parent, failing_config("broken", parent, pool), "net1")]),
+        claiming_pod("first", "fine"),
     )
     ready(cluster, namespace, "first")
-    apply(cluster, namespace, claiming_pod("second", "tiny"))
+    apply(cluster, namespace, claiming_pod("second", "broken"))
 
     def sandbox_failed() -> list[str]:
         return [
@@ -433,8 +463,9 @@ def test_a_failing_plugin_fails_the_sandbox_and_leaves_nothing(
         ]
 
     messages = cluster.wait("the second sandbox to fail", sandbox_failed, 60)
-    assert any("no IP addresses available" in m and "macvlan" in m for m in messages), messages
+    assert any("invalid MTU 9000" in m and "macvlan" in m for m in messages), messages
     [claim] = claims_of(cluster, namespace, "second")
+    [first_claim] = claims_of(cluster, namespace, "first")
 
     def not_ready() -> dict[str, Any] | None:
         devices = (
@@ -447,8 +478,14 @@ def test_a_failing_plugin_fails_the_sandbox_and_leaves_nothing(
 
     cond = cluster.wait("Ready=False on the claim", not_ready, 30)
     assert (cond["status"], cond["reason"]) == ("False", "NetworkInterfaceNotReady")
-    assert "no IP addresses available" in cond["message"]
-    assert allocations(driver, namespace, "tiny") == {"198.18.206.10"}
+    assert "invalid MTU 9000" in cond["message"]
+    # one address per prepared claim: kubelet's retries of the failing sandbox take no more
+    [first_address] = pod_addresses(cluster, namespace, "first", "net1")
+    owners = lease_owners(driver, pool)
+    assert sorted(owners.values()) == sorted(
+        [first_claim["metadata"]["uid"], claim["metadata"]["uid"]]
+    ), owners
+    assert owners[first_address.split("/")[0]] == first_claim["metadata"]["uid"]
 
     def pods_with_records() -> list[str]:
         sandboxes = (driver.state_root / "sandboxes").glob("*.json")
@@ -460,20 +497,32 @@ def test_a_failing_plugin_fails_the_sandbox_and_leaves_nothing(
     assert cluster.wait("only first's record", lambda: pods_with_records() == ["first"], 30)
     cached = [p.name for p in (driver.state_root / "cni" / "results").glob("*")]
     assert len(cached) == 1
+    # the failed pod goes: its claim's address is freed, the first pod's stays
+    cluster.kubectl("delete", "-n", namespace, "pod", "second", "--timeout=60s")
+    cluster.wait(
+        "second's address to be freed",
+        lambda: (
+            lease_owners(driver, pool)
+            == {first_address.split("/")[0]: first_claim["metadata"]["uid"]}
+        ),
+        30,
+    )
 
 
-def burst(cluster: Cluster, namespace: str, parent: str, count: int) -> list[str]:
+def burst(cluster: Cluster, namespace: str, parent: str, pool: str, count: int) -> list[str]:
     names = [f"b{i:02d}" for i in range(count)]
     apply(
         cluster,
         namespace,
-        template("net", [("net", parent, cni_config("burst", parent, "198.18.208.0/24"), "net1")]),
+        template("net", [("net", parent, cni_config("burst", parent, pool), "net1")]),
         *(claiming_pod(n, "net") for n in names),
     )
     return names
 
 
-def assert_all_attached(cluster: Cluster, namespace: str, names: list[str], driver: Driver) -> None:
+def assert_all_attached(
+    cluster: Cluster, namespace: str, names: list[str], driver: Driver, pool: str
+) -> None:
     for name in names:
         ready(cluster, namespace, name, "180s")
     seen = set()
@@ -482,13 +531,19 @@ def assert_all_attached(cluster: Cluster, namespace: str, names: list[str], driv
         assert len(addresses) == 1, (name, addresses)
         seen |= addresses
     assert len(seen) == len(names)
-    # no leak: once the runtime's dead sandboxes are cleaned up, exactly one allocation and one
-    # cache entry per pod remain
+    # no leak: exactly one lease per pod's claim (cnidra IPAM leases at prepare, to the claim:
+    # a killed prepare asked again keeps its lease, and a dead sandbox holds none), and once
+    # the runtime's dead sandboxes are cleaned up, one cache entry per pod
     cache = driver.state_root / "cni" / "results"
-    want = {a.split("/")[0] for a in seen}
+    want = {
+        a.split("/")[0]: claim["metadata"]["uid"]
+        for name in names
+        for claim in claims_of(cluster, namespace, name)
+        for a in pod_addresses(cluster, namespace, name, "net1")
+    }
     cluster.wait(
-        "leftover allocations of dead sandboxes to be freed",
-        lambda: allocations(driver, namespace, "burst") == want,
+        "the leases to be exactly the live pods' addresses",
+        lambda: lease_owners(driver, pool) == want,
         60,
     )
     cluster.wait(
@@ -499,22 +554,34 @@ def assert_all_attached(cluster: Cluster, namespace: str, names: list[str], driv
 
 
 def test_kill_9_during_a_burst_of_20_pods(
-    cluster: Cluster, namespace: str, driver: Driver, parent: str, tmp_path: Path
+    cluster: Cluster,
+    namespace: str,
+    driver: Driver,
+    parent: str,
+    tmp_path: Path,
+    ip_pools: Callable[..., str],
 ) -> None:
-    names = burst(cluster, namespace, parent, 20)
+    pool = ip_pools("198.19.108.0/24", namespace)
+    names = burst(cluster, namespace, parent, pool, 20)
     cluster.wait("some sandboxes", lambda: driver.health().get("sandboxes", 0) >= 3, 60)
     driver.stop(signal.SIGKILL)
     time.sleep(1)
     driver.start()
-    assert_all_attached(cluster, namespace, names, driver)
+    assert_all_attached(cluster, namespace, names, driver, pool)
 
 
 def test_containerd_restart_during_a_burst(
-    cluster: Cluster, namespace: str, driver: Driver, parent: str, tmp_path: Path
+    cluster: Cluster,
+    namespace: str,
+    driver: Driver,
+    parent: str,
+    tmp_path: Path,
+    ip_pools: Callable[..., str],
 ) -> None:
     from testbed import cluster as tb
 
-    names = burst(cluster, namespace, parent, 10)
+    pool = ip_pools("198.19.118.0/24", namespace)
+    names = burst(cluster, namespace, parent, pool, 10)
     cluster.wait("some sandboxes", lambda: driver.health().get("sandboxes", 0) >= 2, 60)
     tb.stop("containerd")
     cluster.wait("the NRI plugin to notice", lambda: not driver.health().get("nriConnected"), 15)
@@ -522,23 +589,27 @@ def test_containerd_restart_during_a_burst(
     assert health["ok"] and health["registeredWithKubelet"] and health["degraded"]
     tb.start_containerd(cluster.bins)
     cluster.wait("the NRI plugin to reconnect", lambda: driver.health().get("nriConnected"), 30)
-    assert_all_attached(cluster, namespace, names, driver)
+    assert_all_attached(cluster, namespace, names, driver, pool)
 
 
 def test_apiserver_down_while_a_sandbox_starts(
-    cluster: Cluster, namespace: str, driver: Driver, parent: str, tmp_path: Path
+    cluster: Cluster,
+    namespace: str,
+    driver: Driver,
+    parent: str,
+    tmp_path: Path,
+    ip_pools: Callable[..., str],
 ) -> None:
     """kubelet itself GETs a pod's ResourceClaims before it starts a sandbox, so with the
     apiserver down it starts none; the sandbox is started here as kubelet would (same pod UID,
     same runtime), which exercises containerd and cnidra's hook with no apiserver at all."""
     from testbed import cluster as tb
 
+    pool = ip_pools("198.19.107.0/24", namespace)
     apply(
         cluster,
         namespace,
-        template(
-            "net", [("net", parent, cni_config("offline", parent, "198.18.207.0/24"), "net1")]
-        ),
+        template("net", [("net", parent, cni_config("offline", parent, pool), "net1")]),
         claiming_pod("p", "net"),
     )
     ready(cluster, namespace, "p")
@@ -566,17 +637,25 @@ def test_apiserver_down_while_a_sandbox_starts(
             for n in info["info"]["runtimeSpec"]["linux"]["namespaces"]
             if n["type"] == "network"
         ]
-        shown = subprocess.run(
-            ["nsenter", f"--net={netns}", "ip", "-4", "addr", "show", "net1"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout
-        address = re.findall(r"inet (\S+) ", shown)
-        assert len(address) == 1, shown
+
+        def net1_addresses() -> list[str]:
+            shown = subprocess.run(
+                ["nsenter", f"--net={netns}", "ip", "-4", "addr", "show", "net1"],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout
+            return re.findall(r"inet (\S+) ", shown)
+
+        # behind the sandbox (the default) the hook answers at once and the ADD follows
+        address = cluster.wait("net1 in the manual sandbox", net1_addresses, 10)
+        assert len(address) == 1, address
         assert elapsed < 10, elapsed
-        health = driver.health()
-        assert health.get("statusPending", 0) >= 1  # queued, waiting for the apiserver
+        cluster.wait(  # queued, waiting for the apiserver
+            "the claim's status to be queued",
+            lambda: driver.health().get("statusPending", 0) >= 1,
+            10,
+        )
     finally:
         tb.start_apiserver(cluster.bins)
 
@@ -615,22 +694,29 @@ def test_apiserver_down_while_a_sandbox_starts(
     if sandbox in cluster.crictl("pods", "-q").stdout:
         cluster.crictl("stopp", sandbox)
         cluster.crictl("rmp", sandbox)
+    # cnidra IPAM leased the claim one address at prepare, which every sandbox of the pod
+    # gets: once the manual sandbox is gone, the one lease is the live sandbox's address
+    uid = claim["metadata"]["uid"]
     cluster.wait(
-        "the manual sandbox's address to be freed",
-        lambda: len(allocations(driver, namespace, "offline")) == len(live_ips()),
+        "one sandbox left, with the claim's leased address",
+        lambda: (
+            len(live := live_ips()) == 1
+            and lease_owners(driver, pool) == {live[0].split("/")[0]: uid}
+        ),
         30,
     )
 
 
 def test_a_failing_del_holds_the_claim_with_a_finalizer_until_it_succeeds(
-    cluster: Cluster, namespace: str, driver: Driver, parent: str
+    cluster: Cluster, namespace: str, driver: Driver, parent: str, ip_pools: Callable[..., str]
 ) -> None:
+    pool = ip_pools("198.19.109.0/24", namespace)
     # where the driver sees it too (the in-cluster one mounts only its state root)
     marker = driver.state_root / "test-faults" / f"del-fails-{namespace}"
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
     try:
-        conf = cni_config("sticky", parent, "198.18.209.0/24")
+        conf = cni_config("sticky", parent, pool)
         conf["plugins"].append({"type": "fault-del-fails", "failDelWhile": str(marker)})
         apply(
             cluster,
@@ -641,6 +727,8 @@ def test_a_failing_del_holds_the_claim_with_a_finalizer_until_it_succeeds(
         ready(cluster, namespace, "p")
         [claim] = claims_of(cluster, namespace, "p")
         name = claim["metadata"]["name"]
+        [address] = pod_addresses(cluster, namespace, "p", "net1")
+        assert lease_owners(driver, pool) == {address.split("/")[0]: claim["metadata"]["uid"]}
         cluster.kubectl("delete", "-n", namespace, "pod", "p", "--wait=false")
 
         def detach_failed() -> list[str]:
@@ -663,9 +751,8 @@ def test_a_failing_del_holds_the_claim_with_a_finalizer_until_it_succeeds(
         cluster.wait("the claim to be held by our finalizer", held, 30)
         time.sleep(3)
         assert held() is not None
-        assert allocations(
-            driver, namespace, "sticky"
-        )  # the address is still held: DEL did not finish
+        # the address is still leased to the claim: DEL did not finish, so neither did unprepare
+        assert lease_owners(driver, pool) == {address.split("/")[0]: claim["metadata"]["uid"]}
         marker.unlink()  # the fault clears; the retry with backoff succeeds
 
         def released() -> bool:
@@ -675,7 +762,7 @@ def test_a_failing_del_holds_the_claim_with_a_finalizer_until_it_succeeds(
                 ).returncode
                 != 0
             )
-            return gone and not allocations(driver, namespace, "sticky")
+            return gone and not allocations(driver, pool)
 
         cluster.wait("the claim to go once DEL succeeds", released, 90)
         assert driver.health()["sandboxes"] == 0
@@ -694,25 +781,24 @@ def node_cli(driver: Driver, *args: str) -> Any:
 
 
 def test_the_node_api_tells_a_pods_story_without_the_apiserver(
-    cluster: Cluster, namespace: str, driver: Driver, parent: str
+    cluster: Cluster, namespace: str, driver: Driver, parent: str, ip_pools: Callable[..., str]
 ) -> None:
     from testbed import cluster as tb
 
-    one_address = cni_config(
-        "story", parent, "198.18.210.0/24", rangeStart="198.18.210.9", rangeEnd="198.18.210.9"
-    )
+    pool = ip_pools("198.19.110.0/24", namespace)
     apply(
         cluster,
         namespace,
-        template("net", [("net", parent, one_address, "net1")]),
+        template("net", [("net", parent, cni_config("story", parent, pool), "net1")]),
+        template("bad", [("net", parent, failing_config("story", parent, pool), "net1")]),
         claiming_pod("first", "net"),
     )
     ready(cluster, namespace, "first")
-    apply(cluster, namespace, claiming_pod("second", "net"))  # the pool is empty: it fails
+    apply(cluster, namespace, claiming_pod("second", "bad"))  # the kernel refuses its ADD
 
     def second_failed() -> Any:
         view = node_cli(driver, "describe", "second", "-n", namespace)
-        return view if "no IP addresses available" in view.get("problem", "") else None
+        return view if "invalid MTU 9000" in view.get("problem", "") else None
 
     failed = cluster.wait("the node API to say why second has no interface", second_failed, 60)
     assert failed["state"] == "prepared" and failed["events"][-1]["kind"] == "AttachFailed"
@@ -737,16 +823,18 @@ def test_the_node_api_tells_a_pods_story_without_the_apiserver(
 
 
 def test_an_on_demand_network_is_plugged_and_unplugged_through_the_node_api(
-    cluster: Cluster, namespace: str, driver: Driver, parent: str
+    cluster: Cluster, namespace: str, driver: Driver, parent: str, ip_pools: Callable[..., str]
 ) -> None:
+    hotplug_pool = ip_pools("198.19.111.0/24", namespace)
+    base_pool = ip_pools("198.19.112.0/24", namespace)
     extra = template(
-        "extra", [("net", parent, cni_config("hotplug", parent, "198.18.211.0/24"), "net2")]
+        "extra", [("net", parent, cni_config("hotplug", parent, hotplug_pool), "net2")]
     )
     extra["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["attach"] = "OnDemand"
     apply(
         cluster,
         namespace,
-        template("base", [("net", parent, cni_config("base", parent, "198.18.212.0/24"), "net1")]),
+        template("base", [("net", parent, cni_config("base", parent, base_pool), "net1")]),
         extra,
         claiming_pod("vm", "base", "extra"),
     )
@@ -767,14 +855,27 @@ def test_an_on_demand_network_is_plugged_and_unplugged_through_the_node_api(
     subprocess.run([sys.executable, "-m", "cnidra", "node", "attach", *hotplug], check=True,
                    capture_output=True, timeout=60)  # fmt: skip
     [address] = pod_addresses(cluster, namespace, "vm", "net2")
-    assert address.startswith("198.18.211.")
+    assert address.startswith("198.19.111.")
     entry = cluster.wait("the plugged interface's status", lambda: status_of("extra"), 30)
     assert entry[0]["networkData"]["ips"] == [address]
-    assert allocations(driver, namespace, "hotplug") == {address.split("/")[0]}
+    # leased to the claim when it was prepared (cnidra IPAM leases at prepare): the address
+    # the plugged interface got
+    [extra_claim] = [
+        c
+        for c in claims_of(cluster, namespace, "vm")
+        if c["metadata"]["annotations"]["resource.kubernetes.io/pod-claim-name"] == "extra"
+    ]
+    leased = {address.split("/")[0]: extra_claim["metadata"]["uid"]}
+    assert lease_owners(driver, hotplug_pool) == leased
 
     subprocess.run([sys.executable, "-m", "cnidra", "node", "detach", *hotplug], check=True,
                    capture_output=True, timeout=60)  # fmt: skip
     assert pod_addresses(cluster, namespace, "vm", "net2") == set()
     assert len(pod_addresses(cluster, namespace, "vm", "net1")) == 1  # the other one stays
     cluster.wait("the unplugged interface's status to go", lambda: not status_of("extra"), 30)
-    assert not allocations(driver, namespace, "hotplug")
+    # the address stays the claim's while it is prepared (a plug again gets it back), and is
+    # freed with the claim
+    assert lease_owners(driver, hotplug_pool) == leased
+    cluster.kubectl("delete", "-n", namespace, "pod", "vm", "--timeout=60s")
+    cluster.wait("the addresses to be freed", lambda: not allocations(driver, hotplug_pool), 30)
+    assert not allocations(driver, base_pool)

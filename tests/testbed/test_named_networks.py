@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -328,19 +328,21 @@ def nad_template(name: str, requests: list[tuple[str, str, dict[str, Any]]]) -> 
     )
 
 
-def multus_macvlan(name: str, subnet: str) -> dict[str, Any]:
-    # as Multus users write them: master named, host-local ranges, no cniVersion games
+def multus_macvlan(name: str, pool: str) -> dict[str, Any]:
+    # as Multus users write them (no master: the allocated link is bound; no cniVersion
+    # games), addressed from a CNIIPPool serving the namespace: host-local in a NAD of the
+    # tenant's namespace is refused (two namespaces or nodes on one segment share its pool)
     return {
         "cniVersion": "0.3.1",
         "name": name,
         "type": "macvlan",
         "mode": "bridge",
-        "ipam": {"type": "host-local", "subnet": subnet},
+        "ipam": {"type": "cnidra", "pool": pool},
     }
 
 
 def test_nads_as_they_are_with_names_mixed_across_two_claims(
-    cluster: Cluster, ns: str, test_link: Any
+    cluster: Cluster, ns: str, test_link: Any, ip_pools: Callable[..., str]
 ) -> None:
     """Two NADs applied unchanged; claim c0 names nothing (implicit), claim c1 names `net1`
     explicitly and uses a prefix for its second request: c1's explicit name wins net1, c0 gets
@@ -348,10 +350,11 @@ def test_nads_as_they_are_with_names_mixed_across_two_claims(
     status does."""
     tag = uuid.uuid4().hex[:5]
     link_a, link_b = test_link(f"mA{tag}"), test_link(f"mB{tag}")
+    blue, green = ip_pools("198.19.130.0/24", ns), ip_pools("198.19.131.0/24", ns)
     cluster.apply_in(
         ns,
-        nad("blue", multus_macvlan("blue-net", "198.18.212.0/24")),
-        nad("green", multus_macvlan("green-net", "198.18.213.0/24")),
+        nad("blue", multus_macvlan("blue-net", blue)),
+        nad("green", multus_macvlan("green-net", green)),
     )
     cluster.apply_in(
         ns,
@@ -374,10 +377,13 @@ def test_nads_as_they_are_with_names_mixed_across_two_claims(
     )
     cluster.apply_in(ns, claimed_pod("mixed", "implicit", "explicit"))
     ready(cluster, ns, "mixed")
-    assert pod_addresses(cluster, ns, "mixed", "net1") <= {"198.18.213.2/24"}
-    assert pod_addresses(cluster, ns, "mixed", "net1")
-    assert pod_addresses(cluster, ns, "mixed", "net2")
-    assert pod_addresses(cluster, ns, "mixed", "data0")
+    for if_name, subnet in (
+        ("net1", "198.19.131."),
+        ("net2", "198.19.130."),
+        ("data0", "198.19.130."),
+    ):
+        [address] = pod_addresses(cluster, ns, "mixed", if_name)
+        assert address.startswith(subnet) and address.endswith("/24"), (if_name, address)
     status_ifaces = {
         d["networkData"]["interfaceName"]: d["networkData"]
         for c in claims_of(cluster, ns, "mixed")
@@ -402,10 +408,11 @@ def test_nads_as_they_are_with_names_mixed_across_two_claims(
 
 
 def test_a_name_collision_across_claims_is_refused_at_prepare(
-    cluster: Cluster, ns: str, test_link: Any
+    cluster: Cluster, ns: str, test_link: Any, ip_pools: Callable[..., str]
 ) -> None:
     link = test_link(f"cA{uuid.uuid4().hex[:5]}")
-    cluster.apply_in(ns, nad("blue", multus_macvlan("blue-net", "198.18.214.0/24")))
+    pool = ip_pools("198.19.132.0/24", ns)
+    cluster.apply_in(ns, nad("blue", multus_macvlan("blue-net", pool)))
     for name in ("one", "two"):
         cluster.apply_in(
             ns,

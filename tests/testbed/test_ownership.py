@@ -2,8 +2,8 @@
 /var/lib/cnidra, no cache override), restarts, crashes, a containerd restart and a dropped NRI
 connection never reach the primary network's plugin (recorded by the test bed's `tb-primary`
 wrapper), every pod keeps its primary and cnidra interfaces, two tenants with the same network
-name and range never share a pool, and a plugin slower than the hook budget fails its sandbox
-cleanly."""
+name and the same pool never share an address, and a plugin slower than the hook budget fails its
+sandbox cleanly."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import shutil
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import pytest
 
 from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed.harness import Cluster, DriverProcess
-from tests.testbed.conftest import env_image, pod
+from tests.testbed.conftest import env_image, pod, pool_leases
 from tests.testbed.test_lifecycle import (
     TEST_CLASS,
     apply,
@@ -117,9 +117,10 @@ def snapshot(cluster: Cluster, pods: list[tuple[str, str, str]]) -> dict[tuple[s
     return seen
 
 
-def tenant_pool(namespace: str, network: str) -> set[str]:
-    d = DEFAULT_STATE_ROOT / "ipam" / f"cnidra-ns.{namespace}.{network}"
-    return {p.name for p in d.iterdir() if p.name[0].isdigit()} if d.exists() else set()
+def tenant_leases(namespace: str, pool: str) -> set[str]:
+    """The addresses the driver leased from the pool to claims of the namespace."""
+    leases = pool_leases(DEFAULT_STATE_ROOT, pool)
+    return {a for a, lease in leases.items() if lease["holder"].startswith(f"claim {namespace}/")}
 
 
 def disrupt(cluster: Cluster, driver: DriverProcess) -> None:
@@ -153,18 +154,22 @@ def disrupt(cluster: Cluster, driver: DriverProcess) -> None:
 
 
 def test_restarts_and_reconnects_never_touch_the_primary_network(
-    cluster: Cluster, default_driver: DriverProcess, tenants: tuple[str, str], test_link: Any
+    cluster: Cluster,
+    default_driver: DriverProcess,
+    tenants: tuple[str, str],
+    test_link: Any,
+    ip_pools: Callable[..., str],
 ) -> None:
-
     a, b = tenants
+    shared_pool = ip_pools("198.19.150.0/24", a, b)  # one pool serving both tenants
     parent_a, parent_b = (
         test_link(f"tba{uuid.uuid4().hex[:5]}"),
         test_link(f"tbb{uuid.uuid4().hex[:5]}"),
     )
     calls = PrimaryCalls(cluster)
-    # both tenants name their network like the primary one, with the same range
+    # both tenants name their network like the primary one, addressed from the same pool
     for ns, parent in ((a, parent_a), (b, parent_b)):
-        conf = cni_config("testbed-primary", parent, "198.18.220.0/24")
+        conf = cni_config("testbed-primary", parent, shared_pool)
         apply(cluster, ns, template("net", [("net", parent, conf, "net1")]))
         apply(cluster, ns, claiming_pod("guest", "net"))
         apply(cluster, ns, pod("plain", env_image()))
@@ -178,11 +183,15 @@ def test_restarts_and_reconnects_never_touch_the_primary_network(
     live = set(sandbox_ids(cluster, a, b).values())
     assert len(live) == 4
 
-    # separate pools, named by cnidra; the user's name is what status shows
+    # one address each from the one pool, leased to each tenant's own claim; the user's
+    # network name is what status shows
     [claim] = claims_of(cluster, a, "guest")
     status = cluster.get("resourceclaim", claim["metadata"]["name"], a)["status"]["devices"][0]
     assert "network testbed-primary" in status["conditions"][0]["message"]
-    assert len(tenant_pool(a, "testbed-primary")) == 1 == len(tenant_pool(b, "testbed-primary"))
+    [held_a], [held_b] = tenant_leases(a, shared_pool), tenant_leases(b, shared_pool)
+    assert held_a != held_b
+    assert {x.split("/")[0] for x in before[(a, "guest")]} >= {held_a}
+    assert {x.split("/")[0] for x in before[(b, "guest")]} >= {held_b}
     # the shared directory holds the primary network's entries (eth0), and nothing of cnidra's
     shared = Path("/var/lib/cni/results")
     assert all((shared / f"testbed-primary-{sid}-eth0").exists() for sid in live)
@@ -199,20 +208,25 @@ def test_restarts_and_reconnects_never_touch_the_primary_network(
 
     # one tenant's pod goes: its address is freed, the other tenant's stays
     cluster.kubectl("delete", "-n", b, "pod", "guest", "--timeout=60s")
-    cluster.wait("b's address to be freed", lambda: not tenant_pool(b, "testbed-primary"), 30)
-    assert len(tenant_pool(a, "testbed-primary")) == 1
+    cluster.wait("b's address to be freed", lambda: not tenant_leases(b, shared_pool), 30)
+    assert tenant_leases(a, shared_pool) == {held_a}
     assert snapshot(cluster, [(a, "guest", "cnidra")]) == {(a, "guest"): before[(a, "guest")]}
     cluster.kubectl("delete", "-n", a, "pod", "guest", "--timeout=60s")
-    cluster.wait("a's address to be freed", lambda: not tenant_pool(a, "testbed-primary"), 30)
+    cluster.wait("a's address to be freed", lambda: not tenant_leases(a, shared_pool), 30)
     cluster.wait("no sandbox record", lambda: default_driver.health().get("sandboxes") == 0, 30)
     assert not list((DEFAULT_STATE_ROOT / "cni" / "results").glob("*"))
 
 
 def test_a_plugin_slower_than_the_budget_fails_its_sandbox_and_leaves_nothing(
-    cluster: Cluster, default_driver: DriverProcess, namespace: str, test_link: Any
+    cluster: Cluster,
+    default_driver: DriverProcess,
+    namespace: str,
+    test_link: Any,
+    ip_pools: Callable[..., str],
 ) -> None:
     parent = test_link(f"tbs{uuid.uuid4().hex[:5]}")
-    conf = cni_config("slow", parent, "198.18.221.0/24")
+    pool = ip_pools("198.19.151.0/24", namespace)
+    conf = cni_config("slow", parent, pool)
     conf["plugins"].append({"type": "tb-sleepy"})
     apply(cluster, namespace, template("slow", [("net", parent, conf, "net1")], TEST_CLASS))
     apply(cluster, namespace, claiming_pod("late", "slow"))
@@ -229,7 +243,7 @@ def test_a_plugin_slower_than_the_budget_fails_its_sandbox_and_leaves_nothing(
     assert "'tb-sleepy'" in message and "attach budget of 10s" in message, message
     cluster.kubectl("delete", "-n", namespace, "pod", "late", "--timeout=60s")
     cluster.wait("no sandbox record", lambda: default_driver.health().get("sandboxes") == 0, 30)
-    assert not tenant_pool(namespace, "slow")
+    cluster.wait("the claim's address to be freed", lambda: not tenant_leases(namespace, pool), 30)
     assert not list((DEFAULT_STATE_ROOT / "cni" / "results").glob("*"))
     cluster.wait("no tb-sleepy process left", lambda: "tb-sleepy" not in command_lines(), 30)
 

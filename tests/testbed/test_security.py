@@ -35,7 +35,12 @@ from tests.testbed.test_lifecycle import claiming_pod, cni_config, ready, templa
 
 pytestmark = pytest.mark.testbed
 PRIMARY_BRIDGE = tb.BRIDGE  # the test bed's node bridge: what attacks aim at, never the real NIC
-MACVLAN_IPAM = {"type": "host-local", "ranges": [[{"subnet": "198.18.230.0/24"}]]}
+# what a tenant's network addresses with (cnidra's cluster IPAM; the attacks are refused
+# before any pool is read, so it need not exist)
+MACVLAN_IPAM = {"type": "cnidra", "pool": "tb-attacks"}
+# host-local, for the attacks on its own fields (host-local written by a claim is refused
+# anyway: cnidra.api.policy.SEGMENT_BLIND_IPAM; these still name the field)
+HOST_LOCAL = {"type": "host-local", "ranges": [[{"subnet": "198.18.230.0/24"}]]}
 
 
 def conf(*plugins: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -90,7 +95,7 @@ ATTACKS: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
     ),
     (
         "host-local-datadir",
-        conf({"type": "macvlan", "ipam": {**MACVLAN_IPAM, "dataDir": "/etc/kubernetes"}}),
+        conf({"type": "macvlan", "ipam": {**HOST_LOCAL, "dataDir": "/etc/kubernetes"}}),
         {},
         "ipam.dataDir: never claim-settable",
     ),
@@ -188,7 +193,7 @@ ATTACKS += [
     ),
     (
         "resolvconf-into-status",
-        conf({"type": "macvlan", "ipam": {**MACVLAN_IPAM, "resolvConf": "/etc/shadow"}}),
+        conf({"type": "macvlan", "ipam": {**HOST_LOCAL, "resolvConf": "/etc/shadow"}}),
         {},
         "ipam.resolvConf: never claim-settable",
     ),
@@ -239,8 +244,9 @@ class Tenant:
         )
 
 
-@pytest.fixture
-def tenant(cluster: Cluster) -> Iterator[Tenant]:
+def make_tenant(cluster: Cluster) -> Tenant:
+    """A namespace (labelled for claim configs) whose ServiceAccount `tenant` may create
+    claims, claim templates and pods there, and nothing else."""
     ns = f"tenant-{uuid.uuid4().hex[:6]}"
     cluster.apply(
         {
@@ -282,8 +288,14 @@ def tenant(cluster: Cluster) -> Iterator[Tenant]:
         "the namespace's default ServiceAccount",
         lambda: cluster.kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0,
     )
-    yield Tenant(cluster, ns)
-    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    return Tenant(cluster, ns)
+
+
+@pytest.fixture
+def tenant(cluster: Cluster) -> Iterator[Tenant]:
+    made = make_tenant(cluster)
+    yield made
+    cluster.kubectl("delete", "namespace", made.namespace, "--wait=false", check=False)
 
 
 @pytest.fixture
@@ -382,7 +394,7 @@ def apply_policies(cluster: Cluster) -> None:
     """deploy/admission.yaml, and wait until the apiserver enforces it (policies and their
     bindings reach the admission plugin a moment after they are created)."""
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "admission.yaml"))
-    probe = template("probe", [("net", "x", cni_config("probe", "x", "198.18.233.0/24"), "net1")])
+    probe = template("probe", [("net", "x", cni_config("probe", "x", "tb-probe"), "net1")])
     cluster.wait(
         "the admission policies to be enforced",
         lambda: (
@@ -429,6 +441,7 @@ def test_a_tenant_cannot_reach_the_node(
     admission: Callable[[], None],
     test_link: Callable[[str], str],
     tmp_path: Path,
+    ip_pools: Callable[..., str],
 ) -> None:
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
     parent = test_link(f"tbs{uuid.uuid4().hex[:5]}")
@@ -468,9 +481,8 @@ def test_a_tenant_cannot_reach_the_node(
         for sock in held:
             sock.close()
         # allowed configs still work end to end, as the tenant
-        good = template(
-            "good", [("net", parent, cni_config("good", parent, "198.18.231.0/24"), "net1")]
-        )
+        pool = ip_pools("198.19.140.0/24", tenant.namespace)
+        good = template("good", [("net", parent, cni_config("good", parent, pool), "net1")])
         assert tenant.apply(good, claiming_pod("good", "good")).returncode == 0
         ready(cluster, tenant.namespace, "good")
 
@@ -914,9 +926,7 @@ def test_a_namespace_without_the_label_may_not_carry_configs(
     apply_policies(cluster)
     try:
         parent = test_link(f"tbn{uuid.uuid4().hex[:5]}")
-        doc = template(
-            "plain", [("net", parent, cni_config("plain", parent, "198.18.232.0/24"), "net1")]
-        )
+        doc = template("plain", [("net", parent, cni_config("plain", parent, "tb-plain"), "net1")])
         out = cluster.kubectl(
             "apply", "-n", namespace, "-f", "-", input_=json.dumps(doc), check=False
         )
@@ -1019,7 +1029,7 @@ def test_a_webhook_that_is_down_or_slow_blocks_only_what_it_judges(
             }
         },
     }
-    ours = template("ours", [("net", "x", cni_config("ours", "x", "198.18.233.0/24"), "net1")])
+    ours = template("ours", [("net", "x", cni_config("ours", "x", "tb-ours"), "net1")])
     hostile = attack_template("masq", "x", ATTACKS[2][1], {})
     cluster.apply(webhook)
     try:
@@ -1061,7 +1071,7 @@ def test_admission_never_blocks_a_finalizer_update_or_deletion_of_an_admitted_cl
     and removing a finalizer (what the driver does), a status-only write and its deletion still
     go through: only CREATEs are judged."""
     name = f"kept-{uuid.uuid4().hex[:5]}"
-    tpl = template("kept", [("net", "x", cni_config("kept", "x", "198.18.233.0/24"), "net1")])
+    tpl = template("kept", [("net", "x", cni_config("kept", "x", "tb-kept"), "net1")])
     claim = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",

@@ -94,7 +94,8 @@ def wait_untainted(cluster: Cluster, link: str, what: str, timeout: float) -> No
         ) from None
 
 
-def template(name: str, parent: str, subnet: str, tolerate: str | None = None) -> dict[str, Any]:
+def template(name: str, parent: str, pool: str, tolerate: str | None = None) -> dict[str, Any]:
+    """A claim template for a macvlan on `parent`, addressed from the CNIIPPool `pool`."""
     request: dict[str, Any] = {
         "name": "net",
         "exactly": {
@@ -110,7 +111,7 @@ def template(name: str, parent: str, subnet: str, tolerate: str | None = None) -
         "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
         "kind": "CNIConfig",
         "ifName": "net1",
-        "config": cni_config(name, parent, subnet),
+        "config": cni_config(name, parent, pool),
     }
     return {
         "apiVersion": "resource.k8s.io/v1",
@@ -147,13 +148,13 @@ def test_a_link_that_goes_down_is_tainted_and_new_pods_wait_for_it(
     namespace: str,
     start_driver: Callable[..., DriverProcess],
     test_link: Callable[[str], str],
+    ip_pools: Callable[..., str],
 ) -> None:
     parent = test_link(f"tt{uuid.uuid4().hex[:5]}")
+    pool = ip_pools("198.19.160.0/24", namespace)
     start_driver()
     wait_untainted(cluster, parent, "the link's device", 60)
-    apply(
-        cluster, namespace, template("data", parent, "198.18.216.0/24"), claiming_pod("a", "data")
-    )
+    apply(cluster, namespace, template("data", parent, pool), claiming_pod("a", "data"))
     ready(cluster, namespace, "a")
 
     link(parent, "down")
@@ -197,15 +198,17 @@ def test_with_noexecute_the_pods_on_a_dead_link_are_evicted_unless_they_tolerate
     namespace: str,
     start_driver: Callable[..., DriverProcess],
     test_link: Callable[[str], str],
+    ip_pools: Callable[..., str],
 ) -> None:
     parent = test_link(f"tx{uuid.uuid4().hex[:5]}")
+    pool = ip_pools("198.19.161.0/24", namespace)
     start_driver(link_failure_taint="NoExecute")  # the chart's driver.linkFailureTaint
     wait_untainted(cluster, parent, "the link's device", 60)
     apply(
         cluster,
         namespace,
-        template("plain", parent, "198.18.217.0/25"),
-        template("patient", parent, "198.18.217.128/25", tolerate="NoExecute"),
+        template("plain", parent, pool),
+        template("patient", parent, pool, tolerate="NoExecute"),
         claiming_pod("evicted", "plain"),
         claiming_pod("stays", "patient"),
     )
@@ -229,6 +232,7 @@ def test_on_a_cluster_without_the_optional_features_the_driver_leaves_them_out(
     namespace: str,
     start_driver: Callable[..., DriverProcess],
     test_link: Callable[[str], str],
+    ip_pools: Callable[..., str],
 ) -> None:
     """As on a cluster whose apiserver has consumable capacity and device taints off (1.34/1.35
     defaults): nothing the driver writes is refused, a pod still gets its interface, and the
@@ -236,6 +240,7 @@ def test_on_a_cluster_without_the_optional_features_the_driver_leaves_them_out(
     from testbed import cluster as tb
 
     parent = test_link(f"tf{uuid.uuid4().hex[:5]}")
+    pool = ip_pools("198.19.162.0/24", namespace)
     tb.stop("kube-apiserver")
     try:
         # DRADeviceTaintRules (GA and on in 1.37) depends on DRADeviceTaints: off with it
@@ -266,7 +271,7 @@ def test_on_a_cluster_without_the_optional_features_the_driver_leaves_them_out(
             "reason=CnidraFeaturesLeftOut", "-o", "json",
         )  # fmt: skip
         assert json.loads(events.stdout)["items"], "no Event on the Node"
-        apply(cluster, namespace, template("plain", parent, "198.18.218.0/24"),
+        apply(cluster, namespace, template("plain", parent, pool),
               claiming_pod("p", "plain"))  # fmt: skip
         ready(cluster, namespace, "p")
         assert pod_addresses(cluster, namespace, "p", "net1")
