@@ -81,6 +81,17 @@ def merge_parameters(entries: Sequence[ConfigEntry]) -> dict[str, Any]:
     return merged
 
 
+def last_set(entries: Sequence[ConfigEntry], key: str) -> Any:
+    """The value the last of `entries` to have `key` gives it (None: none has it), without
+    merging anything. For a key the merge replaces whole (not `config`, `args`,
+    `capabilities`) it is `merge_parameters(entries).get(key)`; for any key it is None exactly
+    when that is (a merge patch of null removes, anything else sets)."""
+    for entry in reversed(entries):
+        if key in entry.parameters:
+            return entry.parameters[key]
+    return None
+
+
 def provenance(entries: Sequence[ConfigEntry], key: str) -> FieldPath | None:
     """Path of the last entry that set `key`: where a problem with that field should point."""
     for entry in reversed(entries):

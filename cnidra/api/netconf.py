@@ -191,16 +191,17 @@ def _role(plugin: Any) -> str | None:
 def _check_chain(plugins: list[Any], path: FieldPath, issues: Issues) -> None:
     """What makes ADD fail before any packet: a chained plugin with nothing before it to give
     it a prevResult, and two plugins that each make the pod's interface."""
-    makers = [i for i, p in enumerate(plugins) if _role(p) == "interface"]
+    roles = [_role(p) for p in plugins]
+    makers = [i for i, role in enumerate(roles) if role == "interface"]
     for i, plugin in enumerate(plugins):
         # a plugin cnidra does not know (flannel, cilium-cni, ...) may well make the interface
-        before = [_role(p) for p in plugins[:i]]
-        if _role(plugin) == "chained" and all(r == "chained" for r in before):
-            issues.error(
-                path / i / "type",
-                f"{plugin['type']} only modifies an interface another plugin made (its ADD fails "
-                "with no prevResult); put an interface plugin (macvlan, bridge, ...) before it",
-            )
+        if roles[i] != "chained":
+            break  # every one after has a plugin before it that is not only chained
+        issues.error(
+            path / i / "type",
+            f"{plugin['type']} only modifies an interface another plugin made (its ADD fails "
+            "with no prevResult); put an interface plugin (macvlan, bridge, ...) before it",
+        )
     for extra in makers[1:]:
         issues.error(
             path / extra / "type",
@@ -346,9 +347,9 @@ def validate_ipam(ipam: Any, path: FieldPath, issues: Issues) -> None:
             f"{ipam['type']!r} is not an IPAM plugin cnidra knows; its fields are not checked",
         )
         return
-    before = len(issues.errors)
+    before = issues.error_count
     report_schema_errors(schema, ipam, path, issues)
-    if len(issues.errors) > before:
+    if issues.error_count > before:
         return  # semantic checks assume well-typed input
     if ipam["type"] == "host-local":
         _validate_host_local(ipam, path, issues)
@@ -373,7 +374,7 @@ def _validate_host_local(ipam: Mapping[str, Any], path: FieldPath, issues: Issue
             "of {subnet, rangeStart, rangeEnd, gateway})",
         )
         return
-    seen: list[tuple[FieldPath, Network]] = []
+    located: list[tuple[FieldPath, Network]] = []
     for set_path, range_set in range_sets:
         families: set[int] = set()
         for j, rng in enumerate(range_set):
@@ -382,20 +383,61 @@ def _validate_host_local(ipam: Mapping[str, Any], path: FieldPath, issues: Issue
             if net is None:
                 continue
             families.add(net.version)
-            for other_path, other in seen:
-                if net.overlaps(other):
-                    issues.error(
-                        rpath / "subnet",
-                        f"{net} overlaps {other} at {other_path}; ranges must not overlap",
-                    )
-            seen.append((rpath, net))
+            located.append((rpath, net))
         if len(families) > 1:
             issues.error(
                 set_path,
                 "mixes IPv4 and IPv6 subnets in one range set; put each family "
                 "in its own range set",
             )
+    for i, j in _overlapping(located):
+        (rpath, net), (other_path, other) = located[i], located[j]
+        issues.error(
+            rpath / "subnet", f"{net} overlaps {other} at {other_path}; ranges must not overlap"
+        )
     _validate_routes(ipam.get("routes"), path / "routes", issues)
+
+
+def _overlapping(located: list[tuple[FieldPath, Network]]) -> list[tuple[int, int]]:
+    """(i, j) for each range i that overlaps a range j written before it, j the first such: one
+    sort and one sweep per address family, not a comparison of every pair. Two CIDR subnets
+    overlap exactly when one holds the other, so in the order of (start, larger first) the
+    subnets holding each one are the stack of those still open when it comes; what it holds
+    comes after it, before the stack closes it."""
+    found: list[tuple[int, int]] = []
+    for version in (4, 6):
+        spans = sorted(
+            (int(net.network_address), net.prefixlen, i, int(net.broadcast_address))
+            for i, (_, net) in enumerate(located)
+            if net.version == version
+        )
+        earliest_above: dict[int, int] = {}  # the first-written subnet holding it, or itself
+        earliest_below: dict[int, int] = {}  # the first-written subnet it holds, or itself
+        stack: list[tuple[int, int]] = []  # (end, index) of the open subnets, outermost first
+        for start, _, i, end in spans:
+            while stack and stack[-1][0] < start:
+                _close(stack, earliest_below)
+            above = earliest_above[stack[-1][1]] if stack else i
+            earliest_above[i] = min(above, i)
+            earliest_below[i] = i
+            stack.append((end, i))
+        while stack:
+            _close(stack, earliest_below)
+        for i, above in earliest_above.items():
+            # the one it overlaps that was written first: a range is reported once, against
+            # a range before it (of two equal ones, the second)
+            first = min(above, earliest_below[i])
+            if first < i:
+                found.append((i, first))
+    return sorted(found)
+
+
+def _close(stack: list[tuple[int, int]], earliest_below: dict[int, int]) -> None:
+    """The innermost open subnet is done: what it holds counts for the one holding it."""
+    _, i = stack.pop()
+    if stack:
+        parent = stack[-1][1]
+        earliest_below[parent] = min(earliest_below[parent], earliest_below[i])
 
 
 def _check_range(rng: Mapping[str, Any], path: FieldPath, issues: Issues) -> Network | None:

@@ -31,8 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from cnidra.api.constants import API_GROUP, API_VERSION
 from cnidra.api.issues import FieldPath, Issues, describe
 from cnidra.api.loading import LoadError, load_json
-from cnidra.api.merge import ConfigEntry, Source, applicable, merge_parameters, provenance
+from cnidra.api.merge import ConfigEntry, Source, applicable, last_set, provenance
 from cnidra.api.netconf import to_conflist
+from cnidra.api.parameters import bounds_problem
 from cnidra.api.policy import LabelSelector, governing_policy, is_policy
 
 NETWORK_KIND = "CNINetwork"
@@ -329,6 +330,11 @@ def _conflist(raw: Any, what: str, default_name: str) -> dict[str, Any] | Unreso
             return Unresolved(str(exc))
     if not isinstance(raw, dict):
         return Unresolved(f"{what} must hold a JSON object, got {describe(raw)}")
+    # the one set of bounds, as for a config written in a claim (it takes its place there),
+    # checked once per network rather than by each request that references it
+    problem = bounds_problem({"config": raw})
+    if problem:
+        return Unresolved(f"{what} {problem}")
     return to_conflist(raw if "name" in raw else {"name": default_name, **raw})
 
 
@@ -362,11 +368,15 @@ class Expansion:
 
 def reference_of(entries: Sequence[ConfigEntry], request: str) -> tuple[Any, FieldPath] | None:
     chosen = [e for e in applicable(entries, request) if not is_policy(e.parameters)]
-    merged = merge_parameters(chosen)
-    if merged.get("network") is None:
+    return _reference(chosen)
+
+
+def _reference(chosen: Sequence[ConfigEntry]) -> tuple[Any, FieldPath] | None:
+    """The merged `network` of `chosen` and where it was set (no config is merged for it)."""
+    value = last_set(chosen, "network")
+    if value is None:
         return None
-    origin = provenance(chosen, "network")
-    return merged["network"], origin or FieldPath()
+    return value, provenance(chosen, "network") or FieldPath()
 
 
 def expand_network(
@@ -381,9 +391,9 @@ def expand_network(
 ) -> Expansion:
     """Replace the request's `network` reference (or the network its allocated device stands
     for, `device_network`) by a config entry. Errors name the reference and what is allowed."""
-    found = reference_of(entries, request)
     chosen = [e for e in applicable(entries, request) if not is_policy(e.parameters)]
-    has_config = merge_parameters(chosen).get("config") is not None
+    found = _reference(chosen)
+    has_config = last_set(chosen, "config") is not None
     if found is None and device_network is None:
         return Expansion(list(entries))
     stripped = [_without_network(e, request) for e in entries]

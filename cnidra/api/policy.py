@@ -323,7 +323,7 @@ class _Locked:
         self.below_order = 0
 
     def add(self, path: tuple[Any, ...], order: int, where: FieldPath) -> None:
-        """Configs are added in DRA order: the first to write a path is the one named."""
+        """One path; configs are added in DRA order: the first to write a path is named."""
         node = self
         node._passes(order, where)
         for key in _folded(path):
@@ -331,6 +331,22 @@ class _Locked:
             node._passes(order, where)
         if node.here is None:
             node.here, node.here_order = where, order
+
+    def write(self, value: Any, order: int, where: FieldPath) -> int:
+        """Every path `value` writes (`leaves`' paths, numbered from `order` in their order),
+        in one walk of it; returns the next number."""
+        self._passes(order, where)
+        if isinstance(value, Mapping) and value:
+            for key, item in value.items():
+                folded = key.lower() if isinstance(key, str) else key
+                child = self.children.get(folded)
+                if child is None:
+                    child = self.children[folded] = _Locked()
+                order = child.write(item, order, where)
+            return order
+        if self.here is None:
+            self.here, self.here_order = where, order
+        return order + 1
 
     def _passes(self, order: int, where: FieldPath) -> None:
         if self.below is None:
@@ -341,10 +357,10 @@ class _Locked:
         path inside it; None when none does."""
         found: tuple[int, FieldPath] | None = None
         node = self
-        for key in _folded(path):
+        for key in path:
             if node.here is not None and (found is None or node.here_order < found[0]):
                 found = (node.here_order, node.here)
-            child = node.children.get(key)
+            child = node.children.get(key.lower() if isinstance(key, str) else key)
             if child is None:
                 return found[1] if found else None
             node = child
@@ -377,15 +393,12 @@ def check_claim(
     verdict = governing_policy(class_entries, namespace, labels, issues)
     rules = verdict.policy.claims if verdict.covered and verdict.policy else NO_RULES
     why = f" ({verdict.reason})" if verdict.reason else ""
-    locked = _Locked()
-    written = (
-        (p, e.path)
-        for e in class_entries
-        if not is_policy(e.parameters)
-        for p, _ in leaves({k: v for k, v in e.parameters.items() if k not in CNICONFIG_KEYS})
-    )
-    for order, (p, where) in enumerate(written):
-        locked.add(p, order, where)
+    locked = _Locked()  # what the class's configs write, each path numbered in DRA order
+    order = 0
+    for e in class_entries:
+        if not is_policy(e.parameters):
+            written = {k: v for k, v in e.parameters.items() if k not in CNICONFIG_KEYS}
+            order = locked.write(written, order, e.path)
     for entry in claim_entries:
         params = {k: v for k, v in entry.parameters.items() if k not in CNICONFIG_KEYS}
         if not params:  # e.g. only a network reference, which has been put in place

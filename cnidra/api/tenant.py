@@ -24,6 +24,8 @@ cniVersion, dataDir, runtimeConfig, prevResult) written by the driver, in their 
 from __future__ import annotations
 
 import ipaddress
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -92,8 +94,9 @@ def ambiguities(value: Any, path: FieldPath, issues: Issues) -> None:
 
 
 def written_by(raw: Path, admin: frozenset[Path]) -> bool:
-    """Whether the path lies in what the admin wrote (at or below one of `admin`'s paths)."""
-    return any(raw[: len(p)] == p for p in admin)
+    """Whether the path lies in what the admin wrote (at or below one of `admin`'s paths): a
+    lookup of each of its prefixes, whatever the number of paths the admin wrote."""
+    return bool(admin) and any(raw[:n] in admin for n in range(len(raw) + 1))
 
 
 # ------------------------------------------------------------------ schema walking
@@ -344,7 +347,8 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 def address_outside(text: str, allowed: Sequence[Network]) -> bool | None:
     """Whether an address (or subnet) lies outside every allowed range; None: not an address
-    (the validator says so). An IPv4-mapped IPv6 address is the IPv4 one, as Go reads it."""
+    (the validator says so). An IPv4-mapped IPv6 address is the IPv4 one, as Go reads it.
+    One lookup per prefix length the ranges use, however many ranges are allowed."""
     try:
         net = ipaddress.ip_network(text, strict=False)
     except ValueError:
@@ -352,10 +356,40 @@ def address_outside(text: str, allowed: Sequence[Network]) -> bool | None:
     if isinstance(net, ipaddress.IPv6Network) and net.network_address.ipv4_mapped is not None:
         mapped = net.network_address.ipv4_mapped
         net = ipaddress.ip_network(f"{mapped}/{max(net.prefixlen - 96, 0)}", strict=False)
+    by_length = _ranges(allowed).get(net.version, {})
+    start = int(net.network_address)
     return not any(
-        net.version == a.version and net.subnet_of(a)  # type: ignore[arg-type]
-        for a in allowed
+        length <= net.prefixlen and start >> (net.max_prefixlen - length) in prefixes
+        for length, prefixes in by_length.items()
     )
+
+
+# The allowed ranges of a policy by address family and prefix length, each as the set of its
+# networks' leading bits; kept for the few policies judged last (the same list object is asked
+# about every address of a network), each with the list it was made from.
+_RangeIndex = dict[int, dict[int, set[int]]]
+_INDEXED: OrderedDict[int, tuple[Sequence[Network], _RangeIndex]] = OrderedDict()
+_INDEXED_MAX = 16
+_INDEXED_LOCK = threading.Lock()
+
+
+def _ranges(allowed: Sequence[Network]) -> _RangeIndex:
+    with _INDEXED_LOCK:
+        known = _INDEXED.get(id(allowed))
+        if known is not None and known[0] is allowed:
+            _INDEXED.move_to_end(id(allowed))
+            return known[1]
+    index: _RangeIndex = {}
+    for a in allowed:
+        lengths = index.setdefault(a.version, {})
+        lengths.setdefault(a.prefixlen, set()).add(
+            int(a.network_address) >> (a.max_prefixlen - a.prefixlen)
+        )
+    with _INDEXED_LOCK:
+        _INDEXED[id(allowed)] = (allowed, index)
+        while len(_INDEXED) > _INDEXED_MAX:
+            _INDEXED.popitem(last=False)
+    return index
 
 
 # ------------------------------------------------------------------ decoding
@@ -374,7 +408,7 @@ def decode_network(
     everything at once, but never run an invalid one.
     `config` is a conf or a conflist object (a JSON string is parsed before, by the one strict
     reader, `cnidra.api.parameters`)."""
-    before = len(issues.errors)
+    before = issues.error_count
     ambiguities(config, path, issues)
     walk = _Walk(issues, admin, opened or {})
     common = _common_props()
@@ -412,7 +446,7 @@ def decode_network(
         if "args" in plugin and not walk.is_admin((*raw, "args")):
             _decode_args(plugin["args"], walk, ptype, (*raw, "args"), where / "args")
         plugins.append(TenantPlugin(ptype, {k: v for k, v in plugin.items()}, where, raw, ipam))
-    return TenantNetwork(config, tuple(plugins), admin, valid=len(issues.errors) == before)
+    return TenantNetwork(config, tuple(plugins), admin, valid=issues.error_count == before)
 
 
 @cache

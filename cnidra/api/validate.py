@@ -6,22 +6,26 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
+import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar, cast
 
 from pydantic import ValidationError
 
 from cnidra.api.constants import (
     API_VERSION,
+    DEFAULT_MAX_ATTACHMENTS,
     DRIVER_NAME,
     KIND,
     LEGACY_KIND,
     RESOURCE_API_VERSIONS,
 )
 from cnidra.api.ipam import POOL_KIND, PoolError, cnidra_ipam, pool_from_object
-from cnidra.api.issues import ROOT, FieldPath, Issue, Issues, Severity, describe
+from cnidra.api.issues import ROOT, FieldPath, Issue, Issues, describe, listing
 from cnidra.api.loading import LoadError, load_json
 from cnidra.api.merge import ConfigEntry, Source, applicable, merge_parameters, provenance
 from cnidra.api.naming import NamingError, Slot, assign_names, prefix_problem
@@ -51,6 +55,15 @@ def is_dns_label(value: object) -> TypeGuard[str]:
 
 
 _OLD_DRIVER_NAMES = ("cni.dra.networking.k8s.io", "poc.dra.networking")
+# DRA's bounds on a claim (k8s.io/api/resource/v1: DeviceRequestsMaxSize, DeviceConfigMaxSize,
+# FirstAvailableDeviceRequestMaxSize); the apiserver refuses more, so does cnidra validate, and
+# what is judged stays within them whatever a file holds
+MAX_REQUESTS = 32
+MAX_CONFIGS = 32
+MAX_SUBREQUESTS = 8
+# the most --max-attachments-per-pod allows: a pod's interfaces are named up to this many
+MAX_POD_INTERFACES = 64
+MAX_HINTED = 64  # classes a "did you mean" looks through
 
 
 @dataclass
@@ -99,7 +112,7 @@ def parse_parameters(
 ) -> CNIConfig | None:
     """Check one CNIConfig object; None when it has errors. `network` False leaves its CNI
     config to a later check (a claim's, checked once merged with its class's)."""
-    before = len(issues.errors)
+    before = issues.error_count
     params = read_parameters(params, path, issues)
     if params is None:
         return None
@@ -148,7 +161,7 @@ def parse_parameters(
         )
     if isinstance(config, dict):
         _cross_check(params, config, path, issues)
-    if len(issues.errors) > before or model is None:
+    if issues.error_count > before or model is None:
         return None
     if isinstance(config, dict):
         return model.model_copy(update={"config": config})
@@ -266,17 +279,23 @@ def check_request(
     """What the claim asks, its named network (cnidra.api.networks) put in place, checked
     against its class's CNIPolicy (cnidra.api.policy), then merged and validated as complete.
     `class_known` False (offline, the DeviceClass not given) skips the policy with a warning."""
-    before = len(issues.errors)
+    before = issues.error_count
     expansion = expand_network(
         entries, request, namespace, labels, catalog, issues, where, device_network
     )
-    if len(issues.errors) > before:
+    if issues.error_count > before:
         return None
     entries = expansion.entries
     chosen = applicable(entries, request)
     if class_known:
         networks = [e for e in chosen if not is_policy(e.parameters)]
-        check_claim(chosen, merge_parameters(networks), namespace, labels, issues)
+        _once(
+            "policy",
+            chosen,
+            (namespace, None if labels is None else sorted(labels.items())),
+            issues,
+            lambda told: check_claim(chosen, merge_parameters(networks), namespace, labels, told),
+        )
     elif any(e.source is Source.CLAIM for e in chosen):
         issues.warn(
             where,
@@ -288,7 +307,75 @@ def check_request(
     resolved = resolve_request(entries, request, issues, where)
     if resolved is not None:
         resolved.network = expansion.network
-    return resolved if len(issues.errors) == before else None
+    return resolved if issues.error_count == before else None
+
+
+class _Judged:
+    """What was judged within one `judged_once()` block."""
+
+    def __init__(self) -> None:
+        self.results: dict[tuple[str, bytes], tuple[Any, tuple[Issue, ...]]] = {}
+        # the digest of each config's parameters by the object's identity, the object kept
+        # with it (so no other object gets its id while the block lasts)
+        self.digests: dict[int, tuple[Any, bytes]] = {}
+
+    def digest(self, value: Any) -> bytes:
+        known = self.digests.get(id(value))
+        if known is None:
+            known = (value, _digest(value))
+            self.digests[id(value)] = known
+        return known[1]
+
+
+def _digest(value: Any) -> bytes:
+    return hashlib.sha256(repr(value).encode("utf-8", "surrogatepass")).digest()
+
+
+_JUDGED: ContextVar[_Judged | None] = ContextVar("cnidra_judged", default=None)
+T = TypeVar("T")
+
+
+@contextmanager
+def judged_once() -> Iterator[None]:
+    """Within it, the policy's judgement of a request's configs and the validation of their
+    merge run once per distinct input: a claim whose requests (up to 32, each with up to 8
+    subrequests) share one config costs one judgement of it, not one per request. Exact: the
+    key is the digest of the input's whole text (`repr`, as `VerdictCache`'s), each config's
+    computed once; the result and every issue reported are handed out again as reported. For
+    one judgement (a set of documents, a claim): the inputs must not change while it lasts,
+    and what it keeps lives as long as the block."""
+    if _JUDGED.get() is not None:
+        yield
+        return
+    token = _JUDGED.set(_Judged())
+    try:
+        yield
+    finally:
+        _JUDGED.reset(token)
+
+
+def _once(
+    kind: str,
+    entries: Sequence[ConfigEntry],
+    extra: Any,
+    issues: Issues,
+    judge: Callable[[Issues], T],
+) -> T:
+    """`judge(issues)`; within `judged_once()`, its result for the same input (`entries`, each
+    config's source, path and parameters, and `extra`) is handed out again."""
+    memo = _JUDGED.get()
+    if memo is None:
+        return judge(issues)
+    judged = (extra, [(str(e.source), e.path.segments, memo.digest(e.parameters)) for e in entries])
+    key = (kind, _digest(judged))
+    found = memo.results.get(key)
+    if found is None:
+        told = Issues()
+        found = (judge(told), tuple(told.items))
+        memo.results[key] = found
+    value, told_items = found
+    issues.extend(told_items)
+    return cast(T, value)
 
 
 class VerdictCache:
@@ -297,18 +384,19 @@ class VerdictCache:
     prepare's CPU after the claim's GET) then run once per distinct config, not once per pod.
 
     Exact, never a weaker check: the key is a digest of everything the verdict reads (the
-    request, the namespace and its labels, the anchor path, and each config's source, requests,
-    path and parameters, in their written order), over their `repr`, which for JSON data (all
-    a claim holds) tells apart every two values Python and the plugins could read differently
-    (a list from a tuple, 1 from 1.0 from True, key order); a config that differs in any byte is
-    judged anew. What is cached is the verdict and every issue it reported, handed out again as
-    reported. Named networks (a catalog, a network device) are read afresh at every prepare, so
-    a request that references one is never cached.
+    request, the namespace and its labels, the anchor path, and each config that applies to the
+    request with its source, requests, path and parameters, in DRA order), over their `repr`,
+    which for JSON data (all a claim holds) tells apart every two values Python and the plugins
+    could read differently (a list from a tuple, 1 from 1.0 from True, key order); a config that
+    differs in any byte is judged anew. What is cached is the verdict and every issue it
+    reported, handed out again as reported. Named networks (a catalog, a network device) are
+    read afresh at every prepare, so a request that references one is never cached.
 
     Bounded, whatever tenants write: at most `size` verdicts (least recently used dropped), and
     configs whose key text exceeds `max_key_chars` (real ones are a few KiB; a config may be
-    64 KiB, cnidra.api.parameters) are judged every time, not kept. Not thread-safe: one per
-    event loop."""
+    64 KiB, cnidra.api.parameters) are judged every time, not kept. Safe to use from worker
+    threads (prepare judges in them): the table is behind a lock, held only to look up and to
+    keep, never while judging (two threads may judge one config at once; one verdict is kept)."""
 
     def __init__(self, size: int = 128, max_key_chars: int = 16 * 1024) -> None:
         self.size = size
@@ -318,9 +406,11 @@ class VerdictCache:
         )
         self.hits = 0
         self.misses = 0
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._verdicts)
+        with self._lock:
+            return len(self._verdicts)
 
     def check_request(
         self,
@@ -338,13 +428,17 @@ class VerdictCache:
         key = None
         if catalog is None and device_network is None:
             key = self._key(entries, request, namespace, labels, where, class_known)
-        found = self._verdicts.get(key) if key is not None else None
-        if found is not None:
-            self.hits += 1
-            assert key is not None
-            self._verdicts.move_to_end(key)
-        else:
-            self.misses += 1
+        found = None
+        with self._lock:
+            if key is not None:
+                found = self._verdicts.get(key)
+            if found is not None:
+                self.hits += 1
+                assert key is not None
+                self._verdicts.move_to_end(key)
+            else:
+                self.misses += 1
+        if found is None:
             told = Issues()
             resolved = check_request(
                 entries,
@@ -359,9 +453,10 @@ class VerdictCache:
             )
             found = (resolved, tuple(told.items))
             if key is not None:
-                self._verdicts[key] = found
-                while len(self._verdicts) > self.size:
-                    self._verdicts.popitem(last=False)
+                with self._lock:
+                    self._verdicts[key] = found
+                    while len(self._verdicts) > self.size:
+                        self._verdicts.popitem(last=False)
         resolved, told_items = found
         issues.extend(told_items)
         # a copy: callers set attributes of theirs (the request's interface name, its slot)
@@ -383,7 +478,11 @@ class VerdictCache:
                 None if labels is None else sorted(labels.items()),
                 where.segments,
                 class_known,
-                [(str(e.source), e.requests, e.path.segments, e.parameters) for e in entries],
+                # the configs that apply to the request, in DRA order: all the verdict reads
+                [
+                    (str(e.source), e.requests, e.path.segments, e.parameters)
+                    for e in applicable(entries, request)
+                ],
             )
         )
         if len(text) > self.max_key_chars:
@@ -408,11 +507,15 @@ def resolve_request(
         )
         return None
     inner = Issues()
-    model = parse_parameters(merged, ROOT, inner, complete=True)
-    for issue in inner.items:
-        issues.items.append(
-            Issue(_attribute(issue.path, chosen, anchor), issue.message, issue.severity)
-        )
+    model = _once(  # the merge of the configs, validated
+        "network",
+        chosen,
+        None,
+        inner,
+        lambda told: parse_parameters(merged, ROOT, told, complete=True),
+    )
+    for issue in inner.items:  # an Omitted line keeps its count
+        issues.add(replace(issue, path=_attribute(issue.path, chosen, anchor)))
     if model is None:
         return None
     return ResolvedRequest(request, model, list(chosen))
@@ -439,6 +542,15 @@ def claim_entries(
     if not isinstance(configs, list):
         issues.error(base / "config", f"must be a list, got {describe(configs)}")
         return []
+    if len(configs) > MAX_CONFIGS:
+        issues.error(
+            base / "config",
+            f"has {len(configs):,} configs; DRA allows at most {MAX_CONFIGS} (the apiserver "
+            "refuses more); the rest are not checked",
+        )
+        configs = configs[:MAX_CONFIGS]
+    parents = {n.split("/", 1)[0] for n in request_names}
+    known = listing(sorted(request_names)) or "none"
     entries: list[ConfigEntry] = []
     for i, cfg in enumerate(configs):
         cpath = base / "config" / i
@@ -451,10 +563,8 @@ def claim_entries(
                 cpath / "requests", f"must be a list of request names, got {describe(requests)}"
             )
             requests = []
-        parents = {n.split("/", 1)[0] for n in request_names}
         for j, name in enumerate(requests):
             if source is Source.CLAIM and name not in request_names and name not in parents:
-                known = ", ".join(sorted(request_names)) or "none"
                 issues.error(
                     cpath / "requests" / j,
                     f"names request {name!r}, which spec.devices.requests does not define; "
@@ -475,9 +585,9 @@ def claim_entries(
         ppath = cpath / "opaque" / "parameters"
         # read once (bounds, a JSON-string config parsed): the policy and the validator judge
         # this form, and it is what reaches the plugins
-        before = len(issues.errors)
+        before = issues.error_count
         params = read_parameters(opaque.get("parameters"), ppath, issues)
-        if len(issues.errors) > before:
+        if issues.error_count > before:
             continue
         if isinstance(params, dict) and is_policy(params):
             if source is Source.CLASS:
@@ -504,6 +614,13 @@ def _requests(devices: Mapping[str, Any], base: FieldPath, issues: Issues) -> li
     if not isinstance(raw, list) or not raw:
         issues.error(base / "requests", "must list at least one device request")
         return []
+    if len(raw) > MAX_REQUESTS:
+        issues.error(
+            base / "requests",
+            f"has {len(raw):,} requests; DRA allows at most {MAX_REQUESTS} (the apiserver "
+            "refuses more); the rest are not checked",
+        )
+        raw = raw[:MAX_REQUESTS]
     out: list[Request] = []
     for i, req in enumerate(raw):
         rpath = base / "requests" / i
@@ -521,6 +638,13 @@ def _requests(devices: Mapping[str, Any], base: FieldPath, issues: Issues) -> li
         exactly: dict[str, Any] = req["exactly"] if isinstance(req.get("exactly"), dict) else req
         alternatives = req.get("firstAvailable")
         if isinstance(alternatives, list):
+            if len(alternatives) > MAX_SUBREQUESTS:
+                issues.error(
+                    rpath / "firstAvailable",
+                    f"has {len(alternatives):,} subrequests; DRA allows at most "
+                    f"{MAX_SUBREQUESTS} (the apiserver refuses more); the rest are not checked",
+                )
+                alternatives = alternatives[:MAX_SUBREQUESTS]
             for j, sub in enumerate(alternatives):
                 if isinstance(sub, dict) and isinstance(sub.get("name"), str):
                     out.append(
@@ -565,10 +689,11 @@ def validate_documents(
     catalog = catalog_of([*policy_docs, *docs])
     labels = namespace_labels or {}
     strict = bool(given)  # the cluster's classes given: one not among them is a mistake
-    reports = [
-        validate_document(doc, i, classes, labels, catalog, strict_classes=strict)
-        for i, doc in enumerate(docs)
-    ]
+    with judged_once():
+        reports = [
+            validate_document(doc, i, classes, labels, catalog, strict_classes=strict)
+            for i, doc in enumerate(docs)
+        ]
     _name_pods_interfaces(docs, reports)
     return reports
 
@@ -612,9 +737,17 @@ def _name_pods_interfaces(docs: Sequence[Any], reports: Sequence[DocumentReport]
                 continue
             name, claim = found
             for resolved in claim.resolved:
-                if resolved.slot is not None:
+                if resolved.slot is not None and len(slots) <= MAX_POD_INTERFACES:
                     slots.append(replace(resolved.slot, owner=f"{name} {resolved.slot.owner}"))
                     where.append(path)
+        if len(slots) > MAX_POD_INTERFACES:
+            report.issues.error(
+                base / "resourceClaims",
+                f"its claims give the pod more than {MAX_POD_INTERFACES} cnidra interfaces; "
+                f"prepare refuses more than --max-attachments-per-pod ({DEFAULT_MAX_ATTACHMENTS} "
+                f"by default, at most {MAX_POD_INTERFACES})",
+            )
+            continue
         try:
             assign_names(slots)
         except NamingError as exc:
@@ -760,7 +893,6 @@ def validate_document(
             f"CNIConfig, {NETWORK_KIND}, {POOL_KIND}, {NAD_KIND} and the claims of a Pod (or a "
             f"workload's pod template), not {describe(doc.get('kind'))}",
         )
-    _dedupe(issues)
     return report
 
 
@@ -837,12 +969,14 @@ def _validate_claim(
         known = (req.device_class or "") in classes
         mine = bool(applicable(own, req.name))
         if strict_classes and not known and (mine or _looks_ours(req.device_class)):
-            close = difflib.get_close_matches(str(req.device_class), list(classes), n=1)
+            # a near name among a few classes (a hint's cost grows with the classes given)
+            few = list(classes) if len(classes) <= MAX_HINTED else []
+            close = difflib.get_close_matches(str(req.device_class), few, n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
             issues.error(
                 req.fields / "deviceClassName",
                 f"DeviceClass {describe(req.device_class)} is not among the classes given "
-                f"({', '.join(sorted(classes))}){hint}",
+                f"({listing(sorted(classes))}){hint}",
             )
             continue
         if not known and not mine:
@@ -862,8 +996,11 @@ def _validate_claim(
         )
         if resolved is not None:
             out.append(resolved)
-    for entry in own:  # one naming no request of the claim still has its own problems told
-        if entry.requests and not any(entry.applies_to(r.name) for r in requests):
+    # a config naming no request of the claim still has its own problems told (a request
+    # `main/sub` takes the configs naming it or `main`)
+    named = {r.name for r in requests} | {r.name.split("/", 1)[0] for r in requests}
+    for entry in own:
+        if entry.requests and named.isdisjoint(entry.requests):
             _check_alone(entry, issues)
     for resolved in out:
         resolved.slot = request_slot(resolved, f"request {resolved.request!r}")
@@ -917,22 +1054,21 @@ def _looks_ours(device_class: Any) -> bool:
 
 
 def _ours(doc: Mapping[str, Any], classes: Mapping[str, list[ConfigEntry]]) -> bool:
-    """Whether a claim has anything of cnidra's: a config of its driver or a known class."""
-    text = repr(doc)
-    return DRIVER_NAME in text or any(f"'{name}'" in text for name in classes)
+    """Whether a claim has anything of cnidra's: a config of its driver (its name anywhere in
+    the claim) or a known class (a string of the claim that is one's name); one walk."""
+    stack: list[Any] = [doc]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and (DRIVER_NAME in item or item in classes):
+            return True
+    return False
 
 
 def request_slot(resolved: ResolvedRequest, owner: str) -> Slot:
     """How a resolved request's interface is named (cnidra.api.naming)."""
     return Slot(owner, resolved.config.if_name, resolved.config.if_name_prefix)
-
-
-def _dedupe(issues: Issues) -> None:
-    seen: set[tuple[str, str, Severity]] = set()
-    unique = []
-    for issue in issues.items:
-        key = (str(issue.path), issue.message, issue.severity)
-        if key not in seen:
-            seen.add(key)
-            unique.append(issue)
-    issues.items = unique

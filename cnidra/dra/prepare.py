@@ -37,7 +37,7 @@ from cnidra.api.networks import (
 from cnidra.api.nodes import NodeView, named_nodes, selects
 from cnidra.api.ownership import PrivateDirs
 from cnidra.api.refs import ObjectRef
-from cnidra.api.validate import VerdictCache
+from cnidra.api.validate import VerdictCache, judged_once
 from cnidra.cni.attach import Attachment
 from cnidra.dra.claim import ALLOCATION_CONFIG, AllocatedClaim, ClaimShapeError, read_claim
 from cnidra.dra.resolve import Device, resolve_attachment
@@ -45,10 +45,17 @@ from cnidra.ipam.allocator import AllocationError, Allocator
 from cnidra.observe.logs import fields
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
 from cnidra.status.metadata import DeviceMetadata, base_request
+from cnidra.util.aio import wait_set
 from cnidra.util.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
 APISERVER_SLOTS = 32
+# A claim's judgement (the pure resolve_claim: policy, validation, binding) runs in a worker
+# thread, at most JUDGE_SLOTS claims at once, so no claim stalls the event loop and with it the
+# node's other pods; one that takes longer than JUDGE_BUDGET_S fails alone (its thread ends on
+# its own: the judgement is linear in the claim's size, docs/security.md).
+JUDGE_SLOTS = 2
+JUDGE_BUDGET_S = 2.0
 
 
 class PrepareError(Exception):
@@ -264,6 +271,7 @@ class Preparer:
         metadata: DeviceMetadata | None = None,
         networks: NetworkLookup | None = None,
         ipam: Allocator | None = None,
+        judge_budget: float = JUDGE_BUDGET_S,
     ) -> None:
         self.node = node
         self.claims = claims
@@ -277,6 +285,8 @@ class Preparer:
         self.ipam = ipam
         self._locks = KeyedLocks()
         self._apiserver_slots = asyncio.Semaphore(APISERVER_SLOTS)
+        self._judge_slots = asyncio.Semaphore(JUDGE_SLOTS)
+        self.judge_budget = judge_budget
         # the verdicts on configs judged before, and one copy of equal networks: a template's
         # pods share theirs
         self.verdicts = VerdictCache()
@@ -375,9 +385,41 @@ class Preparer:
         )
         if self.namespaces and selecting:  # a GET only when a policy or a network asks
             labels = await self.namespaces.labels(ref.namespace)
-        prepared = resolve_claim(
-            typed, ref, self.node, self.dirs, view, labels, catalog, device_networks, self.verdicts
-        )
+
+        def judge() -> PreparedClaim:
+            with judged_once():  # its requests' shared configs judged once
+                return resolve_claim(
+                    typed,
+                    ref,
+                    self.node,
+                    self.dirs,
+                    view,
+                    labels,
+                    catalog,
+                    device_networks,
+                    self.verdicts,
+                )
+
+        # off the loop, within the budget; a slot is held until the thread is done, even when
+        # the claim failed on its budget, so such threads never pile up
+        await self._judge_slots.acquire()
+        judged = asyncio.Event()
+
+        def done(finished: asyncio.Future[PreparedClaim]) -> None:
+            self._judge_slots.release()
+            judged.set()
+            if not finished.cancelled():
+                finished.exception()  # retrieved: one that ends past the budget is not "lost"
+
+        judging = asyncio.ensure_future(asyncio.to_thread(judge))
+        judging.add_done_callback(done)
+        if not await wait_set(judged, self.judge_budget):
+            raise PrepareError(
+                f"claim {ref}: judging its configs took longer than the budget of "
+                f"{self.judge_budget:g} s a claim may take, so it is refused; its configs are "
+                "too large to judge in time: make them smaller"
+            )
+        prepared = judging.result()
         return self.shared_networks.share(await self._addresses(prepared, typed))
 
     async def _addresses(self, prepared: PreparedClaim, claim: AllocatedClaim) -> PreparedClaim:
