@@ -36,7 +36,8 @@ class StateLayout:
 
     @property
     def ipam(self) -> Path:
-        """host-local's dataDir: one pool directory per owned network name."""
+        """host-local's dataDir (the admin's host-local networks: a claim's is refused), one pool
+        directory per owned network name; cnidra IPAM's blocks and leases are under `pools/`."""
         return self.root / "ipam"
 
     @property
