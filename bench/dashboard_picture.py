@@ -6,7 +6,9 @@
 The driver runs on the test bed with its defaults; a real Prometheus (hack/install-prometheus.sh,
 built from the Go module proxy) scrapes its /metrics every 5 s while pods come and go in waves
 through the real kubelet and containerd: pods on a macvlan network with cnidra IPAM that ping
-each other over it, and one pod whose network fails at ADD (to fill the failure panel). Then
+each other over it, and one pod whose network fails at ADD (to fill the failure panel; its
+address is the pool's too: a tenant's static address outside every CNIIPPool is refused at
+prepare, before any ADD, docs/ipam.md). Then
 every panel's own queries (charts/cnidra/dashboards/cnidra.json, `$node` = all,
 `$__rate_interval` = 30s) are asked of Prometheus over the run and drawn in the dashboard's
 layout with matplotlib (Grafana itself, a Node.js build, is not built here: the queries and the
@@ -26,6 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.pools import delete_pool, in_namespace
 from testbed import cluster as tb
 from testbed.harness import ROOT, Cluster, DriverProcess
 
@@ -77,7 +80,6 @@ def objects(namespace: str, parent: str) -> list[dict[str, Any]]:
         }
 
     ipam = {"type": "cnidra", "pool": f"dash-{namespace}"}
-    static = {"type": "static", "addresses": [{"address": "198.18.171.2/24"}]}
     return [
         {
             "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
@@ -90,8 +92,18 @@ def objects(namespace: str, parent: str) -> list[dict[str, Any]]:
             {"type": "macvlan", "mode": "bridge", "ipam": ipam},
         ),
         # fails at ADD: an MTU above its parent's
-        template("broken", {"type": "macvlan", "mode": "bridge", "mtu": 65000, "ipam": static}),
+        template("broken", {"type": "macvlan", "mode": "bridge", "mtu": 65000, "ipam": ipam}),
     ]  # fmt: skip
+
+
+def policy_samples() -> list[dict[str, Any]]:
+    """What the run sends, for tests/bench's check against the shipped policy."""
+    return in_namespace(
+        "dash-ns",
+        *objects("dash-ns", "dsh0"),
+        pod("broken-0", "broken", talk=False),
+        pod("w0-0", "storage", talk=True),
+    )
 
 
 def pod(name: str, template: str, talk: bool) -> dict[str, Any]:
@@ -249,7 +261,7 @@ def main() -> None:
             bed.kubectl(
                 "delete", "namespace", namespace, "--wait=true", "--timeout=120s", check=False
             )
-            bed.kubectl("delete", "cniippool", f"dash-{namespace}", check=False)
+            delete_pool(bed, f"dash-{namespace}")  # with the node's blocks in it
             driver.stop()
             subprocess.run(["ip", "link", "del", parent], check=False, capture_output=True)
 

@@ -5,10 +5,18 @@
 prepare   NodePrepareResources latency over gRPC, as kubelet calls it, with the claims already
           in the driver's watch cache: 1 claim per call and 100 claims per call (p50/p99).
 memory    the driver's resident memory idle and with 1000 prepared claims.
-hook      time inside the RunPodSandbox hook per pod, 1 and 3 attachments (macvlan +
-          host-local), next to the raw CNI time of the same plugins exec'd directly.
+hook      time inside the RunPodSandbox hook per pod, 1 and 3 attachments (macvlan), next to
+          the raw CNI time of macvlan + host-local exec'd directly.
 pod-ready creation-to-Ready latency of N pods created at once, with and without a cnidra
           attachment (p50/p99/max).
+
+The claims' networks take their addresses from cnidra's cluster IPAM (host-local written by a
+claim is refused; bench/pools.py): CNIIPPools made for the run, 198.18.32.0/19 for the
+prepared claims and 198.18.100.0/24 to 198.18.102.0/24 for the pods' attachments, deleted after
+it. So prepare now includes the allocation (a lease file written and fsynced per address, and a
+block LIST and CREATE each time the node's blocks of 16 are full), and inside the hook the
+plugins run macvlan with the static IPAM plugin prepare wrote them, where before they ran
+host-local; the raw side still execs macvlan + host-local, as a node without cnidra would.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from typing import Any
 import grpc
 import yaml
 
+from bench.pools import cnidra_ipam, delete_pool, in_namespace, pool_name, pool_object
 from bench.profile import profiled
 from cnidra._proto.dra.v1 import api_pb2 as dra
 from cnidra._proto.dra.v1 import api_pb2_grpc as dra_grpc
@@ -37,6 +46,8 @@ from testbed.harness import ROOT, Cluster, DriverProcess
 
 DRIVER = "cni.dra.networking.x-k8s.io"
 NODE = tb.NODE
+PREPARE_SUBNET = "198.18.32.0/19"  # --claims prepared at once: 8192 addresses
+READY_SUBNETS = [f"198.18.{100 + a}.0/24" for a in range(3)]  # the pods' attachments
 
 
 def pct(values: list[float], q: float) -> float:
@@ -74,7 +85,9 @@ def claim_gets(driver: DriverProcess) -> float:
     )
 
 
-def fake_allocated_claims(namespace: str, count: int, parent: str) -> list[dict[str, Any]]:
+def fake_allocated_claims(
+    namespace: str, count: int, parent: str, pool: str
+) -> list[dict[str, Any]]:
     """Claims with an allocation and a reserving pod, written as the scheduler would."""
     claims = []
     for i in range(count):
@@ -107,10 +120,7 @@ def fake_allocated_claims(namespace: str, count: int, parent: str) -> list[dict[
                                                 {
                                                     "type": "macvlan",
                                                     "master": parent,
-                                                    "ipam": {
-                                                        "type": "host-local",
-                                                        "ranges": [[{"subnet": "198.18.64.0/18"}]],
-                                                    },
+                                                    "ipam": cnidra_ipam(pool),
                                                 }
                                             ],
                                         },
@@ -232,7 +242,9 @@ def prepare_latency(
 
 
 def raw_cni_ms(plugins_dir: str, parent: str, attachments: int, rounds: int) -> dict[str, float]:
-    """ADD of the same macvlan + host-local conflist, the plugin binaries exec'd directly."""
+    """ADD of macvlan + host-local, the plugin binaries exec'd directly: what a node runs
+    without cnidra (cnidra's hook runs macvlan with the static addresses its pool gave at
+    prepare)."""
 
     def run(command: str, container: str, pod: str, index: int, data_dir: str) -> None:
         conf = {
@@ -275,72 +287,68 @@ def raw_cni_ms(plugins_dir: str, parent: str, attachments: int, rounds: int) -> 
     return summary(times)
 
 
+def ready_template(parent: str, attachments: int, pools: list[str]) -> dict[str, Any]:
+    """The pods' ResourceClaimTemplate: `attachments` requests of a macvlan on `parent`,
+    request n{a} addressed from `pools[a]`."""
+    requests = [
+        {
+            "name": f"n{a}",
+            "exactly": {
+                "deviceClassName": "cni.networking.x-k8s.io",
+                "selectors": [
+                    {"cel": {"expression": f'device.attributes["{DRIVER}"].ifName == "{parent}"'}}
+                ],
+            },
+        }
+        for a in range(attachments)
+    ]
+    config = [
+        {
+            "requests": [f"n{a}"],
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+                    "kind": "CNIConfig",
+                    "ifName": f"net{a + 1}",
+                    "config": {
+                        "cniVersion": "1.1.0",
+                        "name": f"ready{a}",
+                        "plugins": [
+                            {"type": "macvlan", "master": parent, "ipam": cnidra_ipam(pools[a])}
+                        ],
+                    },
+                },
+            },
+        }
+        for a in range(attachments)
+    ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "net"},
+        "spec": {"spec": {"devices": {"requests": requests, "config": config}}},
+    }
+
+
 def pods_ready(
     bed: Cluster,
     namespace: str,
     parent: str | None,
     count: int,
     attachments: int,
+    pools: list[str] | None = None,
     name_prefix: str = "p",
     with_template: bool = True,
 ) -> dict[str, Any]:
+    """`count` pods at once; with a `parent`, a claim each of `attachments` macvlans on it,
+    the one of request n{a} addressed from `pools[a]`."""
     docs: list[dict[str, Any]] = []
     claims: list[dict[str, Any]] = []
     if parent:
         claims = [{"name": "net", "resourceClaimTemplateName": "net"}]
     if parent and with_template:
-        requests = [
-            {
-                "name": f"n{a}",
-                "exactly": {
-                    "deviceClassName": "cni.networking.x-k8s.io",
-                    "selectors": [
-                        {
-                            "cel": {
-                                "expression": f'device.attributes["{DRIVER}"].ifName == "{parent}"'
-                            }
-                        }
-                    ],
-                },
-            }
-            for a in range(attachments)
-        ]
-        config = [
-            {
-                "requests": [f"n{a}"],
-                "opaque": {
-                    "driver": DRIVER,
-                    "parameters": {
-                        "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
-                        "kind": "CNIConfig",
-                        "ifName": f"net{a + 1}",
-                        "config": {
-                            "cniVersion": "1.1.0",
-                            "name": f"ready{a}",
-                            "plugins": [
-                                {
-                                    "type": "macvlan",
-                                    "master": parent,
-                                    "ipam": {
-                                        "type": "host-local",
-                                        "ranges": [[{"subnet": f"198.18.{100 + a}.0/24"}]],
-                                    },
-                                }
-                            ],
-                        },
-                    },
-                },
-            }
-            for a in range(attachments)
-        ]
-        docs.append(
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaimTemplate",
-                "metadata": {"name": "net"},
-                "spec": {"spec": {"devices": {"requests": requests, "config": config}}},
-            }
-        )
+        docs.append(ready_template(parent, attachments, pools or []))
     for i in range(count):
         spec: dict[str, Any] = {
             "terminationGracePeriodSeconds": 1,
@@ -398,27 +406,62 @@ def hook_times(driver: DriverProcess, namespace: str) -> list[float]:
     return [float(m[1]) for m in re.finditer(pattern, driver.log.read_text(errors="replace"))]
 
 
-def one_at_a_time(bed: Cluster, namespace: str, parent: str, count: int, attachments: int) -> None:
+def one_at_a_time(
+    bed: Cluster, namespace: str, parent: str, count: int, attachments: int, pools: list[str]
+) -> None:
     for i in range(count):
         pods_ready(
-            bed, namespace, parent, 1, attachments, name_prefix=f"s{i:02d}-", with_template=i == 0
+            bed,
+            namespace,
+            parent,
+            1,
+            attachments,
+            pools,
+            name_prefix=f"s{i:02d}-",
+            with_template=i == 0,
         )
 
 
-def namespace(bed: Cluster) -> str:
-    name = f"bench-{uuid.uuid4().hex[:6]}"
+def namespace(bed: Cluster, name: str = "") -> str:
+    name = name or f"bench-{uuid.uuid4().hex[:6]}"
     bed.kubectl("create", "namespace", name)
     return name
 
 
+def make_pool(bed: Cluster, made: list[str], subnet: str, namespaces: list[str]) -> str:
+    """A CNIIPPool of `subnet` serving `namespaces`, its name added to `made` (deleted at the
+    end, once the driver is stopped)."""
+    name = pool_name("driver_latency")
+    made.append(name)
+    bed.apply(pool_object(name, subnet, namespaces))
+    return name
+
+
+def policy_samples() -> list[dict[str, Any]]:
+    """What the run sends, for tests/bench's check against the shipped policy."""
+    return [
+        pool_object("bench-latency-prepare", PREPARE_SUBNET, ["latency-ns"]),
+        *(
+            pool_object(f"bench-latency-ready{a}", subnet, ["latency-ns"])
+            for a, subnet in enumerate(READY_SUBNETS)
+        ),
+        *in_namespace(
+            "latency-ns",
+            *fake_allocated_claims("latency-ns", 1, "bench0", "bench-latency-prepare"),
+            ready_template("bench0", 3, [f"bench-latency-ready{a}" for a in range(3)]),
+        ),
+    ]
+
+
 def prepare_and_memory(
-    bed: Cluster, driver: DriverProcess, parent: str, args: argparse.Namespace
+    bed: Cluster, driver: DriverProcess, parent: str, args: argparse.Namespace, pools: list[str]
 ) -> dict[str, Any]:
     """The claims are reserved for pods that do not exist; kube-controller-manager would remove
     such reservations, so it is paused while they are measured."""
     out: dict[str, Any] = {}
     ns = namespace(bed)
-    claims = fake_allocated_claims(ns, args.claims, parent)
+    pool = make_pool(bed, pools, PREPARE_SUBNET, [ns])
+    claims = fake_allocated_claims(ns, args.claims, parent, pool)
     tb.stop("kube-controller-manager")
     try:
         apply_many(bed, claims, ns)
@@ -451,7 +494,10 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
         "--profile", type=Path, help="record a py-spy flame graph (SVG) of prepare here"
     )
     args = parser.parse_args()
+    if args.claims > 8000:
+        parser.error(f"--claims: at most 8000 (the addresses of {PREPARE_SUBNET})")
     results: dict[str, Any] = {}
+    pools: list[str] = []
     parent = f"bench{uuid.uuid4().hex[:4]}"
     with tb.session() as bins, tempfile.TemporaryDirectory() as tmp:
         bed = Cluster(bins, tb.env_dict())
@@ -469,25 +515,29 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
             time.sleep(2)
             results["rss_idle_mib"] = round(driver.rss_kib() / 1024, 1)
             if args.only != "pods":
-                results.update(prepare_and_memory(bed, driver, parent, args))
+                results.update(prepare_and_memory(bed, driver, parent, args, pools))
             if args.only == "prepare":
                 return print_results(results, args.json)
-            ns = ""
-            claims: list[dict[str, Any]] = []
-            del ns, claims
-
+            # the pods' namespaces, named first: the attachments' pools serve them
+            with_one, seq_one, seq_three = (f"bench-{uuid.uuid4().hex[:6]}" for _ in range(3))
+            ready = [
+                make_pool(bed, pools, subnet, [with_one, seq_one, seq_three])
+                for subnet in READY_SUBNETS
+            ]
             without = namespace(bed)
             results["pod_ready_without_attachment"] = pods_ready(bed, without, None, args.pods, 0)
             bed.kubectl("delete", "namespace", without, "--wait=false")
-            with_one = namespace(bed)
-            results["pod_ready_with_1_attachment"] = pods_ready(bed, with_one, parent, args.pods, 1)
+            namespace(bed, with_one)
+            results["pod_ready_with_1_attachment"] = pods_ready(
+                bed, with_one, parent, args.pods, 1, ready
+            )
             results["hook_1_attachment_during_burst_ms"] = summary(hook_times(driver, with_one))
             bed.kubectl("delete", "namespace", with_one, "--wait=false")
-            seq_one = namespace(bed)
-            one_at_a_time(bed, seq_one, parent, 20, 1)
+            namespace(bed, seq_one)
+            one_at_a_time(bed, seq_one, parent, 20, 1, ready)
             results["hook_1_attachment_ms"] = summary(hook_times(driver, seq_one))
-            seq_three = namespace(bed)
-            one_at_a_time(bed, seq_three, parent, 20, 3)
+            namespace(bed, seq_three)
+            one_at_a_time(bed, seq_three, parent, 20, 3, ready)
             results["hook_3_attachments_ms"] = summary(hook_times(driver, seq_three))
             for ns_ in (seq_one, seq_three):
                 bed.kubectl("delete", "namespace", ns_, "--wait=false")
@@ -519,6 +569,8 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                     )
         finally:
             driver.stop()
+            for pool in pools:
+                delete_pool(bed, pool)
             subprocess.run(["ip", "link", "del", parent], check=False, capture_output=True)
     print_results(results, args.json)
 

@@ -3,12 +3,17 @@
 HTTP/2 over TLS on 127.0.0.1, as the driver's client speaks to a real apiserver (one connection,
 ALPN h2), so the client's framing, TLS and JSON decoding stay in what is measured; only the
 apiserver's own work is gone. It serves the objects it is given, each by its API path, with a
-GET; anything else is a 404 Status. Run as its own process, as an apiserver is:
+GET. A path given a list (an object whose kind ends in "List", such as {"kind":
+"CNIIPBlockList", "apiVersion": ..., "items": []}) is a collection: a GET lists its items and
+the objects created in it (those whose labels match a `labelSelector` of `k=v` terms), a POST
+creates one (with a uid; 409 AlreadyExists when its name is taken), which a GET of its path
+then serves. Anything else is a 404 Status. Run as its own process, as an apiserver is:
 
     python -m bench.fake_apiserver --objects FILE --cert CERT --key KEY
 
-FILE is a JSON object mapping API paths to objects. The first line on stdout is the port.
-Imports nothing of cnidra's, so it stays small and starts fast.
+FILE is a JSON object mapping API paths to objects. The first line on stdout is the port; when
+stdin closes, the last is the count of requests by method. Imports nothing of cnidra's, so it
+stays small and starts fast.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import json
 import ssl
 import subprocess
 import sys
+import urllib.parse
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +34,76 @@ import h2.connection
 import h2.events
 import h2.exceptions
 
-NOT_FOUND = json.dumps(
-    {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}
-).encode()
+
+def status(reason: str, code: int) -> bytes:
+    return json.dumps(
+        {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code}
+    ).encode()
+
+
+NOT_FOUND = status("NotFound", 404)
+
+
+class Store:
+    """The objects served, by path; collections (lists) and what was created in them."""
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.collections: dict[str, dict[str, Any]] = {}
+        self.created: dict[str, list[dict[str, Any]]] = {}
+        for path, obj in raw.items():
+            if str(obj.get("kind", "")).endswith("List"):
+                self.collections[path] = obj
+                self.created[path] = []
+            else:
+                self.objects[path] = json.dumps(obj).encode()
+
+    def answer(self, method: str, target: str, body: bytes) -> tuple[int, bytes]:
+        path, _, query = target.partition("?")
+        if method == "GET" and path in self.objects:
+            return 200, self.objects[path]
+        if method == "GET" and path in self.collections:
+            return 200, self._list(path, urllib.parse.parse_qs(query).get("labelSelector", [""]))
+        if method == "POST" and path in self.collections:
+            return self._create(path, json.loads(body or b"{}"))
+        return 404, NOT_FOUND
+
+    def _list(self, path: str, selectors: list[str]) -> bytes:
+        wanted = dict(t.split("=", 1) for s in selectors for t in s.split(",") if "=" in t)
+        listed = dict(self.collections[path])
+        items = [*listed.get("items", []), *self.created[path]]
+        listed["items"] = [o for o in items if _labelled(o, wanted)]
+        listed["metadata"] = {"resourceVersion": str(len(self.created[path]) + 1)}
+        return json.dumps(listed).encode()
+
+    def _create(self, path: str, obj: dict[str, Any]) -> tuple[int, bytes]:
+        meta = obj.setdefault("metadata", {})
+        where = f"{path}/{meta.get('name', '')}"
+        if where in self.objects:
+            return 409, status("AlreadyExists", 409)
+        meta.update(uid=str(uuid.uuid4()), resourceVersion=str(len(self.objects) + 1))
+        meta.setdefault("creationTimestamp", "2026-05-04T10:20:30Z")
+        self.created[path].append(obj)
+        self.objects[where] = json.dumps(obj).encode()
+        return 201, self.objects[where]
+
+
+def _labelled(obj: dict[str, Any], wanted: dict[str, str]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in wanted.items())
 
 
 class Connection(asyncio.Protocol):
     """One client connection: each request answered when its stream ends, with flow control."""
 
-    def __init__(self, objects: dict[str, bytes], counts: dict[str, int]) -> None:
-        self.objects = objects
+    def __init__(self, store: Store, counts: dict[str, int]) -> None:
+        self.store = store
         self.counts = counts
         self.h2 = h2.connection.H2Connection(
             h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
         )
         self.requests: dict[int, dict[str, str]] = {}
+        self.bodies: dict[int, bytearray] = {}
         self.pending: dict[int, bytes] = {}
         self.transport: asyncio.Transport | None = None
 
@@ -67,6 +129,7 @@ class Connection(asyncio.Protocol):
             if isinstance(event, h2.events.RequestReceived):
                 self.requests[event.stream_id] = {str(k): str(v) for k, v in event.headers}
             elif isinstance(event, h2.events.DataReceived):
+                self.bodies.setdefault(event.stream_id, bytearray()).extend(event.data or b"")
                 self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             elif isinstance(event, h2.events.StreamEnded):
                 self.respond(event.stream_id)
@@ -81,15 +144,14 @@ class Connection(asyncio.Protocol):
     def respond(self, stream: int) -> None:
         headers = self.requests.pop(stream, {})
         method = headers.get(":method", "")
-        path = headers.get(":path", "").split("?", 1)[0]
-        body = self.objects.get(path) if method == "GET" else None
+        code, body = self.store.answer(
+            method, headers.get(":path", ""), bytes(self.bodies.pop(stream, b""))
+        )
         self.counts[method] = self.counts.get(method, 0) + 1
-        status = 200 if body is not None else 404
-        body = body if body is not None else NOT_FOUND
         self.h2.send_headers(
             stream,
             [
-                (":status", str(status)),
+                (":status", str(code)),
                 ("content-type", "application/json"),
                 ("content-length", str(len(body))),
             ],
@@ -152,14 +214,14 @@ def kubeconfig(port: int, cert: Path) -> dict[str, Any]:
     }
 
 
-async def serve(objects: dict[str, bytes], cert: Path, key: Path) -> None:
+async def serve(store: Store, cert: Path, key: Path) -> None:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(str(cert), str(key))
     context.set_alpn_protocols(["h2"])
     counts: dict[str, int] = {}
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: Connection(objects, counts), "127.0.0.1", 0, ssl=context
+        lambda: Connection(store, counts), "127.0.0.1", 0, ssl=context
     )
     port = server.sockets[0].getsockname()[1]
     print(port, flush=True)
@@ -175,9 +237,7 @@ def main() -> None:
     parser.add_argument("--cert", type=Path, required=True)
     parser.add_argument("--key", type=Path, required=True)
     args = parser.parse_args()
-    raw = json.loads(args.objects.read_bytes())
-    objects = {path: json.dumps(obj).encode() for path, obj in raw.items()}
-    asyncio.run(serve(objects, args.cert, args.key))
+    asyncio.run(serve(Store(json.loads(args.objects.read_bytes())), args.cert, args.key))
 
 
 if __name__ == "__main__":

@@ -126,7 +126,9 @@ RESERVED_PORTS = {
     10259,
 }
 
-# the CNI reference plugins (v1.9) and cnidra's IPAM: what a node's CNI path has
+# the CNI reference plugins (v1.9) and cnidra's IPAM: what a node's CNI path has (host-local
+# among them: the admin's named networks use it; a claim's own network may not, so the claims
+# take their addresses from the pool)
 PLUGINS = [
     "bandwidth",
     "bridge",
@@ -446,6 +448,12 @@ def claim_object(name: str, driver: str, tag: str) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": NAMESPACE, "labels": {ROUND_LABEL: tag}},
         "spec": {"devices": devices},
     }
+
+
+def policy_samples() -> list[dict[str, Any]]:
+    """The claims the fleet's pods use and the pool they name, for tests/bench's check against
+    the shipped policy (the fleet prepares none: no kubelet)."""
+    return [pool_object(), claim_object("c0", DRIVER_NAME, "r0")]
 
 
 def pick_nodes(nodes: Sequence[str], count: int, rng: random.Random) -> list[str]:

@@ -37,8 +37,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tests.fakenode import FakeNode
-from tests.kube.fakeapi import FakeApiserver
+from tests.fakenode import NAMESPACE, FakeNode, configs
+from tests.kube.fakeapi import FakeApiserver, allocated_claim
+
+
+def policy_samples() -> list[dict[str, Any]]:
+    """The claim each pod has (tests/fakenode.py's: a macvlan with no IPAM, an L2 network),
+    for tests/bench's check against the shipped policy."""
+    return [allocated_claim(NAMESPACE, "p0-dev-x0", "claim-uid-0", "p0", "pod-uid-0", configs())]
 
 
 async def run(

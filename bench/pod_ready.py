@@ -8,7 +8,11 @@ dra_example  pods with a ResourceClaim served by dra-example-driver's kubelet pl
              driver that does nothing on the node: kubelet's and the scheduler's DRA cost alone
 multus       pods with a macvlan + host-local network through Multus (thin plugin, a
              NetworkAttachmentDefinition, the pod annotation): what users run today
-cnidra       the same network through cnidra (a ResourceClaimTemplate with the same conflist)
+cnidra       the same macvlan through cnidra (a ResourceClaimTemplate), addressed by
+             cnidra's cluster IPAM: prepare takes the address from a CNIIPPool of
+             198.18.161.0/24 made for the run and hands the plugins the static IPAM plugin
+             with it (host-local written by a claim is refused; bench/pools.py); Multus's NAD
+             keeps host-local (198.18.160.0/24)
 
 Each round runs, for each way in turn, one pod alone and then a burst of --pods at once; the
 time of a pod is from the watch event that shows it created to the one that shows it Ready
@@ -18,8 +22,9 @@ driver costs per pod, over its whole rounds (the single pod and the burst, creat
 until its status queue is empty): `cpu_ms_per_pod` (its process's user + system time, from
 /proc/<pid>/stat) and `apiserver_requests_per_pod` (every request its client made, from its
 cnidra_apiserver_requests_total), with `apiserver_requests_per_pod_by_kind` ("verb resource":
-which of them are the pods', which the slice publisher's), in the JSON's "cnidra". The raw CNI time
-is the same macvlan + host-local ADD exec'd directly. The last line is one JSON object.
+which of them are the pods', which the slice publisher's), in the JSON's "cnidra"; the pool's
+GET (kept 10 s) and a block's LIST and CREATE per 16 addresses are among them now. The raw CNI
+time is the macvlan + host-local ADD exec'd directly. The last line is one JSON object.
 `CNIDRA_ATTACH_BEHIND_SANDBOX=false` in the environment measures the ADDs inside the sandbox
 hook instead.
 
@@ -53,6 +58,7 @@ from lightkube.resources.core_v1 import Pod
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.driver_latency import pct, raw_cni_ms
+from bench.pools import cnidra_ipam, delete_pool, in_namespace, pool_name, pool_object
 from bench.profile import profiled
 from cnidra.cni import netns
 from cnidra.inventory.publisher import CHECK_ROUNDS
@@ -78,10 +84,15 @@ def peers() -> dict[str, str]:
     }
 
 
-def macvlan(name: str, parent: str, subnet: str, data_dir: str | None = None) -> dict[str, Any]:
+def host_local(subnet: str, data_dir: str | None = None) -> dict[str, Any]:
+    """Multus's IPAM (the NAD's, which cnidra never sees)."""
     ipam: dict[str, Any] = {"type": "host-local", "ranges": [[{"subnet": subnet}]]}
     if data_dir:
         ipam["dataDir"] = data_dir
+    return ipam
+
+
+def macvlan(name: str, parent: str, ipam: dict[str, Any]) -> dict[str, Any]:
     return {
         "cniVersion": "1.0.0",
         "name": name,
@@ -109,7 +120,9 @@ def pod(name: str, way: str, tag: str, namespace: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
-def templates(parent: str) -> list[dict[str, Any]]:
+def templates(parent: str, pool: str) -> list[dict[str, Any]]:
+    """dra-example's template, and cnidra's: a macvlan on `parent` addressed from `pool`."""
+
     def template(name: str, device_class: str, config: list[dict[str, Any]]) -> dict[str, Any]:
         request: dict[str, Any] = {"name": "dev", "exactly": {"deviceClassName": device_class}}
         if device_class == "cni.networking.x-k8s.io":
@@ -129,7 +142,7 @@ def templates(parent: str) -> list[dict[str, Any]]:
         "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
         "kind": "CNIConfig",
         "ifName": "net1",
-        "config": macvlan("bench-cnidra", parent, SUBNETS["cnidra"]),
+        "config": macvlan("bench-cnidra", parent, cnidra_ipam(pool)),
     }
     return [
         template("dra-example", EXAMPLE_DRIVER, []),
@@ -138,6 +151,14 @@ def templates(parent: str) -> list[dict[str, Any]]:
             "cni.networking.x-k8s.io",
             [{"requests": ["dev"], "opaque": {"driver": DRIVER, "parameters": params}}],
         ),
+    ]
+
+
+def policy_samples() -> list[dict[str, Any]]:
+    """What the run sends cnidra, for tests/bench's check against the shipped policy."""
+    return [
+        pool_object("bench-pod-ready", SUBNETS["cnidra"], ["ready-ns"]),
+        *in_namespace("ready-ns", *templates("bpr0", "bench-pod-ready")),
     ]
 
 
@@ -397,7 +418,7 @@ def stats(values: list[float]) -> dict[str, float]:
 
 
 def raw_cni(bins: tb.Bins) -> dict[str, float]:
-    """The same macvlan + host-local ADD, the plugin exec'd directly (60 times, one pod)."""
+    """The macvlan + host-local ADD, the plugin exec'd directly (60 times, one pod)."""
     with netns.temporary("cnidra-bench-node") as node:
         ip = ["ip", "-n", node.name]
         subprocess.run([*ip, "link", "add", "data0", "type", "veth", "peer", "name", "data0p"],
@@ -459,6 +480,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
     cost = DriverCost()  # over its whole rounds: the single pod and the burst, with deletes
     hooks: dict[str, list[float]] = {"burst": [], "single": []}
     parent = f"bpr{uuid.uuid4().hex[:4]}"
+    pool = pool_name("pod_ready")
     with tb.session() as bins, tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         bed = Cluster(bins, tb.env_dict())
@@ -482,7 +504,9 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
             ).returncode == 0,
             60,
         )  # fmt: skip
-        nad_config = macvlan("bench-multus", parent, SUBNETS["multus"], str(work / "hl"))
+        bed.apply(pool_object(pool, SUBNETS["cnidra"], [namespace]))
+        multus_ipam = host_local(SUBNETS["multus"], str(work / "hl"))
+        nad_config = macvlan("bench-multus", parent, multus_ipam)
         bed.apply_in(
             namespace,
             {
@@ -491,7 +515,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                 "metadata": {"name": "bench-macvlan"},
                 "spec": {"config": json.dumps(nad_config)},
             },
-            *templates(parent),
+            *templates(parent, pool),
         )
         example = ExampleDriver(found["dra_example"], work / "dra-example.log")
         example.start(bed)
@@ -537,6 +561,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
         finally:
             example.stop()
             bed.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+            delete_pool(bed, pool)
             subprocess.run(["ip", "link", "del", parent], check=False, capture_output=True)
         raw = raw_cni(bins)
     result: dict[str, Any] = {"pods": args.pods, "rounds": args.rounds}

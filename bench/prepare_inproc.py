@@ -13,9 +13,18 @@ NodePrepareResources and NodeUnprepareResources over gRPC and times them.
 
 The claims are what the apiserver hands back for a pod's claim made from a template, allocated
 by the scheduler: managedFields, owner reference, the DeviceClass's CNIPolicy copied into the
-allocation next to the claim's CNIConfig (macvlan, host-local, tuning, as in examples/), a
-share ID. By default they share one template's config, as a Deployment's pods do; `--distinct`
-gives every claim a config of its own (a subnet each).
+allocation next to the claim's CNIConfig (macvlan with cnidra IPAM, tuning, as in
+examples/macvlan-claim.yaml), a share ID. By default they share one template's config, as a
+Deployment's pods do; `--distinct` gives every claim a config of its own (a network name each).
+
+The claims' network takes its addresses from cnidra's cluster IPAM at prepare, a CNIIPPool of
+198.18.192.0/20 serving the claims' namespace, which the fake apiserver serves with its blocks
+(their LIST and CREATE, and the Node the blocks are owned by): host-local written by a claim is
+refused (bench/pools.py). So prepare includes the allocation, as on a node: a lease file
+written and fsynced per address, the pool's GET (kept 10 s), a block's LIST and CREATE each 16
+addresses. Runs from before this had host-local in the claims, which prepare only passed on:
+prepare's figures are not comparable with them (`apiserver_requests` counts the requests by
+method).
 
 Phases: `--rounds` single-claim prepares (each unprepared after), `--batches` prepares of 100
 claims (unprepared after), then all `--claims` prepared in batches of 100 and the driver's RSS
@@ -54,12 +63,17 @@ from pathlib import Path
 from typing import Any
 
 from bench.driver_latency import pct, summary
+from bench.pools import cnidra_ipam, pool_object
 
 DRIVER = "cni.dra.networking.x-k8s.io"
 NODE = "bench-node"
 LINK = "ens4"
 NAMESPACE = "bench"
 BATCH = 100
+POOL = "bench-prepare-inproc"
+SUBNET = "198.18.192.0/20"  # 4096 addresses: --claims prepared at once
+MAX_CLAIMS = 4000
+IPAM_API = "/apis/cni.networking.x-k8s.io/v1alpha1"
 
 
 # ------------------------------------------------------------------ the claims
@@ -80,36 +94,52 @@ def class_configs() -> list[dict[str, Any]]:
 
 
 def cni_config(index: int, distinct: bool) -> dict[str, Any]:
-    """examples/macvlan-claim.yaml's CNIConfig; with `distinct` a subnet of its own."""
-    third = 10 if not distinct else index % 250
-    second = 18 if not distinct else 18 + index // 250
+    """examples/macvlan-claim.yaml's CNIConfig (its address from POOL); with `distinct` a
+    network name of its own."""
     return {
         "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
         "kind": "CNIConfig",
         "ifName": "net1",
         "config": {
             "cniVersion": "1.0.0",
-            "name": "macvlan-data",
+            "name": f"macvlan-data-{index}" if distinct else "macvlan-data",
             "plugins": [
-                {
-                    "type": "macvlan",
-                    "mode": "bridge",
-                    "ipam": {
-                        "type": "host-local",
-                        "ranges": [
-                            [
-                                {
-                                    "subnet": f"198.{second}.{third}.0/24",
-                                    "gateway": f"198.{second}.{third}.1",
-                                }
-                            ]
-                        ],
-                    },
-                },
+                {"type": "macvlan", "mode": "bridge", "ipam": cnidra_ipam(POOL)},
                 {"type": "tuning", "sysctl": {"net.ipv6.conf.net1.disable_ipv6": "1"}},
             ],
         },
     }
+
+
+def pool() -> dict[str, Any]:
+    """The admin's CNIIPPool the claims take their addresses from."""
+    return pool_object(POOL, SUBNET, [NAMESPACE], gateway="198.18.192.1")
+
+
+def ipam_objects() -> dict[str, Any]:
+    """What prepare's IPAM asks the apiserver for, by path: the pool, the collection of blocks
+    (empty: the node reserves its own), and the Node the blocks are owned by."""
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": NODE, "uid": str(uuid.uuid4())},
+    }
+    blocks = {
+        "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+        "kind": "CNIIPBlockList",
+        "metadata": {},
+        "items": [],
+    }
+    return {
+        f"{IPAM_API}/cniippools/{POOL}": pool(),
+        f"{IPAM_API}/cniipblocks": blocks,
+        f"/api/v1/nodes/{NODE}": node,
+    }
+
+
+def policy_samples() -> list[dict[str, Any]]:
+    """What the run sends, for tests/bench's check against the shipped policy."""
+    return [pool(), claim(0, False, class_configs()), claim(1, True, class_configs())]
 
 
 SELECTOR = (
@@ -259,7 +289,8 @@ def make_claims(into: Path, count: int, distinct: bool) -> None:
     """The fake apiserver's objects (path: claim) and kubelet's references to them."""
     policy = class_configs()
     claims = [claim(i, distinct, policy) for i in range(count)]
-    (into / "objects.json").write_text(json.dumps({claim_path(c): c for c in claims}))
+    objects = {**{claim_path(c): c for c in claims}, **ipam_objects()}  # a claim first
+    (into / "objects.json").write_text(json.dumps(objects))
     (into / "refs.json").write_text(
         json.dumps([[c["metadata"][k] for k in ("namespace", "name", "uid")] for c in claims])
     )
@@ -487,6 +518,7 @@ async def drive(args: argparse.Namespace, tmp: Path, run: Path) -> dict[str, Any
                 (cpu["hundred"] - cpu["one"]) * 1000 / max(len(hundred), 1), 2
             ),
             "apiserver_gets": served.get("GET", 0),
+            "apiserver_requests": served,
         }
     )
     return out
@@ -579,8 +611,8 @@ def main() -> None:
     if args.kubelet:
         kubelet(args.kubelet, args.refs, args.rounds, args.batches)
         return
-    if args.claims < 3 * BATCH:
-        parser.error(f"--claims must be at least {3 * BATCH}")
+    if not 3 * BATCH <= args.claims <= MAX_CLAIMS:
+        parser.error(f"--claims must be {3 * BATCH} to {MAX_CLAIMS} (the addresses of {SUBNET})")
     tmp = Path(tempfile.mkdtemp(prefix="cnidra-prepare-bench-", dir=args.state_root))
     run = Path(tempfile.mkdtemp(prefix="cnidra-prepare-bench-", dir=args.run_root))
     try:

@@ -41,6 +41,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench.pools import delete_pool, in_namespace
 from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
 from testbed.harness import Cluster, DriverProcess
@@ -89,6 +90,11 @@ def objects(namespace: str, parent: str) -> list[dict[str, Any]]:
             }}},
         },
     ]  # fmt: skip
+
+
+def policy_samples() -> list[dict[str, Any]]:
+    """What the run sends, for tests/bench's check against the shipped policy."""
+    return in_namespace("soak-ns", *objects("soak-ns", "soak0"), pod("p0"))
 
 
 def pod(name: str) -> dict[str, Any]:
@@ -408,7 +414,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
         finally:
             bed.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s",
                         check=False, timeout=240)  # fmt: skip
-            bed.kubectl("delete", "cniippool", f"soak-{namespace}", check=False)
+            delete_pool(bed, f"soak-{namespace}")  # with the node's blocks in it
             driver.stop()
             if args.log:
                 shutil.copyfile(driver.log, args.log)
