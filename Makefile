@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test test-matrix test-unit fuzz demo cni-plugins bench bench-quick soak apiserver-faults fleet dashboard-picture deploy image image-cni-plugins clean
+.PHONY: install lint check test test-matrix test-unit fuzz demo cni-plugins bench bench-quick soak apiserver-faults fleet dashboard-picture deploy image image-cni-plugins clean
 
 install: $(STAMP)
 
@@ -22,8 +22,30 @@ lint: install
 	$(BIN)/ruff check cnidra tests bench hack testbed
 	$(BIN)/mypy
 
+# pytest-xdist workers for the unit half; 3 on this project's 2-core machine was the fastest
+# (its tests wait on subprocesses and sockets as much as they compute): 2 and 4 were slower.
+# worksteal: an idle worker takes queued tests from a busy one (the builds and fuzzers).
+JOBS ?= 3
+PARALLEL := -n $(JOBS) --dist worksteal
+
+# the edit-test loop, minutes: ruff, mypy and every test that needs neither root nor the test
+# bed (markers netns and testbed: pyproject.toml), in parallel. Its time is in the README.
+check: install
+	$(BIN)/ruff check cnidra tests bench hack testbed
+	$(BIN)/mypy
+	$(BIN)/pytest -q -p no:cacheprovider $(PARALLEL) -m "not netns and not testbed"
+
+# lint, the unit half in parallel (the netns tests too: each in namespaces and state roots of
+# its own), then the test bed's half in one process (one cluster session shared by its modules,
+# and timing-sensitive tests kept off a CPU the unit half is saturating); a unit failure stops
+# it before the test bed's half
 test: install lint cni-plugins
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(PARALLEL) -m "not testbed"
+	$(BIN)/pytest -q -m testbed
+
+# the unit half alone, as make test runs it (root needed, no test bed)
+test-unit: install cni-plugins
+	$(BIN)/pytest -q $(PARALLEL) -m "not testbed"
 
 # the test bed's e2e suite on each Kubernetes release of MATRIX (make test runs the newest,
 # 1.37.2); each release's components are built once into the cache. Its time is in the README.
@@ -39,9 +61,6 @@ test-matrix: install cni-plugins
 		K8S_VERSION=$$v ETCD_VERSION=$$etcd CRITOOLS_VERSION=$$crictl \
 			$(BIN)/pytest -q -p no:cacheprovider tests/testbed; \
 	done
-
-test-unit: install
-	$(BIN)/pytest -q -m "not netns and not testbed"
 
 # the tenant-config fuzzers at length: the differential test against the plugins' own Go
 # decoders (tests/cni/test_decoders.py) and the parsers' fuzzers; `make test` runs them bounded

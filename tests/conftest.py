@@ -3,6 +3,8 @@ want of a tool."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
 from collections.abc import Iterator
@@ -23,9 +25,22 @@ class CNITools:
     cnitool: str
 
 
+@contextlib.contextmanager
+def cache_lock(name: str) -> Iterator[None]:
+    """One build of `name` into the shared cache at a time, across processes: the hack/
+    installers are idempotent but not concurrent (each rebuilds into its `.tmp` directory), and
+    under pytest-xdist every worker runs a session fixture of its own."""
+    cache = Path(os.environ.get("CNIDRA_CACHE") or Path.home() / ".cache" / "cnidra")
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f".{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="session")
 def cni_tools() -> CNITools:
-    subprocess.run([ROOT / "hack" / "install-cni.sh"], check=True, timeout=1800)
+    with cache_lock("install-cni"):
+        subprocess.run([ROOT / "hack" / "install-cni.sh"], check=True, timeout=1800)
     out = subprocess.run(
         [ROOT / "hack" / "install-cni.sh", "env"], check=True, text=True, capture_output=True
     ).stdout
@@ -70,9 +85,43 @@ def ip(ns: Path, *args: str) -> None:
 
 # this run's namespaces carry its tag (cnidra.cni.netns.create; the `cnidra try` processes a
 # test starts inherit it): the leak check below counts those only, never namespaces another run
-# on the machine made meanwhile
+# on the machine made meanwhile. Under pytest-xdist each worker is a process of its own that
+# imports this module, so each worker has its own tag (tests/test_suite.py checks it), and a
+# worker's check never counts what another worker's test made meanwhile.
 RUN_TAG = f"t{os.getpid()}"
 os.environ[netns.TAG_VARIABLE] = RUN_TAG
+
+# the fixtures that need root (a network namespace, a mount): a test that uses one is marked
+# netns
+NEEDS_ROOT = {"node_netns", "pod_netns", "in_node", "small_disk"}
+TESTBED_DIR = ROOT / "tests" / "testbed"
+# the test bed's fixtures for the driver's image and the driver installed with helm
+IN_CLUSTER_FIXTURES = {"image", "release"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The markers by what a test is: every test under tests/testbed is `testbed`, those that
+    use the image or an in-cluster install `incluster` too; a test that uses a root fixture
+    without `netns` is an error (it would run, and fail, in `make check`). `slow` tests are
+    started first."""
+    unmarked = []
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if TESTBED_DIR in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.testbed)
+            callspec = getattr(item, "callspec", None)
+            in_cluster = callspec is not None and callspec.params.get("deployment") == "in-cluster"
+            if fixtures & IN_CLUSTER_FIXTURES or in_cluster:
+                item.add_marker(pytest.mark.incluster)
+        if fixtures & NEEDS_ROOT and item.get_closest_marker("netns") is None:
+            unmarked.append(item.nodeid)
+    # the slow ones first (a stable sort): a parallel run then does not end on one of them
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    if unmarked:
+        raise pytest.UsageError(
+            "these tests use a fixture that needs root but are not marked netns:\n  "
+            + "\n  ".join(unmarked)
+        )
 
 
 @pytest.fixture(autouse=True)

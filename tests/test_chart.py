@@ -15,9 +15,18 @@ import yaml
 
 from cnidra.api.validate import validate_documents
 from testbed.harness import helm as build_helm
+from tests.conftest import cache_lock
 
 ROOT = Path(__file__).parents[1]
-helm = cache(build_helm)
+
+
+@cache
+def helm() -> str:
+    """Built once into the cache (one build at a time: pytest-xdist's workers each ask)."""
+    with cache_lock("install-helm"):
+        return build_helm()
+
+
 CHART = ROOT / "charts" / "cnidra"
 KUBE = "v1.37.2"
 

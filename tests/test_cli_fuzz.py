@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -84,6 +85,7 @@ def run(args: list[str]) -> Any:
     return result
 
 
+@pytest.mark.slow  # 150 runs of the CLI
 @settings(
     max_examples=int(os.environ.get("CNIDRA_CLI_FUZZ_EXAMPLES", "150")),
     deadline=None,

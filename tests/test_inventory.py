@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from cnidra.api.issues import FieldPath
 from cnidra.api.networks import NamedNetwork
 from cnidra.inventory.links import Link, carrying_node
@@ -108,6 +110,7 @@ def test_a_link_the_node_routes_through_carries_the_node() -> None:
     assert carrying_node(links) == {"storage0", "mgmt0", "mgmt1"}
 
 
+@pytest.mark.netns
 def test_a_link_change_in_the_nodes_namespace_wakes_the_publisher(in_node: Path) -> None:
     """The publisher's netlink wakeup: raw rtnetlink events, counted and never decoded."""
     import select
@@ -200,7 +203,10 @@ def test_nothing_is_published_while_the_node_cannot_be_read() -> None:
         view = await publisher.refresh_view()
         assert view.protected == {"eth0"} and "eth1" in view.links
         task = asyncio.create_task(publisher.run())
-        await asyncio.sleep(0.3)  # three failed reads (0.2 s, 0.4 s, ... of backoff)
+        for _ in range(200):  # two failed reads of the Node (0.2 s, 0.4 s, ... of backoff)
+            if client.reads >= 2:
+                break
+            await asyncio.sleep(0.02)
         assert client.applied == [] and client.reads >= 2
         for _ in range(100):
             await asyncio.sleep(0.05)

@@ -66,6 +66,11 @@ def pyroute2_links() -> list[Link]:
                 peer_elsewhere=kind == "veth" and elsewhere,
                 admin_up=bool(m["flags"] & 0x1),
                 carrier=None if m.get("IFLA_CARRIER") is None else bool(m.get("IFLA_CARRIER")),
+                vlan_filtering=(
+                    bool(m.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA", "IFLA_BR_VLAN_FILTERING"))
+                    if kind == "bridge"
+                    else None
+                ),
             )
         )
     return found
@@ -93,7 +98,8 @@ def other_netns() -> Iterator[Path]:
 def test_a_namespace_reads_as_pyroute2_reads_it(in_node: Path, other_netns: Path) -> None:
     """Bridges with ports, veths (one peer elsewhere), macvlans, a vxlan, links down and up,
     IPv4 and IPv6 addresses (link-local ones left out), a default route, a route via a gateway
-    on another link, a multipath route, a route in another table: field for field the same."""
+    on another link, a multipath route, a route in another table, a bridge's VLAN filtering:
+    field for field the same."""
     ip(in_node, "link", "set", "lo", "up")
     ip(in_node, "link", "add", "data0", "type", "bridge")
     ip(in_node, "link", "set", "data0", "up", "mtu", "1400")
@@ -130,6 +136,8 @@ def test_a_namespace_reads_as_pyroute2_reads_it(in_node: Path, other_netns: Path
     assert by_name["mv0"].lower == by_name["vq3"].index and by_name["mv1"].state == "down"
     assert by_name["vp0"].master == by_name["data0"].index
     assert by_name["lo"].loopback and by_name["vx0"].link_kind == "vxlan"
+    # this machine's kernel has no VLAN filtering to turn on: a bridge reads as not filtering
+    assert by_name["data0"].vlan_filtering is False and by_name["vq1"].vlan_filtering is None
 
 
 @pytest.mark.netns

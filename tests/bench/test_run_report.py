@@ -400,6 +400,7 @@ def _gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")  # a zombie waits for its reaper
 
 
+@pytest.mark.slow  # its timeout is 10 s
 def test_a_hanging_bench_is_stopped_with_what_it_started(tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
     code = (

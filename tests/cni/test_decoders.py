@@ -33,6 +33,7 @@ from cnidra.cni.runtime import _plugin_stdin
 from cnidra.dra.resolve import Device, attachment_from
 from tests.api.test_policy import DEFAULT_CLASSES, claim
 from tests.api.test_tenant import RESTRICTED
+from tests.conftest import cache_lock
 
 ROOT = Path(__file__).parents[2]
 EXAMPLES = int(os.environ.get("CNIDRA_FUZZ_EXAMPLES", "150"))
@@ -43,10 +44,11 @@ DIRS = PrivateDirs(ipam="/var/lib/cnidra/ipam", tuning="/var/lib/cnidra/tuning")
 
 @cache
 def decoders() -> Path:
-    out = subprocess.run(
-        [str(ROOT / "hack" / "build-decoders.sh")],
-        check=True, capture_output=True, text=True, timeout=900,
-    ).stdout  # fmt: skip
+    with cache_lock("build-decoders"):
+        out = subprocess.run(
+            [str(ROOT / "hack" / "build-decoders.sh")],
+            check=True, capture_output=True, text=True, timeout=900,
+        ).stdout  # fmt: skip
     return Path(out.strip().splitlines()[-1])
 
 

@@ -358,6 +358,7 @@ def network(*plugins: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------ the fuzzer
 
 
+@pytest.mark.slow  # the fuzzer: about 15 s
 @settings(
     max_examples=EXAMPLES,
     deadline=None,

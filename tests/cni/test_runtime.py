@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from cnidra.cni.errors import (
     PluginTimeout,
     TryAgainLater,
 )
+from cnidra.cni.invoke import PluginExec
 from tests.cni.helpers import FAULTS, addresses, allocations, bridge_list, links, routes, sh
 from tests.conftest import CNITools
 
@@ -417,8 +419,19 @@ async def test_gc_sends_both_attachment_keys_and_status_reaches_every_plugin(
     await runtime.delete(net, rt(pod_netns, cid="a"))
 
 
-async def test_status_of_a_1_1_0_list(runtime: CNIRuntime, tmp_path: Path) -> None:
-    await runtime.status(netlist(bridge_list(tmp_path, version="1.1.0")))
+async def test_status_of_a_1_1_0_list_asks_each_plugin_and_a_not_ready_one_fails_it(
+    runtime: CNIRuntime, tmp_path: Path
+) -> None:
+    asked: list[tuple[str, str]] = []
+    runtime.exec.on_exec = lambda plugin, command, seconds: asked.append((plugin, command))
+    await runtime.status(netlist(bridge_list(tmp_path, {"type": "tuning"}, version="1.1.0")))
+    assert asked == [("bridge", "STATUS"), ("tuning", "STATUS")]
+    # the real bridge asks its IPAM plugin in turn: one it cannot find is not ready
+    broken = bridge_list(tmp_path, version="1.1.0")
+    broken["plugins"][0]["ipam"]["type"] = "no-such-ipam"
+    with pytest.raises(PluginFailed) as info:
+        await runtime.status(netlist(broken))
+    assert info.value.plugin == "bridge" and "no-such-ipam" in str(info.value)
 
 
 async def test_status_against_plugins_without_it(
@@ -466,15 +479,86 @@ async def test_debian_plugins_across_versions(
 # ------------------------------------------------------------------ error paths
 
 
+# ------------------------------------------------------------------ the plugins a test started
+
+# a test's plugins carry a tag of its own in their environment (their children inherit it): a
+# check that none is left looks at those processes, never at whatever else the machine runs
+PLUGIN_TAG = "CNIDRA_TEST_PLUGIN_TAG"
+
+
+def tag_plugins(exec_: PluginExec) -> str:
+    tag = uuid.uuid4().hex
+    exec_.base_env[PLUGIN_TAG] = tag
+    return tag
+
+
+def running_with(tag: str) -> list[int]:
+    """The processes carrying `tag` that still run (a killed one may stay a zombie until it is
+    reaped, and its group's children until init reaps them: those are not running)."""
+    mark = f"{PLUGIN_TAG}={tag}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = Path(entry.path, "environ").read_bytes().split(b"\0")
+            state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue  # gone meanwhile
+        if mark in environ and state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
+
+
+async def no_live_plugin(tag: str, within: float = 5.0) -> bool:
+    """None of the processes this test's plugins started (tagged `tag`) runs, within `within`
+    s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while running_with(tag):
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def until_running(tag: str, count: int, within: float = 10.0) -> list[int]:
+    """The tagged processes once at least `count` run (fault-hang and its `sleep` child: 2)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while len(found := running_with(tag)) < count:
+        assert loop.time() < deadline, f"{len(found)} of {count} plugin processes in {within}s"
+        await asyncio.sleep(0.02)
+    return found
+
+
+def test_the_tag_finds_a_tagged_process_and_no_other() -> None:
+    """The probe the checks below rely on: it sees a process that carries the tag, while it
+    runs, and not one that carries another tag."""
+    tag, other = uuid.uuid4().hex, uuid.uuid4().hex
+    procs = [
+        subprocess.Popen(["sleep", "30"], env={**os.environ, PLUGIN_TAG: t}) for t in (tag, other)
+    ]
+    try:
+        assert running_with(tag) == [procs[0].pid]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert running_with(tag) == []
+
+
+# ------------------------------------------------------------------ error paths
+
+
 async def test_timeout_kills_the_plugins_whole_process_group(
     cni_tools: CNITools, tmp_path: Path, in_node: Path, pod_netns: Path
 ) -> None:
     pidfile = tmp_path / "child.pid"
-    from cnidra.cni.invoke import PluginExec
-
     exec_ = PluginExec(
         [str(FAULTS)], timeout=0.5, base_env={**os.environ, "FAULT_PIDFILE": str(pidfile)}
     )
+    tag = tag_plugins(exec_)
     runtime = CNIRuntime([], cache_dir=str(tmp_path), exec_=exec_)
     net = netlist({"cniVersion": "1.0.0", "name": "hang", "plugins": [{"type": "fault-hang"}]})
     loop = asyncio.get_running_loop()
@@ -484,35 +568,25 @@ async def test_timeout_kills_the_plugins_whole_process_group(
     assert loop.time() - start < 3
     assert isinstance(info.value.cause, PluginTimeout)
     assert "0.5s" in str(info.value)
+    # the plugin had started its child (in its process group) before the timeout: both go
+    assert pidfile.read_text().strip(), "fault-hang never started its child"
+    assert await no_live_plugin(tag)
     child = int(pidfile.read_text())
-    await asyncio.sleep(0.1)
     assert (
         not Path(f"/proc/{child}").exists()
-        or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+        or Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     )
 
 
-async def no_live_plugin(name: str, within: float = 2.0) -> bool:
-    """No process running `name` (a killed one may stay a zombie until it is reaped, and its
-    group's children until init reaps them: those are not running), within `within` s."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while True:
-        rows = (line.split(None, 1) for line in sh("ps", "-eo", "stat=,args=").splitlines())
-        live = [r for r in rows if len(r) == 2 and name in r[1] and not r[0].startswith("Z")]
-        if not live or loop.time() > deadline:
-            return not live
-        await asyncio.sleep(0.05)
-
-
 async def test_cancellation_kills_the_plugin(runtime: CNIRuntime, pod_netns: Path) -> None:
+    tag = tag_plugins(runtime.exec)
     net = netlist({"cniVersion": "1.0.0", "name": "hang", "plugins": [{"type": "fault-hang"}]})
     task = asyncio.create_task(runtime.add(net, rt(pod_netns)))
-    await asyncio.sleep(0.3)
+    await until_running(tag, 2)  # the plugin and the child it started
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await no_live_plugin("fault-hang")
+    assert await no_live_plugin(tag)
 
 
 async def test_a_cancellation_while_the_plugin_starts_never_reaches_inside_the_spawn(
@@ -526,64 +600,72 @@ async def test_a_cancellation_while_the_plugin_starts_never_reaches_inside_the_s
 
     real = asyncio.create_subprocess_exec
     spawns: list[str] = []
+    started: list[int] = []
+    spawning = asyncio.Event()
 
     async def slow_spawn(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        spawning.set()
         try:
             await asyncio.sleep(0.3)  # the window where a cancellation used to land
         except asyncio.CancelledError:
             spawns.append("cancelled")
             raise
         spawns.append("started")
-        return await real(*args, **kwargs)
+        proc = await real(*args, **kwargs)
+        started.append(proc.pid)
+        return proc
 
     monkeypatch.setattr(invoke.asyncio, "create_subprocess_exec", slow_spawn)
-    pidfile = tmp_path / "child.pid"
-    exec_ = invoke.PluginExec(
-        [str(FAULTS)], timeout=30, base_env={**os.environ, "FAULT_PIDFILE": str(pidfile)}
-    )
+    exec_ = invoke.PluginExec([str(FAULTS)], timeout=30)
+    tag = tag_plugins(exec_)
     runtime = CNIRuntime([], cache_dir=str(tmp_path / "cache"), exec_=exec_)
     net = netlist({"cniVersion": "1.0.0", "name": "hang", "plugins": [{"type": "fault-hang"}]})
     task = asyncio.create_task(runtime.add(net, rt(pod_netns)))
-    await asyncio.sleep(0.1)
-    task.cancel()
+    await spawning.wait()
+    task.cancel()  # inside the spawn's window
     loop = asyncio.get_running_loop()
     start = loop.time()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 5)
     assert loop.time() - start < 2
     assert spawns == ["started"]  # the spawn ran to its end, uncancelled
-    for _ in range(20):  # the plugin may not have written its pid yet when it was killed
-        if pidfile.exists() and pidfile.read_text().strip():
-            break
-        await asyncio.sleep(0.05)
-    if pidfile.exists() and pidfile.read_text().strip():
-        child = int(pidfile.read_text())
-        await asyncio.sleep(0.1)
-        assert (
-            not Path(f"/proc/{child}").exists()
-            or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
-        )
-    assert await no_live_plugin("fault-hang")
+    # the plugin was started (the spawn returned its process) and is killed with its group:
+    # it may not have got as far as its child, so the check is on the tag, not a pid file
+    [pid] = started
+    assert await no_live_plugin(tag)
+    assert not Path(f"/proc/{pid}").exists()  # killed and reaped
 
 
 async def test_cancellations_at_any_moment_of_many_spawns_end_and_leave_no_plugin(
-    runtime: CNIRuntime, pod_netns: Path
+    runtime: CNIRuntime, pod_netns: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fifty calls at once, all cancelled at moments spread over their start: each ends within
     a second and no plugin process is left."""
+    from cnidra.cni import invoke
+
+    real = asyncio.create_subprocess_exec
+    started: list[int] = []
+
+    async def counted(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        proc = await real(*args, **kwargs)
+        started.append(proc.pid)
+        return proc
+
+    monkeypatch.setattr(invoke.asyncio, "create_subprocess_exec", counted)
+    tag = tag_plugins(runtime.exec)
     net = netlist({"cniVersion": "1.0.0", "name": "hang", "plugins": [{"type": "fault-hang"}]})
     for delay in (0.0, 0.002, 0.01, 0.03, 0.1):
         tasks = [
             asyncio.create_task(runtime.add(net, rt(pod_netns, cid=f"c{n}"))) for n in range(50)
         ]
-        await asyncio.sleep(delay)
+        await asyncio.sleep(delay)  # the moment of the cancel: what the test varies
         for task in tasks:
             task.cancel()
         done, pending = await asyncio.wait(tasks, timeout=5)
         assert not pending, f"{len(pending)} calls still running after a cancel at {delay}s"
         assert all(t.cancelled() for t in done)
-    await asyncio.sleep(0.2)
-    assert await no_live_plugin("fault-hang")
+    assert started, "no plugin was started: the cancellations tested nothing"
+    assert await no_live_plugin(tag)
 
 
 @pytest.mark.parametrize(

@@ -23,28 +23,58 @@ EXAMPLES = ROOT / "examples"
 
 def namespaces() -> set[str]:
     """This run's namespaces (the `cnidra try` it starts inherits its tag): another run's on
-    the machine are not this test's to count."""
+    the machine, or another pytest-xdist worker's, are not this test's to count."""
     names = os.listdir("/run/netns") if os.path.isdir("/run/netns") else []
     return {n for n in names if f"-{RUN_TAG}-" in n}
 
 
-def root_links() -> set[str]:
-    """The names of the node's links (their states are other programs' to change)."""
-    return {line.split()[0].split("@")[0] for line in sh("ip", "-br", "link").splitlines()}
+# each test's `cnidra try` runs from a machine of its own: a namespace standing in for the host
+# (the links try must leave alone are that namespace's, not the real host's, which a test bed
+# or another test changes meanwhile) and a TMPDIR (try's scratch directories) of its own
+_machine: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    with netns.temporary("cnidra-machine") as path:
+        _machine[:] = [path]
+        yield path
+        _machine.clear()
+
+
+def on_machine() -> tuple[str, ...]:
+    """Into the machine's network namespace only: `ip netns exec` would also give the command
+    a mount namespace of its own, where the namespaces try adds (bind mounts under /run/netns)
+    would not be seen outside it."""
+    return ("nsenter", f"--net={_machine[0]}") if _machine else ()
+
+
+def machine_links() -> set[str]:
+    """The names of the links of the namespace try ran from."""
+    listing = sh("ip", "-n", _machine[0].name, "-br", "link")
+    return {line.split()[0].split("@")[0] for line in listing.splitlines()}
 
 
 def scratch_dirs() -> set[str]:
-    return {p.name for p in Path("/tmp").glob("cnidra-try-*")}
+    return {p.name for p in Path(os.environ["TMPDIR"]).glob("cnidra-try-*")}
+
+
+def remove_scratch_dirs() -> None:
+    for d in Path(os.environ["TMPDIR"]).glob("cnidra-try-*"):
+        sh("rm", "-rf", str(d))
 
 
 @pytest.fixture
-def clean_machine() -> Iterator[None]:
+def clean_machine(machine: Path) -> Iterator[None]:
     before_ns, before_tmp = namespaces(), scratch_dirs()
-    before_links = root_links()
+    before_links = machine_links()
     yield
     assert namespaces() == before_ns
     assert scratch_dirs() == before_tmp
-    assert root_links() <= before_links, root_links() - before_links
+    assert machine_links() == before_links
     assert not Path("/var/lib/cni/networks/macvlan-data").exists()
 
 
@@ -52,7 +82,7 @@ def cnidra_try(
     tools: CNITools, *args: str, prefix: tuple[str, ...] = (), state: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CNIDRA_CNI_PATH": tools.plugins}
-    cmd = [*prefix, sys.executable, "-m", "cnidra", "try", *args]
+    cmd = [*on_machine(), *prefix, sys.executable, "-m", "cnidra", "try", *args]
     if state:
         cmd += ["--state-dir", str(state)]
     return subprocess.run(
@@ -207,8 +237,7 @@ def test_keep_leaves_the_interface_in_place(cni_tools: CNITools) -> None:
     finally:
         for name in created:
             sh("ip", "netns", "delete", name)
-        for d in Path("/tmp").glob("cnidra-try-*"):
-            sh("rm", "-rf", str(d))
+        remove_scratch_dirs()
 
 
 def test_given_netns_is_used_and_not_removed(
@@ -223,8 +252,7 @@ def test_given_netns_is_used_and_not_removed(
     for name in namespaces():
         if name.startswith("cnidra-try-node"):
             sh("ip", "netns", "delete", name)
-    for d in Path("/tmp").glob("cnidra-try-*"):
-        sh("rm", "-rf", str(d))
+    remove_scratch_dirs()
 
 
 def test_host_mode_uses_the_machine_it_runs_on(
@@ -324,7 +352,7 @@ def test_a_plugin_error_with_brackets_is_text_not_markup(
     path = _bare(tmp_path, config)
     env_path = f"{cni_tools.plugins}:{plugins}"
     out = subprocess.run(
-        [sys.executable, "-m", "cnidra", "try", str(path)],
+        [*on_machine(), sys.executable, "-m", "cnidra", "try", str(path)],
         env={**os.environ, "CNIDRA_CNI_PATH": env_path},
         capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
     )  # fmt: skip

@@ -141,7 +141,10 @@ async def test_at_most_a_bounded_number_of_claims_ask_the_apiserver_at_once(
     batch = asyncio.create_task(
         preparer.prepare_batch([ObjectRef("ns", f"c{i}", uid) for i, uid in enumerate(uids)])
     )
-    await asyncio.sleep(0.05)
+    for _ in range(250):  # every slot taken: the rest wait for one
+        if source.open == APISERVER_SLOTS:
+            break
+        await asyncio.sleep(0.01)
     assert source.open == APISERVER_SLOTS
     assert preparer.in_flight() == set(uids)  # all of them live for the IPAM reconciler
     source.release.set()

@@ -73,7 +73,7 @@ async def test_a_sandbox_stopped_mid_add_is_deleted_after_it(tmp_path: Path) -> 
     node = Node.start(tmp_path, FakePlugins(slow={"macvlan": 0.1}), background=True)
     one_network(node, "a")
     await node.hooks.run_pod_sandbox(pod("a"))
-    await asyncio.sleep(0.01)  # the ADD is running
+    await adding(node)  # the ADD is running
     await node.hooks.stop_pod_sandbox(pod("a"))
     commands = [c.command for c in node.plugins.calls]
     assert commands == ["ADD", "DEL"]
@@ -121,7 +121,7 @@ async def test_a_reconnect_mid_add_leaves_the_add_alone(tmp_path: Path) -> None:
     node = Node.start(tmp_path, FakePlugins(slow={"macvlan": 0.15}), background=True)
     one_network(node, "a")
     await node.hooks.run_pod_sandbox(pod("a"))
-    await asyncio.sleep(0.05)  # the ADD is running
+    await adding(node)  # the ADD is running
     record = node.store.get("a-sandbox")
     assert record is not None and record.state is State.ADDING
     await node.hooks.synchronize([pod("a")])
@@ -161,7 +161,7 @@ async def test_a_sandbox_stopped_during_a_long_add_answers_within_the_hooks_time
     node.lifecycle.budget = HookBudget(request_timeout=1.0, behind=10.0)
     one_network(node, "a")
     await node.hooks.run_pod_sandbox(pod("a"))
-    await asyncio.sleep(0.05)  # the ADD is running
+    await adding(node)  # the ADD is running
     start = time.perf_counter()
     await node.hooks.stop_pod_sandbox(pod("a"))
     assert time.perf_counter() - start < 0.9  # the fake runtime's hook timeout is 1 s
@@ -171,6 +171,15 @@ async def test_a_sandbox_stopped_during_a_long_add_answers_within_the_hooks_time
     await asyncio.sleep(0.05)  # the cancelled ADD's rollback finds nothing left, and ends
     assert node.store.get("a-sandbox") is None and not node.lifecycle.retries
     assert [c.command for c in node.plugins.calls] == ["ADD", "DEL"]
+
+
+async def adding(node: Node) -> None:
+    """Until the fake plugin has been called for ADD (and sleeps its `slow` seconds)."""
+    for _ in range(1000):
+        if any(c.command == "ADD" for c in node.plugins.calls):
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("no ADD started in 5 s")
 
 
 @dataclass
@@ -199,7 +208,7 @@ async def test_a_stop_behind_a_reconnects_detach_still_answers_in_time(tmp_path:
     node.lifecycle.budget = HookBudget(request_timeout=1.0, behind=10.0)
     one_network(node, "a")
     await node.hooks.run_pod_sandbox(pod("a"))
-    await asyncio.sleep(0.05)  # the ADD is running, the lock held
+    await adding(node)  # the ADD is running, the lock held
     sync = asyncio.create_task(node.hooks.synchronize([pod("a")]))
     await asyncio.sleep(0.05)  # Synchronize waits for the lock
     start = time.perf_counter()
@@ -223,7 +232,7 @@ async def test_a_sandbox_stopped_during_a_synchronize_is_not_attached_by_it(
     await node.hooks.run_pod_sandbox(pod("b"))
     await node.hooks.create_container(pod("b"))  # b attached
     await node.hooks.run_pod_sandbox(pod("a"))
-    await asyncio.sleep(0.05)  # a's ADD is running
+    await adding(node)  # a's ADD is running
     sync = asyncio.create_task(node.hooks.synchronize([pod("a"), pod("b")]))
     await asyncio.sleep(0.02)
     await node.hooks.stop_pod_sandbox(pod("b"))

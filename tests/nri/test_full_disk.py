@@ -9,7 +9,7 @@ import contextlib
 import json
 import logging
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +28,14 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(root)], check=False)
 
 
+async def until(condition: Callable[[], bool], within: float = 10.0) -> None:
+    for _ in range(int(within / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"not within {within} s")
+
+
 def fill(root: Path) -> Path:
     filler = root / "filler"
     with contextlib.suppress(OSError), open(filler, "wb") as f:
@@ -37,6 +45,7 @@ def fill(root: Path) -> Path:
     return filler
 
 
+@pytest.mark.netns  # mounts a tmpfs: root
 async def test_a_full_state_root_is_named_survived_and_recovered_from(
     small_disk: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -47,8 +56,17 @@ async def test_a_full_state_root_is_named_survived_and_recovered_from(
     filler = fill(small_disk)
     node.gone.add(node.store.get("a-sandbox").netns)  # type: ignore[union-attr]
     caplog.set_level(logging.INFO)
+    probes = 0
+    probe = node.reconciler.write_problem
+
+    def counted() -> str | None:
+        nonlocal probes
+        probes += 1
+        return probe()
+
+    node.reconciler.write_problem = counted  # type: ignore[method-assign]
     sweeper = asyncio.create_task(node.reconciler.run_sweeper(0.05))
-    await asyncio.sleep(0.5)  # ten sweeps
+    await until(lambda: probes >= 10 or sweeper.done())  # ten sweeps met the full disk
     assert not sweeper.done()  # alive, not restarting with a traceback
     problem = node.reconciler.state_problem
     assert problem is not None and "No space left on device" in problem
@@ -58,7 +76,7 @@ async def test_a_full_state_root_is_named_survived_and_recovered_from(
     assert (small_disk / "sandboxes" / "a-sandbox.json").read_bytes() == before
     assert not list((small_disk / "sandboxes").glob(".*"))
     filler.unlink()
-    await asyncio.sleep(0.5)
+    await until(lambda: node.store.get("a-sandbox") is None or sweeper.done())
     sweeper.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await sweeper

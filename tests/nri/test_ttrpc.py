@@ -325,7 +325,10 @@ async def test_plugin_registers_configures_syncs_and_serves_hooks(tmp_path: Path
 async def test_plugin_waits_for_a_runtime_that_is_not_there(tmp_path: Path) -> None:
     plugin = NRIPlugin(Hooks(), str(tmp_path / "absent.sock"))
     task = asyncio.create_task(plugin.run())
-    await asyncio.sleep(0.3)
+    for _ in range(250):  # its first attempt made and failed
+        if plugin.last_error is not None:
+            break
+        await asyncio.sleep(0.02)
     assert not plugin.connected.is_set()
     assert plugin.last_error is not None and "no NRI socket" in plugin.last_error
     task.cancel()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
@@ -42,6 +44,7 @@ def _scrape(collector: InterfaceCollector) -> str:
     return generate_latest(registry).decode()
 
 
+@pytest.mark.netns
 def test_a_pods_interface_counts_its_traffic_and_its_series_goes_with_it(
     node_netns: Path, pod_netns: Path
 ) -> None:
@@ -106,15 +109,29 @@ def test_the_scrape_reads_a_bounded_number_of_namespaces_within_its_timeout() ->
 
 
 def test_a_namespace_read_that_hangs_does_not_hold_the_scrape(
-    monkeypatch: object,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The scrape returns within its timeout while its reader thread is stuck entering a
+    namespace; the thread is released afterwards and ends (no thread left behind)."""
     from cnidra.observe import interfaces
 
+    reached, release = threading.Event(), threading.Event()
+
     def stuck(path: str) -> object:
-        time.sleep(5)
+        reached.set()
+        release.wait(10)  # bounded: a scrape that waits for it fails below, it does not hang
         raise OSError("never")
 
-    monkeypatch.setattr(interfaces, "entered", stuck)  # type: ignore[attr-defined]
+    monkeypatch.setattr(interfaces, "entered", stuck)
+    before = set(threading.enumerate())
     started = time.monotonic()
-    assert interfaces.read_namespaces(["/run/netns/x"], 0.3) == {}
-    assert time.monotonic() - started < 2
+    try:
+        assert interfaces.read_namespaces(["/run/netns/x"], 0.3) == {}
+        assert time.monotonic() - started < 2
+        assert reached.is_set()  # the reader did get to the namespace, and is stuck there
+        new = set(threading.enumerate()) - before
+        [reader] = [t for t in new if t.name == "interface-counters"]
+    finally:
+        release.set()
+    reader.join(5)
+    assert not reader.is_alive()

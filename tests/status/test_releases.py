@@ -103,10 +103,11 @@ async def test_a_release_does_not_wait_out_the_backoff_of_an_earlier_failed_writ
                 apiserver.called.clear()
                 await apiserver.called.wait()
         writer.finalizer(CLAIM, False)
-        async with asyncio.timeout(0.5):
+        async with asyncio.timeout(0.5):  # TimeoutError: the removal waited out the backoff
             while apiserver.finalizers.get("c") != []:
                 apiserver.called.clear()
                 await apiserver.called.wait()
+        assert apiserver.finalizers["c"] == []
     finally:
         worker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
