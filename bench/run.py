@@ -83,7 +83,7 @@ BENCHES: tuple[Bench, ...] = (
     Bench("attach_parallel", ("--json",), 600, 0.5, ""),
     Bench("webhook", ("--json",), 300, 0.1, ""),
     # the cost of judging the largest configs the bounds admit, worst shapes (docs/security.md)
-    Bench("judge", ("--json",), 1800, 1.5, ""),
+    Bench("judge", ("--timeout", "60", "--json"), 1800, 8, ""),
     Bench("prepare_inproc", ("--json",), 1200, 0.5, "", optional=True),
     Bench("pod_cpu", ("--json",), 900, 1, "", optional=True),
     # 3 rounds of 50 pods four ways; the peers' first build (about 3 min) comes on top
