@@ -169,7 +169,7 @@ class Issues:
 
     @property
     def omitted(self) -> int:
-        """Problems (errors and warnings) reported but not kept, repeats aside."""
+        """Problems (errors and warnings) reported but not kept (a repeat of a kept one aside)."""
         return sum(self._omitted.values())
 
     def _of(self, severity: Severity) -> IssueList:

@@ -73,12 +73,12 @@ async def test_a_claim_past_the_budget_fails_alone_naming_the_claim_and_the_budg
     tmp_path: Path, costly_a: tuple[threading.Event, threading.Event]
 ) -> None:
     _, release = costly_a
-    p = preparer(tmp_path, judge_budget=0.2)
+    p = preparer(tmp_path, judge_budget=1)  # b's judgement takes far less, even on a busy machine
     answers = await asyncio.wait_for(p.prepare_batch([A, B]), 10)
     a, b = answers
     assert isinstance(a, PrepareError)
     assert str(a) == (
-        "claim ns/a: judging its configs took longer than the budget of 0.2 s a claim may take, "
+        "claim ns/a: judging its configs took longer than the budget of 1 s a claim may take, "
         "so it is refused; its configs are too large to judge in time: make them smaller"
     )
     assert isinstance(b, PreparedClaim) and b.ref == B
@@ -97,8 +97,8 @@ async def test_judgements_at_once_are_bounded_and_a_slot_is_held_until_the_threa
     tmp_path: Path, costly_a: tuple[threading.Event, threading.Event]
 ) -> None:
     _, release = costly_a
-    p = preparer(tmp_path, judge_budget=0.1)
-    with pytest.raises(PrepareError, match=r"budget of 0\.1 s"):
+    p = preparer(tmp_path, judge_budget=1)
+    with pytest.raises(PrepareError, match=r"budget of 1 s"):
         await p.prepare(A)
     # a's thread still runs past its budget: it keeps its slot
     assert p._judge_slots._value == prepare_module.JUDGE_SLOTS - 1
