@@ -141,6 +141,7 @@ def resolve_claim(
             catalog=catalog,
             device_network=networks.get(result.device),
             verdicts=verdicts,
+            node=view.facts,
         )
         if attachment is None:
             problems.append(_describe(request, entries, issues))
