@@ -20,15 +20,16 @@ So:
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from cnidra.api.constants import API_VERSION
-from cnidra.api.issues import FieldPath, Issues
+from cnidra.api.issues import FieldPath, Issues, listing
 from cnidra.api.merge import ConfigEntry, Source
 from cnidra.api.tenant import Path, TenantNetwork, address_outside, decode_network, is_zero
 
@@ -134,6 +135,7 @@ PARENT_FIELDS: Mapping[str, str] = {
     "bridge": "bridge",
 }
 CNICONFIG_KEYS = ("apiVersion", "kind")
+MAX_VLAN_SPAN_END = 1 << 62  # above any span's end: bisect finds the last span starting <= low
 
 
 class LabelRequirement(BaseModel):
@@ -188,29 +190,36 @@ class ClaimRules(BaseModel):
     attachment_definition_namespaces: list[str] = Field(
         default_factory=list, alias="attachmentDefinitionNamespaces"
     )
+    _merged: list[tuple[int, int]] | None = PrivateAttr(default=None)
 
     def _spans(self) -> list[tuple[int, int]]:
-        out = []
-        for item in self.vlan_ids or []:
-            low, _, high = item.partition("-")
-            if low.isdigit() and (not high or high.isdigit()):
-                out.append((int(low), int(high or low)))
-        return out
+        """The allowed VLAN IDs as sorted, disjoint spans (adjacent ones joined), parsed once:
+        a judgement asks for every VLAN a network names."""
+        if self._merged is None:
+            spans = []
+            for item in self.vlan_ids or []:
+                low, _, high = item.partition("-")
+                if low.isdigit() and (not high or high.isdigit()):
+                    spans.append((int(low), int(high or low)))
+            merged: list[tuple[int, int]] = []
+            for lo, hi in sorted(spans):
+                if merged and lo <= merged[-1][1] + 1:
+                    merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+                else:
+                    merged.append((lo, hi))
+            self._merged = merged
+        return self._merged
 
     def vlan_allowed(self, vlan: int) -> bool:
-        return self.vlan_ids is None or any(lo <= vlan <= hi for lo, hi in self._spans())
+        return self.vlan_ids is None or self.span_allowed(vlan, vlan)
 
     def span_allowed(self, low: int, high: int) -> bool:
-        """Every VLAN of low..high is allowed (a trunk carries them all)."""
+        """Every VLAN of low..high is allowed (a trunk carries them all): one span holds them."""
         if self.vlan_ids is None:
             return True
-        wanted = low
-        for lo, hi in sorted(self._spans()):
-            if lo <= wanted <= hi:
-                wanted = hi + 1
-            if wanted > high:
-                return True
-        return wanted > high
+        spans = self._spans()
+        i = bisect.bisect_right(spans, (low, MAX_VLAN_SPAN_END)) - 1
+        return i >= 0 and spans[i][0] <= low and high <= spans[i][1]
 
 
 # without a policy (or outside its namespaces) a claim may set ifName and nothing else
@@ -598,7 +607,7 @@ def _check_network(
             if not network.is_admin(address.raw):
                 _check_address(address.text, address.path, rules, issues)
     if rules.vlan_ids is not None:
-        allowed = ", ".join(rules.vlan_ids)
+        allowed = listing(rules.vlan_ids)
         for span in network.vlans():
             if network.is_admin(span.raw):
                 continue
@@ -647,8 +656,7 @@ def _check_address(text: str, where: FieldPath, rules: ClaimRules, issues: Issue
     if address_outside(text, rules.ip_ranges):
         issues.error(
             where,
-            f"{text} is outside the ranges this DeviceClass allows: "
-            + ", ".join(str(r) for r in rules.ip_ranges),
+            f"{text} is outside the ranges this DeviceClass allows: " + listing(rules.ip_ranges),
         )
 
 

@@ -421,3 +421,25 @@ def test_an_omitted_line_is_an_issue_of_its_severity() -> None:
     assert kept == Issue(ROOT / "a", "w1", Severity.WARNING)
     assert isinstance(rest, Omitted) and rest.severity is Severity.WARNING
     assert rest.message == "... and 1 more warning not shown" and not issues.errors
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 60), st.integers(0, 8)).map(lambda t: (t[0], t[0] + t[1])),
+        max_size=8,
+    ),
+    st.integers(1, 70),
+    st.integers(0, 10),
+)
+def test_allowed_vlan_spans_agree_with_the_plain_definition(
+    spans: list[tuple[int, int]], low: int, width: int
+) -> None:
+    """The VLAN IDs a class allows, parsed and merged once, answer as checking each ID would."""
+    from cnidra.api.policy import ClaimRules
+
+    ids = [f"{lo}-{hi}" if hi != lo else str(lo) for lo, hi in spans]
+    rules = ClaimRules.model_validate({"vlanIDs": ids})
+    high = low + width
+    every = all(any(lo <= v <= hi for lo, hi in spans) for v in range(low, high + 1))
+    assert rules.span_allowed(low, high) == every
+    assert rules.vlan_allowed(low) == any(lo <= low <= hi for lo, hi in spans)
