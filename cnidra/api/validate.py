@@ -542,13 +542,7 @@ def claim_entries(
     if not isinstance(configs, list):
         issues.error(base / "config", f"must be a list, got {describe(configs)}")
         return []
-    if len(configs) > MAX_CONFIGS:
-        issues.error(
-            base / "config",
-            f"has {len(configs):,} configs; DRA allows at most {MAX_CONFIGS} (the apiserver "
-            "refuses more); the rest are not checked",
-        )
-        configs = configs[:MAX_CONFIGS]
+    configs = _within_dra_bound(configs, MAX_CONFIGS, "configs", base / "config", issues)
     parents = {n.split("/", 1)[0] for n in request_names}
     known = listing(sorted(request_names)) or "none"
     entries: list[ConfigEntry] = []
@@ -609,18 +603,25 @@ def claim_entries(
     return entries
 
 
+def _within_dra_bound(
+    items: list[Any], limit: int, what: str, path: FieldPath, issues: Issues
+) -> list[Any]:
+    """The first `limit` items, and an error when there are more (the apiserver refuses them)."""
+    if len(items) > limit:
+        issues.error(
+            path,
+            f"has {len(items):,} {what}; DRA allows at most {limit} (the apiserver refuses "
+            "more); the rest are not checked",
+        )
+    return items[:limit]
+
+
 def _requests(devices: Mapping[str, Any], base: FieldPath, issues: Issues) -> list[Request]:
     raw = devices.get("requests")
     if not isinstance(raw, list) or not raw:
         issues.error(base / "requests", "must list at least one device request")
         return []
-    if len(raw) > MAX_REQUESTS:
-        issues.error(
-            base / "requests",
-            f"has {len(raw):,} requests; DRA allows at most {MAX_REQUESTS} (the apiserver "
-            "refuses more); the rest are not checked",
-        )
-        raw = raw[:MAX_REQUESTS]
+    raw = _within_dra_bound(raw, MAX_REQUESTS, "requests", base / "requests", issues)
     out: list[Request] = []
     for i, req in enumerate(raw):
         rpath = base / "requests" / i
@@ -638,13 +639,9 @@ def _requests(devices: Mapping[str, Any], base: FieldPath, issues: Issues) -> li
         exactly: dict[str, Any] = req["exactly"] if isinstance(req.get("exactly"), dict) else req
         alternatives = req.get("firstAvailable")
         if isinstance(alternatives, list):
-            if len(alternatives) > MAX_SUBREQUESTS:
-                issues.error(
-                    rpath / "firstAvailable",
-                    f"has {len(alternatives):,} subrequests; DRA allows at most "
-                    f"{MAX_SUBREQUESTS} (the apiserver refuses more); the rest are not checked",
-                )
-                alternatives = alternatives[:MAX_SUBREQUESTS]
+            alternatives = _within_dra_bound(
+                alternatives, MAX_SUBREQUESTS, "subrequests", rpath / "firstAvailable", issues
+            )
             for j, sub in enumerate(alternatives):
                 if isinstance(sub, dict) and isinstance(sub.get("name"), str):
                     out.append(
