@@ -107,7 +107,9 @@ def _bridge(
     only the bridge's own MTU changes nothing. A VLAN on a bridge that does not filter VLANs
     isolates nothing, and the plugin turns filtering on only for a bridge it creates."""
     mtu = plugin.get("mtu")
-    if mtu in (None, 0):
+    # an admin may spell it `MTU` (Go matches keys case-insensitively): theirs stands as written
+    spelled = any(k.lower() == "mtu" and k != "mtu" for k in plugin)
+    if mtu in (None, 0) and not spelled:
         plugin["mtu"] = bridge.mtu  # pinned: the value that changes nothing
     elif mtu != bridge.mtu and tenant("mtu"):
         issues.error(

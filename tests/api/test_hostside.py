@@ -212,3 +212,11 @@ def test_a_tenants_static_addresses_come_from_ipam_addresses_only() -> None:
     )
     with pytest.raises(PrepareError, match=r"plugins\[0\]\.args\.cni\.ips: would replace"):
         resolve_claim(c, REF, "n1", DIRS, VIEW)
+
+
+def test_an_admins_mtu_in_another_spelling_is_not_overridden() -> None:
+    """Go reads `MTU` as `mtu` and keeps the last: a pinned `mtu` after it would win."""
+    assert judge({"type": "bridge", "MTU": 9000}, "br-data", admin) == (
+        {"type": "bridge", "MTU": 9000},
+        [],
+    )
