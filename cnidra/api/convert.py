@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import ipaddress
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +29,9 @@ from cnidra.api.multus import (
     pod_template,
 )
 from cnidra.api.netconf import to_conflist
+from cnidra.api.plugin_schema import ifname_problem
 from cnidra.api.policy import SEGMENT_BLIND_IPAM, parent_links
+from cnidra.api.validate import validate_documents
 
 
 class OutputKind(StrEnum):
@@ -53,6 +56,8 @@ class Source:
 
 RESOURCE_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
 SRIOV_TYPES = ("sriov", "ib-sriov")
+# KubeVirt's macvtap-cni: its device plugin's resources are named after the lower link
+MACVTAP_RESOURCE = "macvtap.network.kubevirt.io/"
 # fields cnidra sets itself (docs/state.md): dropped from a converted config, with a note
 DRIVER_OWNED = {("host-local", "dataDir"), ("tuning", "dataDir")}
 
@@ -77,7 +82,7 @@ def read_sources(data: str | bytes, name: str = "input") -> list[Source]:
     try:
         docs = [load_json(raw, name)] if json_file else load_yaml(raw, name)
     except LoadError as exc:
-        raise ConvertError(str(exc)) from None
+        raise ConvertError(_unreadable(exc, name)) from None
     if not docs:
         raise ConvertError(f"{name} is empty")
     single = docs[0] if len(docs) == 1 and isinstance(docs[0], dict) else None
@@ -102,25 +107,173 @@ def read_sources(data: str | bytes, name: str = "input") -> list[Source]:
     return [_from_nad(nad, name) for nad in nads]
 
 
+def _unreadable(exc: LoadError, name: str) -> str:
+    """A file that is not YAML, said once with the file's name; two objects run together
+    (`cat a.yaml b.yaml` without `---` between them) told as such."""
+    message = str(exc)
+    if not message.startswith(f"{name}:"):
+        message = f"{name}: {message}"
+    if re.search(r"duplicate key '(apiVersion|kind|metadata|spec)'", message):
+        message += (
+            " (two objects run together? Separate YAML documents with a line `---`, e.g. "
+            "`{ cat upf.yaml; echo ---; cat nads.yaml; } > have.yaml`, or give one "
+            "`kubectl get -o yaml` List)"
+        )
+    return message
+
+
+@dataclass(frozen=True)
+class Held:
+    """An address whereabouts has handed out (an IPPool allocation or an
+    OverlappingRangeIPReservation), and to whom (`namespace/pod`)."""
+
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address
+    pod: str
+    source: str  # the whereabouts object that says so, for messages
+
+
+@dataclass
+class Inputs:
+    sources: list[Source] = field(default_factory=list)
+    workloads: list[dict[str, Any]] = field(default_factory=list)
+    held: list[Held] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # whereabouts objects that could not be read
+
+
+WHEREABOUTS_GROUP = "whereabouts.cni.cncf.io"
+IPPOOL_KIND = "IPPool"
+RESERVATION_KIND = "OverlappingRangeIPReservation"
+
+
+def read_all(data: str | bytes, name: str = "input") -> Inputs:
+    """The NADs (or the one CNI config), the workloads carrying Multus' networks annotation,
+    and the addresses whereabouts holds (its IPPools and OverlappingRangeIPReservations, as
+    `kubectl get -o yaml` prints them) in a file."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    if text.lstrip().startswith("{"):
+        return Inputs(read_sources(data, name))
+    try:
+        docs = load_yaml(data if isinstance(data, bytes) else data.encode(), name)
+    except LoadError as exc:
+        raise ConvertError(_unreadable(exc, name)) from None
+    docs = [d for doc in docs for d in _items(doc)]
+    out = Inputs()
+    out.held, out.notes = read_held(docs)
+    workloads = [d for d in docs if isinstance(d, dict) and d.get("kind") in WORKLOAD_KINDS]
+    out.workloads = [w for w in workloads if NETWORKS_ANNOTATION in _annotations(w)]
+    nads = [d for d in docs if isinstance(d, dict) and d.get("kind") == NAD_KIND]
+    if out.workloads:
+        out.sources = [_from_nad(nad, name) for nad in nads]
+    else:
+        out.sources = read_sources(data, name)
+    return out
+
+
 def read_inputs(
     data: str | bytes, name: str = "input"
 ) -> tuple[list[Source], list[dict[str, Any]]]:
     """The NADs (or the one CNI config) and the workloads carrying Multus' networks
     annotation in a file."""
-    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-    if text.lstrip().startswith("{"):
-        return read_sources(data, name), []
+    found = read_all(data, name)
+    return found.sources, found.workloads
+
+
+def _whereabouts(doc: Any, kind: str) -> bool:
+    return (
+        isinstance(doc, dict)
+        and doc.get("kind") == kind
+        and str(doc.get("apiVersion", "")).startswith(f"{WHEREABOUTS_GROUP}/")
+    )
+
+
+def read_held(docs: Sequence[Any]) -> tuple[list[Held], list[str]]:
+    """What whereabouts holds, from its objects: an IPPool's `spec.allocations` keyed by the
+    address's offset (decimal) from the address of `spec.range`, each with its `podref`; an
+    OverlappingRangeIPReservation named by its address (IPv6 with `-` for `:`, perhaps after
+    the network's name), with `spec.podref`. An object that cannot be read is said in a note
+    (its addresses are then not known to be held)."""
+    held: list[Held] = []
+    notes: list[str] = []
+    for doc in docs:
+        if _whereabouts(doc, IPPOOL_KIND):
+            found, problem = _pool_allocations(doc)
+            held += found
+        elif _whereabouts(doc, RESERVATION_KIND):
+            found, problem = _reservation(doc)
+            held += found
+        else:
+            continue
+        if problem:
+            notes.append(problem)
+    return held, notes
+
+
+def _object_name(doc: Mapping[str, Any]) -> str:
+    meta = doc.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    namespace = meta.get("namespace")
+    name = str(meta.get("name") or "(unnamed)")
+    return f"{doc.get('kind')} {namespace + '/' if isinstance(namespace, str) else ''}{name}"
+
+
+def _pool_allocations(doc: Mapping[str, Any]) -> tuple[list[Held], str | None]:
+    what = f"whereabouts {_object_name(doc)}"
+    spec = doc.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
     try:
-        docs = load_yaml(data if isinstance(data, bytes) else data.encode(), name)
-    except LoadError as exc:
-        raise ConvertError(str(exc)) from None
-    docs = [d for doc in docs for d in _items(doc)]
-    workloads = [d for d in docs if isinstance(d, dict) and d.get("kind") in WORKLOAD_KINDS]
-    annotated = [w for w in workloads if NETWORKS_ANNOTATION in _annotations(w)]
-    if not annotated:
-        return read_sources(data, name), []
-    nads = [d for d in docs if isinstance(d, dict) and d.get("kind") == NAD_KIND]
-    return [_from_nad(nad, name) for nad in nads], annotated
+        base = ipaddress.ip_interface(str(spec.get("range")))
+    except ValueError:
+        return [], (
+            f"{what}: spec.range {spec.get('range')!r} is not a CIDR, so its allocations are "
+            "not known to be held; exclude them from the pool by hand"
+        )
+    allocations = spec.get("allocations") or {}
+    if not isinstance(allocations, Mapping):
+        return [], f"{what}: spec.allocations is not a map of offsets; its addresses are not read"
+    held: list[Held] = []
+    bad: list[str] = []
+    for offset, allocation in allocations.items():
+        try:
+            number = int(str(offset), 10)
+            address = base.ip + number
+        except (ValueError, ipaddress.AddressValueError):
+            bad.append(str(offset))
+            continue
+        if number < 0 or address not in base.network:
+            bad.append(str(offset))
+            continue
+        pod = allocation.get("podref") if isinstance(allocation, Mapping) else None
+        held.append(Held(address, str(pod or "?"), what))
+    problem = None
+    if bad:
+        problem = (
+            f"{what}: spec.allocations {', '.join(sorted(bad)[:5])} are not offsets (decimal) "
+            f"into {base.network}; those addresses are not known to be held"
+        )
+    return held, problem
+
+
+def _reservation(doc: Mapping[str, Any]) -> tuple[list[Held], str | None]:
+    what = f"whereabouts {_object_name(doc)}"
+    meta = doc.get("metadata")
+    name = str((meta if isinstance(meta, Mapping) else {}).get("name") or "")
+    spec = doc.get("spec")
+    pod = (spec if isinstance(spec, Mapping) else {}).get("podref")
+    # the name is the address, IPv6's ':' written '-', maybe after the network's name and '-':
+    # every reading is kept (a pool excludes only those in its ranges)
+    cut = [0, *[i + 1 for i, c in enumerate(name) if c == "-"]]
+    found: dict[Any, Held] = {}
+    for start in cut:
+        tail = name[start:]
+        for text in (tail, tail.replace("-", ":")):
+            try:
+                address = ipaddress.ip_address(text)
+            except ValueError:
+                continue
+            found.setdefault(address, Held(address, str(pod or "?"), what))
+    if not found:
+        return [], f"{what}: its name is not an address, so what it reserves is not known"
+    return list(found.values()), None
 
 
 def _items(doc: Any) -> list[Any]:
@@ -262,20 +415,24 @@ def describe(source: Source) -> str:
     return f"CNI config {source.name or '(unnamed)'}{where}"
 
 
-def adapt(
-    source: Source, namespace: str | None = None
-) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
-    """The source's config as the shipped classes take it, the objects it needs besides (a
-    CNIIPPool for whereabouts or host-local IPAM), and notes on what changed. `namespace`: where
-    the claims that carry the config go (default: the source's), which a pool must serve."""
+def refuse_devices(source: Source) -> None:
+    """Raises Refused for a network whose device another device plugin allocates (SR-IOV,
+    KubeVirt's macvtap): converted or referenced, cnidra cannot give it as Multus did."""
     what = describe(source)
-    served = namespace or source.namespace or "default"
-    config = copy.deepcopy(source.config)
-    notes: list[str] = []
-    extra: list[dict[str, Any]] = []
-    listed = config.get("plugins")
-    plugins: list[Any] = listed if isinstance(listed, list) else [config]
+    listed = source.config.get("plugins")
+    plugins: list[Any] = listed if isinstance(listed, list) else [source.config]
     types = [str(p.get("type")) for p in plugins if isinstance(p, dict)]
+    resource = source.resource_name or ""
+    if "macvtap" in types or resource.startswith(MACVTAP_RESOURCE):
+        lower = resource.removeprefix(MACVTAP_RESOURCE) or "the link its resource names"
+        raise Refused(
+            f"{what} is a KubeVirt macvtap network (type macvtap, device-plugin resource "
+            f"{resource or 'none named'}): its macvtap device on {lower} is made by KubeVirt's "
+            "macvtap device plugin and CNI plugin, and cnidra runs neither (the shipped class "
+            "allows no macvtap plugin, and cnidra publishes no macvtap devices). Not converted: "
+            "keep this VM network on Multus, or move the VM to a binding that takes a macvlan "
+            f"or bridge interface, whose network cnidra can give (a claim selecting {lower})"
+        )
     if source.resource_name or any(t in SRIOV_TYPES for t in types):
         raise Refused(
             f"{what} is an SR-IOV network (device-plugin resource "
@@ -284,6 +441,23 @@ def adapt(
             "makes a DeviceClass for the VFs (see examples/sriov-vf.yaml: their pciVendor and "
             "pciDevice, from `lspci -nn`) and the workload claims from it. Not converted."
         )
+
+
+def adapt(
+    source: Source, namespace: str | None = None, held: Sequence[Held] = ()
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+    """The source's config as the shipped classes take it, the objects it needs besides (a
+    CNIIPPool for whereabouts or host-local IPAM), and notes on what changed. `namespace`: where
+    the claims that carry the config go (default: the source's), which a pool must serve;
+    `held`: the addresses whereabouts holds, which a pool made of whereabouts IPAM excludes."""
+    what = describe(source)
+    served = namespace or source.namespace or "default"
+    config = copy.deepcopy(source.config)
+    notes: list[str] = []
+    extra: list[dict[str, Any]] = []
+    listed = config.get("plugins")
+    plugins: list[Any] = listed if isinstance(listed, list) else [config]
+    refuse_devices(source)
     for plugin in plugins:
         if not isinstance(plugin, dict):
             continue
@@ -305,9 +479,9 @@ def adapt(
             notes.append(
                 f"{what}: whereabouts IPAM became CNIIPPool {pool['metadata']['name']} (emitted "
                 "above; apply it once, as the admin: pools are cluster-scoped) and "
-                '{"type": "cnidra"} IPAM; addresses whereabouts handed out are not carried '
-                "over, so move workloads in a window or exclude those in use"
+                '{"type": "cnidra"} IPAM'
             )
+            notes.append(_exclude_held(pool, held, what))
         elif isinstance(ipam, dict) and ipam.get("type") == "host-local":
             pool, kept, pool_notes = _host_local_pool(ipam, source, what, served)
             extra.append(pool)
@@ -369,6 +543,48 @@ def _whereabouts_pool(
     if exclude:
         spec["exclude"] = [str(ipaddress.ip_network(x, strict=False)) for x in exclude]
     return _pool_document(source, spec)
+
+
+def _exclude_held(pool: dict[str, Any], held: Sequence[Held], what: str) -> str:
+    """Excludes from a pool made of whereabouts IPAM the addresses whereabouts holds in its
+    ranges, so cnidra never hands out an address a Multus pod still has while both run side by
+    side; says which, and to whom."""
+    name = pool["metadata"]["name"]
+    subnets = [ipaddress.ip_network(r["subnet"]) for r in pool["spec"]["ranges"]]
+    inside: dict[Any, Held] = {}
+    for h in held:
+        if any(h.address.version == n.version and h.address in n for n in subnets):
+            inside.setdefault(h.address, h)
+    if not inside:
+        if held:
+            return (
+                f"{what}: none of the addresses the whereabouts objects given hold is in "
+                f"CNIIPPool {name}'s ranges; nothing excluded"
+            )
+        return (
+            f"{what}: addresses whereabouts handed out are not known (give its IPPools and "
+            "OverlappingRangeIPReservations beside the NADs: `kubectl get "
+            "ippools.whereabouts.cni.cncf.io,overlappingrangeipreservations."
+            "whereabouts.cni.cncf.io -A -o yaml`), so they are not excluded from CNIIPPool "
+            f"{name}: cnidra may hand one out that a Multus pod still holds; move workloads in "
+            "a window, or convert again with them"
+        )
+    networks = [ipaddress.ip_network(x) for x in pool["spec"].get("exclude") or []]
+    extra = [ipaddress.ip_network(a) for a in inside]
+    merged: list[Any] = []
+    for version in (4, 6):
+        same = [n for n in [*networks, *extra] if n.version == version]
+        merged += ipaddress.collapse_addresses(same)
+    pool["spec"]["exclude"] = [str(n) for n in merged]
+    shown = ", ".join(f"{h.address} ({h.pod})" for h in list(inside.values())[:10])
+    more = f" and {len(inside) - 10} more" if len(inside) > 10 else ""
+    return (
+        f"{what}: the {len(inside)} address(es) whereabouts holds in CNIIPPool {name}'s ranges "
+        f"are in its exclude, so cnidra never hands them out while Multus' pods run beside "
+        f"cnidra's: {shown}{more}. A pod moved to cnidra gets a new address from the pool, one "
+        "that keeps its name (a StatefulSet's) too; once the Multus pods are gone, take them "
+        "out of exclude (it may change; ranges may not)"
+    )
 
 
 def _pool_document(source: Source, spec: dict[str, Any]) -> dict[str, Any]:
@@ -583,6 +799,53 @@ def _is_route(route: Mapping[str, Any]) -> bool:
 # ------------------------------------------------------------------ whole inputs
 
 
+# The default DeviceClass deploy/deviceclass.yaml and the chart ship (rendered from
+# charts/cnidra/templates/deviceclasses.yaml; tests/api/test_convert_policy.py keeps the two
+# equal): what convert's output must pass when no admin class is given.
+SHIPPED_CLASS: dict[str, Any] = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": DEVICE_CLASS_NAME},
+    "spec": {
+        "selectors": [
+            {
+                "cel": {
+                    "expression": f'device.driver == "{DRIVER_NAME}" && '
+                    f'!device.attributes["{DRIVER_NAME}"].nodeLink && '
+                    f'device.attributes["{DRIVER_NAME}"].type != "network"'
+                }
+            }
+        ],
+        "config": [
+            {
+                "opaque": {
+                    "driver": DRIVER_NAME,
+                    "parameters": {
+                        "apiVersion": API_VERSION,
+                        "kind": "CNIPolicy",
+                        "claims": {
+                            "defineNetworks": True,
+                            "fields": ["ipamClaimReference"],
+                            "plugins": [
+                                "macvlan",
+                                "ipvlan",
+                                "vlan",
+                                "bridge",
+                                "tuning",
+                                "sbr",
+                                "vrf",
+                                "static",
+                                "cnidra",
+                            ],
+                        },
+                    },
+                }
+            }
+        ],
+    },
+}
+
+
 def convert(
     sources: Sequence[Source],
     workloads: Sequence[Mapping[str, Any]] = (),
@@ -590,52 +853,137 @@ def convert(
     name: str | None = None,
     if_name: str | None = None,
     reference: bool = False,
+    held: Sequence[Held] = (),
+    policy: Sequence[Any] | None = None,
 ) -> Conversion:
     """NADs (or a CNI file) into claims or templates; workloads with Multus' networks
-    annotation into one template each plus the workload rewritten to claim it. Interface
-    names left out are given by cnidra's naming rule (net1, net2, ... across the pod)."""
+    annotation into one template each plus the workload rewritten to claim it, each interface
+    named as Multus named it. Everything emitted passes `policy` (DeviceClasses; default: the
+    shipped class) as `cnidra validate --policy` judges it; a NAD or workload whose output
+    would not is refused, naming each field. `held`: addresses whereabouts holds, excluded from
+    the pools made of whereabouts IPAM."""
+    if if_name is not None:
+        problem = ifname_problem(if_name)
+        if problem:
+            raise ConvertError(f"--if-name {if_name!r}: {problem}")
+        if workloads:
+            raise ConvertError(
+                "--if-name names the interface of a NAD or CNI file's claim; a workload's "
+                "interface names come from its networks annotation"
+            )
+        if len(sources) > 1:
+            raise ConvertError(
+                f"--if-name names one interface, and the input has {len(sources)} networks: "
+                "a pod claiming two of them would get two interfaces of that name; convert "
+                "each NAD on its own, or leave --if-name out (cnidra names them net1, net2, ...)"
+            )
     out = Conversion()
+    classes = list(policy) if policy else [SHIPPED_CLASS]
     if workloads:
         nads = {f"{s.namespace or 'default'}/{s.name}": s for s in sources if s.from_nad}
         for workload in workloads:
-            _convert_workload(workload, nads, out)
+            _convert_workload(workload, nads, out, held, classes)
         return out
     for source in sources:
+        what = describe(source)
         try:
             if reference:
-                out.docs.append(to_document(source, kind, name, if_name, reference=True))
-                out.notes += _refused_as_written(source)
-                continue
-            config, extra, notes = adapt(source)
+                refuse_devices(source)
+                doc = to_document(source, kind, name, if_name, reference=True)
+                checked = to_document(source, OutputKind.TEMPLATE, name, if_name, reference=True)
+                extra: list[dict[str, Any]] = []
+                notes: list[str] = []
+                context = [_nad_document(source)]
+            else:
+                config, extra, notes = adapt(source, held=held)
+                adapted = Source(config, source.name, source.namespace, source.from_nad)
+                doc = to_document(adapted, kind, name, if_name)
+                checked = to_document(adapted, OutputKind.TEMPLATE, name, if_name)
+                context = []
         except Refused as exc:
             out.refused.append(str(exc))
             continue
+        problems = policy_problems([*extra, checked], [*classes, *context])
+        if problems:
+            hints = _refused_as_written(source) if reference else []
+            out.refused.append(_not_passing(what, problems, classes, hints))
+            continue
         _add_docs(out, extra)
         out.notes += notes
-        adapted = Source(config, source.name, source.namespace, source.from_nad)
-        out.docs.append(to_document(adapted, kind, name, if_name))
+        out.docs.append(doc)
     return out
 
 
+def policy_problems(docs: Sequence[Any], context: Sequence[Any]) -> list[str]:
+    """Every error `cnidra validate --policy` finds in `docs`, given `context` (DeviceClasses,
+    and the NADs referenced), each as `Kind name: field: why`."""
+    reports = validate_documents(docs, context)
+    return [
+        f"{r.kind} {r.name}: {issue.path}: {issue.message}"
+        for r in reports
+        for issue in r.issues.errors
+    ]
+
+
+def _not_passing(
+    what: str, problems: Sequence[str], classes: Sequence[Any], hints: Sequence[str] = ()
+) -> str:
+    names = sorted(
+        {
+            str((c.get("metadata") or {}).get("name"))
+            for c in classes
+            if isinstance(c, Mapping) and c.get("kind") == "DeviceClass"
+        }
+    )
+    whose = "the shipped class" if classes == [SHIPPED_CLASS] else "the classes given"
+    told = "; ".join(problems)
+    advice = " ".join(hints)
+    return (
+        f"{what}: its converted form does not pass {whose} ({', '.join(names)}), so it is not "
+        f"converted (claims carrying it would be refused at admission or prepare): {told}. "
+        "What the class's CNIPolicy does not allow, an admin class can (docs/security.md; "
+        "check against it with `cnidra convert --policy CLASS.yaml`); what is never "
+        "claim-settable, no class allows: change the NAD" + (f". {advice}" if advice else "")
+    )
+
+
+def _nad_document(source: Source) -> dict[str, Any]:
+    """The NAD a source was read from, as the validator takes it (for --reference)."""
+    meta: dict[str, Any] = {"name": source.name}
+    if source.namespace:
+        meta["namespace"] = source.namespace
+    if source.resource_name:
+        meta["annotations"] = {RESOURCE_ANNOTATION: source.resource_name}
+    return {
+        "apiVersion": "k8s.cni.cncf.io/v1",
+        "kind": NAD_KIND,
+        "metadata": meta,
+        "spec": {"config": json.dumps(source.config)},
+    }
+
+
 def _refused_as_written(source: Source) -> list[str]:
-    """What a claim referencing the NAD as it is (--reference) will meet at prepare: a NAD of
-    the claim's namespace is held as the claim's own network, and IPAM that cannot know who
-    else holds an address on the segment is refused there. Said for each such NAD (a note: the
-    claim is made all the same, and editing the NAD in place makes it pass)."""
+    """What to do instead of referencing a NAD whose IPAM cannot know who else holds an
+    address on the segment (a NAD of the claim's namespace is held as the claim's own network,
+    so prepare refuses it)."""
     found = []
     for plugin in to_conflist(source.config).get("plugins") or []:
         ipam = plugin.get("ipam") if isinstance(plugin, Mapping) else None
         kind = ipam.get("type") if isinstance(ipam, Mapping) else None
         if isinstance(kind, str) and kind in SEGMENT_BLIND_IPAM and kind not in found:
             found.append(kind)
+        elif kind == "whereabouts":
+            return [
+                f"Its whereabouts IPAM is no plugin cnidra runs: convert it instead, `cnidra "
+                f"convert {source.origin or 'FILE'}` without --reference turns it into a CNIIPPool"
+            ]
     command = f"cnidra convert {source.origin or 'FILE'}"
     return [
-        f"{describe(source)} is referenced as it is, so the claim will be refused at "
-        f"prepare for the NAD's {kind} IPAM: {SEGMENT_BLIND_IPAM[kind]} (a NAD of the claim's "
-        f"namespace is held as the claim's own network). Convert it instead: `{command}` without "
-        f"--reference embeds its config with {kind} turned into a CNIIPPool; or change the "
-        'NAD\'s ipam to {"type": "cnidra", "pool": NAME}, a CNIIPPool serving '
-        f"{source.namespace or 'its namespace'} (docs/ipam.md)"
+        f"Its {kind} IPAM is refused as the claim's own network: {SEGMENT_BLIND_IPAM[kind]}. "
+        f"Convert it instead: `{command}` without --reference embeds its config with {kind} "
+        'turned into a CNIIPPool; or change the NAD\'s ipam to {"type": "cnidra", "pool": '
+        f"NAME}}, a CNIIPPool serving {source.namespace or 'its namespace'} (docs/ipam.md), "
+        "and convert again"
         for kind in found
     ]
 
@@ -660,8 +1008,15 @@ def _add_docs(out: Conversion, extra: Sequence[dict[str, Any]]) -> None:
         served += [n for n in doc["spec"]["namespaces"] if n not in served]
 
 
+CLAIM_NAME = "networks"  # the pod's resourceClaims entry a converted workload gets
+
+
 def _convert_workload(
-    workload: Mapping[str, Any], nads: Mapping[str, Source], out: Conversion
+    workload: Mapping[str, Any],
+    nads: Mapping[str, Source],
+    out: Conversion,
+    held: Sequence[Held],
+    classes: Sequence[Any],
 ) -> None:
     meta = workload.get("metadata") if isinstance(workload.get("metadata"), dict) else {}
     assert isinstance(meta, dict)
@@ -677,69 +1032,227 @@ def _convert_workload(
     except AnnotationError as exc:
         out.refused.append(f"{what}: {exc}")
         return
+    missing = sorted({s.reference for s in selections if s.reference not in nads})
+    if missing:
+        out.refused.append(
+            f"{what}: {NAD_KIND} {', '.join(missing)} is not in the input. Not converted: "
+            "without a NAD's config cnidra cannot select the link it names (a claim that "
+            "references it unselected may be allocated another link, and prepare refuses a "
+            "config bound to a link other than the one allocated), nor tell an SR-IOV or "
+            "macvtap network, nor check it against the class's policy. Give the NADs beside "
+            f"the workload (`kubectl get net-attach-def -n {namespace} -o yaml`, after a line "
+            "`---`) and convert again"
+        )
+        return
+    spec = template.get("spec") if isinstance(template.get("spec"), dict) else None
+    if spec is None:
+        out.refused.append(f"{what}: its pod template has no spec")
+        return
+    claim_name = _claim_name(spec)
+    try:
+        requests, configs, extras, notes = _networks(selections, nads, namespace, held, what)
+    except Refused as exc:
+        out.refused.append(f"{what}: {exc}")
+        return
+    claim_template = dns_label(f"{wname}-networks")
+    made = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": str(OutputKind.TEMPLATE),
+        "metadata": {"name": claim_template, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": requests, "config": configs}}},
+    }
+    del annotations[NETWORKS_ANNOTATION]
+    if not annotations:
+        del template["metadata"]["annotations"]
+    spec["resourceClaims"] = [
+        *(spec.get("resourceClaims") or []),
+        {"name": claim_name, "resourceClaimTemplateName": claim_template},
+    ]
+    _hold_containers(spec, claim_name)
+    problems = policy_problems([*extras, made, rewritten], classes)
+    if problems:
+        out.refused.append(_not_passing(what, problems, classes))
+        return
+    _add_docs(out, extras)
+    out.notes += [n for n in notes if n not in out.notes]
+    out.docs += [made, rewritten]
+
+
+def _networks(
+    selections: Sequence[Selection],
+    nads: Mapping[str, Source],
+    namespace: str,
+    held: Sequence[Held],
+    what: str,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    """A workload's requests and their configs, the objects they need (pools) and notes.
+    Multus names a network it is not told a name for by its place among the pod's networks
+    (net<N>, the cluster network being 0), whether the others were named or not."""
     requests: list[dict[str, Any]] = []
     configs: list[dict[str, Any]] = []
-    for index, selection in enumerate(selections):
-        request = _request_name(selection, index, {r["name"] for r in requests})
-        params: dict[str, Any] = {"apiVersion": API_VERSION, "kind": KIND}
-        if selection.interface:
-            params["ifName"] = selection.interface
+    extras: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for position, selection in enumerate(selections, start=1):
+        request = _request_name(selection, position, {r["name"] for r in requests})
+        params: dict[str, Any] = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "ifName": selection.interface or f"net{position}",
+        }
         exactly: dict[str, Any] = {"deviceClassName": DEVICE_CLASS_NAME}
-        nad = nads.get(selection.reference)
-        if nad is not None:
-            try:
-                config, extra, notes = adapt(nad, namespace)
-            except Refused as exc:
-                out.refused.append(f"{what}: {exc}")
-                return
-            _add_docs(out, extra)
-            out.notes += [n for n in notes if n not in out.notes]
-            params["config"] = config
-            parent = _parent(config)
-        else:
-            params["network"] = {"attachmentDefinition": selection.reference}
-            parent = None
-            out.notes.append(
-                f"{what}: {NAD_KIND} {selection.reference} is not in the input: referenced as "
-                "it is (it must pass the class's policy at prepare; give it to `cnidra convert` "
-                "with the workload to have it adapted, and to `cnidra validate` to check it)"
-            )
+        config, extra, nad_notes = adapt(nads[selection.reference], namespace, held)
+        extras += extra
+        notes += nad_notes
+        notes += _carry(selection, config, extra, f"{what}: network {selection.reference}")
+        params["config"] = config
+        parent = _parent(config)
         if parent:
             selector = f'device.attributes["{DRIVER_NAME}"].ifName == "{parent}"'
             exactly["selectors"] = [{"cel": {"expression": selector}}]
-        for key, value in selection.extras.items():
-            out.notes.append(
-                f"{what}: network {selection.reference} asks {key}={value!r}, which is not "
-                f"carried: {_why_not(key)}"
-            )
         requests.append({"name": request, "exactly": exactly})
         configs.append(
             {"requests": [request], "opaque": {"driver": DRIVER_NAME, "parameters": params}}
         )
-    claim_template = dns_label(f"{wname}-networks")
-    out.docs.append(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": str(OutputKind.TEMPLATE),
-            "metadata": {"name": claim_template, "namespace": namespace},
-            "spec": {"spec": {"devices": {"requests": requests, "config": configs}}},
-        }
+    return requests, configs, extras, notes
+
+
+def _claim_name(spec: Mapping[str, Any]) -> str:
+    """The pod's name for the converted claim: `networks`, or one no entry has yet."""
+    listed = spec.get("resourceClaims")
+    taken = (
+        {c.get("name") for c in listed if isinstance(c, Mapping)}
+        if isinstance(listed, list)
+        else set()
     )
-    del annotations[NETWORKS_ANNOTATION]
-    if not annotations:
-        del template["metadata"]["annotations"]
-    spec = template.setdefault("spec", {})
-    claims = [c for c in spec.get("resourceClaims") or [] if c.get("name") != "networks"]
-    spec["resourceClaims"] = [
-        *claims,
-        {"name": "networks", "resourceClaimTemplateName": claim_template},
-    ]
-    out.docs.append(rewritten)
+    name, n = CLAIM_NAME, 1
+    while name in taken:
+        n += 1
+        name = f"{CLAIM_NAME}-{n}"
+    return name
+
+
+def _hold_containers(spec: dict[str, Any], claim: str) -> None:
+    """Every container and init container lists the claim in `resources.claims`, so the
+    fail-closed gate (docs/fail-closed.md) holds each until the pod's interfaces exist, as
+    Multus starts no container before them."""
+    for key in ("initContainers", "containers"):
+        listed = spec.get(key)
+        for container in listed if isinstance(listed, list) else []:
+            if not isinstance(container, dict):
+                continue
+            resources = container.setdefault("resources", {})
+            if not isinstance(resources, dict):
+                continue
+            claims = resources.setdefault("claims", [])
+            if isinstance(claims, list) and not any(
+                isinstance(c, Mapping) and c.get("name") == claim for c in claims
+            ):
+                claims.append({"name": claim})
 
 
 def _request_name(selection: Selection, index: int, taken: set[str]) -> str:
     name = dns_label(selection.name, f"net{index}")[:63].strip("-") or f"net{index}"
     return name if name not in taken else f"{name[:58]}-{index}"
+
+
+def _carry(
+    selection: Selection, config: dict[str, Any], extra: Sequence[dict[str, Any]], what: str
+) -> list[str]:
+    """What a network selection element asked beyond name, namespace and interface: carried
+    into the config where cnidra can carry it, each either way said in a note. Multus passes
+    `ips` and `mac` as runtime capabilities, which libcni gives only to a plugin declaring
+    them, so where the NAD declares none they did nothing under Multus either."""
+    listed = config.get("plugins")
+    plugins = [p for p in (listed if isinstance(listed, list) else [config]) if isinstance(p, dict)]
+    notes: list[str] = []
+    for key, value in selection.extras.items():
+        asked = f"{what} asks {key}={value!r}"
+        capability = {"ips": "ips", "mac": "mac"}.get(key)
+        if capability and not _declares(plugins, capability):
+            notes.append(
+                f"{asked}: nothing changes, as Multus passes {key} only to a plugin declaring "
+                f'capabilities {{"{capability}": true}} and the NAD declares none (it had no '
+                "effect under Multus either)"
+            )
+        elif key == "ips":
+            notes.append(f"{asked}: {_carry_ips(value, plugins, extra)}")
+        else:
+            notes.append(f"{asked}, which is not carried: {_why_not(key)}")
+    return notes
+
+
+def _declares(plugins: Sequence[Mapping[str, Any]], capability: str) -> bool:
+    return any(
+        isinstance(p.get("capabilities"), Mapping) and p["capabilities"].get(capability) is True
+        for p in plugins
+    )
+
+
+def _carry_ips(value: Any, plugins: Sequence[dict[str, Any]], extra: Sequence[Any]) -> str:
+    """`ips` as the network's static addresses, which prepare leases through the CNIIPPool
+    that owns them (docs/ipam.md): the pool made of the NAD's host-local or whereabouts IPAM
+    (host-local hands out an address `ips` asks for), or the admin's for static IPAM (static
+    takes `ips` in place of its addresses). What it did not carry, and why."""
+    owners = [p for p in plugins if isinstance(p.get("ipam"), dict)]
+    texts = value if isinstance(value, list) else [value]
+    try:
+        asked = [ipaddress.ip_interface(str(t)) for t in texts if isinstance(t, str)]
+    except ValueError:
+        asked = []
+    if not asked or len(asked) != len(texts):
+        return f"not carried: {value!r} is not a list of addresses in CIDR notation"
+    if len(owners) != 1:
+        return "not carried: the network has no single IPAM to give it to"
+    ipam = owners[0]["ipam"]
+    kind = ipam.get("type")
+    sameness = (
+        "every pod of the workload asks the same address, so prepare gives it to the first and "
+        "refuses the others while it holds it (under Multus they would share it)"
+    )
+    if kind == "static":
+        ipam["addresses"] = [{"address": str(a)} for a in asked]
+        return (
+            "carried as the static IPAM's addresses (static takes them in place of its own, as "
+            "under Multus); prepare leases each through the CNIIPPool whose range holds it, so "
+            "an admin's pool serving the namespace must hold them (docs/ipam.md); " + sameness
+        )
+    pool_doc = next(
+        (
+            d
+            for d in extra
+            if d.get("kind") == POOL_KIND and d["metadata"]["name"] == ipam.get("pool")
+        ),
+        None,
+    )
+    if kind != "cnidra" or pool_doc is None:
+        return f"not carried: the network's {kind} IPAM does not take it in a claim; " + _why_not(
+            "ips"
+        )
+    pool = pool_from_object(pool_doc)
+    entries = []
+    for address in asked:
+        if not pool.hands_out(address.ip) or pool.interface(address.ip) != address:
+            return (
+                f"not carried: {address} is not an address CNIIPPool {pool.name} hands out with "
+                "that prefix length (outside its range, excluded, its gateway, or another "
+                "prefix); the pod gets one of the pool's"
+            )
+        entry: dict[str, Any] = {"address": str(address)}
+        found = pool.range_of(address.ip)
+        if found is not None and found.gateway is not None:
+            entry["gateway"] = str(found.gateway)
+        entries.append(entry)
+    static: dict[str, Any] = {"type": "static", "addresses": entries}
+    routes = [*pool_doc["spec"].get("routes", []), *(ipam.get("routes") or [])]
+    if routes:
+        static["routes"] = routes
+    if "dns" in ipam:
+        static["dns"] = ipam["dns"]
+    owners[0]["ipam"] = static
+    return (
+        f"carried as static addresses, which prepare leases through CNIIPPool {pool.name} "
+        f"(the pod gets {', '.join(str(a) for a in asked)} as it did); " + sameness
+    )
 
 
 def _why_not(key: str) -> str:

@@ -255,32 +255,64 @@ def convert(
             help="claims that reference each NetworkAttachmentDefinition instead of copying it",
         ),
     ] = False,
+    policy: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--policy",
+            help="DeviceClasses (with their CNIPolicy) the output must pass, as `validate "
+            "--policy` checks it (default: the shipped class cni.networking.x-k8s.io)",
+        ),
+    ] = None,
     output: str = output_option("yaml", "json", "yaml"),
 ) -> None:
     """Print what a Multus user has as objects for kubectl apply: a .conf/.conflist, every
     NetworkAttachmentDefinition of a manifest, or the Pods, Deployments, StatefulSets,
     DaemonSets, Jobs and CronJobs that carry the k8s.v1.cni.cncf.io/networks annotation (a claim
-    template each, the workload rewritten to use it; NADs given beside them are copied in,
-    adapted). Notes on stderr say what changed and what could not be carried; exit 1 when
-    something could not be converted, 2 for unusable input."""
+    template each, the workload rewritten to use it; the NADs they use must be given beside
+    them, and are copied in, adapted; whereabouts' IPPools and OverlappingRangeIPReservations
+    given too are excluded from the pools). Everything printed passes the shipped class's
+    policy (or --policy's). Notes on stderr say what changed and what could not be carried;
+    exit 1 when something could not be converted, 2 for unusable input."""
     from cnidra.api.convert import convert as convert_all
-    from cnidra.api.convert import read_inputs
+    from cnidra.api.convert import read_all
 
+    for path in policy or []:
+        if str(path) != "-" and (not path.exists() or path.is_dir()):
+            raise usage_error(f"--policy {path}: no such file; give a YAML file of DeviceClasses")
+    classes = [
+        d
+        for path in policy or []
+        for d in list_items(load_yaml_documents(path))
+        if isinstance(d, dict) and d.get("kind") == "DeviceClass"
+    ]
+    if policy and not classes:
+        raise usage_error(f"--policy {', '.join(map(str, policy))}: has no DeviceClass")
     try:
-        sources, workloads = read_inputs(read_input(file), str(file))
+        found = read_all(read_input(file), str(file))
     except ConvertError as exc:
-        raise usage_error(f"{file}: {exc}") from None
+        message = str(exc)
+        raise usage_error(
+            message if message.startswith(f"{file}:") else f"{file}: {message}"
+        ) from None
+    sources, workloads = found.sources, found.workloads
+    if name and workloads:
+        raise usage_error(
+            "--name names the object made of a NAD or CNI file; a workload's claim template is "
+            "named after the workload (NAME-networks)"
+        )
     if name and len(sources) > 1 and not workloads:
         raise usage_error(f"--name names one object; {file} has {len(sources)} NADs")
     try:
-        result = convert_all(sources, workloads, kind, name, if_name, reference)
+        result = convert_all(
+            sources, workloads, kind, name, if_name, reference, found.held, classes or None
+        )
     except ConvertError as exc:
         raise usage_error(f"{file}: {exc}") from None
     if output == "json":  # one document: a List, as kubectl prints several
         typer.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": result.docs}, indent=2))
     else:
         typer.echo("---\n".join(render_yaml(doc) for doc in result.docs), nl=False)
-    for note in result.notes:
+    for note in [*found.notes, *result.notes]:
         err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     for refusal in result.refused:
         err.print(f"[red]not converted:[/] {escape(refusal)}", highlight=False)

@@ -392,7 +392,7 @@ def test_a_nad_used_from_two_namespaces_gives_one_pool_serving_both() -> None:
     assert shipped_verdict(result.docs) == []
 
 
-def test_reference_to_a_host_local_nad_warns_it_will_be_refused() -> None:
+def test_reference_to_a_host_local_nad_is_refused_saying_what_to_do() -> None:
     pooled = nad("pooled", {"type": "cnidra", "pool": "t-data"})
     result = convert_nads(
         nad("blue", {"type": "host-local", "subnet": "198.18.73.0/24"}), pooled, reference=True
@@ -400,25 +400,22 @@ def test_reference_to_a_host_local_nad_warns_it_will_be_refused() -> None:
     params = [
         d["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"] for d in result.docs
     ]
-    assert [p["network"] for p in params] == [
-        {"attachmentDefinition": "blue"},
-        {"attachmentDefinition": "pooled"},
-    ]
-    assert not result.refused  # the claims are made (editing the NAD in place makes them pass)
-    [warning] = result.notes  # one, for the host-local NAD
-    assert warning.startswith("NetworkAttachmentDefinition t/blue is referenced as it is")
-    assert "will be refused at prepare" in warning and "one pool per network name" in warning
-    assert "`cnidra convert nads.yaml` without --reference" in warning
+    assert [p["network"] for p in params] == [{"attachmentDefinition": "pooled"}]
+    [refused] = result.refused  # the host-local NAD: it would fail at prepare, so not emitted
+    assert refused.startswith("NetworkAttachmentDefinition t/blue: its converted form does not")
+    assert "ipam.type" in refused and "one pool per network name" in refused
+    assert "`cnidra convert nads.yaml` without --reference" in refused
 
 
-def test_reference_warning_reaches_stderr_and_keeps_exit_0(tmp_path: Path) -> None:
+def test_reference_refusal_reaches_stderr_with_exit_1(tmp_path: Path) -> None:
     path = tmp_path / "nads.yaml"
     path.write_text(yaml.safe_dump(nad("blue", {"type": "host-local", "subnet": "198.18.73.0/24"})))
     result = CliRunner().invoke(app, ["convert", "--reference", str(path)])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output
     said = " ".join(result.stderr.split())  # as rich wraps it
-    assert "note: NetworkAttachmentDefinition t/blue is referenced as it is" in said
+    assert "not converted: NetworkAttachmentDefinition t/blue" in said
     assert f"`cnidra convert {path}` without --reference" in said
+    assert result.stdout == ""
 
 
 @pytest.mark.parametrize(
@@ -465,20 +462,24 @@ def test_each_workload_kind_is_rewritten_to_claim_its_networks(kind: str) -> Non
         workload = {"kind": kind, "metadata": meta, "spec": {"jobTemplate": job}}
     else:
         workload = {"kind": kind, "metadata": meta, "spec": {"template": pod}}
-    result = convert([], [workload])
+    [source] = read_inputs(yaml.safe_dump(nad("data", {"type": "cnidra", "pool": "p"})))[0]
+    result = convert([source], [workload])
+    assert not result.refused, result.refused
     template, rewritten = result.docs
     assert template["metadata"] == {"name": "w-networks", "namespace": "t"}
     [config] = template["spec"]["spec"]["devices"]["config"]
     params = config["opaque"]["parameters"]
-    assert params["network"] == {"attachmentDefinition": "t/data"} and params["ifName"] == "n3"
+    assert params["config"]["master"] == "eth1" and params["ifName"] == "n3"
     out_pod = pod_template(rewritten)
     assert out_pod is not None
     assert out_pod["metadata"]["annotations"] == {"keep": "me"}
     assert out_pod["spec"]["resourceClaims"] == [
         {"name": "networks", "resourceClaimTemplateName": "w-networks"}
     ]
-    assert any("is not in the input" in n for n in result.notes)
+    # the fail-closed gate holds the container until the interfaces exist
+    assert out_pod["spec"]["containers"][0]["resources"] == {"claims": [{"name": "networks"}]}
     assert NETWORKS_ANNOTATION in pod["metadata"]["annotations"]  # the input is not changed
+    assert "resources" not in pod["spec"]["containers"][0]
 
 
 def test_read_inputs_takes_a_kubectl_list() -> None:
