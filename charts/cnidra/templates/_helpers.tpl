@@ -1,40 +1,72 @@
-{{- /* the name in labels (nameOverride), and the base of every object's name
-       (fullnameOverride; by default the chart's name, not the release's: one DRA driver per
-       cluster, and its objects keep the names the docs give) */ -}}
+{{- /* the name in labels (nameOverride): app.kubernetes.io/name of the driver's objects */ -}}
 {{- define "cnidra.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end -}}
 
+{{- /* the base of every object's name the release owns alone: fullnameOverride, else the
+       release's name, followed by the chart's unless it already holds it (so the release
+       "cnidra" keeps the names the docs give: cnidra, cnidra-webhook, ...). 55 characters
+       leave room for the longest suffix ("-webhook", "-metrics") in a Service's 63. */ -}}
 {{- define "cnidra.fullname" -}}
-{{- default (include "cnidra.name" .) .Values.fullnameOverride | trunc 55 | trimSuffix "-" }}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 55 | trimSuffix "-" }}
+{{- else }}
+{{- $name := include "cnidra.name" . }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 55 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 55 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
+{{- define "cnidra.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end -}}
+
+{{- /* the driver's pods: the DaemonSet's selector (immutable: never add to it) */ -}}
 {{- define "cnidra.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "cnidra.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{- /* the labels every object of the chart carries (with an app.kubernetes.io/component) */ -}}
 {{- define "cnidra.labels" -}}
 {{ include "cnidra.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+helm.sh/chart: {{ include "cnidra.chart" . }}
+app.kubernetes.io/part-of: {{ include "cnidra.name" . }}
 {{- end -}}
 
-{{- /* what every pod of the chart gets besides its containers: pull secrets, affinity */ -}}
-{{- define "cnidra.podExtras" -}}
-{{- with .Values.imagePullSecrets }}
-imagePullSecrets:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with .Values.affinity }}
-affinity:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
+{{- /* the webhook's objects: app.kubernetes.io/name <name>-webhook, so that its pods never
+       match the driver's selector (the DaemonSet, the metrics Service, the PodMonitor) */ -}}
+{{- define "cnidra.webhookLabels" -}}
+app.kubernetes.io/name: {{ include "cnidra.name" . }}-webhook
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ include "cnidra.chart" . }}
+app.kubernetes.io/part-of: {{ include "cnidra.name" . }}
+app.kubernetes.io/component: webhook
 {{- end -}}
 
+{{- /* the webhook's pods: the Deployment's selector since 0.2 (immutable: never change it);
+       the fullname makes it the release's own */ -}}
+{{- define "cnidra.webhookSelectorLabels" -}}
+app: {{ include "cnidra.fullname" . }}-webhook
+{{- end -}}
+
+{{- /* image.digest pins the image (repository@digest); otherwise the tag, by default the
+       chart's appVersion ("-cni-plugins" after it with cniPlugins.install) */ -}}
 {{- define "cnidra.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default (printf "%s%s" .Chart.AppVersion (ternary "-cni-plugins" "" .Values.cniPlugins.install)) }}
+{{- with .Values.image }}
+{{- if .digest }}
+{{- .repository }}@{{ .digest }}
+{{- else }}
+{{- .repository }}:{{ .tag | default (printf "%s%s" $.Chart.AppVersion (ternary "-cni-plugins" "" $.Values.cniPlugins.install)) }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{- define "cnidra.driverName" -}}cni.dra.networking.x-k8s.io{{- end -}}
