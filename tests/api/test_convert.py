@@ -451,8 +451,10 @@ def test_a_bad_annotation_is_named(annotation: str, fragment: str) -> None:
 
 @pytest.mark.parametrize("kind", ["Pod", "StatefulSet", "DaemonSet", "Job", "CronJob"])
 def test_each_workload_kind_is_rewritten_to_claim_its_networks(kind: str) -> None:
-    pod = {"metadata": {"annotations": {NETWORKS_ANNOTATION: "data@n3", "keep": "me"}},
-           "spec": {"containers": [{"name": "c", "image": "i"}]}}  # fmt: skip
+    pod: dict[str, Any] = {
+        "metadata": {"annotations": {NETWORKS_ANNOTATION: "data@n3", "keep": "me"}},
+        "spec": {"containers": [{"name": "c", "image": "i"}]},
+    }
     meta = {"name": "w", "namespace": "t"}
     workload: dict[str, Any]
     if kind == "Pod":
