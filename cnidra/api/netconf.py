@@ -92,6 +92,8 @@ def validate_network_config(
     elif "type" in config:
         _validate_header(config, path, issues, complete)
         _validate_plugin(config, path, issues, config.get("cniVersion"), single=True)
+        if _role(config) == "chained":  # a lone conf is a list of one: nothing before it
+            issues.error(path / "type", _CHAINED_ALONE.format(config["type"]))
     elif complete:
         issues.error(
             path,
@@ -188,6 +190,12 @@ def _role(plugin: Any) -> str | None:
     return str(schema.document.get("x-role")) if schema and schema.document.get("x-role") else None
 
 
+_CHAINED_ALONE = (
+    "{} only modifies an interface another plugin made (its ADD fails with no prevResult); "
+    "put an interface plugin (macvlan, bridge, ...) before it"
+)
+
+
 def _check_chain(plugins: list[Any], path: FieldPath, issues: Issues) -> None:
     """What makes ADD fail before any packet: a chained plugin with nothing before it to give
     it a prevResult, and two plugins that each make the pod's interface."""
@@ -197,11 +205,7 @@ def _check_chain(plugins: list[Any], path: FieldPath, issues: Issues) -> None:
         # a plugin cnidra does not know (flannel, cilium-cni, ...) may well make the interface
         if roles[i] != "chained":
             break  # every one after has a plugin before it that is not only chained
-        issues.error(
-            path / i / "type",
-            f"{plugin['type']} only modifies an interface another plugin made (its ADD fails "
-            "with no prevResult); put an interface plugin (macvlan, bridge, ...) before it",
-        )
+        issues.error(path / i / "type", _CHAINED_ALONE.format(plugin["type"]))
     for extra in makers[1:]:
         issues.error(
             path / extra / "type",
