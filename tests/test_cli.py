@@ -171,10 +171,27 @@ def test_validate_refuses_what_prepare_and_the_cluster_will(tmp_path: Path) -> N
 def test_validate_json_is_one_document_even_with_a_missing_file(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(claim_doc("ok", {"deviceClassName": "cni.networking.x-k8s.io"})))
-    out = cnidra("validate", "-o", "json", str(good), "/nonexistent.yaml", str(tmp_path))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = cnidra("validate", "-o", "json", str(good), "/nonexistent.yaml", str(empty))
     assert out.returncode == 2
     report = json.loads(out.stdout)
-    assert {e["file"] for e in report["errors"]} == {"/nonexistent.yaml", str(tmp_path)}
+    assert {e["file"] for e in report["errors"]} == {"/nonexistent.yaml", str(empty)}
+
+
+def test_validate_reads_a_directory_as_kubectl_apply_does(tmp_path: Path) -> None:
+    """A directory stands for its .yaml, .yml and .json files (docs/upgrading.md's
+    `cnidra validate --policy ... my-claims/`); other files in it are not read."""
+    claims = tmp_path / "my-claims"
+    claims.mkdir()
+    ours = {"deviceClassName": "cni.networking.x-k8s.io"}
+    (claims / "a.yaml").write_text(yaml.safe_dump(claim_doc("a", ours)))
+    (claims / "b.yml").write_text(yaml.safe_dump(claim_doc("b", {**ours, "count": 2})))
+    (claims / "notes.txt").write_text("not: [yaml")
+    out = cnidra("validate", "-o", "json", str(claims))
+    assert out.returncode == 1, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert {e["file"] for e in report["errors"]} == {str(claims / "b.yml")}
 
 
 def test_validate_takes_a_kubectl_list_and_judges_files_together(tmp_path: Path) -> None:

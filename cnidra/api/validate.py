@@ -17,8 +17,10 @@ from typing import Any, TypeGuard, TypeVar, cast
 from pydantic import ValidationError
 
 from cnidra.api.constants import (
+    API_GROUP,
     API_VERSION,
     DEFAULT_MAX_ATTACHMENTS,
+    DEVICE_CLASS_NAME,
     DRIVER_NAME,
     KIND,
     LEGACY_KIND,
@@ -28,6 +30,7 @@ from cnidra.api.ipam import POOL_KIND, PoolError, cnidra_ipam, pool_from_object
 from cnidra.api.issues import ROOT, FieldPath, Issue, Issues, describe, listing
 from cnidra.api.loading import LoadError, load_json
 from cnidra.api.merge import ConfigEntry, Source, applicable, merge_parameters, provenance
+from cnidra.api.multus import NETWORKS_ANNOTATION
 from cnidra.api.naming import NamingError, Slot, assign_names, prefix_problem
 from cnidra.api.netconf import to_conflist, validate_network_config
 from cnidra.api.networks import (
@@ -102,6 +105,11 @@ class ResolvedRequest:
     network: NamedNetwork | None = None  # the named network the request references
     # how the interface is named, before the claim's names were assigned (for a pod's check)
     slot: Slot | None = None
+    # every config the verdict read (the class's CNIPolicy among them), and where the request
+    # is: what prepare's path (cnidra.dra.resolve.resolve_attachment) judges again
+    judged: list[ConfigEntry] = field(default_factory=list)
+    where: FieldPath = ROOT
+    class_known: bool = False  # its DeviceClass was in the input: its CNIPolicy was judged
 
 
 # ---------------------------------------------------------------- CNIConfig parameters
@@ -616,7 +624,86 @@ def _within_dra_bound(
     return items[:limit]
 
 
-def _requests(devices: Mapping[str, Any], base: FieldPath, issues: Issues) -> list[Request]:
+# The fields of a device request by DRA API version, as the apiserver's strict decoding knows
+# them (k8s.io/api/resource/...): v1beta1 puts a request's fields on it; v1beta2 and v1 under
+# `exactly` (or alternatives in `firstAvailable`)
+_EXACT_FIELDS = (
+    "deviceClassName", "selectors", "allocationMode", "count", "adminAccess", "tolerations",
+    "capacity",
+)  # fmt: skip
+_SUB_FIELDS = (
+    "name", "deviceClassName", "selectors", "allocationMode", "count", "tolerations", "capacity",
+)  # fmt: skip
+_REQUEST_FIELDS = {
+    "resource.k8s.io/v1": ("name", "exactly", "firstAvailable"),
+    "resource.k8s.io/v1beta2": ("name", "exactly", "firstAvailable"),
+    "resource.k8s.io/v1beta1": ("name", *_EXACT_FIELDS, "firstAvailable"),
+}
+_DEVICES_FIELDS = ("requests", "constraints", "config")
+
+
+def _unknown_fields(
+    obj: Mapping[str, Any], allowed: Sequence[str], path: FieldPath, issues: Issues, what: str
+) -> None:
+    """The apiserver refuses a field its schema does not have (kubectl's strict decoding)."""
+    for key in obj:
+        if key in allowed:
+            continue
+        close = difflib.get_close_matches(str(key), allowed, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        issues.error(
+            path / str(key),
+            f"is not a field of {what}, so the apiserver refuses it{hint} (allowed: "
+            f"{', '.join(allowed)})",
+        )
+
+
+def _check_request_shape(
+    req: Mapping[str, Any], rpath: FieldPath, api_version: Any, issues: Issues
+) -> None:
+    """A request in the shape its API version has (the apiserver refuses another)."""
+    allowed = _REQUEST_FIELDS.get(str(api_version))
+    if allowed is None:
+        return  # not a DRA version: told at apiVersion
+    if "exactly" in allowed:
+        flat = [k for k in req if k in _EXACT_FIELDS]
+        for key in flat:
+            issues.error(
+                rpath / key,
+                f"belongs under exactly in {api_version} (v1beta1 put it on the request); "
+                f"the apiserver refuses it here: write exactly: {{{key}: ...}}",
+            )
+        _unknown_fields(
+            {k: v for k, v in req.items() if k not in flat},
+            allowed,
+            rpath,
+            issues,
+            f"a {api_version} device request",
+        )
+        has = [k for k in ("exactly", "firstAvailable") if k in req]
+        if len(has) != 1 and not flat:
+            issues.error(
+                rpath,
+                "must set exactly one of exactly (one device of a class) or firstAvailable "
+                f"(alternatives); it sets {' and '.join(has) or 'neither'}",
+            )
+        exactly = req.get("exactly")
+        if isinstance(exactly, dict):
+            _unknown_fields(
+                exactly, _EXACT_FIELDS, rpath / "exactly", issues, "a request's exactly"
+            )
+    else:
+        _unknown_fields(req, allowed, rpath, issues, f"a {api_version} device request")
+    subs = req.get("firstAvailable")
+    for j, sub in enumerate(subs if isinstance(subs, list) else []):
+        if isinstance(sub, dict):
+            _unknown_fields(sub, _SUB_FIELDS, rpath / "firstAvailable" / j, issues, "a subrequest")
+
+
+def _requests(
+    devices: Mapping[str, Any], base: FieldPath, issues: Issues, api_version: Any = None
+) -> list[Request]:
+    _unknown_fields(devices, _DEVICES_FIELDS, base, issues, "a claim's devices")
     raw = devices.get("requests")
     if not isinstance(raw, list) or not raw:
         issues.error(base / "requests", "must list at least one device request")
@@ -628,6 +715,7 @@ def _requests(devices: Mapping[str, Any], base: FieldPath, issues: Issues) -> li
         if not isinstance(req, dict):
             issues.error(rpath, f"must be an object with a name, got {describe(req)}")
             continue
+        _check_request_shape(req, rpath, api_version, issues)
         name = req.get("name")
         if not is_dns_label(name):
             issues.error(
@@ -675,12 +763,15 @@ def validate_documents(
     docs: Sequence[Any],
     policy_docs: Sequence[Any] = (),
     namespace_labels: Mapping[str, str] | None = None,
+    *,
+    admission: Admission | None = None,
 ) -> list[DocumentReport]:
     """Reports for `docs`. DeviceClasses among them or in `policy_docs` (an admin's classes,
     `cnidra validate --policy`) supply their configs and CNIPolicy to the claims that use them,
     as DRA does at allocation; CNINetworks and NetworkAttachmentDefinitions among either are
     the networks claims may reference; `namespace_labels` are the labels a namespace selector
-    sees."""
+    sees. `admission`: the shipped ValidatingAdmissionPolicies' rules judged too (offline, for
+    `cnidra validate`; the webhook runs behind them in the apiserver)."""
     given = _collect_classes(policy_docs)
     classes = {**given, **_collect_classes(docs)}
     catalog = catalog_of([*policy_docs, *docs])
@@ -688,7 +779,9 @@ def validate_documents(
     strict = bool(given)  # the cluster's classes given: one not among them is a mistake
     with judged_once():
         reports = [
-            validate_document(doc, i, classes, labels, catalog, strict_classes=strict)
+            validate_document(
+                doc, i, classes, labels, catalog, strict_classes=strict, admission=admission
+            )
             for i, doc in enumerate(docs)
         ]
     _name_pods_interfaces(docs, reports)
@@ -827,6 +920,7 @@ def validate_document(
     catalog: NetworkCatalog | None = None,
     *,
     strict_classes: bool = False,
+    admission: Admission | None = None,
 ) -> DocumentReport:
     classes = classes or {}
     catalog = catalog if catalog is not None else StaticCatalog(offline=True)
@@ -858,7 +952,7 @@ def validate_document(
             slot = Slot("the CNIConfig", model.if_name, model.if_name_prefix)
             [name] = assign_names([slot])
             model = model.model_copy(update={"if_name": name})
-            report.resolved.append(ResolvedRequest(name, model, [entry], slot=slot))
+            report.resolved.append(ResolvedRequest(name, model, [entry], slot=slot, judged=[entry]))
     elif kind in ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass"):
         if api_version not in RESOURCE_API_VERSIONS:
             issues.error(
@@ -874,6 +968,8 @@ def validate_document(
             report.resolved = _validate_claim(
                 doc, kind, issues, classes, namespace_labels or {}, catalog, strict_classes
             )
+            if admission is not None:
+                admission.judge(doc, kind, issues)
             if not report.resolved and not issues.errors and not _ours(doc, classes):
                 report.skipped = (
                     f"not cnidra's: no request has a config of driver {DRIVER_NAME} or a "
@@ -882,7 +978,12 @@ def validate_document(
     elif kind == NAD_KIND:
         _validate_nad(doc, issues)
     elif kind == "Pod" or kind in POD_TEMPLATE_KINDS:
-        pass  # its claims' interface names, across claims: validate_documents
+        # its claims' interface names, across claims: validate_documents
+        _check_pod(doc, issues)
+    elif "kind" not in doc and ("plugins" in doc or "type" in doc):
+        # a CNI conf or conflist file as libcni reads it
+        report.kind = "conflist" if "plugins" in doc else "conf"
+        validate_network_config(doc, ROOT, issues, complete=True)
     else:
         issues.warn(
             ROOT / "kind",
@@ -957,7 +1058,7 @@ def _validate_claim(
         issues.error(base / "devices", "is required: the device requests and their config")
         return []
     dpath = base / "devices"
-    requests = _requests(devices, dpath, issues)
+    requests = _requests(devices, dpath, issues, doc.get("apiVersion"))
     own = claim_entries(devices, dpath, issues, {r.name for r in requests})
     out: list[ResolvedRequest] = []
     meta = doc.get("metadata")
@@ -992,6 +1093,9 @@ def _validate_claim(
             catalog=catalog,
         )
         if resolved is not None:
+            resolved.judged = [*from_class, *own]
+            resolved.where = req.path
+            resolved.class_known = known
             out.append(resolved)
     # a config naming no request of the claim still has its own problems told (a request
     # `main/sub` takes the configs naming it or `main`)
@@ -1069,3 +1173,138 @@ def _ours(doc: Mapping[str, Any], classes: Mapping[str, list[ConfigEntry]]) -> b
 def request_slot(resolved: ResolvedRequest, owner: str) -> Slot:
     """How a resolved request's interface is named (cnidra.api.naming)."""
     return Slot(owner, resolved.config.if_name, resolved.config.if_name_prefix)
+
+
+# ---------------------------------------------------------------- what the cluster refuses
+
+
+CLAIM_CONFIG_LABEL = f"{API_GROUP}/claim-config"
+CLASSES_ANNOTATION = f"{API_GROUP}/device-classes"
+MULTUS_ANNOTATIONS = (NETWORKS_ANNOTATION, "v1.multus-cni.io/default-network")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The shipped ValidatingAdmissionPolicies' rules on claims (deploy/admission.yaml), judged
+    offline with what is known of the claims' namespace: its labels (None when not given: then
+    a warning says what the rule needs instead of a verdict)."""
+
+    labels: Mapping[str, str] | None = None
+
+    def judge(self, doc: Mapping[str, Any], kind: str, issues: Issues) -> None:
+        base = ROOT / "spec" / "spec" if kind == "ResourceClaimTemplate" else ROOT / "spec"
+        spec: Any = doc.get("spec")
+        if kind == "ResourceClaimTemplate":
+            spec = spec.get("spec") if isinstance(spec, dict) else None
+        devices = spec.get("devices") if isinstance(spec, dict) else None
+        configs = devices.get("config") if isinstance(devices, dict) else None
+        ours = isinstance(configs, list) and any(
+            isinstance(c, dict)
+            and isinstance(c.get("opaque"), dict)
+            and c["opaque"].get("driver") == DRIVER_NAME
+            for c in configs
+        )
+        namespace = _namespace(doc)
+        if ours:
+            self._claim_config(namespace, base / "devices" / "config", issues)
+        admin = sorted(
+            {
+                str(r.device_class)
+                for r in _requests(devices, base / "devices", Issues())
+                if str(r.device_class).endswith("." + DEVICE_CLASS_NAME)
+            }
+            if isinstance(devices, dict)
+            else set()
+        )
+        if admin:
+            issues.warn(
+                base / "devices" / "requests",
+                f"DeviceClass(es) {', '.join(admin)}: the shipped admission (ValidatingAdmission"
+                f"Policy device-classes.{API_GROUP}) admits them only in a namespace whose "
+                f"annotation {CLASSES_ANNOTATION} lists them (an admin sets it: kubectl annotate "
+                f"namespace {namespace} {CLASSES_ANNOTATION}={','.join(admin)})",
+            )
+
+    def _claim_config(self, namespace: str, path: FieldPath, issues: Issues) -> None:
+        label = f"{CLAIM_CONFIG_LABEL}=true"
+        how = f"an admin sets it: kubectl label namespace {namespace} {label}"
+        if self.labels is None:
+            issues.warn(
+                path,
+                f"the shipped admission refuses {DRIVER_NAME} configs in the claims of a "
+                f"namespace without the label {label} ({how}); --namespace-labels KEY=VALUE,... "
+                f"checks namespace {namespace}'s labels",
+            )
+        elif self.labels.get(CLAIM_CONFIG_LABEL) != "true":
+            issues.error(
+                path,
+                f"namespace {namespace} may not carry {DRIVER_NAME} configs in its claims: the "
+                f"shipped admission (ValidatingAdmissionPolicy claim-config.{API_GROUP}) refuses "
+                f"them without the label {label}, which --namespace-labels does not give; {how}",
+            )
+
+
+def _check_pod(doc: Mapping[str, Any], issues: Issues) -> None:
+    """What a Pod (or a workload's pod template) has that the apiserver refuses or that cnidra
+    does not read: a container's claim that names no pod claim, Multus' annotations."""
+    _multus_annotations(doc.get("metadata"), ROOT / "metadata", issues)
+    spec, base = _pod_spec(doc)
+    if doc.get("kind") != "Pod":
+        template = (
+            doc.get("spec", {}).get("template") if isinstance(doc.get("spec"), dict) else None
+        )
+        if isinstance(template, dict):
+            _multus_annotations(
+                template.get("metadata"), ROOT / "spec" / "template" / "metadata", issues
+            )
+    if not isinstance(spec, dict):
+        return
+    entries = spec.get("resourceClaims")
+    names: list[str] = []
+    for i, entry in enumerate(entries if isinstance(entries, list) else []):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not is_dns_label(name):
+            issues.error(
+                base / "resourceClaims" / i / "name",
+                f"{describe(name)} must be a DNS label (lowercase letters, digits and '-')",
+            )
+            continue
+        if name in names:
+            issues.error(
+                base / "resourceClaims" / i / "name",
+                f"{name!r} is given twice; the apiserver refuses a pod whose claims share a name",
+            )
+        names.append(name)
+        sources = [k for k in ("resourceClaimName", "resourceClaimTemplateName") if k in entry]
+        if len(sources) != 1:
+            issues.error(
+                base / "resourceClaims" / i,
+                "must set exactly one of resourceClaimName and resourceClaimTemplateName; it "
+                f"sets {' and '.join(sources) or 'neither'}",
+            )
+    known = listing(names) or "none"
+    for group in ("initContainers", "containers"):
+        containers = spec.get(group)
+        for i, container in enumerate(containers if isinstance(containers, list) else []):
+            resources = container.get("resources") if isinstance(container, dict) else None
+            claims = resources.get("claims") if isinstance(resources, dict) else None
+            for j, claim in enumerate(claims if isinstance(claims, list) else []):
+                name = claim.get("name") if isinstance(claim, dict) else None
+                if name not in names:
+                    issues.error(
+                        base / group / i / "resources" / "claims" / j / "name",
+                        f"{describe(name)} names no entry of the pod's resourceClaims "
+                        f"(known: {known}); the apiserver refuses the pod",
+                    )
+
+
+def _multus_annotations(meta: Any, path: FieldPath, issues: Issues) -> None:
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    for key in MULTUS_ANNOTATIONS:
+        if isinstance(annotations, dict) and key in annotations:
+            issues.warn(
+                path / "annotations" / key,
+                "is Multus', and cnidra ignores it: a pod's cnidra interfaces come from its "
+                "resourceClaims (without Multus nothing reads it); `cnidra convert FILE` turns "
+                "it into claim templates and the pod's resourceClaims",
+            )

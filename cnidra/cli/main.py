@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 import json
 import os
+import re
 import sys
 import typing
 from pathlib import Path
@@ -24,8 +25,13 @@ from cnidra.agent.settings import (  # light: no driver imports
 )
 from cnidra.api.convert import ConvertError, OutputKind, render_yaml
 from cnidra.api.issues import ROOT
-from cnidra.api.loading import LoadError, load_yaml
-from cnidra.api.validate import DocumentReport, validate_documents
+from cnidra.api.loading import LoadError, load_json, load_yaml
+from cnidra.api.validate import (
+    CLAIM_CONFIG_LABEL,
+    Admission,
+    DocumentReport,
+    validate_documents,
+)
 from cnidra.cli.node import app as node_app
 from cnidra.cli.output import (
     FileReport,
@@ -120,12 +126,92 @@ def read_input(path: Path) -> bytes:
         raise usage_error(f"cannot read {path}: {exc.strerror}") from None
 
 
+JSON_SUFFIXES = (".conf", ".conflist", ".json")
+
+
 def load_documents(path: Path) -> list[Any] | LoadError:
-    """The file's documents, or why it cannot be read as YAML (a verdict, not a crash)."""
+    """The file's documents, or why it cannot be read (a verdict, not a crash): YAML, or strict
+    JSON (as libcni reads it) for a .conf, .conflist or .json file and for JSON text."""
+    data = read_input(path)
     try:
-        return load_yaml(read_input(path), str(path))
+        if path.suffix in JSON_SUFFIXES or data.lstrip()[:1] in (b"{", b"["):
+            return _json_documents(data, str(path), path.suffix in JSON_SUFFIXES)
+        return load_yaml(data, str(path))
     except LoadError as exc:
         return exc
+
+
+def _json_documents(data: bytes, name: str, named_json: bool) -> list[Any]:
+    """A JSON file's one document (a JSON list stands for its items, as a kind: List does).
+    Text that only looks like JSON (a YAML flow mapping, `{kind: ...}`) is read as YAML,
+    unless the file is named as JSON or is a CNI config, which libcni reads as JSON."""
+    try:
+        value = load_json(data, name)
+    except LoadError as strict:
+        if re.search(rb",\s*[]}]", data):
+            strict = LoadError(f"{strict} (a trailing comma? JSON allows none)")
+        if named_json:
+            raise strict from None
+        docs = load_yaml(data, name)
+        if any(isinstance(d, dict) and "kind" not in d for d in docs):
+            raise LoadError(f"{strict} (libcni reads a CNI config as strict JSON)") from None
+        return docs
+    return [value] if value is not None else []
+
+
+def expand_paths(paths: list[Path]) -> list[Path]:
+    """Files as given; a directory stands for its .yaml, .yml and .json files (as
+    `kubectl apply -f DIR` reads it, not recursively), sorted."""
+    out: list[Path] = []
+    for path in paths:
+        if str(path) != "-" and path.is_dir():
+            found = sorted(
+                p for p in path.iterdir() if p.suffix in (".yaml", ".yml", ".json") and p.is_file()
+            )
+            out += found or [path]  # an empty one is told as a usage error
+        else:
+            out.append(path)
+    return out
+
+
+# a label's key (an optional DNS-subdomain prefix and a name) and value, as the apiserver allows
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def parse_labels(text: str, flag: str = "--namespace-labels") -> dict[str, str]:
+    """`k=v,k2=v2` as a label map; a usage error naming the flag for anything else."""
+    form = (
+        f"{flag} takes KEY=VALUE pairs separated by commas, each a Kubernetes label, e.g. "
+        f"{CLAIM_CONFIG_LABEL}=true,team=a (an empty value is KEY=)"
+    )
+    labels: dict[str, str] = {}
+    if not text.strip():
+        return labels
+    for pair in text.split(","):
+        key, eq, value = pair.strip().partition("=")
+        if not eq:
+            raise usage_error(f"{flag} {pair!r}: not KEY=VALUE; {form}")
+        prefix, slash, name = key.rpartition("/")
+        if (
+            len(name) > 63
+            or not _LABEL_NAME.match(name)
+            or (slash and (len(prefix) > 253 or not _LABEL_PREFIX.match(prefix)))
+        ):
+            raise usage_error(
+                f"{flag} {pair!r}: {key!r} is not a label key (an optional DNS subdomain and "
+                "'/', then at most 63 letters, digits, '-', '_' or '.', starting and ending "
+                f"with a letter or digit); {form}"
+            )
+        if value and (len(value) > 63 or not _LABEL_NAME.match(value)):
+            raise usage_error(
+                f"{flag} {pair!r}: {value!r} is not a label value (empty, or at most 63 letters, "
+                f"digits, '-', '_' or '.', starting and ending with a letter or digit); {form}"
+            )
+        if key in labels:
+            raise usage_error(f"{flag}: label {key!r} is given twice; {form}")
+        labels[key] = value
+    return labels
 
 
 def load_yaml_documents(path: Path) -> list[Any]:
@@ -146,7 +232,13 @@ def unreadable(error: LoadError | list[Any] | None) -> list[DocumentReport]:
 
 @app.command()
 def validate(
-    files: Annotated[list[Path], typer.Argument(help="YAML files (multi-document); - for stdin")],
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            help="YAML files (multi-document), .conf/.conflist JSON, directories (their .yaml, "
+            ".yml and .json files); - for stdin"
+        ),
+    ],
     output: str = output_option("table", "table", "wide", "json", "yaml"),
     policy: Annotated[
         list[Path] | None,
@@ -157,15 +249,20 @@ def validate(
         ),
     ] = None,
     namespace_labels: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--namespace-labels",
-            help="k=v,...: the labels a CNIPolicy namespaceSelector sees for the claims' namespace",
+            help="KEY=VALUE,...: the claims' namespace's labels, as the shipped admission "
+            f"({CLAIM_CONFIG_LABEL}=true) and a CNIPolicy namespaceSelector see them; without "
+            "it, the admission's label is a warning",
         ),
-    ] = "",
+    ] = None,
 ) -> None:
-    """Check ResourceClaims, ResourceClaimTemplates, DeviceClasses and CNIConfigs."""
-    labels = dict(pair.split("=", 1) for pair in namespace_labels.split(",") if "=" in pair)
+    """Check ResourceClaims, ResourceClaimTemplates, DeviceClasses, CNIConfigs, CNI config
+    files, and the claims of Pods and workloads, as the apiserver, the shipped admission, the
+    webhook and prepare judge them."""
+    labels = parse_labels(namespace_labels) if namespace_labels is not None else None
+    files = expand_paths(files)
     missing = [
         f for f in [*files, *(policy or [])] if str(f) != "-" and (not f.exists() or f.is_dir())
     ]
@@ -180,13 +277,17 @@ def validate(
             expanded = list_items(docs)
             spans[f] = (len(every), len(expanded))
             every += expanded
-    judged = validate_documents(every, admin, labels)
+    judged = validate_documents(every, admin, labels, admission=Admission(labels))
     reports = []
     for f in [*files, *[p for p in policy or [] if p in missing]]:
         if f in missing:
-            why = "is a directory" if f.is_dir() else "does not exist"
+            why = (
+                "is a directory with no .yaml, .yml or .json file"
+                if f.is_dir()
+                else "does not exist"
+            )
             report = DocumentReport(0, "?", None)
-            report.issues.error(ROOT, f"{f} {why}; give YAML files (or - for stdin)")
+            report.issues.error(ROOT, f"{f} {why}; give YAML files or directories (or - for stdin)")
             reports.append(FileReport(str(f), [report]))
             continue
         if f not in spans:
