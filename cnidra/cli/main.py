@@ -451,32 +451,83 @@ def try_(
         ),
     ] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds per plugin call")] = 30.0,
+    policy: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--policy",
+            help="DeviceClasses (with their CNIPolicy): each request is judged as prepare "
+            "judges it, and what prepare refuses is not run; DeviceClasses in FILE count too",
+        ),
+    ] = None,
+    namespace_labels: Annotated[
+        str | None,
+        typer.Option(
+            "--namespace-labels",
+            help="KEY=VALUE,...: the claim's namespace's labels, as a CNIPolicy "
+            "namespaceSelector sees them",
+        ),
+    ] = None,
 ) -> None:
     """ADD a claim's attachments into a namespace, print the status the driver would write,
-    then DEL everything (unless --keep)."""
-    from cnidra.cli.try_ import NoParent, TryPlan, default_pool, execute, plan_attachments
+    then DEL everything (unless --keep). What cnidra validate refuses is not run; with
+    --policy, neither is what prepare refuses."""
+    from cnidra.cli.try_ import (
+        NoParent,
+        Refused,
+        TryPlan,
+        default_pool,
+        execute,
+        plan_attachments,
+    )
 
+    labels = parse_labels(namespace_labels) if namespace_labels is not None else None
     if netns_path and not Path(netns_path).exists():
         raise usage_error(f"--netns {netns_path}: no such namespace")
+    for path in [file, *(policy or [])]:
+        if str(path) != "-" and (not path.exists() or path.is_dir()):
+            why = "is a directory" if path.is_dir() else "does not exist"
+            raise usage_error(f"{path} {why}; give a YAML file (or - for stdin)")
+    admin = [d for p in policy or [] for d in load_yaml_documents(p)]
     docs = load_yaml_documents(file)
-    reports = validate_documents(docs)
+    reports = validate_documents(docs, admin, labels)
     result = as_json([FileReport(str(file), reports)])
     if not result["valid"]:
         print_text([FileReport(str(file), reports)], err.console)
         raise typer.Exit(EXIT_INVALID)
+    unjudged = [
+        f"{i.path}: {i.message}"
+        for r in reports
+        for i in r.issues.warnings
+        if "its DeviceClass is not in the input" in i.message
+    ]
     skipped = [
         i
         for r in reports
         for i in r.issues.warnings
         if i.path.segments[-1:] == ("network",) and "not in the input" in i.message
     ]
-    notes: list[str] = []
+    notes: list[str] = [
+        f"{u}; try runs it unjudged, and prepare may refuse what it runs" for u in unjudged
+    ]
     try:
         attachments = plan_attachments(
-            reports, default_pool(host), host=host, documents=docs, notes=notes
+            reports,
+            default_pool(host),
+            host=host,
+            documents=docs,
+            notes=notes,
+            policy_documents=admin,
+            namespace_labels=labels,
         )
     except NoParent as exc:  # and a CNIIPPool not in the input (PoolNotInInput)
         raise usage_error(f"{file}: {exc}") from None
+    except Refused as exc:
+        for problem in exc.problems:
+            err.print(f"[red]refused:[/] {escape(problem)}", highlight=False)
+        err.print(
+            escape(f"{file}: prepare refuses it (nothing was run)"), highlight=False, markup=False
+        )
+        raise typer.Exit(EXIT_INVALID) from None
     if not attachments:
         why = "; ".join(f"{i.path}: {i.message}" for i in skipped)
         raise usage_error(
@@ -499,6 +550,12 @@ def try_(
     where = "the host" if host else "a throwaway node namespace"
     err.print(f"[bold]ADD[/] {len(attachments)} attachment(s) in {where}", highlight=False)
     outcome = execute(plan, [p for p in cni_path.split(":") if p], state_dir, timeout)
+    raise typer.Exit(_told(outcome, output))
+
+
+def _told(outcome: Any, output: str) -> int:
+    """`cnidra try`'s outcome printed: the status on stdout, each attachment on stderr; the
+    exit code."""
     status = {"status": {"devices": outcome.statuses}}
     if output == "json":
         typer.echo(json.dumps(status, indent=2))
@@ -514,7 +571,7 @@ def try_(
         err.print(escape("kept: " + ", ".join(outcome.kept)), highlight=False)
     elif outcome.ok:
         err.print("DEL done; nothing left behind", highlight=False)
-    raise typer.Exit(0 if outcome.ok and not outcome.cleanup_errors else EXIT_INVALID)
+    return 0 if outcome.ok and not outcome.cleanup_errors else EXIT_INVALID
 
 
 def driver(**values: Any) -> None:

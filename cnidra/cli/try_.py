@@ -29,11 +29,11 @@ from cnidra.api.issues import Issues
 from cnidra.api.merge import Source
 from cnidra.api.ownership import owned_network
 from cnidra.api.refs import ObjectRef
-from cnidra.api.validate import DocumentReport, ResolvedRequest
+from cnidra.api.validate import DocumentReport, ResolvedRequest, catalog_of
 from cnidra.cni import netns
 from cnidra.cni.attach import AttachFailed, Attachment, Outcome, attach_all, detach_all
 from cnidra.cni.runtime import CNIRuntime
-from cnidra.dra.resolve import Device, attachment_from
+from cnidra.dra.resolve import Device, attachment_from, resolve_attachment
 from cnidra.state.layout import StateLayout
 from cnidra.status.devices import device_status
 
@@ -74,6 +74,15 @@ class PoolNotInInput(NoParent):
     no apiserver to read it from."""
 
 
+class Refused(ValueError):
+    """What prepare refuses (its verdict, through the path prepare takes): invalid input,
+    exit 1. `problems`: each a field path and what is wrong there."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
 def plan_attachments(
     reports: Sequence[DocumentReport],
     pool: str,
@@ -81,6 +90,8 @@ def plan_attachments(
     host: bool = False,
     documents: Sequence[Any] = (),
     notes: list[str] | None = None,
+    policy_documents: Sequence[Any] = (),
+    namespace_labels: Mapping[str, str] | None = None,
 ) -> list[Attachment]:
     """What the driver would attach, made the driver's way (`attachment_from`), for a pod
     `cnidra-try` in namespace `cnidra-try`, state under the --host state root. A config that
@@ -89,15 +100,22 @@ def plan_attachments(
     real host there is no allocation to take it from (NoParent). A network with cnidra IPAM
     takes its addresses from its CNIIPPool among `documents` (the input the reports are of),
     handed out locally (`local_pool_ipam`; PoolNotInInput when the pool is not there); what
-    the user should know about that is appended to `notes`."""
+    the user should know about that is appended to `notes`.
+
+    A request whose DeviceClass is known (in `policy_documents`, try's --policy, or in the
+    input) is judged as prepare judges it, by prepare's own path (`resolve_attachment`: the
+    class's CNIPolicy for the claim's namespace with `namespace_labels`, the merge, the binding
+    to the link); what it refuses raises Refused. A claim's request whose class is not given
+    runs unjudged by any policy (a note says so)."""
     out: list[Attachment] = []
     pod = ObjectRef(TRY_NAMESPACE, TRY_NAMESPACE, str(uuid.uuid4()))
     stand_ins = 0
     pools = input_pools(documents)
     used: dict[str, list[str]] = {}  # pool -> networks that take from it
+    catalog = catalog_of([*policy_documents, *documents])
     for report in reports:
-        claim = ObjectRef(TRY_NAMESPACE, report.name or f"{report.kind}-{report.index}", "")
         doc = documents[report.index] if report.index < len(documents) else None
+        claim = ObjectRef(_namespace(doc), report.name or f"{report.kind}-{report.index}", "")
         for resolved in report.resolved:
             config = resolved.config.config
             assert config is not None
@@ -113,19 +131,35 @@ def plan_attachments(
                 stand_ins += 1
             device = Device(pool, device_name(config) if link is None else link, link=link)
             issues = Issues()
-            attachment = attachment_from(
-                resolved, claim, device, HOST_LAYOUT.private_dirs(), issues
-            )
-            if attachment is None:
-                raise NoParent("; ".join(f"{i.path}: {i.message}" for i in issues.errors))
+            if resolved.class_known:
+                attachment = resolve_attachment(
+                    resolved.judged,
+                    resolved.request,
+                    claim,
+                    device,
+                    HOST_LAYOUT.private_dirs(),
+                    issues,
+                    resolved.where,
+                    namespace_labels=namespace_labels or {},
+                    catalog=catalog,
+                )
+                if attachment is None:
+                    raise Refused([f"{i.path}: {i.message}" for i in issues.errors])
+            else:
+                attachment = attachment_from(
+                    resolved, claim, device, HOST_LAYOUT.private_dirs(), issues
+                )
+                if attachment is None:
+                    raise NoParent("; ".join(f"{i.path}: {i.message}" for i in issues.errors))
             name = pool_name(attachment.network)
             if name is not None:
                 where = f"request {resolved.request!r} (network {attachment.network_name})"
                 attachment = local_pool_ipam(attachment, pools, name, where)
                 used.setdefault(name, []).append(attachment.network_name)
-                refused = serves(pools[name], _namespace(doc), _tenant_network(resolved))
-                if refused and notes is not None:
-                    notes.append(f"{where}: {refused}: the driver refuses it at prepare")
+                ranges = attachment.pool_ranges if resolved.class_known else None
+                refused = serves(pools[name], _namespace(doc), _tenant_network(resolved), ranges)
+                if refused:
+                    raise Refused([f"{resolved.where}: {where}: {refused}"])
             out.append(attachment.for_pod(pod, TRY_CONTAINER))
     if used and notes is not None:
         notes.append(pool_note(used, pools))
@@ -181,9 +215,11 @@ def local_pool_ipam(
     pool = pools.get(name)
     if pool is None:
         raise PoolNotInInput(
-            f"{where} takes its addresses from CNIIPPool {name or '(unnamed)'}, which is not in "
-            f"the input: cnidra try does not read the cluster, so add the CNIIPPool {name} "
-            "(the admin's, as applied) to the file"
+            f"cannot run {where}: it takes its addresses from CNIIPPool {name or '(unnamed)'}, "
+            "which is not in the input. `ipam: {type: cnidra}` is no plugin: the driver "
+            "leases the pool's addresses through the cluster, and cnidra try does not read the "
+            f"cluster, so add the CNIIPPool {name} (the admin's, as applied) to the file and "
+            "try hands its addresses out locally"
         )
     plugins = []
     for plugin in attachment.network.get("plugins") or []:
@@ -269,11 +305,13 @@ def _tenant_network(resolved: ResolvedRequest) -> bool:
     )
 
 
-def serves(pool: Pool, namespace: str, tenant: bool) -> str | None:
-    """Why prepare would not give a claim of `namespace` addresses from the pool (the
-    class's claims.ipRanges aside: try has no class to read them from)."""
+def serves(
+    pool: Pool, namespace: str, tenant: bool, allowed: Sequence[Any] | None = None
+) -> str | None:
+    """Why prepare would not give a claim of `namespace` addresses from the pool (`allowed`:
+    the class's claims.ipRanges, when the class is known)."""
     if tenant:
-        return pool.tenant_problem(namespace, None)
+        return pool.tenant_problem(namespace, list(allowed) if allowed is not None else None)
     if not pool.allows_namespace(namespace):
         return f"CNIIPPool {pool.name} does not serve namespace {namespace} (spec.namespaces)"
     return None
