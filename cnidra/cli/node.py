@@ -25,8 +25,9 @@ if TYPE_CHECKING:  # gRPC loads only when a node command runs: `cnidra validate`
 HOW = (
     "Runs on the node, as root (the node API's socket is root's): inside the driver's pod, "
     "`kubectl -n cnidra-system exec <driver pod on that node> -- cnidra node pods`, or from "
-    "your machine `kubectl cnidra node pods -n NAMESPACE` (the kubectl plugin finds the pod's "
-    "node and its driver pod for you)."
+    "your machine `kubectl cnidra node pods -n NAMESPACE` (the kubectl plugin finds the nodes "
+    "that run the namespace's pods and the driver pod on each for you; `kubectl cnidra node "
+    "describe POD -n NAMESPACE` that pod's node)."
 )
 app = typer.Typer(
     no_args_is_help=True,
