@@ -926,7 +926,11 @@ def policy_problems(docs: Sequence[Any], context: Sequence[Any]) -> list[str]:
 
 
 def _not_passing(
-    what: str, problems: Sequence[str], classes: Sequence[Any], hints: Sequence[str] = ()
+    what: str,
+    problems: Sequence[str],
+    classes: Sequence[Any],
+    hints: Sequence[str] = (),
+    fix: str = "change the NAD",
 ) -> str:
     names = sorted(
         {
@@ -943,7 +947,7 @@ def _not_passing(
         f"converted (claims carrying it would be refused at admission or prepare): {told}. "
         "What the class's CNIPolicy does not allow, an admin class can (docs/security.md; "
         "check against it with `cnidra convert --policy CLASS.yaml`); what is never "
-        "claim-settable, no class allows: change the NAD" + (f". {advice}" if advice else "")
+        f"claim-settable, no class allows: {fix}" + (f". {advice}" if advice else "")
     )
 
 
@@ -1071,7 +1075,8 @@ def _convert_workload(
     _hold_containers(spec, claim_name)
     problems = policy_problems([*extras, made, rewritten], classes)
     if problems:
-        out.refused.append(_not_passing(what, problems, classes))
+        fix = "change the NAD, or the annotation (two networks of one name fail under Multus too)"
+        out.refused.append(_not_passing(what, problems, classes, fix=fix))
         return
     _add_docs(out, extras)
     out.notes += [n for n in notes if n not in out.notes]
@@ -1256,14 +1261,30 @@ def _carry_ips(value: Any, plugins: Sequence[dict[str, Any]], extra: Sequence[An
 
 
 def _why_not(key: str) -> str:
+    """What differs from Multus for a selection element's field cnidra does not carry."""
     return {
         "ips": "the shipped default class does not let a claim set capabilities.ips; an admin "
         "class whose CNIPolicy lists capabilities.ips in claims.fields can (add "
         "capabilities: {ips: [...]} to the CNIConfig), or use an IPAMClaim (docs/ipam.md)",
-        "mac": "the shipped default class does not let a claim set capabilities.mac; an admin "
-        "class whose CNIPolicy lists it in claims.fields can",
-        "default-route": "cnidra leaves the pod's default route to the primary network; add a "
-        "route in the network's IPAM (routes) if the pod needs one through this interface",
+        "mac": "the pod's interface gets the MAC the kernel picks, not this one: the shipped "
+        "default class does not let a claim choose a MAC (capabilities.mac, or tuning's mac); "
+        "an admin class whose CNIPolicy lists capabilities.mac in claims.fields can "
+        "(docs/security.md)",
+        "default-route": "under Multus the pod's default route went through this interface; "
+        "under cnidra it stays on the primary network's eth0 (cnidra never replaces it), so "
+        "traffic to destinations no other route covers leaves by the cluster network; add a "
+        "route for each destination that must go this way to the network's IPAM routes (or the "
+        "pool's)",
+        "cni-args": "the plugins do not get these CNI args: the shipped default class does not "
+        "let a claim set args; an admin class whose CNIPolicy lists args in claims.fields can "
+        "(the CNIConfig's args)",
+        "ipam-claim-reference": "the NAD's IPAM does not read IPAMClaims; cnidra keeps a pod's "
+        "addresses in one when the CNIConfig sets ipamClaimReference and its pool allows "
+        "persistent IPs (docs/ipam.md)",
+        "portMappings": "cnidra never maps host ports (refused whatever a class says)",
+        "bandwidth": "the interface is not shaped: a claim cannot set the bandwidth capability "
+        "with the shipped default class",
+        "infiniband-guid": "cnidra gives no InfiniBand devices",
     }.get(key, "cnidra has no equivalent")
 
 
