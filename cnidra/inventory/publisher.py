@@ -67,6 +67,13 @@ class HealthBoard:
 
     def update(self, devices: dict[str, str | None]) -> None:
         if devices != self.devices:
+            for name, failure in sorted(devices.items()):
+                was = self.devices.get(name)
+                if failure != was and (failure is not None or name in self.devices):
+                    if failure is None:
+                        log.info("device %s healthy again (was: %s)", name, was)
+                    else:
+                        log.info("device %s unhealthy: %s", name, failure)
             self.devices = devices
             self._changed.set()
 
@@ -302,8 +309,9 @@ class SlicePublisher:
             view,
             attributes={d["name"]: d["attributes"] for s in slices for d in s["spec"]["devices"]},
         )
-        self.health.update(device_failures(device_names(links), self._served))
+        failures = device_failures(device_names(links), self._served)
         if content(slices) == self._published:
+            self.health.update(failures)
             return False
         self.generation += 1
         for obj in slices:
@@ -326,6 +334,9 @@ class SlicePublisher:
             len(slices),
             self.generation,
         )
+        # after the slices (a taint, where the cluster takes them, is written first): a log
+        # reader who sees a device's health change knows what the slice says of it
+        self.health.update(failures)
         return True
 
     async def _node_owner(self) -> dict[str, Any]:

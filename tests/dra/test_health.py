@@ -4,8 +4,11 @@ change; a failed link's devices are Unhealthy with the reason."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from cnidra._proto.drahealth.v1alpha1 import api_pb2 as health
 from cnidra.dra.plugin import DRAService
@@ -71,3 +74,18 @@ async def test_each_registration_by_kubelet_has_the_slices_checked() -> None:
         await service.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True), None)
     await service.NotifyRegistrationStatus(reg.RegistrationStatus(error="refused"), None)
     assert calls == [1, 2]
+
+
+def test_a_change_of_health_is_logged_once_naming_the_device_and_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    board = HealthBoard()
+    with caplog.at_level(logging.INFO, "cnidra.inventory.publisher"):
+        board.update({"eth1": None})  # first sight of a working device: nothing to say
+        board.update({"eth1": "link eth1: admin-down"})
+        board.update({"eth1": "link eth1: admin-down"})  # no change: said once
+        board.update({"eth1": None})
+    assert [r.getMessage() for r in caplog.records] == [
+        "device eth1 unhealthy: link eth1: admin-down",
+        "device eth1 healthy again (was: link eth1: admin-down)",
+    ]
