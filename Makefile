@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint check test test-matrix test-unit fuzz demo cni-plugins bench bench-quick soak apiserver-faults fleet dashboard-picture deploy image image-cni-plugins clean
+.PHONY: install lint check test test-full test-matrix test-unit fuzz demo cni-plugins bench bench-quick soak apiserver-faults fleet dashboard-picture deploy image image-cni-plugins clean
 
 install: $(STAMP)
 
@@ -41,7 +41,14 @@ check: install
 # it before the test bed's half
 test: install lint cni-plugins
 	$(BIN)/pytest -q $(PARALLEL) -m "not testbed"
-	$(BIN)/pytest -q -m testbed
+	$(BIN)/pytest -q -m "testbed and not full"
+
+# make test, with every e2e test that uses the `deployment` fixture run a second time against
+# the in-cluster driver (the chart's DaemonSet of `make image`'s image) and the `full` tests (a
+# second image build, to prove it reproducible): what CI runs nightly
+test-full: install lint cni-plugins
+	$(BIN)/pytest -q $(PARALLEL) -m "not testbed"
+	CNIDRA_TEST_FULL=1 $(BIN)/pytest -q -m testbed
 
 # the unit half alone, as make test runs it (root needed, no test bed)
 test-unit: install cni-plugins

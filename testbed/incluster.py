@@ -30,15 +30,26 @@ PLUGINS_IMAGE_ARCHIVE = ROOT / "dist" / "cnidra-image-cni-plugins.tar"
 
 def build_image(*, cni_plugins: bool = False) -> str:
     """`make image`'s build (`make image-cni-plugins`'s with `cni_plugins`); the digest."""
+    return _build("1" if cni_plugins else "0")[0]
+
+
+def build_images() -> tuple[str, str]:
+    """The plain image and the one that bundles the CNI plugins, from one build (one base and
+    app layer): dist/cnidra-image.tar and dist/cnidra-image-cni-plugins.tar; their digests."""
+    plain, plugins = _build("both")
+    return plain, plugins
+
+
+def _build(which: str) -> list[str]:
     out = subprocess.run(
         [ROOT / "hack" / "image" / "build.sh"],
         check=True,
         capture_output=True,
         text=True,
         timeout=900,
-        env={**os.environ, "PYTHON": sys.executable, "CNI_PLUGINS": "1" if cni_plugins else "0"},
+        env={**os.environ, "PYTHON": sys.executable, "CNI_PLUGINS": which},
     )
-    return out.stdout.strip().splitlines()[-1]
+    return out.stdout.strip().splitlines()[-(2 if which == "both" else 1) :]
 
 
 def load_image(cluster: Cluster, archive: Path = IMAGE_ARCHIVE) -> None:

@@ -8,16 +8,21 @@
 #               proxy by hack/install-cni.sh, cached) under /opt/cnidra/cni-plugins, which the
 #               chart's `cniPlugins.install` init step copies onto the node.
 # Writes dist/cnidra-image.tar (OCI archive, reference cnidra:$VERSION; with CNI_PLUGINS=1
-# dist/cnidra-image-cni-plugins.tar, cnidra:$VERSION-cni-plugins) and prints its digest.
+# dist/cnidra-image-cni-plugins.tar, cnidra:$VERSION-cni-plugins; with CNI_PLUGINS=both the two
+# from one build) and prints its digest (each's, the plain one first).
 # Same commit, same digest (the Debian mirror's state aside: the package versions are listed in
 # dist/cnidra-image.packages).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-.venv/bin/python}"
 VERSION="$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["project"]["version"])')"
-NAME=cnidra-image; TAG="$VERSION"
-if [ "${CNI_PLUGINS:-0}" = 1 ]; then NAME=cnidra-image-cni-plugins; TAG="$VERSION-cni-plugins"; fi
-REF="${IMAGE_REF:-docker.io/library/cnidra:$TAG}"   # what kubelet resolves cnidra:$TAG to
+# CNI_PLUGINS: 0 the plain image, 1 the one with the plugins, both: the two from one build
+# (one base and app layer; the plain digest printed first)
+WANT="${CNI_PLUGINS:-0}"
+case "$WANT" in 0|1|both) ;; *) echo "CNI_PLUGINS must be 0, 1 or both, not '$WANT'" >&2; exit 2;; esac
+if [ "$WANT" = both ] && [ -n "${IMAGE_REF:-}" ]; then
+  echo "IMAGE_REF names one image; CNI_PLUGINS=both makes two" >&2; exit 2
+fi
 EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
 export SOURCE_DATE_EPOCH="$EPOCH"
 OUT=dist; mkdir -p "$OUT"
@@ -32,7 +37,7 @@ mmdebstrap --quiet --variant=essential --include=python3,libstdc++6 \
   --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
   bookworm "$work/base.tar"
 tar -xOf "$work/base.tar" ./var/lib/dpkg/status | awk '/^Package:/{p=$2} /^Version:/{print p, $2}' \
-  > "$OUT/$NAME.packages"
+  > "$work/packages"
 "$PY" -m build --wheel --outdir "$work/wheel" . >/dev/null
 # binary wheels for the image's Python, installed without bytecode (pyc embed mtimes)
 "$PY" -m pip install -q --no-compile --target "$work/app/opt/cnidra" \
@@ -45,15 +50,23 @@ printf '#!/usr/bin/python3\nfrom cnidra.cli.main import main\nmain()\n' \
 chmod 0755 "$work/app/usr/local/bin/cnidra"
 tar -C "$work/app" -cf "$work/app.tar" .
 layers=(--layer "$work/base.tar" --layer "$work/app.tar")
-if [ "${CNI_PLUGINS:-0}" = 1 ]; then
+# NAME TAG LAYER...: the archive dist/NAME.tar, referenced as cnidra:TAG (what kubelet resolves
+# cnidra:TAG to) unless IMAGE_REF says; prints its digest
+emit() {
+  local name="$1" tag="$2"; shift 2
+  cp "$work/packages" "$OUT/$name.packages"
+  "$PY" -m testbed.oci "$OUT/$name.tar" "${IMAGE_REF:-docker.io/library/cnidra:$tag}" "$@" \
+    --epoch "$EPOCH" \
+    --drop usr/bin/sh --drop usr/bin/bash --drop usr/bin/rbash --drop usr/bin/dash \
+    --drop usr/bin/apt --drop usr/bin/apt-get --drop usr/lib/apt --drop var/lib/apt --drop etc/apt \
+    --config '{"Entrypoint": ["/usr/local/bin/cnidra"], "Env": ["PATH=/usr/local/bin:/usr/bin:/usr/sbin:/bin:/sbin", "PYTHONPATH=/opt/cnidra", "PYTHONDONTWRITEBYTECODE=1"], "WorkingDir": "/", "Labels": {"org.opencontainers.image.source": "cnidra"}}'
+}
+if [ "$WANT" != 1 ]; then emit cnidra-image "$VERSION" "${layers[@]}"; fi
+if [ "$WANT" != 0 ]; then
   plugins="$(hack/install-cni.sh env | sed -n 's/^export CNIDRA_TEST_CNI_PATH=//p')"
   hack/install-cni.sh >/dev/null
   mkdir -p "$work/plugins/opt/cnidra/cni-plugins"
   cp "$plugins"/* "$work/plugins/opt/cnidra/cni-plugins/"
   tar -C "$work/plugins" -cf "$work/plugins.tar" .
-  layers+=(--layer "$work/plugins.tar")
+  emit cnidra-image-cni-plugins "$VERSION-cni-plugins" "${layers[@]}" --layer "$work/plugins.tar"
 fi
-"$PY" -m testbed.oci "$OUT/$NAME.tar" "$REF" "${layers[@]}" --epoch "$EPOCH" \
-  --drop usr/bin/sh --drop usr/bin/bash --drop usr/bin/rbash --drop usr/bin/dash \
-  --drop usr/bin/apt --drop usr/bin/apt-get --drop usr/lib/apt --drop var/lib/apt --drop etc/apt \
-  --config '{"Entrypoint": ["/usr/local/bin/cnidra"], "Env": ["PATH=/usr/local/bin:/usr/bin:/usr/sbin:/bin:/sbin", "PYTHONPATH=/opt/cnidra", "PYTHONDONTWRITEBYTECODE=1"], "WorkingDir": "/", "Labels": {"org.opencontainers.image.source": "cnidra"}}'

@@ -4,38 +4,19 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testbed.harness import ROOT, Cluster, DriverProcess
-from tests.testbed.conftest import env_image, pod
+from testbed.harness import Cluster, DriverProcess
+from tests.testbed.conftest import Attached, slice_devices
+from tests.testbed.objects import env_image, pod
 
 pytestmark = pytest.mark.testbed
 DRIVER = "cni.dra.networking.x-k8s.io"
 KUBELET_LOG = Path("/var/lib/cnidra-testbed/logs/kubelet.log")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def device_classes(cluster: Cluster) -> None:
-    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
-
-
-@pytest.fixture
-def start_driver(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[..., DriverProcess]]:
-    started: list[DriverProcess] = []
-
-    def start(**settings: str) -> DriverProcess:
-        driver = DriverProcess(cluster, tmp_path, **settings)
-        driver.start()
-        started.append(driver)
-        return driver
-
-    yield start
-    for driver in started:
-        driver.stop()
 
 
 def network_claim(
@@ -112,13 +93,6 @@ def apply_ns(cluster: Cluster, namespace: str, *docs: dict[str, Any]) -> None:
     )
 
 
-def our_slice_devices(cluster: Cluster) -> dict[str, dict[str, Any]]:
-    slices = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json").stdout)["items"]
-    return {
-        d["name"]: d for s in slices if s["spec"]["driver"] == DRIVER for d in s["spec"]["devices"]
-    }
-
-
 def test_kubelet_registers_the_plugin_and_again_after_a_restart(
     cluster: Cluster, start_driver: Callable[..., DriverProcess]
 ) -> None:
@@ -145,9 +119,7 @@ def test_slice_carries_test_made_links_and_follows_changes(
 ) -> None:
     first = test_link(f"tb{uuid.uuid4().hex[:6]}")
     start_driver()
-    devices = cluster.wait(
-        "the slice to carry the link", lambda: our_slice_devices(cluster).get(first)
-    )
+    devices = cluster.wait("the slice to carry the link", lambda: slice_devices(cluster).get(first))
     attrs = devices["attributes"]
     assert attrs["ifName"] == {"string": first}
     assert attrs["type"] == {"string": "bridge"}
@@ -158,40 +130,32 @@ def test_slice_carries_test_made_links_and_follows_changes(
     assert attrs["nodeLink"] == {"bool": False}
     # links that carry the node are not published: the uplink (default route) and the test
     # bed's primary bridge (the node's InternalIP)
-    assert "eth0" not in our_slice_devices(cluster)
-    assert "cnidra-tb0" not in our_slice_devices(cluster)
+    assert "eth0" not in slice_devices(cluster)
+    assert "cnidra-tb0" not in slice_devices(cluster)
     second = test_link(f"tb{uuid.uuid4().hex[:6]}")
-    cluster.wait("the new link", lambda: second in our_slice_devices(cluster), 15)
+    cluster.wait("the new link", lambda: second in slice_devices(cluster), 15)
     import subprocess
 
     subprocess.run(["ip", "link", "del", second], check=True)
-    cluster.wait("the removed link to go", lambda: second not in our_slice_devices(cluster), 15)
-    assert not any(name.startswith("veth") for name in our_slice_devices(cluster))
+    cluster.wait("the removed link to go", lambda: second not in slice_devices(cluster), 15)
+    assert not any(name.startswith("veth") for name in slice_devices(cluster))
 
 
 def test_a_node_link_is_published_only_when_the_admin_names_it(
     cluster: Cluster, start_driver: Callable[..., DriverProcess]
 ) -> None:
     start_driver(publish_node_links="eth0")
-    devices = cluster.wait("eth0 published", lambda: our_slice_devices(cluster).get("eth0"), 30)
+    devices = cluster.wait("eth0 published", lambda: slice_devices(cluster).get("eth0"), 30)
     assert devices["attributes"]["nodeLink"] == {"bool": True}
-    assert "cnidra-tb0" not in our_slice_devices(cluster)
+    assert "cnidra-tb0" not in slice_devices(cluster)
 
 
 def test_pod_is_scheduled_where_its_parent_exists_and_prepare_is_checkpointed(
-    cluster: Cluster,
-    namespace: str,
-    start_driver: Callable[..., DriverProcess],
-    test_link: Callable[[str], str],
-    ip_pools: Callable[..., str],
+    cluster: Cluster, namespace: str, attach: Callable[..., Attached]
 ) -> None:
-    parent = test_link(f"tb{uuid.uuid4().hex[:6]}")
     other = f"{namespace}-b"
-    pool = ip_pools("198.19.120.0/24", namespace, other)
-    driver = start_driver()
-    cluster.wait("slice", lambda: parent in our_slice_devices(cluster))
-    apply_ns(cluster, namespace, network_claim(parent, pool=pool), claim_pod("p1"))
-    cluster.kubectl("wait", "-n", namespace, "--for=condition=Ready", "pod/p1", "--timeout=90s")
+    bed = attach("198.19.120.0/24")
+    parent, pool, driver = bed.parent, bed.pool, bed.driver
     uid = cluster.get("pod", "p1", namespace)["metadata"]["uid"]
     [entry] = [c for c in driver.checkpoint() if c["namespace"] == namespace]
     assert entry["pod_uids"] == [uid]
@@ -204,6 +168,7 @@ def test_pod_is_scheduled_where_its_parent_exists_and_prepare_is_checkpointed(
     assert address["address"].startswith("198.19.120.")
     assert device["share_id"]
 
+    # a claim on a link no node has (never prepared: the pool need not serve its namespace)
     lacking = network_claim("no-such-nic", pool=pool)
     lacking["metadata"]["name"] = "net"
     cluster.kubectl("create", "namespace", other)
@@ -228,16 +193,15 @@ def test_consumable_capacity_refuses_the_pod_beyond_the_parents_limit(
     cluster: Cluster,
     namespace: str,
     start_driver: Callable[..., DriverProcess],
-    test_link: Callable[[str], str],
+    parent: str,
     ip_pools: Callable[..., str],
 ) -> None:
-    parent = test_link(f"tb{uuid.uuid4().hex[:6]}")
     pool = ip_pools("198.19.121.0/24", namespace)
     start_driver(sub_interfaces="2")
     cluster.wait(
         "slice",
         lambda: (
-            our_slice_devices(cluster)
+            slice_devices(cluster)
             .get(parent, {})
             .get("capacity", {})
             .get("subInterfaces", {})
@@ -270,20 +234,12 @@ def test_consumable_capacity_refuses_the_pod_beyond_the_parents_limit(
 
 
 def test_prepare_with_the_apiserver_stopped_answers_from_the_checkpoint(
-    cluster: Cluster,
-    namespace: str,
-    start_driver: Callable[..., DriverProcess],
-    test_link: Callable[[str], str],
-    ip_pools: Callable[..., str],
+    cluster: Cluster, namespace: str, attach: Callable[..., Attached]
 ) -> None:
     from testbed import cluster as tb
 
-    parent = test_link(f"tb{uuid.uuid4().hex[:6]}")
-    pool = ip_pools("198.19.122.0/24", namespace)
-    driver = start_driver()
-    cluster.wait("slice", lambda: parent in our_slice_devices(cluster))
-    apply_ns(cluster, namespace, network_claim(parent, pool=pool), claim_pod("p1"))
-    cluster.kubectl("wait", "-n", namespace, "--for=condition=Ready", "pod/p1", "--timeout=90s")
+    bed = attach("198.19.122.0/24")
+    driver, parent = bed.driver, bed.parent
     claim = json.loads(
         cluster.kubectl("get", "resourceclaims", "-n", namespace, "-o", "json").stdout
     )["items"][0]
@@ -305,13 +261,12 @@ def test_bad_opaque_config_fails_prepare_with_the_validators_message(
     cluster: Cluster,
     namespace: str,
     start_driver: Callable[..., DriverProcess],
-    test_link: Callable[[str], str],
+    parent: str,
     ip_pools: Callable[..., str],
 ) -> None:
-    parent = test_link(f"tb{uuid.uuid4().hex[:6]}")
     pool = ip_pools("198.19.123.0/24", namespace)
     driver = start_driver()
-    cluster.wait("slice", lambda: parent in our_slice_devices(cluster))
+    cluster.wait("slice", lambda: parent in slice_devices(cluster))
     apply_ns(
         cluster,
         namespace,

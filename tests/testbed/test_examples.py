@@ -21,8 +21,8 @@ import yaml
 from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
 from testbed.harness import ROOT, Cluster, DriverProcess
-from tests.testbed.conftest import cnidra_crds, env_image, pool_leases
-from tests.testbed.test_lifecycle import pod_addresses, ready
+from tests.testbed.conftest import cnidra_crds, pool_leases
+from tests.testbed.objects import env_image, pod_addresses, ready
 
 pytestmark = pytest.mark.testbed
 DRIVER = "cni.dra.networking.x-k8s.io"

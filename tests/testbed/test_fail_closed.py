@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import signal
 import threading
 import time
@@ -15,19 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
 from testbed.harness import Cluster, DriverProcess
-from tests.testbed.test_lifecycle import (
-    apply,
-    claiming_pod,
-    cni_config,
-    device_classes,  # noqa: F401 - the module's classes
-    parent,  # noqa: F401 - a fixture
-    pod_addresses,
-    ready,
-    template,
-)
+from tests.testbed.objects import apply, claiming_pod, cni_config, pod_addresses, ready, template
 
 pytestmark = pytest.mark.testbed
 
@@ -75,26 +64,6 @@ class Watch:
         self._thread.join(30)
 
 
-@pytest.fixture
-def driver(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[DriverProcess]:
-    cluster.kubectl("label", "namespace", namespace, "cni.networking.x-k8s.io/claim-config=true")
-    proc = DriverProcess(cluster, tmp_path, defaults=True)  # state where the chart keeps it
-    proc.start()
-    cluster.wait("the NRI plugin to connect", lambda: proc.health().get("nriConnected"), 60)
-    yield proc
-    try:
-        if proc.proc is not None and proc.proc.poll() is None:
-            proc.proc.send_signal(signal.SIGCONT)
-        else:
-            proc.start()
-        cluster.kubectl(
-            "delete", "pods", "--all", "-n", namespace, "--timeout=90s", check=False, timeout=120
-        )
-    finally:
-        proc.stop()
-        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
-
-
 def sandbox_of(cluster: Cluster, namespace: str, name: str) -> str | None:
     out = cluster.crictl(
         "pods", "-o", "json", "--namespace", namespace, "--name", name, "--state", "ready"
@@ -116,6 +85,38 @@ def stop_sandbox(cluster: Cluster, namespace: str, name: str) -> None:
             return
         time.sleep(2)
     raise AssertionError(f"the sandbox of {name} would not stop: {done.stderr.strip()}")
+
+
+GATE_REFUSED = "the pod's secondary interfaces are not attached"  # cnidra/state/gate.py
+
+
+def gate_refusals(cluster: Cluster, namespace: str, name: str) -> list[str]:
+    """The messages of the pod's Events in which the container gate refused a container."""
+    return [
+        e.get("message", "")
+        for e in cluster.events(name, namespace)
+        if GATE_REFUSED in e.get("message", "")
+    ]
+
+
+def held(cluster: Cluster, namespace: str, *names: str) -> bool:
+    """Any of the pods held back and to be retried by kubelet: its container refused by the
+    gate, or its claims' prepare refused (the NRI connection down)."""
+    return any(
+        gate_refusals(cluster, namespace, name)
+        or any(
+            e["reason"] == "FailedPrepareDynamicResources" for e in cluster.events(name, namespace)
+        )
+        for name in names
+    )
+
+
+def is_ready(cluster: Cluster, namespace: str, name: str) -> bool:
+    pod = cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json", check=False)
+    if pod.returncode:
+        return False
+    conditions = json.loads(pod.stdout)["status"].get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # the machine's cgroup v1 cpu hierarchy
@@ -148,7 +149,7 @@ def test_a_driver_starved_of_cpu_as_containerd_restarts_never_lets_a_container_r
     cluster: Cluster,
     namespace: str,
     driver: DriverProcess,
-    parent: str,  # noqa: F811
+    parent: str,
     ip_pools: Callable[..., str],
 ) -> None:
     """Containerd restarts while the driver has 1 % of a CPU: its Synchronize (and every hook
@@ -167,7 +168,17 @@ def test_a_driver_starved_of_cpu_as_containerd_restarts_never_lets_a_container_r
             tb.start_containerd(cluster.bins)  # NRI registers again: Synchronize, starved
             apply(cluster, namespace, *(claiming_pod(f"s{i}", "net") for i in range(2)))
             stop_sandbox(cluster, namespace, "a")
-            time.sleep(30)  # beyond NRI's 2 s and the gate's 20 s wait: kubelet retries
+            # kept starved until kubelet's attempts were decided: held (the gate or prepare
+            # said no, and kubelet retries) or, if the driver kept up on its 1 %, the new pods
+            # Ready (the watch checks they have net1)
+            cluster.wait(
+                "kubelet's attempts to be held or done",
+                lambda: (
+                    held(cluster, namespace, "a", "s0", "s1")
+                    or all(is_ready(cluster, namespace, n) for n in ("s0", "s1"))
+                ),
+                120,
+            )
         cluster.wait("the NRI plugin to connect", lambda: driver.health().get("nriConnected"), 90)
         for name in ("a", "s0", "s1"):
             ready(cluster, namespace, name, "180s")
@@ -183,7 +194,7 @@ def test_a_frozen_or_killed_driver_never_lets_a_container_run_without_its_interf
     cluster: Cluster,
     namespace: str,
     driver: DriverProcess,
-    parent: str,  # noqa: F811
+    parent: str,
     ip_pools: Callable[..., str],
 ) -> None:
     pool = ip_pools("198.19.171.0/24", namespace)
@@ -198,7 +209,13 @@ def test_a_frozen_or_killed_driver_never_lets_a_container_run_without_its_interf
         driver.proc.send_signal(signal.SIGSTOP)
         stop_sandbox(cluster, namespace, "a")
         apply(cluster, namespace, claiming_pod("b", "net"))
-        time.sleep(35)  # beyond NRI's 2 s and the gate's 20 s wait: kubelet retries
+        # the gate's decision: a's new sandbox's container waited 20 s for its interfaces and
+        # was refused (containerd had dropped the frozen plugin after NRI's 2 s); kubelet retries
+        cluster.wait(
+            "the container gate to hold pod a's container",
+            lambda: "not attached" in " ".join(gate_refusals(cluster, namespace, "a")),
+            120,
+        )
         driver.proc.send_signal(signal.SIGCONT)
         ready(cluster, namespace, "a", "150s")
         # killed and restarted in a loop while pods are created

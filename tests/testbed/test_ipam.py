@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
-import shutil
 import signal
 import subprocess
 import threading
@@ -26,10 +25,10 @@ from typing import Any
 import grpc
 import pytest
 
-from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
 from testbed.harness import ROOT, Cluster, DriverProcess, read_checkpoint
-from tests.testbed.test_lifecycle import pod_addresses, ready
+from tests.testbed.conftest import Drivers
+from tests.testbed.objects import pod_addresses, ready
 from tests.testbed.test_named_networks import (
     claimed_pod,
     network_template,
@@ -40,6 +39,7 @@ from tests.testbed.test_named_networks import (
 pytestmark = pytest.mark.testbed
 DRIVER = "cni.dra.networking.x-k8s.io"
 RECONCILE = {"ipam_reconcile_seconds": "1", "ipam_grace_seconds": "5"}
+NODE2_SETTINGS = RECONCILE  # node2_driver's (conftest)
 
 
 @pytest.fixture(scope="module")
@@ -62,41 +62,14 @@ def ipam_crds(cluster: Cluster) -> None:
 def node1(
     cluster: Cluster, ipam_crds: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[DriverProcess]:
-    assert not DEFAULT_STATE_ROOT.exists() or not any(DEFAULT_STATE_ROOT.glob("*/*"))
-    proc = DriverProcess(
-        cluster,
-        tmp_path_factory.mktemp("ipam1"),
-        defaults=True,
-        cni_conf_dir=str(tb.Paths.cni_conf),
-        **RECONCILE,
-    )
-    proc.start()
-    cluster.wait("the NRI plugin to connect", lambda: proc.health().get("nriConnected"), 60)
-    try:
-        yield proc
-    finally:
-        proc.stop()
-        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
+    drivers = Drivers(cluster, tmp_path_factory.mktemp("ipam1"))
+    yield drivers.start(cni_conf_dir=str(tb.Paths.cni_conf), **RECONCILE)
+    drivers.close()
 
 
 @pytest.fixture(scope="module")
-def node2(
-    cluster: Cluster,
-    ipam_crds: None,
-    second_node: tb.Node,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[DriverProcess]:
-    proc = DriverProcess(
-        cluster,
-        tmp_path_factory.mktemp("ipam2"),
-        node=second_node,
-        cni_conf_dir=str(second_node.cni_conf),
-        **RECONCILE,
-    )
-    proc.start()
-    cluster.wait("node 2's NRI plugin to connect", lambda: proc.health().get("nriConnected"), 60)
-    yield proc
-    proc.stop()
+def node2(node2_driver: DriverProcess) -> DriverProcess:
+    return node2_driver
 
 
 @pytest.fixture
@@ -490,25 +463,30 @@ def test_churn_with_driver_kills_and_apiserver_restarts_leaks_nothing_and_never_
             docs.append(claim)
             statuses[name] = status
     cluster.kubectl(
-        "apply",
-        "-n",
-        ns,
-        "-f",
-        "-",
-        input_="\n---\n".join(json.dumps(d) for d in docs),
+        "create", "-n", ns, "-f", "-", input_="\n---\n".join(json.dumps(d) for d in docs),
         timeout=300,
-    )
+    )  # fmt: skip
     uids = {
         c["metadata"]["name"]: c["metadata"]["uid"]
         for c in json.loads(
             cluster.kubectl("get", "resourceclaims", "-n", ns, "-o", "json").stdout
         )["items"]
     }
-    for name, status in statuses.items():
-        cluster.kubectl(
-            "patch", "resourceclaim", name, "-n", ns, "--subresource=status", "--type=merge",
-            "-p", json.dumps({"status": status}),
-        )  # fmt: skip
+    # the scheduler's allocations, all in one server-side apply of the status subresource
+    # (one kubectl, not 2,000)
+    allocations = [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": ns},
+            "status": status,
+        }
+        for name, status in statuses.items()
+    ]
+    cluster.kubectl(
+        "apply", "--server-side", "--subresource=status", "--field-manager=testbed-scheduler",
+        "-f", "-", input_="\n---\n".join(json.dumps(d) for d in allocations), timeout=300,
+    )  # fmt: skip
     for node in (tb.NODE1, second_node):
         names[node.name] = [
             (ns, f"churn-{node.name[-1]}-{i}", uids[f"churn-{node.name[-1]}-{i}"])

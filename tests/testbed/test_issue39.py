@@ -17,7 +17,6 @@ from __future__ import annotations
 import difflib
 import json
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -35,8 +34,8 @@ from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
 from testbed.crds import NAD_CRD
 from testbed.harness import ROOT, Cluster, DriverProcess
-from tests.testbed.conftest import cnidra_crds, pool_leases
-from tests.testbed.test_lifecycle import claiming_pod, pod_addresses, ready, template
+from tests.testbed.conftest import Drivers, pool_leases
+from tests.testbed.objects import claiming_pod, pod_addresses, ready, template
 from tests.testbed.test_named_networks import nad, nad_template, on_node
 from tests.testbed.test_security import (
     Tenant,
@@ -70,25 +69,13 @@ def bed(cluster: Cluster, tmp_path: Path) -> Iterator[Bed]:
     """deploy/'s CRDs and classes, `cnidra driver` as deploy/ runs it (its state in
     /var/lib/cnidra); afterwards the tenants' pods are deleted while it still runs, then the
     tenants' namespaces."""
-    cnidra_crds(cluster)
-    cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
-    assert not DEFAULT_STATE_ROOT.exists() or not any(DEFAULT_STATE_ROOT.glob("*/*")), (
-        f"{DEFAULT_STATE_ROOT} holds state of something else"
-    )
-    driver = DriverProcess(cluster, tmp_path, defaults=True)
-    driver.start()
-    made = Bed(cluster, driver)
+    cluster.install_cnidra_api()
+    drivers = Drivers(cluster, tmp_path)
+    made = Bed(cluster, drivers.start())
     try:
-        cluster.wait("the NRI plugin to connect", lambda: driver.health().get("nriConnected"), 60)
         yield made
     finally:
-        for tenant in made.tenants:
-            cluster.kubectl(
-                "delete", "pods", "--all", "-n", tenant.namespace, "--timeout=90s",
-                check=False, timeout=120,
-            )  # fmt: skip
-        driver.stop()
-        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
+        drivers.close(*(tenant.namespace for tenant in made.tenants))
         for tenant in made.tenants:
             cluster.kubectl("delete", "namespace", tenant.namespace, "--wait=false", check=False)
 
@@ -348,25 +335,6 @@ def test_issue39_a_tenant_cannot_take_the_nodes_address_on_a_data_link(
 
 
 # -------------------------------------------------------------- 3. two tenants, one address
-
-
-@pytest.fixture(scope="module")
-def node2_driver(
-    cluster: Cluster, second_node: tb.Node, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[DriverProcess]:
-    """Node 2's driver, in node 2's network namespace (its own state root: two drivers on one
-    machine cannot share deploy/'s)."""
-    cnidra_crds(cluster)
-    proc = DriverProcess(
-        cluster,
-        tmp_path_factory.mktemp("issue39-node2"),
-        node=second_node,
-        cni_conf_dir=str(second_node.cni_conf),
-    )
-    proc.start()
-    cluster.wait("node 2's NRI plugin to connect", lambda: proc.health().get("nriConnected"), 60)
-    yield proc
-    proc.stop()
 
 
 def cnidra_validate(tmp_path: Path, *docs: dict[str, Any]) -> subprocess.CompletedProcess[str]:

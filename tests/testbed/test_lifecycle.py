@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,18 @@ import pytest
 
 from testbed.harness import ROOT, Cluster, DriverProcess
 from testbed.incluster import FAULT_PLUGINS, InClusterDriver, Release
-from tests.testbed.conftest import env_image, pod, pool_leases
+from tests.testbed.conftest import Drivers, pool_leases
+from tests.testbed.objects import (
+    TEST_CLASS,
+    apply,
+    claiming_pod,
+    claims_of,
+    cni_config,
+    plugins_class,
+    pod_addresses,
+    ready,
+    template,
+)
 
 pytestmark = pytest.mark.testbed
 DRIVER = "cni.dra.networking.x-k8s.io"
@@ -30,45 +40,6 @@ METADATA_FILE = (
     "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/macvlan/net/"
     f"{DRIVER}-metadata.json"
 )
-
-
-# An admin's class for the tests' own fault plugins, which the default class's policy does not
-# list (a claim may use a plugin only by a policy's leave).
-TEST_CLASS = "testplugins.cni.networking.x-k8s.io"
-
-
-def plugins_class() -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": TEST_CLASS},
-        "spec": {
-            "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}],
-            "config": [
-                {
-                    "opaque": {
-                        "driver": DRIVER,
-                        "parameters": {
-                            "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
-                            "kind": "CNIPolicy",
-                            "claims": {
-                                "defineNetworks": True,
-                                "plugins": [
-                                    "macvlan",
-                                    "cnidra",
-                                    "fault-del-fails",
-                                    "tb-sleepy",
-                                ],
-                                # the test plugins' own fields, opened by name (a claim may
-                                # set only fields cnidra knows unless the admin opens them)
-                                "pluginFields": {"fault-del-fails": ["failDelWhile"]},
-                            },
-                        },
-                    }
-                }
-            ],
-        },
-    }
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -88,157 +59,19 @@ def driver(
     cluster.kubectl(
         "annotate", "namespace", namespace, f"cni.networking.x-k8s.io/device-classes={TEST_CLASS}"
     )
-    proc: Driver
-    if deployment is None:
-        proc = DriverProcess(
-            cluster, tmp_path, cni_path=f"{cluster.env['CNIDRA_CNI_PATH']}:{FAULT_PLUGINS}"
+    if deployment is None:  # a state root of its own; the tests' fault plugins beside
+        drivers = Drivers(cluster, tmp_path)
+        yield drivers.start(
+            defaults=False, cni_path=f"{cluster.env['CNIDRA_CNI_PATH']}:{FAULT_PLUGINS}"
         )
-        proc.start()
-    else:
-        proc = InClusterDriver(cluster)
+        drivers.close(namespace)
+        return
+    proc = InClusterDriver(cluster)
     cluster.wait("the NRI plugin to connect", lambda: proc.health().get("nriConnected"), 60)
     yield proc
-    try:
-        cluster.kubectl(
-            "delete", "pods", "--all", "-n", namespace, "--timeout=90s", check=False, timeout=120
-        )
-    finally:
-        if deployment is None:
-            proc.stop()
-
-
-@pytest.fixture
-def parent(cluster: Cluster) -> Iterator[str]:
-    """A test-made, host-only bridge standing in for a data NIC."""
-    name = f"tb{uuid.uuid4().hex[:6]}"
-    subprocess.run(["ip", "link", "add", name, "type", "bridge"], check=True)
-    subprocess.run(["ip", "link", "set", name, "up"], check=True)
-    yield name
-    subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
-
-
-def cni_config(name: str, parent: str, pool: str) -> dict[str, Any]:
-    """A tenant's macvlan network addressed from cnidra's cluster IPAM: `pool` is a CNIIPPool
-    serving the claim's namespace (the `ip_pools` fixture makes one). host-local written by a
-    claim is refused (cnidra.api.policy.SEGMENT_BLIND_IPAM)."""
-    return {
-        "cniVersion": "1.1.0",
-        "name": name,
-        "plugins": [
-            {
-                "type": "macvlan",
-                "master": parent,
-                "mode": "bridge",
-                "ipam": {"type": "cnidra", "pool": pool},
-            }
-        ],
-    }
-
-
-def select_link(link: str) -> str:
-    return f'device.attributes["{DRIVER}"].ifName == "{link}"'
-
-
-def device_template(
-    name: str, device_class: str, requests: list[tuple[str, str, dict[str, Any] | None]]
-) -> dict[str, Any]:
-    """A ResourceClaimTemplate: (request, CEL selector, CNIConfig fields or None) per request."""
-    devices: dict[str, Any] = {
-        "requests": [
-            {
-                "name": req,
-                "exactly": {
-                    "deviceClassName": device_class,
-                    "selectors": [{"cel": {"expression": selector}}],
-                },
-            }
-            for req, selector, _ in requests
-        ]
-    }
-    config = [
-        {
-            "requests": [req],
-            "opaque": {
-                "driver": DRIVER,
-                "parameters": {
-                    "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
-                    "kind": "CNIConfig",
-                    **fields,
-                },
-            },
-        }
-        for req, _, fields in requests
-        if fields is not None
-    ]
-    if config:
-        devices["config"] = config
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name},
-        "spec": {"spec": {"devices": devices}},
-    }
-
-
-def template(
-    name: str,
-    requests: list[tuple[str, str, dict[str, Any], str]],
-    device_class: str = "cni.networking.x-k8s.io",
-) -> dict[str, Any]:
-    """requests: (request name, parent link, CNI config, ifName)."""
-    return device_template(
-        name,
-        device_class,
-        [
-            (req, select_link(link), {"ifName": if_name, "config": conf})
-            for req, link, conf, if_name in requests
-        ],
-    )
-
-
-def claiming_pod(name: str, *templates: str) -> dict[str, Any]:
-    spec = pod(
-        name,
-        env_image(),
-        resourceClaims=[{"name": t, "resourceClaimTemplateName": t} for t in templates],
-    )
-    spec["spec"]["containers"][0]["resources"] = {"claims": [{"name": t} for t in templates]}
-    return spec
-
-
-def apply(cluster: Cluster, namespace: str, *docs: dict[str, Any]) -> None:
     cluster.kubectl(
-        "apply", "-n", namespace, "-f", "-", input_="\n---\n".join(json.dumps(d) for d in docs)
+        "delete", "pods", "--all", "-n", namespace, "--timeout=90s", check=False, timeout=120
     )
-
-
-def pod_addresses(cluster: Cluster, namespace: str, name: str, if_name: str) -> set[str]:
-    """The interface's IPv4 addresses; empty only when the pod says it has no such interface.
-    `kubectl exec` fails for a while after a runtime restart: that is retried, never read as
-    "no interface"."""
-    deadline = time.monotonic() + 60
-    while True:
-        out = cluster.kubectl(
-            "exec", "-n", namespace, name, "--", "ip", "addr", "show", if_name, check=False
-        )
-        if out.returncode == 0:
-            return set(re.findall(r"inet (\S+) ", out.stdout))
-        if "can't find device" in out.stderr or "does not exist" in out.stderr:
-            return set()
-        if time.monotonic() > deadline:
-            raise AssertionError(f"kubectl exec into {namespace}/{name} failed: {out.stderr}")
-        time.sleep(1)
-
-
-def claims_of(cluster: Cluster, namespace: str, pod_name: str) -> list[dict[str, Any]]:
-    items = json.loads(
-        cluster.kubectl("get", "resourceclaims", "-n", namespace, "-o", "json").stdout
-    )["items"]
-    return [
-        c
-        for c in items
-        if any(o["name"] == pod_name for o in c["metadata"].get("ownerReferences", []))
-    ]
 
 
 def allocations(driver: Driver, pool: str) -> set[str]:
@@ -252,18 +85,6 @@ def lease_owners(driver: Driver, pool: str) -> dict[str, str]:
     return {
         a: lease["owner"].split("/")[1] for a, lease in pool_leases(driver.state_root, pool).items()
     }
-
-
-def ready(cluster: Cluster, namespace: str, name: str, timeout: str = "90s") -> None:
-    cluster.kubectl(
-        "wait",
-        "-n",
-        namespace,
-        "--for=condition=Ready",
-        f"pod/{name}",
-        f"--timeout={timeout}",
-        timeout=150,
-    )
 
 
 def test_the_seed_demo_for_real(

@@ -5,7 +5,6 @@ mixed across claims, collisions refused at prepare, and the network-status annot
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 import uuid
@@ -15,20 +14,21 @@ from typing import Any
 
 import pytest
 
-from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
 from testbed.crds import NAD_CRD
 from testbed.harness import ROOT, Cluster, DriverProcess, read_checkpoint
 from testbed.incluster import InClusterDriver, Release
-from tests.testbed.conftest import env_image, pod
-from tests.testbed.test_lifecycle import (
-    Driver,
+from tests.testbed.conftest import Drivers
+from tests.testbed.objects import (
     claims_of,
     device_template,
+    env_image,
+    pod,
     pod_addresses,
     ready,
     select_link,
 )
+from tests.testbed.test_lifecycle import Driver
 
 pytestmark = pytest.mark.testbed
 DRIVER = "cni.dra.networking.x-k8s.io"
@@ -69,37 +69,9 @@ def node_driver(
         return
     # deploy/'s defaults but for the conf dir, the test bed's runtime's (as the chart's
     # hostPaths.cniConf is in the in-cluster run)
-    assert not DEFAULT_STATE_ROOT.exists() or not any(DEFAULT_STATE_ROOT.glob("*/*"))
-    proc = DriverProcess(
-        cluster, tmp_path_factory.mktemp("named"), defaults=True, cni_conf_dir=str(conf_dir)
-    )
-    proc.start()
-    cluster.wait("the NRI plugin to connect", lambda: proc.health().get("nriConnected"), 60)
-    try:
-        yield proc
-    finally:
-        proc.stop()
-        left = list(DEFAULT_STATE_ROOT.glob("[cs]*/*.json"))
-        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
-        assert not left, f"claims or sandboxes left after the last pod went: {left}"
-
-
-@pytest.fixture(scope="module")
-def second_driver(
-    cluster: Cluster, second_node: tb.Node, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[DriverProcess]:
-    """Node 2's driver: a host process in node 2's namespace, reading node 2's conf dir (its
-    own state root: two drivers on one machine cannot share deploy/'s)."""
-    proc = DriverProcess(
-        cluster,
-        tmp_path_factory.mktemp("node2"),
-        node=second_node,
-        cni_conf_dir=str(second_node.cni_conf),
-    )
-    proc.start()
-    cluster.wait("node 2's NRI plugin to connect", lambda: proc.health().get("nriConnected"), 60)
-    yield proc
-    proc.stop()
+    drivers = Drivers(cluster, tmp_path_factory.mktemp("named"))
+    yield drivers.start(cni_conf_dir=str(conf_dir))
+    drivers.close(expect_no_records=True)
 
 
 @pytest.fixture
@@ -265,7 +237,7 @@ def test_one_template_lands_on_two_differently_wired_nodes(
     conf_dir: Path,
     test_link: Any,
     second_node: tb.Node,
-    second_driver: DriverProcess,
+    node2_driver: DriverProcess,
 ) -> None:
     """Two nodes side by side, one CNINetwork by NetworkID: node 1's conf names its link A
     and one range, node 2's names its own link B (in node 2's namespace) and another. One
@@ -302,7 +274,7 @@ def test_one_template_lands_on_two_differently_wired_nodes(
         assert pod_addresses(cluster, ns, "p1", "net1") & {"198.18.214.2/24"}
         assert pod_addresses(cluster, ns, "p2", "net1") & {"198.18.215.2/24"}
         assert set(parents_in_checkpoint(node_driver, ns).values()) == {link_a}
-        assert set(parents_in_checkpoint(second_driver, ns).values()) == {link_b}
+        assert set(parents_in_checkpoint(node2_driver, ns).values()) == {link_b}
         for name in ("p1", "p2"):
             cluster.kubectl("delete", "pod", name, "-n", ns, "--timeout=90s", timeout=120)
     finally:

@@ -8,7 +8,6 @@ sandbox cleanly."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import time
 import uuid
@@ -20,14 +19,16 @@ import pytest
 
 from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed.harness import Cluster, DriverProcess
-from tests.testbed.conftest import env_image, pod, pool_leases
-from tests.testbed.test_lifecycle import (
+from tests.testbed.conftest import pool_leases
+from tests.testbed.objects import (
     TEST_CLASS,
     apply,
     claiming_pod,
     claims_of,
     cni_config,
+    env_image,
     plugins_class,
+    pod,
     pod_addresses,
     ready,
     template,
@@ -42,22 +43,6 @@ def device_classes(cluster: Cluster) -> None:
 
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
     cluster.apply(plugins_class())
-
-
-@pytest.fixture
-def default_driver(cluster: Cluster, tmp_path: Path) -> Iterator[DriverProcess]:
-    """The driver with deploy/'s defaults: its state root is the real /var/lib/cnidra."""
-    assert not DEFAULT_STATE_ROOT.exists() or not any(DEFAULT_STATE_ROOT.iterdir()), (
-        f"{DEFAULT_STATE_ROOT} holds state of something else; this test owns it while it runs"
-    )
-    proc = DriverProcess(cluster, tmp_path, defaults=True)
-    proc.start()
-    cluster.wait("the NRI plugin to connect", lambda: proc.health().get("nriConnected"), 30)
-    try:
-        yield proc
-    finally:
-        proc.stop()
-        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
 
 
 @pytest.fixture
@@ -155,7 +140,7 @@ def disrupt(cluster: Cluster, driver: DriverProcess) -> None:
 
 def test_restarts_and_reconnects_never_touch_the_primary_network(
     cluster: Cluster,
-    default_driver: DriverProcess,
+    driver: DriverProcess,
     tenants: tuple[str, str],
     test_link: Any,
     ip_pools: Callable[..., str],
@@ -197,7 +182,7 @@ def test_restarts_and_reconnects_never_touch_the_primary_network(
     assert all((shared / f"testbed-primary-{sid}-eth0").exists() for sid in live)
     assert not list(shared.glob("*-net1")) and not Path("/var/lib/cni/networks").exists()
 
-    disrupt(cluster, default_driver)
+    disrupt(cluster, driver)
 
     assert snapshot(cluster, pods) == before
     assert set(sandbox_ids(cluster, a, b).values()) == live
@@ -213,13 +198,13 @@ def test_restarts_and_reconnects_never_touch_the_primary_network(
     assert snapshot(cluster, [(a, "guest", "cnidra")]) == {(a, "guest"): before[(a, "guest")]}
     cluster.kubectl("delete", "-n", a, "pod", "guest", "--timeout=60s")
     cluster.wait("a's address to be freed", lambda: not tenant_leases(a, shared_pool), 30)
-    cluster.wait("no sandbox record", lambda: default_driver.health().get("sandboxes") == 0, 30)
+    cluster.wait("no sandbox record", lambda: driver.health().get("sandboxes") == 0, 30)
     assert not list((DEFAULT_STATE_ROOT / "cni" / "results").glob("*"))
 
 
 def test_a_plugin_slower_than_the_budget_fails_its_sandbox_and_leaves_nothing(
     cluster: Cluster,
-    default_driver: DriverProcess,
+    driver: DriverProcess,
     namespace: str,
     test_link: Any,
     ip_pools: Callable[..., str],
@@ -242,7 +227,7 @@ def test_a_plugin_slower_than_the_budget_fails_its_sandbox_and_leaves_nothing(
     [message, *_] = cluster.wait("the sandbox to fail on the budget", failed, 90)
     assert "'tb-sleepy'" in message and "attach budget of 10s" in message, message
     cluster.kubectl("delete", "-n", namespace, "pod", "late", "--timeout=60s")
-    cluster.wait("no sandbox record", lambda: default_driver.health().get("sandboxes") == 0, 30)
+    cluster.wait("no sandbox record", lambda: driver.health().get("sandboxes") == 0, 30)
     cluster.wait("the claim's address to be freed", lambda: not tenant_leases(namespace, pool), 30)
     assert not list((DEFAULT_STATE_ROOT / "cni" / "results").glob("*"))
     cluster.wait("no tb-sleepy process left", lambda: "tb-sleepy" not in command_lines(), 30)

@@ -6,10 +6,7 @@ defaults and is down while the node is."""
 from __future__ import annotations
 
 import json
-import shutil
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,30 +14,11 @@ import pytest
 from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
 from testbed.harness import Cluster, DriverProcess
+from tests.testbed.objects import apply, claiming_pod, pod_addresses, ready
 from tests.testbed.test_fail_closed import sandbox_of
-from tests.testbed.test_lifecycle import apply, claiming_pod, pod_addresses, ready
 
 pytestmark = pytest.mark.testbed
 DRIVER = "cni.dra.networking.x-k8s.io"
-
-
-@pytest.fixture
-def driver(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[DriverProcess]:
-    cluster.install_cnidra_api()
-    cluster.kubectl("label", "namespace", namespace, "cni.networking.x-k8s.io/claim-config=true")
-    proc = DriverProcess(cluster, tmp_path, defaults=True)
-    proc.start()
-    cluster.wait("the NRI plugin to connect", lambda: proc.health().get("nriConnected"), 60)
-    yield proc
-    try:
-        if proc.proc is None:
-            proc.start()
-        cluster.kubectl(
-            "delete", "pods", "--all", "-n", namespace, "--timeout=90s", check=False, timeout=120
-        )
-    finally:
-        proc.stop()
-        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
 
 
 def objects(namespace: str, parent: str) -> list[dict[str, Any]]:

@@ -30,8 +30,7 @@ from testbed import cluster as tb
 from testbed.harness import ROOT, Cluster, DriverProcess, free_port
 from tests.admission.test_webhook import self_signed
 from tests.test_chart import docs as chart_docs
-from tests.testbed.conftest import env_image, pod
-from tests.testbed.test_lifecycle import claiming_pod, cni_config, ready, template
+from tests.testbed.objects import claiming_pod, cni_config, env_image, pod, ready, template
 
 pytestmark = pytest.mark.testbed
 PRIMARY_BRIDGE = tb.BRIDGE  # the test bed's node bridge: what attacks aim at, never the real NIC

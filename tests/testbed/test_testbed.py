@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from testbed.harness import Cluster
-from tests.testbed.conftest import env_image, pod
+from tests.testbed.objects import env_image, pod
 
 pytestmark = pytest.mark.testbed
 FAKE_DRIVER = "testbed.cnidra.local"  # no driver of ours: the DRA path alone
