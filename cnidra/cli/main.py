@@ -506,9 +506,7 @@ def try_(
         for i in r.issues.warnings
         if i.path.segments[-1:] == ("network",) and "not in the input" in i.message
     ]
-    notes: list[str] = [
-        f"{u}; try runs it unjudged, and prepare may refuse what it runs" for u in unjudged
-    ]
+    notes: list[str] = []
     try:
         attachments = plan_attachments(
             reports,
@@ -547,6 +545,11 @@ def try_(
     plan = TryPlan(attachments, host=host, keep=keep, pod_netns=netns_path, notes=notes)
     for note in notes:
         err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    for request in unjudged:  # the class's CNIPolicy: prepare's first question
+        err.print(
+            f"[yellow]not judged:[/] {escape(request)}; try runs it, and prepare may refuse it",
+            highlight=False,
+        )
     where = "the host" if host else "a throwaway node namespace"
     err.print(f"[bold]ADD[/] {len(attachments)} attachment(s) in {where}", highlight=False)
     outcome = execute(plan, [p for p in cni_path.split(":") if p], state_dir, timeout)

@@ -115,7 +115,11 @@ def plan_attachments(
     catalog = catalog_of([*policy_documents, *documents])
     for report in reports:
         doc = documents[report.index] if report.index < len(documents) else None
-        claim = ObjectRef(_namespace(doc), report.name or f"{report.kind}-{report.index}", "")
+        name = report.name or f"{report.kind}-{report.index}"
+        # judged in the claim's own namespace (its policy's namespaceSelector, the pools that
+        # serve it); run as a claim of try's namespace (what try writes is named as try's)
+        judged_as = ObjectRef(_namespace(doc), name, "")
+        claim = ObjectRef(TRY_NAMESPACE, name, "")
         for resolved in report.resolved:
             config = resolved.config.config
             assert config is not None
@@ -131,11 +135,12 @@ def plan_attachments(
                 stand_ins += 1
             device = Device(pool, device_name(config) if link is None else link, link=link)
             issues = Issues()
+            verdict = None
             if resolved.class_known:
-                attachment = resolve_attachment(
+                verdict = resolve_attachment(
                     resolved.judged,
                     resolved.request,
-                    claim,
+                    judged_as,
                     device,
                     HOST_LAYOUT.private_dirs(),
                     issues,
@@ -143,21 +148,28 @@ def plan_attachments(
                     namespace_labels=namespace_labels or {},
                     catalog=catalog,
                 )
-                if attachment is None:
+                if verdict is None:
                     raise Refused([f"{i.path}: {i.message}" for i in issues.errors])
-            else:
-                attachment = attachment_from(
-                    resolved, claim, device, HOST_LAYOUT.private_dirs(), issues
+            attachment = attachment_from(
+                resolved, claim, device, HOST_LAYOUT.private_dirs(), issues
+            )
+            if attachment is None:
+                raise NoParent("; ".join(f"{i.path}: {i.message}" for i in issues.errors))
+            if verdict is not None:  # what prepare's path decided of the class's policy
+                attachment = replace(
+                    attachment,
+                    node_link_allowed=verdict.node_link_allowed,
+                    tenant_pool=verdict.tenant_pool,
+                    pool_ranges=verdict.pool_ranges,
+                    tenant_static=verdict.tenant_static,
                 )
-                if attachment is None:
-                    raise NoParent("; ".join(f"{i.path}: {i.message}" for i in issues.errors))
-            name = pool_name(attachment.network)
-            if name is not None:
+            taken = pool_name(attachment.network)
+            if taken is not None:
                 where = f"request {resolved.request!r} (network {attachment.network_name})"
-                attachment = local_pool_ipam(attachment, pools, name, where)
-                used.setdefault(name, []).append(attachment.network_name)
+                attachment = local_pool_ipam(attachment, pools, taken, where)
+                used.setdefault(taken, []).append(attachment.network_name)
                 ranges = attachment.pool_ranges if resolved.class_known else None
-                refused = serves(pools[name], _namespace(doc), _tenant_network(resolved), ranges)
+                refused = serves(pools[taken], _namespace(doc), _tenant_network(resolved), ranges)
                 if refused:
                     raise Refused([f"{resolved.where}: {where}: {refused}"])
             out.append(attachment.for_pod(pod, TRY_CONTAINER))
