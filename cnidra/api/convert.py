@@ -510,39 +510,104 @@ def _whereabouts_pool(
     ipam: Mapping[str, Any], source: Source, what: str, namespace: str
 ) -> dict[str, Any]:
     """A CNIIPPool with whereabouts' ranges: `range` (a CIDR, or `first-last/prefix`),
-    `range_start`, `range_end`, `exclude`, `gateway`, and `ipRanges` for more families."""
-    entries = [ipam, *[r for r in ipam.get("ipRanges") or [] if isinstance(r, Mapping)]]
+    `range_start`, `range_end`, `exclude`, `gateway`, and `ipRanges` for more families. What
+    a pool cannot hold (a field that is not an address, two ranges of one family) is refused,
+    naming the field."""
+    listed = ipam.get("ipRanges")
+    if listed is not None and not isinstance(listed, list):
+        raise Refused(f"{what}: whereabouts ipam.ipRanges is not a list of ranges")
+    entries = [("ipam", ipam), *[(f"ipam.ipRanges[{i}]", r) for i, r in enumerate(listed or [])]]
     ranges: list[dict[str, Any]] = []
-    exclude: list[str] = []
-    for entry in entries:
-        text = entry.get("range")
-        if not isinstance(text, str):
+    exclude: list[Any] = []
+    families: dict[int, str] = {}
+    for at, entry in entries:
+        if not isinstance(entry, Mapping):
+            raise Refused(f"{what}: whereabouts {at} is not a range object ({{range, ...}})")
+        if entry.get("range") is None and at == "ipam":
             continue
-        start, end = entry.get("range_start"), entry.get("range_end")
-        first, dash, rest = text.partition("-")
-        if dash:  # 192.0.2.10-192.0.2.20/24
-            last, _, prefix = rest.partition("/")
-            start, end, text = start or first, end or last, f"{first}/{prefix}"
-        try:
-            subnet = ipaddress.ip_network(text, strict=False)
-        except ValueError:
-            raise ConvertError(f"{what}: whereabouts range {text!r} is not a CIDR") from None
-        item: dict[str, Any] = {"subnet": str(subnet)}
-        if start:
-            item["rangeStart"] = str(start)
-        if end:
-            item["rangeEnd"] = str(end)
-        gateway = entry.get("gateway", ipam.get("gateway") if entry is ipam else None)
-        if isinstance(gateway, str) and ipaddress.ip_address(gateway) in subnet:
-            item["gateway"] = gateway
+        subnet, item, excluded = _whereabouts_range(entry, at, what)
+        if subnet.version in families:
+            raise Refused(
+                f"{what}: whereabouts {families[subnet.version]}.range and {at}.range are both "
+                f"IPv{subnet.version}: whereabouts gives a pod an address of each, a CNIIPPool "
+                "one per address family. Not converted: keep one range per family (or make the "
+                "pool by hand, docs/ipam.md) and convert it again"
+            )
+        families[subnet.version] = at
         ranges.append(item)
-        exclude += [str(x) for x in entry.get("exclude") or [] if isinstance(x, str)]
+        exclude += excluded
     if not ranges:
-        raise ConvertError(f"{what}: whereabouts IPAM without a range cannot become a pool")
+        raise Refused(f"{what}: whereabouts IPAM without a range cannot become a pool")
     spec: dict[str, Any] = {"ranges": ranges, "namespaces": [namespace]}
     if exclude:
-        spec["exclude"] = [str(ipaddress.ip_network(x, strict=False)) for x in exclude]
-    return _pool_document(source, spec)
+        spec["exclude"] = [str(n) for n in exclude]
+    smallest = min(ipaddress.ip_network(r["subnet"]).num_addresses for r in ranges)
+    if smallest < BLOCK_SIZE_DEFAULT:
+        spec["blockSize"] = smallest  # a block must fit in the subnet
+    pool = _pool_document(source, spec)
+    try:
+        pool_from_object(pool)
+    except PoolError as exc:
+        raise Refused(f"{what}: whereabouts IPAM cannot become a pool: {exc}") from None
+    return pool
+
+
+def _whereabouts_range(
+    entry: Mapping[str, Any], at: str, what: str
+) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, dict[str, Any], list[Any]]:
+    """One of whereabouts' ranges as a pool range, and what it excludes."""
+    text = entry.get("range")
+    if not isinstance(text, str):
+        raise Refused(f"{what}: whereabouts {at}.range {text!r} is not a CIDR")
+    start, end = entry.get("range_start"), entry.get("range_end")
+    first, dash, rest = text.partition("-")
+    if dash:  # 192.0.2.10-192.0.2.20/24
+        last, _, prefix = rest.partition("/")
+        start, end, text = start or first, end or last, f"{first}/{prefix}"
+    try:
+        subnet = ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise Refused(f"{what}: whereabouts {at}.range {text!r} is not a CIDR") from None
+    item: dict[str, Any] = {"subnet": str(subnet)}
+    gateway = entry.get("gateway")
+    for key, value in (("rangeStart", start), ("rangeEnd", end), ("gateway", gateway)):
+        if value is None:
+            continue
+        field_name = {"rangeStart": "range_start", "rangeEnd": "range_end"}.get(key, key)
+        address = _address_in(value, subnet, f"{at}.{field_name}", what)
+        if address is not None:
+            item[key] = str(address)
+    excluded = entry.get("exclude")
+    if excluded is not None and not isinstance(excluded, list):
+        raise Refused(f"{what}: whereabouts {at}.exclude is not a list of CIDRs")
+    found: list[Any] = []
+    for i, value in enumerate(excluded or []):
+        try:
+            found.append(ipaddress.ip_network(str(value), strict=False))
+        except ValueError:
+            raise Refused(
+                f"{what}: whereabouts {at}.exclude[{i}] {value!r} is not a CIDR"
+            ) from None
+    return subnet, item, found
+
+
+def _address_in(
+    value: Any,
+    subnet: ipaddress.IPv4Network | ipaddress.IPv6Network,
+    at: str,
+    what: str,
+) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """A range bound or gateway of whereabouts': an address of the subnet (a gateway outside it
+    is left out, as whereabouts only reports it)."""
+    try:
+        address = ipaddress.ip_address(str(value))
+    except ValueError:
+        raise Refused(f"{what}: whereabouts {at} {value!r} is not an address") from None
+    if address.version != subnet.version or address not in subnet:
+        if at.endswith("gateway"):
+            return None
+        raise Refused(f"{what}: whereabouts {at} {address} is not in {subnet}")
+    return address
 
 
 def _exclude_held(pool: dict[str, Any], held: Sequence[Held], what: str) -> str:

@@ -562,3 +562,79 @@ def test_workloads_of_ordinary_networks_convert_with_multus_names(
     assert not result.refused, result.refused
     assert shipped_verdict(result.docs) == []
     assert [p["ifName"] for p in params_of(result)] == names
+
+
+ODD = st.one_of(
+    st.none(),
+    st.integers(-5, 300),
+    st.sampled_from(
+        ["198.18.9.0/24", "198.18.9.7", "fd00::/64", "fd00::9", "bogus", "", "-", "1-2/3"]
+    ),
+    st.lists(st.sampled_from(["198.18.9.0/28", "bogus", "fd00::/120"]), max_size=3),
+    st.dictionaries(st.sampled_from(["range", "podref", "id"]), st.just("x"), max_size=2),
+)
+WHEREABOUTS = st.fixed_dictionaries(
+    {"type": st.just("whereabouts")},
+    optional={
+        "range": ODD,
+        "range_start": ODD,
+        "range_end": ODD,
+        "gateway": ODD,
+        "exclude": ODD,
+        "ipRanges": st.one_of(
+            ODD,
+            st.lists(
+                st.dictionaries(st.sampled_from(["range", "exclude", "gateway"]), ODD), max_size=3
+            ),
+        ),
+    },
+)
+WHEREABOUTS_OBJECTS = st.lists(
+    st.builds(
+        lambda kind, name, spec: {
+            "apiVersion": "whereabouts.cni.cncf.io/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": name},
+            "spec": spec,
+        },
+        st.sampled_from(["IPPool", "OverlappingRangeIPReservation"]),
+        st.sampled_from(["198.18.9.7", "fd00--9", "net-fd00--", "x", "", "198-18-9-7"]),
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "range": ODD,
+                "podref": ODD,
+                "allocations": st.one_of(
+                    ODD,
+                    st.dictionaries(
+                        st.sampled_from(["1", "7", "-1", "x", "99999999999"]), ODD, max_size=3
+                    ),
+                ),
+            },
+        ),
+    ),
+    max_size=4,
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ipam=WHEREABOUTS, objects=WHEREABOUTS_OBJECTS, workload=st.booleans())
+def test_any_whereabouts_input_is_converted_or_refused_never_a_traceback(
+    ipam: dict[str, Any], objects: list[dict[str, Any]], workload: bool
+) -> None:
+    docs = [nad("a", macvlan(ipam)), *objects]
+    if workload:
+        docs.append(deployment("a"))
+    try:
+        result = run(*docs)
+    except ConvertError:
+        return
+    assert result.docs or result.refused
+    assert shipped_verdict(result.docs) == []
+    for pool in [d for d in result.docs if d["kind"] == "CNIIPPool"]:
+        for held in read_held(objects)[0]:
+            for r in pool["spec"]["ranges"]:
+                subnet = ipaddress.ip_network(r["subnet"])
+                if held.address.version == subnet.version and held.address in subnet:
+                    excluded = [ipaddress.ip_network(x) for x in pool["spec"]["exclude"]]
+                    assert any(held.address in n for n in excluded)
