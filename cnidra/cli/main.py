@@ -156,6 +156,8 @@ def _json_documents(data: bytes, name: str, named_json: bool) -> list[Any]:
         if any(isinstance(d, dict) and "kind" not in d for d in docs):
             raise LoadError(f"{strict} (libcni reads a CNI config as strict JSON)") from None
         return docs
+    if isinstance(value, list):
+        return value
     return [value] if value is not None else []
 
 
