@@ -150,10 +150,14 @@ def read_all(data: str | bytes, name: str = "input") -> Inputs:
     and the addresses whereabouts holds (its IPPools and OverlappingRangeIPReservations, as
     `kubectl get -o yaml` prints them) in a file."""
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-    if text.lstrip().startswith("{"):
-        return Inputs(read_sources(data, name))
+    raw = data if isinstance(data, bytes) else data.encode()
     try:
-        docs = load_yaml(data if isinstance(data, bytes) else data.encode(), name)
+        if text.lstrip().startswith("{"):  # a CNI file, or `kubectl get -o json`
+            docs = [load_json(raw, name)]
+            if not isinstance(docs[0], dict) or "kind" not in docs[0]:
+                return Inputs(read_sources(data, name))
+        else:
+            docs = load_yaml(raw, name)
     except LoadError as exc:
         raise ConvertError(_unreadable(exc, name)) from None
     docs = [d for doc in docs for d in _items(doc)]
@@ -162,7 +166,7 @@ def read_all(data: str | bytes, name: str = "input") -> Inputs:
     workloads = [d for d in docs if isinstance(d, dict) and d.get("kind") in WORKLOAD_KINDS]
     out.workloads = [w for w in workloads if NETWORKS_ANNOTATION in _annotations(w)]
     nads = [d for d in docs if isinstance(d, dict) and d.get("kind") == NAD_KIND]
-    if out.workloads:
+    if out.workloads or nads:
         out.sources = [_from_nad(nad, name) for nad in nads]
     else:
         out.sources = read_sources(data, name)

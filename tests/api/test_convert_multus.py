@@ -638,3 +638,13 @@ def test_any_whereabouts_input_is_converted_or_refused_never_a_traceback(
                 if held.address.version == subnet.version and held.address in subnet:
                     excluded = [ipaddress.ip_network(x) for x in pool["spec"]["exclude"]]
                     assert any(held.address in n for n in excluded)
+
+
+@pytest.mark.parametrize("form", ["yaml", "json"])
+def test_a_kubectl_list_of_nads_alone_or_as_json_is_read(form: str) -> None:
+    listed = {"apiVersion": "v1", "kind": "List", "items": [nad("a", macvlan(POOLED))]}
+    text = json.dumps(listed) if form == "json" else yaml.safe_dump(listed)
+    found = read_all(text, "nads")
+    assert [s.name for s in found.sources] == ["a"] and found.workloads == []
+    result = convert(found.sources)
+    assert not result.refused and [d["kind"] for d in result.docs] == ["ResourceClaimTemplate"]
