@@ -661,7 +661,8 @@ def _unknown_fields(
 def _check_request_shape(
     req: Mapping[str, Any], rpath: FieldPath, api_version: Any, issues: Issues
 ) -> None:
-    """A request in the shape its API version has (the apiserver refuses another)."""
+    """A request in the shape its API version has (the apiserver refuses another); nothing
+    for a version not given (None) or not DRA's."""
     allowed = _REQUEST_FIELDS.get(str(api_version))
     if allowed is None:
         return  # not a DRA version: told at apiVersion
@@ -703,7 +704,8 @@ def _check_request_shape(
 def _requests(
     devices: Mapping[str, Any], base: FieldPath, issues: Issues, api_version: Any = None
 ) -> list[Request]:
-    _unknown_fields(devices, _DEVICES_FIELDS, base, issues, "a claim's devices")
+    if api_version in _REQUEST_FIELDS:
+        _unknown_fields(devices, _DEVICES_FIELDS, base, issues, "a claim's devices")
     raw = devices.get("requests")
     if not isinstance(raw, list) or not raw:
         issues.error(base / "requests", "must list at least one device request")
@@ -966,7 +968,14 @@ def validate_document(
                 claim_entries(spec, ROOT / "spec", issues, set(), Source.CLASS)
         else:
             report.resolved = _validate_claim(
-                doc, kind, issues, classes, namespace_labels or {}, catalog, strict_classes
+                doc,
+                kind,
+                issues,
+                classes,
+                namespace_labels or {},
+                catalog,
+                strict_classes,
+                shape=admission is not None,
             )
             if admission is not None:
                 admission.judge(doc, kind, issues)
@@ -1047,7 +1056,11 @@ def _validate_claim(
     labels: Mapping[str, str],
     catalog: NetworkCatalog,
     strict_classes: bool = False,
+    *,
+    shape: bool = False,
 ) -> list[ResolvedRequest]:
+    """`shape`: the apiserver's own checks of the claim's shape too (offline: the webhook and
+    prepare get claims the apiserver decoded and checked already)."""
     base = ROOT / "spec"
     spec: Any = doc.get("spec")
     if kind == "ResourceClaimTemplate":
@@ -1058,7 +1071,7 @@ def _validate_claim(
         issues.error(base / "devices", "is required: the device requests and their config")
         return []
     dpath = base / "devices"
-    requests = _requests(devices, dpath, issues, doc.get("apiVersion"))
+    requests = _requests(devices, dpath, issues, doc.get("apiVersion") if shape else None)
     own = claim_entries(devices, dpath, issues, {r.name for r in requests})
     out: list[ResolvedRequest] = []
     meta = doc.get("metadata")

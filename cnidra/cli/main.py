@@ -491,7 +491,7 @@ def try_(
             raise usage_error(f"{path} {why}; give a YAML file (or - for stdin)")
     admin = [d for p in policy or [] for d in load_yaml_documents(p)]
     docs = load_yaml_documents(file)
-    reports = validate_documents(docs, admin, labels)
+    reports = validate_documents(docs, admin, labels, admission=Admission(labels))
     result = as_json([FileReport(str(file), reports)])
     if not result["valid"]:
         print_text([FileReport(str(file), reports)], err.console)

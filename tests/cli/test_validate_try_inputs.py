@@ -43,13 +43,14 @@ _PREFIX = st.from_regex(r"[a-z0-9]{1,10}(\.[a-z0-9]{1,10}){0,2}", fullmatch=True
 _KEY = st.one_of(_NAME, st.builds(lambda p, n: f"{p}/{n}", _PREFIX, _NAME))
 
 
+@settings(deadline=None)
 @given(st.dictionaries(_KEY, st.one_of(st.just(""), _NAME), max_size=5))
 def test_well_formed_labels_are_read_back(labels: dict[str, str]) -> None:
     text = ",".join(f"{k}={v}" for k, v in labels.items())
     assert parse_labels(text) == labels
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)  # the first error imports rich
 @given(st.text(max_size=40))
 def test_any_text_is_labels_or_a_usage_error_naming_the_flag(text: str) -> None:
     try:
