@@ -403,6 +403,11 @@ def convert(
             "--name names the object made of a NAD or CNI file; a workload's claim template is "
             "named after the workload (NAME-networks)"
         )
+    if workloads and (reference or kind is not OutputKind.TEMPLATE):
+        raise usage_error(
+            "--reference and --kind apply to NADs and CNI files; a workload becomes a claim "
+            "template with its NADs' configs copied in (give the NADs beside it)"
+        )
     if name and len(sources) > 1 and not workloads:
         raise usage_error(f"--name names one object; {file} has {len(sources)} NADs")
     try:

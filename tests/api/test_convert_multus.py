@@ -648,3 +648,12 @@ def test_a_kubectl_list_of_nads_alone_or_as_json_is_read(form: str) -> None:
     assert [s.name for s in found.sources] == ["a"] and found.workloads == []
     result = convert(found.sources)
     assert not result.refused and [d["kind"] for d in result.docs] == ["ResourceClaimTemplate"]
+
+
+@pytest.mark.parametrize(
+    "args", [("--reference",), ("--kind", "ResourceClaim"), ("--name", "x"), ("--if-name", "d0")]
+)
+def test_options_for_nads_are_refused_with_workloads(tmp_path: Path, args: tuple[str, ...]) -> None:
+    result = cli(tmp_path, nad("a", macvlan(POOLED)), deployment("a"), args=args)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert args[0] in result.stderr
