@@ -1,8 +1,10 @@
 """Turn the CNI files people already have (.conf, .conflist, Multus NetworkAttachmentDefinition)
 and the workloads that use them (Multus' networks annotation) into CNIConfig-carrying
 Kubernetes objects that pass the shipped classes' policy: fields cnidra owns are dropped,
-whereabouts and host-local IPAM become a CNIIPPool, SR-IOV NADs are refused with what the admin
-must provide, and each change is said in a note. Pure: text in, objects and notes out."""
+whereabouts and host-local IPAM become a CNIIPPool (excluding what whereabouts holds), SR-IOV
+and macvtap NADs are refused with what the admin must provide, interfaces keep the names
+Multus gave them, and each change is said in a note. What would still fail the policy is
+refused, naming the field, never emitted. Pure: text in, objects and notes out."""
 
 from __future__ import annotations
 
