@@ -997,8 +997,9 @@ def validate_document(
         issues.warn(
             ROOT / "kind",
             f"skipped: cnidra validates ResourceClaim, ResourceClaimTemplate, DeviceClass, "
-            f"CNIConfig, {NETWORK_KIND}, {POOL_KIND}, {NAD_KIND} and the claims of a Pod (or a "
-            f"workload's pod template), not {describe(doc.get('kind'))}",
+            f"CNIConfig, {NETWORK_KIND}, {POOL_KIND}, {NAD_KIND}, CNI conf files (type or "
+            "plugins) and the claims of a Pod (or a workload's pod template), not "
+            + (describe(doc["kind"]) if "kind" in doc else "a document without kind"),
         )
     return report
 
