@@ -1200,10 +1200,11 @@ MULTUS_ANNOTATIONS = (NETWORKS_ANNOTATION, "v1.multus-cni.io/default-network")
 @dataclass(frozen=True)
 class Admission:
     """The shipped ValidatingAdmissionPolicies' rules on claims (deploy/admission.yaml), judged
-    offline with what is known of the claims' namespace: its labels (None when not given: then
-    a warning says what the rule needs instead of a verdict)."""
+    offline with what is known of the claims' namespace: its labels and annotations (None when
+    not given: then a warning says what the rule needs instead of a verdict)."""
 
     labels: Mapping[str, str] | None = None
+    annotations: Mapping[str, str] | None = None
 
     def judge(self, doc: Mapping[str, Any], kind: str, issues: Issues) -> None:
         base = ROOT / "spec" / "spec" if kind == "ResourceClaimTemplate" else ROOT / "spec"
@@ -1230,13 +1231,29 @@ class Admission:
             if isinstance(devices, dict)
             else set()
         )
-        if admin:
+        if not admin:
+            return
+        rule = (
+            f"the shipped admission (ValidatingAdmissionPolicy device-classes.{API_GROUP}) "
+            f"admits a cnidra admin class only in a namespace whose annotation "
+            f"{CLASSES_ANNOTATION} lists it (an admin sets it: kubectl annotate namespace "
+            f"{namespace} {CLASSES_ANNOTATION}={','.join(admin)})"
+        )
+        if self.annotations is None:
             issues.warn(
                 base / "devices" / "requests",
-                f"DeviceClass(es) {', '.join(admin)}: the shipped admission (ValidatingAdmission"
-                f"Policy device-classes.{API_GROUP}) admits them only in a namespace whose "
-                f"annotation {CLASSES_ANNOTATION} lists them (an admin sets it: kubectl annotate "
-                f"namespace {namespace} {CLASSES_ANNOTATION}={','.join(admin)})",
+                f"DeviceClass(es) {', '.join(admin)}: {rule}; --namespace-annotation "
+                f"{CLASSES_ANNOTATION}=... checks namespace {namespace}'s",
+            )
+            return
+        # as the CEL rule reads it: split at commas, nothing trimmed
+        listed = (self.annotations.get(CLASSES_ANNOTATION) or "").split(",")
+        refused = [c for c in admin if c not in listed]
+        if refused:
+            issues.error(
+                base / "devices" / "requests",
+                f"namespace {namespace} may not use DeviceClass(es) {', '.join(refused)}: "
+                f"{rule}; --namespace-annotation does not list them",
             )
 
     def _claim_config(self, namespace: str, path: FieldPath, issues: Issues) -> None:

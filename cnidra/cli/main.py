@@ -28,6 +28,7 @@ from cnidra.api.issues import ROOT
 from cnidra.api.loading import LoadError, load_json, load_yaml
 from cnidra.api.validate import (
     CLAIM_CONFIG_LABEL,
+    CLASSES_ANNOTATION,
     Admission,
     DocumentReport,
     validate_documents,
@@ -181,6 +182,27 @@ _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _LABEL_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
+def parse_annotations(pairs: list[str], flag: str = "--namespace-annotation") -> dict[str, str]:
+    """KEY=VALUE each (the value may hold commas and '='); a usage error naming the flag."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        prefix, slash, name = key.rpartition("/")
+        if (
+            not eq
+            or len(name) > 63
+            or not _LABEL_NAME.match(name)
+            or (slash and (len(prefix) > 253 or not _LABEL_PREFIX.match(prefix)))
+        ):
+            raise usage_error(
+                f"{flag} {pair!r}: must be KEY=VALUE with KEY an annotation key (an optional DNS "
+                "subdomain and '/', then a name), e.g. "
+                f"{CLASSES_ANNOTATION}=storage.cni.networking.x-k8s.io"
+            )
+        out[key] = value
+    return out
+
+
 def parse_labels(text: str, flag: str = "--namespace-labels") -> dict[str, str]:
     """`k=v,k2=v2` as a label map; a usage error naming the flag for anything else."""
     form = (
@@ -259,11 +281,23 @@ def validate(
             "it, the admission's label is a warning",
         ),
     ] = None,
+    namespace_annotations: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--namespace-annotation",
+            help="KEY=VALUE (repeatable): an annotation of the claims' namespace, as the "
+            f"shipped admission reads {CLASSES_ANNOTATION} (the admin classes it may use, "
+            "comma-separated); without it, that rule is a warning",
+        ),
+    ] = None,
 ) -> None:
     """Check ResourceClaims, ResourceClaimTemplates, DeviceClasses, CNIConfigs, CNI config
     files, and the claims of Pods and workloads, as the apiserver, the shipped admission, the
     webhook and prepare judge them."""
     labels = parse_labels(namespace_labels) if namespace_labels is not None else None
+    annotations = (
+        parse_annotations(namespace_annotations) if namespace_annotations is not None else None
+    )
     files = expand_paths(files)
     missing = [
         f for f in [*files, *(policy or [])] if str(f) != "-" and (not f.exists() or f.is_dir())
@@ -279,7 +313,7 @@ def validate(
             expanded = list_items(docs)
             spans[f] = (len(every), len(expanded))
             every += expanded
-    judged = validate_documents(every, admin, labels, admission=Admission(labels))
+    judged = validate_documents(every, admin, labels, admission=Admission(labels, annotations))
     reports = []
     for f in [*files, *[p for p in policy or [] if p in missing]]:
         if f in missing:

@@ -99,6 +99,30 @@ def test_an_admin_class_needs_the_namespace_annotation() -> None:
     )
     _, warnings = issues(doc, admission=Admission({CLAIM_CONFIG_LABEL: "true"}))
     assert "cni.networking.x-k8s.io/device-classes" in warnings["spec.devices.requests"]
+    assert "--namespace-annotation" in warnings["spec.devices.requests"]
+
+
+@pytest.mark.parametrize(
+    ("listed", "refused"),
+    [
+        (None, True),
+        ("", True),
+        ("other.cni.networking.x-k8s.io", True),
+        ("a.cni.networking.x-k8s.io, storage.cni.networking.x-k8s.io", True),  # CEL trims none
+        ("a.cni.networking.x-k8s.io,storage.cni.networking.x-k8s.io", False),
+    ],
+)
+def test_the_namespace_annotation_as_the_shipped_admission_reads_it(
+    listed: str | None, refused: bool
+) -> None:
+    doc = ours()
+    doc["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = (
+        "storage.cni.networking.x-k8s.io"
+    )
+    annotations = {} if listed is None else {"cni.networking.x-k8s.io/device-classes": listed}
+    errors, warnings = issues(doc, admission=Admission({CLAIM_CONFIG_LABEL: "true"}, annotations))
+    assert ("spec.devices.requests" in errors) is refused
+    assert "spec.devices.requests" not in warnings
 
 
 def flat(api_version: str) -> dict[str, Any]:

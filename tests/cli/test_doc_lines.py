@@ -95,3 +95,4 @@ def test_securitys_offline_verdict_names_the_namespace_labels() -> None:
     text = " ".join((DOCS / "security.md").read_text().split())
     assert "--namespace-labels k=v,...` (the namespace's labels) gives the same verdict" in text
     assert "`claim-config=true` label below included" in text
+    assert "`--namespace-annotation cni.networking.x-k8s.io/device-classes=...`" in text

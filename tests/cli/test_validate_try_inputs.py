@@ -100,6 +100,22 @@ def test_the_label_the_shipped_admission_needs_is_judged() -> None:
     assert labelled.returncode == 0, labelled.stdout
 
 
+def test_the_admin_class_annotation_is_judged_when_given() -> None:
+    claim = str(EXAMPLES / "sriov-vf.yaml")
+    label = ("--namespace-labels", f"{CLAIM_CONFIG_LABEL}=true")
+    annotation = "cni.networking.x-k8s.io/device-classes"
+    refused = cnidra("validate", "-o", "json", *label, "--namespace-annotation",
+                     f"{annotation}=other.cni.networking.x-k8s.io", claim)  # fmt: skip
+    assert refused.returncode == 1, refused.stdout
+    assert "may not use DeviceClass(es) sriov-vf.cni.networking.x-k8s.io" in refused.stdout
+    allowed = cnidra("validate", *label, "--namespace-annotation",
+                     f"{annotation}=a.cni.networking.x-k8s.io,sriov-vf.cni.networking.x-k8s.io",
+                     claim)  # fmt: skip
+    assert allowed.returncode == 0, allowed.stdout
+    wrong = cnidra("validate", "--namespace-annotation", "no-equals", claim)
+    assert wrong.returncode == 2 and "--namespace-annotation 'no-equals'" in wrong.stderr
+
+
 # ---------------------------------------------------------------- CNI conf files
 
 CONF = '{"cniVersion": "1.0.0", "name": "n", "type": "macvlan", "master": "eth1"%s}\n'
