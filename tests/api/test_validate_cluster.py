@@ -9,6 +9,8 @@ import copy
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cnidra.api.validate import CLAIM_CONFIG_LABEL, Admission, validate_documents
 from tests.api.helpers import claim, conflist, params
@@ -261,3 +263,37 @@ def test_a_cni_conf_file_is_validated_as_libcni_reads_it() -> None:
     )
     assert good.kind == "conf" and not good.issues.errors
     assert bad.kind == "conflist" and bad.issues.errors
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+_words = st.sampled_from(
+    ["name", "exactly", "exactlyy", "firstAvailable", "deviceClassName", "count", "requests",
+     "config", "opaque", "driver", "resourceClaims", "containers", "resources", "claims",
+     "template", "spec", "metadata", "annotations", "k8s.v1.cni.cncf.io/networks"]
+)  # fmt: skip
+_shaped = st.recursive(
+    _json,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_words, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(["ResourceClaim", "ResourceClaimTemplate", "Pod", "Deployment"]),
+    st.sampled_from(["resource.k8s.io/v1", "resource.k8s.io/v1beta1", "v1", "apps/v1"]),
+    _shaped,
+    st.none() | st.dictionaries(st.sampled_from([CLAIM_CONFIG_LABEL, "x"]), st.text(max_size=4)),
+)
+def test_any_shape_is_a_verdict_not_a_crash(
+    kind: str, api_version: str, spec: Any, labels: dict[str, str] | None
+) -> None:
+    doc = {"apiVersion": api_version, "kind": kind, "metadata": {"name": "x"}, "spec": spec}
+    [report] = validate_documents([doc], admission=Admission(labels, labels))
+    assert all(str(i.path) and i.message for i in report.issues.items)
