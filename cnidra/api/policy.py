@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from cnidra.api.bandwidth import BandwidthRules
 from cnidra.api.constants import API_VERSION
 from cnidra.api.issues import FieldPath, Issues, listing
 from cnidra.api.merge import ConfigEntry, Source
@@ -236,6 +237,9 @@ class CNIPolicy(BaseModel):
     namespaces: list[str] | None = None
     namespace_selector: LabelSelector | None = Field(None, alias="namespaceSelector")
     node_links: list[str] = Field(default_factory=list, alias="nodeLinks")
+    # the rate limit every claim of the class is held to (cnidra.api.bandwidth), whatever
+    # namespaces the claim rules cover; None: the defaults (whenUnreserved Unlimited, no bursts)
+    bandwidth: BandwidthRules | None = None
 
     def applies_to(self, namespace: str, labels: Mapping[str, str] | None) -> bool | None:
         """Whether the claim rules cover this namespace; None: its labels are not known."""
@@ -262,7 +266,7 @@ def parse_policy(
             loc = path
             for part in err["loc"]:
                 loc = loc / part
-            issues.error(loc, str(err["msg"]))
+            issues.error(loc, str(err["msg"]).removeprefix("Value error, "))
         return None
     if policy.api_version != API_VERSION:
         issues.error(path / "apiVersion", f"must be {API_VERSION}")
