@@ -226,6 +226,8 @@ class Driver:
             "statusPending": self.status.pending(),
             "tasks": self.tasks.report(),
             "stateProblem": self.reconciler.state_problem,
+            "synchronized": self.reconciler.synchronized,
+            "ipamPasses": self.ipam_reconciler.passes,
             "asyncioTasks": self._task_count(),
             "clusterFeatures": {
                 "consumableCapacity": self.features.consumable_capacity,

@@ -59,6 +59,7 @@ class IPAMReconciler:
         self.grace = grace
         self.clock = clock
         self.monotonic = monotonic
+        self.passes = 0  # passes run, a failed one included (the health endpoint's ipamPasses)
         # when this process first saw each owner unprepared (monotonic): the wall clock's age
         # of a lease survives restarts, but a clock set forward must not make a lease old, so
         # the grace must also have passed here, on a clock that never jumps
@@ -205,16 +206,15 @@ class IPAMReconciler:
         passes. An apiserver that cannot be reached fails a pass, not the task: the next pass
         tries again, and the driver stays healthy."""
         synced = False
-        passes = 0
         while True:
             try:
                 if not synced:
                     await self.allocator.sync_blocks()
                     synced = True
-                report = await self.once(lost_nodes=passes % lost_node_every == 0)
+                report = await self.once(lost_nodes=self.passes % lost_node_every == 0)
                 if any(vars(report).values()):
                     log.info("IPAM reconcile: %s", report)
             except Exception as exc:
                 log.warning("IPAM reconcile pass failed, next in %.0f s: %s", interval, exc)
-            passes += 1
+            self.passes += 1
             await asyncio.sleep(interval * random.uniform(0.9, 1.1))

@@ -28,6 +28,7 @@ class Reconciler:
         self.lifecycle = lifecycle
         self.write_problem = write_problem  # why the state root cannot be written, or None
         self.state_problem: str | None = None
+        self.synchronized = 0  # Synchronize passes finished, their sweep and GC included
         self._said = False
 
     async def synchronize(self, pods: list[nri.PodSandbox]) -> None:
@@ -60,6 +61,7 @@ class Reconciler:
                     log.exception("late attach of pod %s/%s failed", pod.namespace, pod.name)
         await self.sweep()
         await self.garbage_collect()
+        self.synchronized += 1
 
     async def sweep(self) -> int:
         """Undo attachments of sandboxes whose network namespace is gone: the runtime removed
