@@ -128,7 +128,8 @@ def test_a_multus_deployment_converted_runs(
     (whereabouts, a host-local dataDir, a Deployment asking for two NADs) with the test bed's
     names put in, through `cnidra convert`, `cnidra validate --policy` and `kubectl apply`, with
     the shipped classes and the driver with deploy/'s defaults: both replicas get n3 from the
-    converted pool and net1 from the bridge network, and no two share an address."""
+    converted pool and net2 from the bridge network (Multus' name: the second in the
+    annotation, unnamed), and no two share an address."""
     tag = uuid.uuid4().hex[:4]
     data, bridge = test_link(f"tbmd{tag}"), test_link(f"tbmb{tag}")
     source = (ROOT / "examples" / "convert" / "multus-deployment.yaml").read_text()
@@ -147,7 +148,8 @@ def test_a_multus_deployment_converted_runs(
     out = tmp_path / "cnidra.yaml"
     out.write_text(converted.stdout)
     checked = subprocess.run(
-        [*cnidra, "validate", "--policy", str(ROOT / "deploy" / "deviceclass.yaml"), str(out)],
+        [*cnidra, "validate", "--policy", str(ROOT / "deploy" / "deviceclass.yaml"),
+         "--namespace-labels", "cni.networking.x-k8s.io/claim-config=true", str(out)],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert checked.returncode == 0, checked.stdout
@@ -187,9 +189,9 @@ def test_a_multus_deployment_converted_runs(
         )["items"]
         assert len(pods) == 2
         n3 = [pod_addresses(cluster, namespace, p["metadata"]["name"], "n3") for p in pods]
-        net1 = [pod_addresses(cluster, namespace, p["metadata"]["name"], "net1") for p in pods]
+        net2 = [pod_addresses(cluster, namespace, p["metadata"]["name"], "net2") for p in pods]
         assert all(a.startswith("198.18.60.") for [a] in n3) and len({*n3[0], *n3[1]}) == 2
-        assert all(a.startswith("198.18.61.") for [a] in net1) and len({*net1[0], *net1[1]}) == 2
+        assert all(a.startswith("198.18.61.") for [a] in net2) and len({*net2[0], *net2[1]}) == 2
         assert not any(int(a.split(".")[3].split("/")[0]) < 16 for [a] in n3)  # excluded /28
     finally:
         cluster.kubectl(

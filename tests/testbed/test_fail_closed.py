@@ -19,6 +19,7 @@ from testbed.harness import Cluster, DriverProcess
 from tests.testbed.objects import apply, claiming_pod, cni_config, pod_addresses, ready, template
 
 pytestmark = pytest.mark.testbed
+DOWN, UP = 3.0, 4.0  # seconds a fault keeps the driver (or containerd) down, then up
 
 
 class Watch:
@@ -218,19 +219,21 @@ def test_a_frozen_or_killed_driver_never_lets_a_container_run_without_its_interf
         )
         driver.proc.send_signal(signal.SIGCONT)
         ready(cluster, namespace, "a", "150s")
-        # killed and restarted in a loop while pods are created
+        # killed and restarted in a loop while pods are created: down for DOWN s, then up
+        # for UP s (killed again wherever its start-up is by then); windows of the fault,
+        # not waits for something
         apply(cluster, namespace, *(claiming_pod(f"k{i}", "net") for i in range(3)))
         for _ in range(3):
             driver.stop(signal.SIGKILL)
-            time.sleep(3)
+            time.sleep(DOWN)
             driver.start(wait_registered=False)
-            time.sleep(4)
+            time.sleep(UP)
         cluster.wait("the NRI plugin to connect", lambda: driver.health().get("nriConnected"), 60)
         # containerd restarted while pods are created: kubelet may run their sandboxes before
         # the driver's NRI connection is back
         tb.stop("containerd")
         apply(cluster, namespace, *(claiming_pod(f"c{i}", "net") for i in range(2)))
-        time.sleep(3)
+        time.sleep(DOWN)  # the fault's window: containerd down while kubelet has them
         tb.start_containerd(cluster.bins)
         for name in ("a", "b", "k0", "k1", "k2", "c0", "c1"):
             ready(cluster, namespace, name, "180s")

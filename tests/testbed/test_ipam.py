@@ -590,7 +590,12 @@ def test_a_lost_nodes_blocks_are_collected_and_its_ipamclaims_addresses_stay_hel
         ),
         30,
     )
-    time.sleep(3)  # three reconcile passes: still held
+    passes = node1.health()["ipamPasses"]
+    cluster.wait(
+        "three more IPAM reconcile passes",
+        lambda: node1.health().get("ipamPasses", 0) >= passes + 3,
+        30,
+    )  # and the claim is still held:
     assert cluster.get("ipamclaim", "vm-c.data", ns)["metadata"]["deletionTimestamp"]
     for i in range(4):  # the rest of the pool (the VM's claim counts against it too)
         cluster.apply_in(ns, on_node(claimed_pod(f"n{i}", "net"), tb.NODE1))

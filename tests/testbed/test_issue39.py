@@ -43,6 +43,7 @@ from tests.testbed.test_security import (
     driver_devices,
     make_tenant,
     node_state,
+    settled_node_state,
 )
 
 pytestmark = pytest.mark.testbed
@@ -221,8 +222,7 @@ def test_issue39_a_tenants_mtu_never_changes_a_shared_bridge(
         ready(cluster, other.namespace, name)
     [a1], [a2] = (pod_addresses(cluster, other.namespace, n, "net1") for n in ("a1", "a2"))
     assert pings(cluster, other.namespace, "a1", a2)
-    time.sleep(3)  # the new ports settle (IPv6 duplicate address detection)
-    before, ports_before = node_state(), ports(shared)
+    before, ports_before = settled_node_state(), ports(shared)  # the new ports settled
     assert mtu(shared) == 1500 and len(ports_before) == 2
     assert set(ports_before.values()) == {1500}, ports_before
 
@@ -288,8 +288,7 @@ def test_issue39_a_tenant_cannot_take_the_nodes_address_on_a_data_link(
     assert device is not None and device["attributes"]["nodeLink"] == {"bool": False}
     tenant = bed.tenant()
     pool = ip_pools("198.19.191.0/24", tenant.namespace)
-    time.sleep(3)
-    before = node_state()
+    before = settled_node_state()
     applied(
         tenant,
         macvlan_template("steal", data, static_ipam("198.19.191.2/24")),
@@ -664,8 +663,7 @@ def test_issue39_a_vlan_on_a_bridge_without_vlan_filtering_is_refused(
     tenant = bed.tenant()
     pool = ip_pools("198.19.195.0/24", tenant.namespace)
     published(cluster, bridge)
-    time.sleep(3)
-    before = node_state()
+    before = settled_node_state()
     applied(
         tenant,
         bridge_template("tagged", bridge, cnidra_ipam(pool), vlan=100),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -404,5 +403,4 @@ def test_a_name_collision_across_claims_is_refused_at_prepare(
 
     message = cluster.wait("kubelet to report the refusal", refusal, 60)
     assert "interface name 'data1' is already used by claim" in message
-    time.sleep(1)
     assert cluster.get("pod", "clash", ns)["status"]["phase"] == "Pending"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -113,9 +112,17 @@ def disrupt(cluster: Cluster, driver: DriverProcess) -> None:
     after each, wait for the reconnect and the reconcile behind it."""
     from testbed import cluster as tb
 
-    def reconnected() -> None:
-        cluster.wait("NRI", lambda: driver.health().get("nriConnected"), 30)
-        time.sleep(2)  # Synchronize, its GC and the sweeper run after the answer
+    def reconnected(before: int = 0) -> None:
+        """Connected again, and a Synchronize finished since (its GC and sweep included):
+        `before` is the count of this process's Synchronize passes before the disruption."""
+        cluster.wait(
+            "NRI, and the reconcile behind it",
+            lambda: (
+                driver.health().get("nriConnected")
+                and driver.health().get("synchronized", 0) > before
+            ),
+            30,
+        )
 
     driver.stop(signal.SIGTERM)
     driver.start()
@@ -123,10 +130,12 @@ def disrupt(cluster: Cluster, driver: DriverProcess) -> None:
     driver.stop(signal.SIGKILL)
     driver.start()
     reconnected()
+    synchronized = driver.health()["synchronized"]
     tb.stop("containerd")
     tb.start_containerd(cluster.bins)
-    reconnected()
-    sessions = driver.health()["nriSessions"]
+    reconnected(synchronized)
+    health = driver.health()
+    sessions, synchronized = health["nriSessions"], health["synchronized"]
     driver.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
     cluster.wait(
         "the NRI connection to be dropped and made again",
@@ -135,7 +144,7 @@ def disrupt(cluster: Cluster, driver: DriverProcess) -> None:
         ),
         30,
     )
-    reconnected()
+    reconnected(synchronized)
 
 
 def test_restarts_and_reconnects_never_touch_the_primary_network(

@@ -434,6 +434,22 @@ def node_state() -> dict[str, str]:
     return out
 
 
+def settled_node_state(timeout: float = 30) -> dict[str, str]:
+    """node_state() once new links have settled: no IPv6 address of the node is still in
+    duplicate address detection (whose end adds local routes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        tentative = subprocess.run(
+            ["ip", "-6", "-o", "addr", "show", "tentative"],
+            capture_output=True, text=True, timeout=30, check=False,
+        ).stdout.strip()  # fmt: skip
+        if not tentative:
+            return node_state()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"addresses still tentative after {timeout} s: {tentative}")
+        time.sleep(0.2)
+
+
 def test_a_tenant_cannot_reach_the_node(
     cluster: Cluster,
     tenant: Tenant,
@@ -487,8 +503,7 @@ def test_a_tenant_cannot_reach_the_node(
 
         # 2. without admission the same claims fail prepare, and the node is untouched
         admission()
-        time.sleep(3)  # the good pod's links settle (IPv6 duplicate address detection)
-        before = node_state()
+        before = settled_node_state()  # the good pod's links settled
         names = [name for name, *_ in ATTACKS]
         for name, config, extra, _ in ATTACKS:
             out = tenant.apply(
