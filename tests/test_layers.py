@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).parents[1] / "cnidra"
 # lowest first; the same list is drawn in docs/architecture.md
 LAYERS: list[set[str]] = [
     {"api", "util", "_proto"},
-    {"cni", "observe"},
+    {"cni", "observe", "datapath"},
     {"state", "kube"},
     {"status", "inventory", "ipam"},
     {"dra", "nri", "admission", "nodeapi"},

@@ -1,0 +1,202 @@
+"""A claim's rate limit on a real interface (cnidra.datapath.shaping), in namespaces of each
+test's own joined by a veth pair: the limit holds in both directions as measured with TCP,
+bursts reach the ceiling only where allowed, a change takes effect live without a moment
+unshaped, applying twice changes nothing, removal leaves nothing, and bad input leaves nothing.
+
+The payload rate TCP reaches is the limit less the headers the shaper counts (Ethernet, IP and
+TCP: 66 bytes of each 1514-byte frame, 4.4 %), so "within 10 %" is of the payload rate. Each
+measurement is 2 s; the file takes about 20 s."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cnidra.api.bandwidth import Rate
+from cnidra.cni import netns
+from cnidra.datapath import shaping
+from tests.datapath.traffic import PEER_IP, POD_IF, POD_IP, Pair, send, veth_pair
+
+pytestmark = pytest.mark.netns
+
+M = 1_000_000
+SECONDS = 2.0
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    with veth_pair() as made:
+        yield made
+
+
+def state(ns: Path) -> str:
+    """Everything tc and the links say of the namespace, counters left out."""
+    out = []
+    for args in (
+        ["ip", "-n", ns.name, "-d", "-o", "link", "show"],
+        ["tc", "-n", ns.name, "qdisc", "show"],
+        ["tc", "-n", ns.name, "class", "show", "dev", POD_IF],
+        ["tc", "-n", ns.name, "filter", "show", "dev", POD_IF, "ingress"],
+    ):
+        # (tc fails for an interface that is gone: its output is then empty)
+        out.append(subprocess.run(args, check=False, capture_output=True, text=True).stdout)
+    # a link's line carries its counters of promiscuity and the like only: no traffic counters
+    return "\n".join(out)
+
+
+def egress(pair: Pair) -> float:
+    return send(pair.pod, pair.peer, PEER_IP, SECONDS).mbps
+
+
+def ingress(pair: Pair) -> float:
+    return send(pair.peer, pair.pod, POD_IP, SECONDS).mbps
+
+
+def within(measured: float, limit_mbps: float, share: float = 0.10) -> bool:
+    return abs(measured - limit_mbps) <= share * limit_mbps
+
+
+@pytest.mark.parametrize("mbps", [20, 80])
+def test_the_limit_holds_in_both_directions(pair: Pair, mbps: int) -> None:
+    shaped = shaping.apply(pair.pod, POD_IF, Rate(mbps * M, mbps * M))
+    assert shaped.egress is not None and shaped.ingress is not None
+    assert (shaped.egress.rate, shaped.ingress.ceil) == (mbps * M, mbps * M)
+    out, into = egress(pair), ingress(pair)
+    assert within(out, mbps), f"egress {out:.1f} Mbit/s against a limit of {mbps}"
+    assert within(into, mbps), f"ingress {into:.1f} Mbit/s against a limit of {mbps}"
+    counted = shaping.read(pair.pod, POD_IF)
+    assert counted.egress is not None and counted.ingress is not None
+    # each direction's queue carried that direction's 2 s of traffic, and was held back
+    for direction in (counted.egress, counted.ingress):
+        assert direction.sent_bytes > mbps * M / 8 * SECONDS * 0.8
+        assert direction.overlimits > 0
+
+
+def test_bursts_reach_the_ceiling_only_where_allowed(pair: Pair) -> None:
+    shaping.apply(pair.pod, POD_IF, Rate(20 * M, 80 * M))
+    out, into = egress(pair), ingress(pair)
+    assert within(out, 80) and within(into, 80), (out, into)
+    shaping.apply(pair.pod, POD_IF, Rate(20 * M, 20 * M))
+    out = egress(pair)
+    assert within(out, 20), out
+
+
+def test_a_change_takes_effect_live_and_never_unshaped(pair: Pair) -> None:
+    import threading
+
+    shaping.apply(pair.pod, POD_IF, Rate(20 * M, 20 * M))
+    changed = threading.Timer(1.0, shaping.apply, (pair.pod, POD_IF, Rate(60 * M, 60 * M)))
+    changed.start()
+    try:
+        moved = send(pair.pod, pair.peer, PEER_IP, 2.5, skip=0.3)
+    finally:
+        changed.join()
+    before = moved.buckets_mbps[3:9]  # 0.3-0.9 s: at 20
+    after = moved.buckets_mbps[15:25]  # 1.5-2.5 s: at 60
+    assert within(sum(before) / len(before), 20, 0.15), before
+    assert within(sum(after) / len(after), 60, 0.15), after
+    # unshaped, a veth carries gigabits: no 100 ms went far beyond the new limit
+    assert max(moved.buckets_mbps) < 60 * 1.5, moved.buckets_mbps
+
+
+def test_applying_twice_is_the_same_state(pair: Pair) -> None:
+    shaping.apply(pair.pod, POD_IF, Rate(20 * M, 80 * M))
+    once = state(pair.pod)
+    again = shaping.apply(pair.pod, POD_IF, Rate(20 * M, 80 * M))
+    assert state(pair.pod) == once
+    assert again.egress is not None and again.egress.limit == Rate(20 * M, 80 * M)
+    assert "cnifb-" in once and "htb cd:" in once and "mirred" in once
+
+
+def test_removal_leaves_nothing(pair: Pair) -> None:
+    before = state(pair.pod)
+    shaping.apply(pair.pod, POD_IF, Rate(20 * M, 20 * M))
+    assert shaping.remove(pair.pod, POD_IF) is True
+    assert state(pair.pod) == before
+    assert "cnifb-" not in before
+    assert shaping.remove(pair.pod, POD_IF) is False  # nothing left to remove
+    found = shaping.read(pair.pod, POD_IF)
+    assert (found.egress, found.ingress, found.ifb) == (None, None, None)
+
+
+def test_removal_after_the_interface_went_takes_its_ifb(pair: Pair) -> None:
+    shaping.apply(pair.pod, POD_IF, Rate(20 * M, 20 * M))
+    subprocess.run(["ip", "-n", pair.pod.name, "link", "del", POD_IF], check=True)
+    assert shaping.remove(pair.pod, POD_IF) is True
+    assert "cnifb-" not in state(pair.pod)
+    with pytest.raises(shaping.InterfaceNotFound, match=f"interface '{POD_IF}' is not in"):
+        shaping.remove(pair.pod, POD_IF)
+
+
+def test_bad_input_is_refused_and_leaves_nothing(pair: Pair) -> None:
+    before = state(pair.pod)
+    rate = Rate(20 * M, 20 * M)
+    with pytest.raises(
+        shaping.InterfaceNotFound, match=r"'eth9' is not in .*; its interfaces: shp0"
+    ):
+        shaping.apply(pair.pod, "eth9", rate)
+    with pytest.raises(shaping.InvalidRequest, match="at most 15 bytes"):
+        shaping.apply(pair.pod, "a-name-far-too-long", rate)
+    with pytest.raises(shaping.InvalidRequest, match="loopback"):
+        shaping.apply(pair.pod, "lo", rate)
+    with pytest.raises(shaping.InvalidRequest, match=r"must be a cnidra\.api\.bandwidth\.Rate"):
+        shaping.apply(pair.pod, POD_IF, 20 * M)  # type: ignore[arg-type]
+    with pytest.raises(shaping.InvalidRequest, match="timeout must be a number of seconds above 0"):
+        shaping.apply(pair.pod, POD_IF, rate, timeout=0)
+    # a link of another's where the IFB would go (an IFB, but without cnidra's alias): refused
+    # before anything changes
+    subprocess.run(
+        ["ip", "-n", pair.pod.name, "link", "add", shaping.ifb_name(POD_IF), "type", "ifb"],
+        check=True,
+    )
+    with_dummy = state(pair.pod)
+    with pytest.raises(shaping.InvalidRequest, match="is not cnidra's \\(kind ifb, alias ''\\)"):
+        shaping.apply(pair.pod, POD_IF, rate)
+    assert state(pair.pod) == with_dummy
+    subprocess.run(["ip", "-n", pair.pod.name, "link", "del", shaping.ifb_name(POD_IF)], check=True)
+    assert state(pair.pod) == before
+
+
+def test_a_first_apply_that_fails_part_way_leaves_nothing(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = state(pair.pod)
+
+    def broken(*_: object) -> None:
+        raise OSError(105, "No buffer space available")
+
+    monkeypatch.setattr(shaping, "_redirect", broken)
+    with pytest.raises(shaping.ShapingError, match=r"No buffer space available \(errno 105\)"):
+        shaping.apply(pair.pod, POD_IF, Rate(20 * M, 20 * M))
+    assert state(pair.pod) == before
+
+
+def test_a_namespace_that_is_gone() -> None:
+    with netns.temporary("cnidra-shp-gone") as path:
+        pass
+    with pytest.raises(shaping.NamespaceGone, match=f"network namespace {path} is gone"):
+        shaping.apply(path, POD_IF, Rate(8, 8))
+    with pytest.raises(shaping.Gone):
+        shaping.remove(path, POD_IF)
+    with pytest.raises(shaping.NamespaceGone, match="is not a network namespace"):
+        shaping.read("/proc/self/status", POD_IF)
+
+
+def test_every_operation_is_bounded_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    slow = shaping._read
+
+    def stuck(ipr: object, interface: str) -> shaping.Shaping | None:
+        time.sleep(1.0)
+        return slow(ipr, interface)
+
+    monkeypatch.setattr(shaping, "_read", stuck)
+    with netns.temporary("cnidra-shp-slow") as path:
+        began = time.monotonic()
+        with pytest.raises(shaping.ShapingTimeout, match=r"not done within 0.2s"):
+            shaping.read_many(path, ["eth0"], timeout=0.2)
+        assert time.monotonic() - began < 0.8
