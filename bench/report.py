@@ -1,17 +1,19 @@
-"""The README's goals table from one run's JSON (what `make bench` does after `bench.run`).
+"""docs/performance.md's goals table from one run's JSON (what `make bench` does after
+`bench.run`).
 
-    python -m bench.report [FILE] [--readme README.md] [--check] [--print]
+    python -m bench.report [FILE] [--doc docs/performance.md] [--check] [--print]
 
 FILE (default docs/performance/bench-latest.json, written by `python -m bench.run`) is rendered
-into the text between `<!-- bench:begin -->` and `<!-- bench:end -->` in the README, and
+into the text between `<!-- bench:begin -->` and `<!-- bench:end -->` in the doc (--doc,
+or --readme as before; the table was the README's until issue 41 moved it), and
 nothing else is touched: the run's machine and date, the pod-ready table of bench.pod_ready,
 and one row per goal of issue 28 with the measured figure, the goal, and met or **not met** by
 how much. A benchmark that is missing from the run, failed or timed out gives "not run
 (reason)", a figure its result lacks "not measured"; never a traceback. Rendering is a pure
-function of the JSON, so rendering twice gives the same README.
+function of the JSON, so rendering twice gives the same doc.
 
---check exits 1 when the README is not what FILE renders (and writes nothing); --print
-writes the block to stdout instead of the README.
+--check exits 1 when the doc is not what FILE renders (and writes nothing); --print
+writes the block to stdout instead of the doc.
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ def find(result: dict[str, Any], name: str, bench: str) -> float:
 
 
 def s(value: float) -> str:
-    """Seconds as the README writes them: 0.725, 15.33."""
+    """Seconds as the goals table writes them: 0.725, 15.33."""
     return f"{value:.3f}" if abs(value) < 1 else f"{value:.2f}"
 
 
@@ -556,10 +558,10 @@ def block(data: dict[str, Any], file: str) -> str:
 
 
 def render(readme: str, data: dict[str, Any], file: str) -> str:
-    """The README with the text between the markers replaced; ValueError without markers."""
+    """The doc with the text between the markers replaced; ValueError without markers."""
     start, end = readme.find(BEGIN), readme.find(END)
     if start < 0 or end < 0 or end < start:
-        raise ValueError(f"no {BEGIN} ... {END} in the README")
+        raise ValueError(f"no {BEGIN} ... {END} in the doc")
     head = readme[: start + len(BEGIN)]
     return f"{head}\n{block(data, file)}\n{readme[end:]}"
 
@@ -578,8 +580,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("file", nargs="?", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
-    parser.add_argument("--check", action="store_true", help="exit 1 if the README differs")
+    parser.add_argument(
+        "--doc", "--readme", dest="readme", type=Path, default=ROOT / "docs" / "performance.md"
+    )
+    parser.add_argument("--check", action="store_true", help="exit 1 if the doc differs")
     parser.add_argument("--print", action="store_true", help="the block to stdout only")
     args = parser.parse_args(argv)
     try:
