@@ -264,3 +264,64 @@ def test_parse_splits_a_block_into_commands_and_outputs() -> None:
     assert runnable("cnidra validate x.yaml") and runnable("kubectl cnidra --help")
     assert not runnable("kubectl cnidra node pods") and not runnable("cnidra node pods")
     assert not runnable("cnidra validate x.yaml | head") and not runnable("kubectl get pods")
+
+
+# the command lines the docs show outside console blocks (inline code, sh blocks): each flag
+# must be one the (sub)command takes, as its --help lists it
+COMMAND_LINE = re.compile(
+    r"`((?:kubectl )?cnidra [^`\n]+)`|^(?:[$#] )?((?:kubectl )?cnidra [^\n]+)$", re.M
+)
+SUBCOMMANDS = {"node": {"pods", "describe", "events", "attach", "detach"}}
+_helps: dict[tuple[str, ...], str] = {}
+
+
+def helped(words: tuple[str, ...]) -> str:
+    if words not in _helps:
+        ran = subprocess.run(
+            [*executable(["cnidra", *words]), "--help"],
+            env={**terminal_env(), "COLUMNS": "250"}, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+        assert ran.returncode == 0, (words, ran.stdout + ran.stderr)
+        _helps[words] = ran.stdout
+    return _helps[words]
+
+
+def commands() -> set[str]:
+    """cnidra's subcommands, from the Commands panel of its --help."""
+    panel = helped(()).split("Commands", 1)[1]
+    return set(re.findall(r"^\W+ ([a-z][\w-]*)  ", panel, re.M))
+
+
+def doc_command_lines() -> list[tuple[str, str]]:
+    found = []
+    for path in DOCS:
+        for match in COMMAND_LINE.finditer(path.read_text()):
+            line = match.group(1) or match.group(2)
+            # the cnidra command only: not what a shell pipes it into or runs after it
+            line = re.split(r"\s(?:\||&&|;|>|2>|\\$)|<\(", line)[0]
+            found.append((str(path.relative_to(ROOT)), line))
+    return found
+
+
+def test_every_flag_the_docs_give_cnidra_is_one_it_takes() -> None:
+    wrong = []
+    for doc, line in doc_command_lines():
+        words = line.split()
+        if words[0] == "kubectl":
+            continue  # kubectl cnidra passes the command on to cnidra in the driver pod
+        words = words[1:]
+        if not words or words[0].startswith("-"):
+            path: tuple[str, ...] = ()
+        else:
+            path = (words[0],)
+            after = words[1].split("|")[0] if len(words) > 1 else ""
+            if after in SUBCOMMANDS.get(words[0], set()):
+                path = (words[0], after)
+        if path and path[0] not in commands():
+            continue  # a word after `cnidra` in prose, not a subcommand
+        text = helped(path)
+        for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*|-[a-zA-Z])(?![\w-])", line):
+            if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text):
+                wrong.append(f"{doc}: `{line}`: {flag} is not in `cnidra {' '.join(path)} --help`")
+    assert not wrong, "\n".join(wrong)
