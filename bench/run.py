@@ -86,6 +86,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("judge", ("--timeout", "60", "--json"), 1800, 8, ""),
     Bench("prepare_inproc", ("--json",), 1200, 0.5, "", optional=True),
     Bench("pod_cpu", ("--json",), 900, 1, "", optional=True),
+    # a claim's rate limit against the same traffic unshaped, in namespaces (about 17 s)
+    Bench("shaping", ("--json",), 300, 0.3, ""),
     # 3 rounds of 50 pods four ways; the peers' first build (about 3 min) comes on top
     Bench("pod_ready", ("--json",), 3600, 9, "test bed, peers"),
     # the prepare and memory half (the figures of the goals; pod_ready has the pods)

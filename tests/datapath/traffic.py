@@ -128,9 +128,16 @@ def _transfer(
     return Transfer(mbps, marks[-1][1] if marks else 0, tuple(buckets))
 
 
-def round_trips(src: Path, dst: Path, dst_ip: str, count: int, port: int = PORT + 1) -> list[float]:
+def round_trips(
+    src: Path,
+    dst: Path,
+    dst_ip: str,
+    count: int,
+    port: int = PORT + 1,
+    until: threading.Event | None = None,
+) -> list[float]:
     """Seconds of each of `count` 64-byte request/response exchanges over one TCP connection
-    (an echo thread in `dst`), TCP_NODELAY."""
+    (an echo thread in `dst`), TCP_NODELAY; fewer if `until` is set meanwhile."""
     listener = _socket_in(dst)
     client = _socket_in(src)
     with listener, client:
@@ -161,6 +168,8 @@ def round_trips(src: Path, dst: Path, dst_ip: str, count: int, port: int = PORT 
         message = b"x" * 64
         times = []
         for _ in range(count):
+            if until is not None and until.is_set():
+                break
             begin = time.perf_counter()
             client.sendall(message)
             got = 0
