@@ -5,10 +5,13 @@ allowed, and `enforced_rate`'s decision."""
 from __future__ import annotations
 
 import copy
+import re
 from decimal import ROUND_UP, Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lightkube.utils.quantity import parse_quantity as lightkube_quantity
@@ -295,3 +298,15 @@ def test_the_decision_holds_what_was_granted(
     assert (rate.ceil == rate.rate) == (burst == "Denied" or rate.ceil == rate.rate)
     if burst == "Denied":
         assert rate.ceil == rate.rate
+
+
+def test_the_documented_policy_is_valid_and_means_what_the_doc_says() -> None:
+    """docs/configuration.md, "Bandwidth": its CNIPolicy example parses, and a claim that
+    reserved nothing is held to 100M, bursting to 10G."""
+    doc = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    section = doc[doc.index("## Bandwidth") :]
+    blocks = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    policy = next(yaml.safe_load(b) for b in blocks if "kind: CNIPolicy" in b)
+    found = rules(**policy["bandwidth"])
+    assert enforced_rate(None, found, LINK) == Rate(10**8, 10**10)
+    assert enforced_rate({"bandwidth": "1G"}, found, LINK) == Rate(10**9, 10**10)
