@@ -59,6 +59,7 @@ def within(measured: float, limit_mbps: float, share: float = 0.10) -> bool:
     return abs(measured - limit_mbps) <= share * limit_mbps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mbps", [20, 80])
 def test_the_limit_holds_in_both_directions(pair: Pair, mbps: int) -> None:
     shaped = shaping.apply(pair.pod, POD_IF, Rate(mbps * M, mbps * M))
@@ -75,6 +76,7 @@ def test_the_limit_holds_in_both_directions(pair: Pair, mbps: int) -> None:
         assert direction.overlimits > 0
 
 
+@pytest.mark.slow
 def test_bursts_reach_the_ceiling_only_where_allowed(pair: Pair) -> None:
     shaping.apply(pair.pod, POD_IF, Rate(20 * M, 80 * M))
     out, into = egress(pair), ingress(pair)
@@ -98,8 +100,14 @@ def test_a_change_takes_effect_live_and_never_unshaped(pair: Pair) -> None:
     after = moved.buckets_mbps[15:25]  # 1.5-2.5 s: at 60
     assert within(sum(before) / len(before), 20, 0.15), before
     assert within(sum(after) / len(after), 60, 0.15), after
-    # unshaped, a veth carries gigabits: no 100 ms went far beyond the new limit
-    assert max(moved.buckets_mbps) < 60 * 1.5, moved.buckets_mbps
+    # unshaped, this veth carries about 10 Gbit/s: a moment without a limit would show as a
+    # half second far above the new one, and in the total (a receiver that stalls a while
+    # under load reads a burst later, hence windows of 500 ms, not single buckets)
+    b = moved.buckets_mbps
+    windows = [sum(b[i : i + 5]) / 5 for i in range(len(b) - 4)]
+    assert max(windows) < 60 * 1.5, b
+    allowed = (20 * 1.0 + 60 * 1.6) * M / 8  # 1 s at 20, then 1.5 s and a queue at 60
+    assert moved.total_bytes < allowed * 1.15, (moved.total_bytes, allowed)
 
 
 def test_applying_twice_is_the_same_state(pair: Pair) -> None:
