@@ -429,10 +429,15 @@ def _redirect_target(ipr: Any, index: int, parent: int) -> int | None:
 
 def _redirect(ipr: Any, index: int, ifb: int) -> None:
     parent = _ingress_parent(ipr, index, create=True)
-    if _redirect_target(ipr, index, parent or INGRESS_HANDLE) == ifb:
+    assert parent is not None
+    target = _redirect_target(ipr, index, parent)
+    if target == ifb:
         return
+    if target is not None:  # to an IFB that is no more (deleted by hand): a u32 filter added
+        # beside it would come second, after the stale one that drops everything
+        ipr.tc("del-filter", index=index, parent=parent, prio=FILTER_PRIO, protocol=ETH_P_ALL)
     ipr.tc(
-        "replace-filter",
+        "add-filter",
         "u32",
         index,
         parent=parent,

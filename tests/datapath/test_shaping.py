@@ -208,3 +208,29 @@ def test_every_operation_is_bounded_in_time(monkeypatch: pytest.MonkeyPatch) -> 
         with pytest.raises(shaping.ShapingTimeout, match=r"not done within 0.2s"):
             shaping.read_many(path, ["eth0"], timeout=0.2)
         assert time.monotonic() - began < 0.8
+
+
+def test_an_ifb_deleted_by_hand_is_made_again_on_the_next_apply(pair: Pair) -> None:
+    rate = Rate(20 * M, 20 * M)
+    shaping.apply(pair.pod, POD_IF, rate)
+    ip_pod = ["ip", "-n", pair.pod.name]
+    subprocess.run([*ip_pod, "link", "del", shaping.ifb_name(POD_IF)], check=True)
+    assert shaping.read(pair.pod, POD_IF).ingress is None  # the redirect leads nowhere
+    again = shaping.apply(pair.pod, POD_IF, rate)
+    assert again.ingress is not None and again.ingress.limit == rate
+    # one redirect, to the new IFB: not a second one behind the stale filter
+    assert state(pair.pod).count("mirred") == 1
+    assert within(ingress(pair), 20)
+
+
+def test_beside_a_clsact_of_anothers(pair: Pair) -> None:
+    """A clsact (a BPF program's home) takes the place of the ingress qdisc: the redirect
+    hangs on its ingress hook, and removal leaves the clsact."""
+    subprocess.run(["tc", "-n", pair.pod.name, "qdisc", "add", "dev", POD_IF, "clsact"], check=True)
+    before = state(pair.pod)
+    shaped = shaping.apply(pair.pod, POD_IF, Rate(20 * M, 20 * M))
+    assert shaped.complete
+    assert "mirred" in state(pair.pod)
+    assert shaping.remove(pair.pod, POD_IF) is True
+    assert state(pair.pod) == before
+    assert "clsact" in before
