@@ -536,9 +536,12 @@ def apply(
             _shape_device(ipr, ifb, limit)
             _shape_device(ipr, index, limit)
             _redirect(ipr, index, ifb)
-        except BaseException:
+        except BaseException as error:
             if before is None or (before.egress is None and before.ingress is None):
-                _unshape(ipr, interface)  # a first apply leaves nothing when it fails
+                try:  # a first apply leaves nothing when it fails
+                    _unshape(ipr, interface)
+                except Exception as cleanup:
+                    error.add_note(f"undoing it failed too, and left part of it: {cleanup!r}")
             raise
         shaped = _read(ipr, interface)
         assert shaped is not None and shaped.complete
