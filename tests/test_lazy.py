@@ -46,12 +46,14 @@ def test_submodules_import_without_the_init_and_other_names_run_it(tmp_path: Pat
 
 
 def test_the_driver_loads_no_pyroute2() -> None:
-    """The links are read by cnidra.inventory.netlink: pyroute2 is a test dependency only."""
+    """The links are read by cnidra.inventory.netlink, and cnidra.datapath.shaping imports
+    pyroute2 only when it first shapes: starting the driver loads none of it."""
     out = run(
         """
         import sys
         import cnidra.agent.driver
         import cnidra.inventory.links
+        import cnidra.datapath.shaping
         print(sorted(m for m in sys.modules if m.startswith("pyroute2")))
         """
     )
