@@ -32,6 +32,9 @@ class LinkFacts:
     addresses: tuple[str, ...] = ()  # the node's addresses on it, as CIDRs
     # bridges: whether the bridge filters VLANs (None: not known, taken as no)
     vlan_filtering: bool | None = None
+    # the link's speed in Mbit/s as the kernel reports it (None: not known, e.g. a virtual
+    # link); published as the device's `bandwidth` capacity, and a burst's default ceiling
+    speed_mbps: int | None = None
 
 
 @dataclass(frozen=True)

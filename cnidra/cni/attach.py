@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from cnidra.api.bandwidth import Rate
 from cnidra.api.naming import Slot
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.errors import (
@@ -61,6 +62,9 @@ class Attachment:
     status_name: str = ""
     # the IPAMClaim (in the claim's namespace) whose addresses a cnidra-IPAM network gets
     ipam_claim: str | None = None
+    # the rate limit cnidra holds the interface to in both directions (cnidra.api.bandwidth:
+    # the claim's reserved bandwidth, or the class's CNIPolicy default); None: none
+    rate: Rate | None = None
     # prepare only (not checkpointed): the network's cnidra-IPAM pool was chosen by a tenant
     # (its claim or NetworkAttachmentDefinition), so the pool must name the namespace and lie
     # in `pool_ranges`, the DeviceClass's claims.ipRanges (None: any)

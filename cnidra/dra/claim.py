@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cnidra.api.constants import DRIVER_NAME, POD_CLAIM_NAME_ANNOTATION
@@ -35,6 +35,9 @@ class Result:
     pool: str
     device: str
     share_id: str | None = None
+    # what the allocation granted of the device's consumable capacities (capacity name ->
+    # quantity as the apiserver wrote it, e.g. {"bandwidth": "1G"}); empty: nothing
+    consumed_capacity: Mapping[str, str | int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,23 @@ def _name(value: Any, where: object) -> str:
     return sys.intern(text) if len(text) <= 253 else text
 
 
+def _capacities(value: Any, where: FieldPath) -> Mapping[str, str | int]:
+    """A result's `consumedCapacity`: capacity name -> quantity (a string, or an integer as a
+    foreign client may write it); checked as a quantity where it is used (cnidra.api.bandwidth)."""
+    where = where / "consumedCapacity"
+    raw = _obj(value, where)
+    out: dict[str, str | int] = {}
+    for name, quantity in raw.items():
+        if not isinstance(name, str) or isinstance(quantity, bool):
+            raise ClaimShapeError(
+                f"{where / str(name)} must be a quantity, got {describe(quantity)}"
+            )
+        if not isinstance(quantity, str | int):
+            raise ClaimShapeError(f"{where / name} must be a quantity, got {describe(quantity)}")
+        out[sys.intern(name)] = quantity
+    return out
+
+
 def read_claim(claim: Any) -> AllocatedClaim:
     """The typed view; ClaimShapeError names the first field that is not what the API says."""
     claim = _obj(claim, "the claim")
@@ -133,6 +153,7 @@ def read_claim(claim: Any) -> AllocatedClaim:
                 pool=_name(item.get("pool"), where / "pool"),
                 device=_name(item.get("device"), where / "device"),
                 share_id=_str(share, where / "shareID") if share is not None else None,
+                consumed_capacity=_capacities(item.get("consumedCapacity"), where),
             )
         )
     reserved = []

@@ -39,7 +39,13 @@ from cnidra.api.ownership import PrivateDirs
 from cnidra.api.refs import ObjectRef
 from cnidra.api.validate import VerdictCache, judged_once
 from cnidra.cni.attach import Attachment
-from cnidra.dra.claim import ALLOCATION_CONFIG, AllocatedClaim, ClaimShapeError, read_claim
+from cnidra.dra.claim import (
+    ALLOCATION_CONFIG,
+    RESULTS,
+    AllocatedClaim,
+    ClaimShapeError,
+    read_claim,
+)
 from cnidra.dra.resolve import Device, resolve_attachment
 from cnidra.ipam.allocator import AllocationError, Allocator
 from cnidra.observe.logs import fields
@@ -142,6 +148,8 @@ def resolve_claim(
             device_network=networks.get(result.device),
             verdicts=verdicts,
             node=view.facts,
+            granted=result.consumed_capacity,
+            granted_where=RESULTS / typed.results.index(result),
         )
         if attachment is None:
             problems.append(_describe(request, entries, issues))

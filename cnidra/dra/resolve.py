@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from cnidra.api.bandwidth import BANDWIDTH_CAPACITY, QuantityError, enforced_rate
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.hostside import NodeFacts, judge_host_side
 from cnidra.api.ipam import cnidra_ipam
@@ -42,6 +43,8 @@ def resolve_attachment(
     device_network: NamedNetwork | None = None,
     verdicts: VerdictCache | None = None,
     node: NodeFacts | None = None,
+    granted: Mapping[str, str | int] | None = None,
+    granted_where: FieldPath | None = None,
 ) -> Attachment | None:
     """The one path from a claim's configs to what the runtime executes: checked against the
     class's CNIPolicy, merged and validated as `cnidra validate` does, bound to the allocated
@@ -49,7 +52,9 @@ def resolve_attachment(
     `issues`) when the request cannot be attached. `verdicts`: the same verdict, remembered
     for configs judged before (prepare's). `node`: the node's links as they are now; with it,
     the bound network's host-side effects are judged (`cnidra.api.hostside`: values that would
-    change a shared host object pinned or refused)."""
+    change a shared host object pinned or refused). `granted`: the allocation result's
+    `consumedCapacity` (at `granted_where`), whose `bandwidth`, with the class's CNIPolicy's
+    `bandwidth`, is the rate limit the interface is held to (`Attachment.rate`)."""
     before = len(issues.errors)
     judge = verdicts.check_request if verdicts is not None else check_request
     resolved = judge(
@@ -76,6 +81,18 @@ def resolve_attachment(
     verdict = governing_policy(class_entries, claim.namespace, namespace_labels, Issues())
     node_links = verdict.policy.node_links if verdict.policy else []
     rules = verdict.policy.claims if verdict.covered and verdict.policy else None
+    try:
+        rate = enforced_rate(
+            granted,
+            verdict.policy.bandwidth if verdict.policy else None,
+            link_speed_bps(node, device.link),
+        )
+    except QuantityError as exc:
+        at = (granted_where or where) / "consumedCapacity" / BANDWIDTH_CAPACITY
+        issues.error(
+            at, f"the bandwidth the allocation granted is no rate cnidra can enforce: {exc}"
+        )
+        return None
     network = resolved.network
     if device.link is not None and device_network is None and network and network.trusted:
         # the request got a link, and the claim names the admin's network to run on it
@@ -113,7 +130,19 @@ def resolve_attachment(
         tenant_pool=tenant_chose_pool(resolved, class_entries),
         pool_ranges=tuple(ranges) if ranges is not None else None,
         tenant_static=bool(static),
+        rate=rate,
     )
+
+
+def link_speed_bps(node: NodeFacts | None, link: str | None) -> int | None:
+    """The allocated link's speed in bits per second, as the inventory read it (the
+    `bandwidth` capacity its device publishes); None: not known."""
+    if node is None or not link:
+        return None
+    facts = node.links.get(link)
+    if facts is None or not facts.speed_mbps:
+        return None
+    return facts.speed_mbps * 10**6
 
 
 def tenant_static_ipam(

@@ -169,6 +169,7 @@ def node_facts(links: Iterable[Link]) -> NodeFacts:
                 link.mtu,
                 (*link.ipv4, *link.ipv6),
                 link.vlan_filtering,
+                link.speed_mbps,
             )
             for link in links
             if not link.absent

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from cnidra.api.bandwidth import QuantityError, Rate
 from cnidra.api.ownership import is_owned, owned_network, owned_network_name
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment
@@ -19,7 +20,9 @@ from cnidra.state.store import JsonDirStore
 
 log = logging.getLogger(__name__)
 # 2: networks carry cnidra's own name and state directories (`network_label` is the user's).
-VERSION = 2
+# 3: an attachment carries the rate limit it is held to (`rate`: {rate, ceil} in bit/s, or
+#    null); a version 2 record has none, read as no limit (what it was prepared with).
+VERSION = 3
 
 
 def attachment_to_json(att: Attachment) -> dict[str, Any]:
@@ -41,7 +44,27 @@ def attachment_to_json(att: Attachment) -> dict[str, Any]:
         "if_name_prefix": att.if_name_prefix,
         "status_name": att.status_name,
         "ipam_claim": att.ipam_claim,
+        "rate": rate_to_json(att.rate),
     }
+
+
+def rate_to_json(rate: Rate | None) -> dict[str, int] | None:
+    return None if rate is None else {"rate": rate.rate, "ceil": rate.ceil}
+
+
+def rate_from_json(data: Any) -> Rate | None:
+    """A checkpointed rate limit; absent (a record before version 3) or null: none.
+    ValueError (QuantityError) naming the field for one that is not a rate."""
+    if data is None:
+        return None
+    if not isinstance(data, Mapping):
+        raise ValueError(f"rate must be an object {{rate, ceil}} or null, got {data!r}")
+    try:
+        return Rate(data["rate"], data.get("ceil", data["rate"]))
+    except KeyError:
+        raise ValueError(f"rate must have a rate (bit/s), got {dict(data)!r}") from None
+    except QuantityError as exc:
+        raise ValueError(f"rate: {exc}") from None
 
 
 def attachment_from_json(data: Mapping[str, Any], claim: ObjectRef) -> Attachment:
@@ -63,6 +86,7 @@ def attachment_from_json(data: Mapping[str, Any], claim: ObjectRef) -> Attachmen
         if_name_prefix=data.get("if_name_prefix"),
         status_name=str(data.get("status_name") or ""),
         ipam_claim=data.get("ipam_claim"),
+        rate=rate_from_json(data.get("rate")),
     )
 
 
