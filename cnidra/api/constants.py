@@ -37,6 +37,9 @@ STATUS_HARDWARE_ADDRESS_MAX: Final = 128
 CONDITION_READY: Final = "Ready"
 REASON_READY: Final = "NetworkInterfaceReady"
 REASON_NOT_READY: Final = "NetworkInterfaceNotReady"
+# the rate limit an attached interface is held to (issue 44): present only where one is
+CONDITION_BANDWIDTH: Final = "BandwidthLimited"
+REASON_BANDWIDTH: Final = "RateLimitApplied"
 
 # cnidra interfaces one pod may have: all are ADDed within one NRI hook, whose time is bounded.
 DEFAULT_MAX_ATTACHMENTS: Final = 8

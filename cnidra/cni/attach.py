@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -147,6 +147,20 @@ class Budget:
     rollback: Deadline | None = None
 
 
+class SetupFailed(CNIRuntimeError):
+    """A step the caller runs on an interface once its ADD succeeded (`attach_all`'s
+    `after_add`: the rate limit its claim reserved) failed: the attachment counts as failed,
+    and is rolled back as a failed ADD is. `reason` is the metric label (one word)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+# what the caller runs on an attachment right after its ADD succeeded; SetupFailed fails it
+AfterAdd = Callable[[Attachment], Awaitable[None]]
+
+
 class AttachFailed(CNIRuntimeError):
     def __init__(self, outcomes: list[Outcome], failed: Outcome, cleanup_errors: list[str]) -> None:
         message = f"{failed.attachment.label}: {failed.error}"
@@ -166,8 +180,10 @@ async def attach_all(
     *,
     concurrent: bool = False,
     budget: Budget = Budget(),
+    after_add: AfterAdd | None = None,
 ) -> list[Outcome]:
-    """ADD each attachment in order. On the first failure (a plugin error, or the budget
+    """ADD each attachment in order, each followed by `after_add` (its SetupFailed is a failed
+    ADD). On the first failure (a plugin error, or the budget
     running out) DEL every attachment already added, the failing one included, then raise
     AttachFailed carrying every outcome. A cancelled caller owns the rollback: it knows
     what it recorded (the NRI hook DELs from its write-ahead record).
@@ -175,7 +191,9 @@ async def attach_all(
     `concurrent` ADDs them all at once instead (docs/cni-runtime.md says when that pays); if
     any fails, all are DELed."""
     if concurrent and len(attachments) > 1:
-        return await _attach_concurrently(runtime, attachments, container_id, netns, budget)
+        return await _attach_concurrently(
+            runtime, attachments, container_id, netns, budget, after_add
+        )
     outcomes: list[Outcome] = []
     for attachment in attachments:
         outcome = Outcome(attachment)
@@ -185,7 +203,10 @@ async def attach_all(
             outcome.result = await runtime.add(
                 attachment.netconf, attachment.runtime_conf(container_id, netns), budget.add
             )
+            if after_add is not None:
+                await after_add(attachment)
         except CNIRuntimeError as exc:
+            outcome.result = None
             outcome.seconds = time.perf_counter() - started
             outcome.error = _reason(exc)
             outcome.reason = reason_of(exc)
@@ -206,6 +227,7 @@ async def _attach_concurrently(
     container_id: str,
     netns: str,
     budget: Budget,
+    after_add: AfterAdd | None = None,
 ) -> list[Outcome]:
     outcomes = [Outcome(a) for a in attachments]
 
@@ -217,7 +239,10 @@ async def _attach_concurrently(
                 outcome.attachment.runtime_conf(container_id, netns),
                 budget.add,
             )
+            if after_add is not None:
+                await after_add(outcome.attachment)
         except CNIRuntimeError as exc:
+            outcome.result = None
             outcome.error = _reason(exc)
             outcome.reason = reason_of(exc)
         finally:
@@ -270,6 +295,8 @@ def reason_of(exc: CNIRuntimeError) -> str:
     timeout, not-found, protocol, or the CNI error code's name (plugin for codes of the
     plugin's own, 100 and up)."""
     cause = exc.cause if isinstance(exc, PluginFailed) else exc
+    if isinstance(cause, SetupFailed):
+        return cause.reason
     if isinstance(cause, PluginTimeout):
         return "timeout"
     if isinstance(cause, PluginNotFound):

@@ -22,22 +22,27 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from cnidra._proto.nri.v1alpha1 import api_pb2 as nri
+from cnidra.api.bandwidth import Rate
 from cnidra.api.constants import DEFAULT_MAX_ATTACHMENTS, DRIVER_NAME
 from cnidra.api.naming import NamingError, check_unique
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import (
+    AfterAdd,
     AttachFailed,
     Attachment,
     Budget,
     Outcome,
+    SetupFailed,
     attach_all,
     detach_all,
 )
 from cnidra.cni.invoke import Deadline
 from cnidra.cni.result import Result
 from cnidra.cni.runtime import CNIRuntime
+from cnidra.datapath import shaping
 from cnidra.observe import metrics
 from cnidra.observe.interfaces import PodInterface
 from cnidra.state import journal as events
@@ -64,9 +69,22 @@ DEFAULT_REQUEST_TIMEOUT = 2.0
 # interfaces and drop the connection).
 ATTACH_SHARE = 0.6
 ANSWER_SHARE = 0.9
+# the most one rate limit's apply or removal may take (within a hook: what is left of its ADD
+# budget, if less)
+SHAPING_TIMEOUT = shaping.DEFAULT_TIMEOUT_SECONDS
+REASON_SHAPING = "shaping"  # the ATTACH_FAILURES reason of a rate limit that failed
 # all of a pod's ADDs behind its sandbox, unless --attach-budget says otherwise: the driver
 # passes its plugin timeout (--cni-timeout)
 DEFAULT_BEHIND_SANDBOX = 10.0
+
+
+class Shaper(Protocol):
+    """Rate limits on pod interfaces (cnidra.datapath.shaping; tests pass a fake). Both raise
+    shaping.ShapingError (Gone: the namespace or interface is not there)."""
+
+    def apply(self, netns: str, interface: str, limit: Rate, *, timeout: float) -> object: ...
+
+    def remove(self, netns: str, interface: str, *, timeout: float) -> bool: ...
 
 
 class AttachError(Exception):
@@ -161,9 +179,12 @@ class PodLifecycle:
         journal: Journal | None = None,
         network_status: bool = True,
         hold_from_attach: bool = False,
+        shaper: Shaper = shaping,
     ) -> None:
         """`hold_from_attach`: a claim carries the detach finalizer from its first interface
-        on (two more requests per claim), not only once a DEL of its interfaces failed."""
+        on (two more requests per claim), not only once a DEL of its interfaces failed.
+        `shaper`: what holds an interface whose attachment has a `rate` to it, right after
+        its ADD (a failure fails the attachment), and removes it after an unplug's DEL."""
         self.checkpoint = checkpoint
         self.runtime = runtime
         self.store = store
@@ -179,6 +200,7 @@ class PodLifecycle:
         self.journal = journal or Journal(None)
         self.network_status = network_status
         self.hold_from_attach = hold_from_attach
+        self.shaper = shaper
         # claims whose finalizer may be set: asked for by this process, or left by an earlier
         # one (any claim of a record on disk at start; its process may have held it)
         self.held: set[ObjectRef] = {c for r in store.all() for c in r.claims()}
@@ -276,6 +298,7 @@ class PodLifecycle:
     async def _add(self, pod: nri.PodSandbox, record: SandboxRecord, behind_sandbox: bool) -> int:
         attachments = [a.attachment for a in record.attachments]
         started = time.perf_counter()
+        budget = self.budget.deadlines(behind_sandbox=behind_sandbox)
         try:
             outcomes = await attach_all(
                 self.runtime,
@@ -283,7 +306,8 @@ class PodLifecycle:
                 pod.id,
                 record.netns,
                 concurrent=self.concurrent,
-                budget=self.budget.deadlines(behind_sandbox=behind_sandbox),
+                budget=budget,
+                after_add=self._shape_after_add(record.netns, budget.add),
             )
         except asyncio.CancelledError:
             # the runtime gave up on the hook, or the connection dropped: a background detach
@@ -462,9 +486,15 @@ class PodLifecycle:
             pending = Attached(att, None, pending=True)
             await self.store.put(replace(record, attachments=(*record.attachments, pending)))
             started = time.perf_counter()
+            budget = self.budget.deadlines()
             try:
                 [outcome] = await attach_all(
-                    self.runtime, [att], sandbox_id, record.netns, budget=self.budget.deadlines()
+                    self.runtime,
+                    [att],
+                    sandbox_id,
+                    record.netns,
+                    budget=budget,
+                    after_add=self._shape_after_add(record.netns, budget.add),
                 )
             except AttachFailed as failed:
                 _count_failure(att, failed.failed.reason or "runtime")
@@ -511,6 +541,7 @@ class PodLifecycle:
             if errors:
                 self.journal.record(events.DETACH_FAILED, record.pod, sandbox_id, "; ".join(errors))
                 raise PlugError(f"pod {record.pod}: " + "; ".join(errors))
+            await self._unshape(record, [a.attachment for a in going])
             await self.store.put(replace(record, attachments=rest))
             self._annotate(record.pod, rest)
             key = (DRIVER_NAME, att.pool, att.device, att.share_id or "")
@@ -539,8 +570,55 @@ class PodLifecycle:
             if errors:
                 log.warning("undoing a half-done plug of %s: %s", record.pod, "; ".join(errors))
                 return
+            await self._unshape(record, [a.attachment for a in pending])
             rest = tuple(a for a in record.attachments if not a.pending)
             await self.store.put(replace(record, attachments=rest))
+
+    # ------------------------------------------------------------------ rate limits
+
+    def _shape_after_add(self, netns: str, deadline: Deadline | None) -> AfterAdd:
+        """Hold each attachment that has a `rate` to it right after its ADD, within what is
+        left of the ADD budget (at most SHAPING_TIMEOUT), in a thread: the event loop never
+        waits on netlink. A limit that cannot be applied fails the attachment (SetupFailed),
+        so it is rolled back and no interface runs without the limit its claim reserved."""
+
+        async def shape(att: Attachment) -> None:
+            if att.rate is None:
+                return
+            timeout = SHAPING_TIMEOUT
+            if deadline is not None:
+                timeout = min(timeout, deadline.remaining())
+            what = f"rate limit {att.rate} on {att.if_name}"
+            if timeout <= 0:
+                why = deadline.describe() if deadline is not None else "no time"
+                raise SetupFailed(f"{what} could not be applied: {why} ran out", REASON_SHAPING)
+            try:
+                await asyncio.to_thread(
+                    self.shaper.apply, netns, att.if_name, att.rate, timeout=timeout
+                )
+            except shaping.ShapingError as exc:
+                raise SetupFailed(f"{what} could not be applied: {exc}", REASON_SHAPING) from exc
+
+        return shape
+
+    async def _unshape(self, record: SandboxRecord, attachments: Sequence[Attachment]) -> None:
+        """Remove the rate limits of interfaces DELed from a live sandbox (its IFB stays in the
+        namespace otherwise); Gone is done. A failure is logged and journalled, not raised:
+        the interface is gone, what is left (an idle IFB) is replaced by the next apply."""
+        netns = self._netns_for_del(record)
+        for att in attachments:
+            if att.rate is None or not netns:
+                continue
+            try:
+                await asyncio.to_thread(
+                    self.shaper.remove, netns, att.if_name, timeout=SHAPING_TIMEOUT
+                )
+            except shaping.Gone:
+                continue
+            except shaping.ShapingError as exc:
+                message = f"removing the rate limit of {att.if_name}: {exc}"
+                log.warning("pod %s: %s", record.pod, message)
+                self.journal.record(events.DETACH_FAILED, record.pod, record.sandbox_id, message)
 
     # ------------------------------------------------------------------ detach
 

@@ -9,9 +9,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from cnidra.api.bandwidth import Rate, format_rate
 from cnidra.api.constants import (
+    CONDITION_BANDWIDTH,
     CONDITION_READY,
     DRIVER_NAME,
+    REASON_BANDWIDTH,
     REASON_NOT_READY,
     REASON_READY,
     STATUS_DATA_MAX_BYTES,
@@ -50,7 +53,26 @@ def device_status(
     if notes:
         condition["message"] = _clip(f"{condition['message']} ({'; '.join(notes)})")
     entry["conditions"] = [condition]
+    if outcome.ready and att.rate is not None:
+        entry["conditions"].append(
+            _condition(
+                "True",
+                REASON_BANDWIDTH,
+                rate_message(att.if_name, att.rate),
+                now,
+                observed_generation,
+                CONDITION_BANDWIDTH,
+            )
+        )
     return entry
+
+
+def rate_message(if_name: str, rate: Rate) -> str:
+    """What the BandwidthLimited condition says: the limit, in both directions, in bit/s."""
+    held = f"{if_name} is held to {format_rate(rate.rate)}bit/s in each direction"
+    if rate.burst:
+        return f"{held}, bursting to {format_rate(rate.ceil)}bit/s while the link has room"
+    return held
 
 
 def network_data_of(result: Result, if_name: str) -> tuple[dict[str, Any], list[str]]:
@@ -109,11 +131,16 @@ def _size(value: Any) -> int:
 
 
 def _condition(
-    status: str, reason: str, message: str, now: datetime | None, generation: int | None
+    status: str,
+    reason: str,
+    message: str,
+    now: datetime | None,
+    generation: int | None,
+    type_: str = CONDITION_READY,
 ) -> dict[str, Any]:
     stamp = (now or datetime.now(UTC)).replace(microsecond=0)
     cond: dict[str, Any] = {
-        "type": CONDITION_READY,
+        "type": type_,
         "status": status,
         "reason": reason,
         "message": _clip(message),

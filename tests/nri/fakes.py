@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from cnidra._proto.nri.v1alpha1 import api_pb2 as nri
+from cnidra.api.bandwidth import Rate
 from cnidra.api.ownership import owned_network, owned_network_name
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment
 from cnidra.cni.errors import PluginError, PluginTimeout
 from cnidra.cni.invoke import Deadline, Invocation, PluginExec
 from cnidra.cni.runtime import CNIRuntime
+from cnidra.datapath.shaping import InterfaceNotFound, ShapingError
 from cnidra.nri.hooks import PodHooks
 from cnidra.nri.lifecycle import HookBudget, PodLifecycle
 from cnidra.nri.reconcile import Reconciler
@@ -141,9 +143,11 @@ def prepare(
     pod_uids: str | tuple[str, ...],
     *devices: tuple[str, Mapping[str, Any]],
     on_demand: bool = False,
+    rate: Rate | None = None,
 ) -> PreparedClaim:
     """Checkpoint a claim for one pod or several (a shared claim): devices are (ifName,
-    network); `on_demand`: plugged through the node API, not at sandbox start."""
+    network); `on_demand`: plugged through the node API, not at sandbox start; `rate`: the
+    rate limit every device is held to."""
     ref = ObjectRef("ns", claim, f"{claim}-uid")
     prepared = PreparedClaim(
         ref,
@@ -158,12 +162,40 @@ def prepare(
                 f"dev{i}",
                 network_label=str(net["name"]).rsplit(".", 1)[-1],
                 on_demand=on_demand,
+                rate=rate,
             )
             for i, (if_name, net) in enumerate(devices)
         ),
     )
     checkpoint.put_blocking(prepared)
     return prepared
+
+
+@dataclass
+class FakeShaper:
+    """Rate limits kept in memory, by (netns, interface), with every call made; `failing`:
+    (operation, interface) pairs that raise ShapingError, `gone`: interfaces remove finds
+    Gone."""
+
+    limits: dict[tuple[str, str], Rate] = field(default_factory=dict)
+    calls: list[tuple[str, str, str, float]] = field(default_factory=list)
+    failing: set[tuple[str, str]] = field(default_factory=set)
+    gone: set[str] = field(default_factory=set)
+
+    def apply(self, netns: str, interface: str, limit: Rate, *, timeout: float) -> object:
+        self.calls.append(("apply", netns, interface, timeout))
+        if ("apply", interface) in self.failing:
+            raise ShapingError(f"shaping {interface} to {limit} in {netns}: RTNETLINK said no")
+        self.limits[(netns, interface)] = limit
+        return limit
+
+    def remove(self, netns: str, interface: str, *, timeout: float) -> bool:
+        self.calls.append(("remove", netns, interface, timeout))
+        if interface in self.gone:
+            raise InterfaceNotFound(f"{interface} is not in {netns}")
+        if ("remove", interface) in self.failing:
+            raise ShapingError(f"removing the limit of {interface}: RTNETLINK said no")
+        return self.limits.pop((netns, interface), None) is not None
 
 
 class RecordingStatus:
@@ -232,6 +264,7 @@ class Node:
         journal: Journal | None = None,
         background: bool = False,
         hold_from_attach: bool = False,
+        shaper: FakeShaper | None = None,
     ) -> Node:
         """A fresh process over `root`: what is on disk is all it knows."""
         plugins = plugins or FakePlugins()
@@ -250,6 +283,7 @@ class Node:
             max_attachments=3,
             journal=journal,
             hold_from_attach=hold_from_attach,
+            shaper=shaper if shaper is not None else FakeShaper(),
         )
         reconciler = Reconciler(lifecycle, layout.write_problem)
         hooks = PodHooks(lifecycle, reconciler, background=background)
