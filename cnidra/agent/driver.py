@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from cnidra._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from cnidra.agent.settings import DriverSettings
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.cni.runtime import CNIRuntime
+from cnidra.datapath import shaping
 from cnidra.dra.plugin import DRAService, RegistrationService
 from cnidra.dra.prepare import Preparer
 from cnidra.inventory.links import LinkFilter
@@ -60,6 +62,14 @@ STATUS_FLUSH_SECONDS = 5.0
 
 
 REASON_PREPARED = "Prepared"
+
+
+def read_limits(
+    netns: str, interfaces: Sequence[str], timeout: float
+) -> Mapping[str, shaping.Shaping]:
+    """The rate limits of a pod's interfaces, for the metrics and node describe (the caller
+    is off the event loop: the scrape's thread, or asyncio.to_thread)."""
+    return shaping.read_many(netns, interfaces, timeout=timeout)
 
 
 def prepared_message(claim: PreparedClaim, node: str) -> str:
@@ -171,6 +181,8 @@ class Driver:
             hold_from_attach=settings.claim_finalizer == "on-attach",
         )
         metrics.INTERFACES.source = self.lifecycle.interfaces
+        metrics.RATE_LIMITS.source = self.lifecycle.shaped_interfaces
+        metrics.RATE_LIMITS.read = read_limits
         self.reconciler = Reconciler(self.lifecycle, self.layout.write_problem)
         # fail closed: no claim is prepared (so no pod of it started) while the runtime cannot
         # tell cnidra about the pod's sandbox
@@ -189,7 +201,11 @@ class Driver:
         self.registration = RegistrationService(str(settings.dra_socket))
         self.registration.on_registered = self.publisher.check_slices
         self.node_api = NodeNetworksService(
-            self.node_records, self.journal, self.lifecycle, refusals=(PlugError,)
+            self.node_records,
+            self.journal,
+            self.lifecycle,
+            refusals=(PlugError,),
+            limits=read_limits,
         )
         self.tasks = Supervisor()
         self.health = grpc_health.aio.HealthServicer()  # type: ignore[attr-defined]

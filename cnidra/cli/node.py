@@ -179,6 +179,8 @@ def describe(
         out.print(f"    device {a.pool}/{a.device} on link {a.parent or '-'}")
         if a.ips or a.mac:
             out.print(f"    addresses {' '.join(a.ips) or '-'}, mac {a.mac or '-'}")
+        for text in bandwidth_lines(a):
+            out.print(f"    {text}")
         if output == "wide" and a.cni_result_json:
             out.print(f"    CNI result {a.cni_result_json}")
     out.print("Events:")
@@ -186,6 +188,37 @@ def describe(
         out.print(f"  {line(e)}")
     if not view.events:
         out.print("  none recorded")
+
+
+def bandwidth_lines(a: api.Attachment) -> list[str]:
+    """The rate limit an interface reserved, and what it holds now in each direction with
+    what the limit dropped: nothing when it reserved none."""
+    if not a.HasField("reserved"):
+        return []
+    lines = [f"bandwidth reserved {_rate(a.reserved)} each way"]
+    if not a.HasField("enforced"):
+        return lines
+    for name in ("egress", "ingress"):
+        if a.enforced.HasField(name):
+            d = getattr(a.enforced, name)
+            lines.append(
+                f"  {name:<8}enforced {_rate(d.limit)}: {d.sent_packets} packets sent, "
+                f"{d.drops} dropped, {d.overlimits} overlimits"
+            )
+        else:
+            lines.append(f"  {name:<8}not enforced")
+    if a.enforced.error:
+        lines.append(f"  problem: {a.enforced.error}")
+    return lines
+
+
+def _rate(limit: api.RateLimit) -> str:
+    from cnidra.api.bandwidth import format_rate
+
+    shown = f"{format_rate(limit.rate_bps)}bit/s"
+    if limit.ceil_bps > limit.rate_bps:
+        shown += f" (bursts to {format_rate(limit.ceil_bps)}bit/s)"
+    return shown
 
 
 def line(e: api.Event, wide: bool = False) -> str:

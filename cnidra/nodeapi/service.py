@@ -3,9 +3,10 @@ memory (what is on disk, loaded at start), never the apiserver; the journal's st
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -13,7 +14,15 @@ import grpc
 
 from cnidra._proto.node.v1alpha1 import api_pb2 as api
 from cnidra._proto.node.v1alpha1 import api_pb2_grpc as api_grpc
-from cnidra.nodeapi.views import NodeRecords, event_of, find_pod, pod_networks
+from cnidra.datapath import shaping
+from cnidra.nodeapi.views import (
+    NodeRecords,
+    add_enforced,
+    event_of,
+    find_pod,
+    pod_networks,
+    shaped_names,
+)
 from cnidra.state.journal import Entry, Journal
 
 log = logging.getLogger(__name__)
@@ -27,6 +36,12 @@ SERVER_OPTIONS = (
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_timeout_ms", 20_000),
 )
+
+
+# how long a query waits for the rate limits of a pod's interfaces (read in the pod's namespace)
+LIMITS_TIMEOUT = 2.0
+# (namespace path, interface names, timeout) -> what each holds (shaping.read_many)
+LimitReader = Callable[[str, Sequence[str], float], Mapping[str, shaping.Shaping]]
 
 
 class Plugger(Protocol):
@@ -44,8 +59,12 @@ class NodeNetworksService(api_grpc.NodeNetworksServicer):
         journal: Journal,
         plugger: Plugger | None = None,
         refusals: tuple[type[Exception], ...] = (),
+        limits: LimitReader | None = None,
     ) -> None:
+        """`limits`: reads the rate limits a pod's interfaces hold (shaping.read_many, run in
+        a thread), shown with the pod's networks when one pod is queried; None: not read."""
         self.records = records
+        self.limits = limits
         self.journal = journal
         self.plugger = plugger
         self.refusals = refusals  # a plug refused for a reason the caller can act on
@@ -70,7 +89,26 @@ class NodeNetworksService(api_grpc.NodeNetworksServicer):
                 f"pod {who} has no cnidra claim prepared and no interfaces on this node",
             )
         assert found is not None
+        await self._read_limits(found)
         return found
+
+    async def _read_limits(self, view: api.PodNetwork) -> None:
+        """What the pod's shaped interfaces hold now, read off the event loop and bounded:
+        a read that fails or takes too long is reported in the view, never fails the query."""
+        names = shaped_names(view)
+        if self.limits is None or not names:
+            return
+        try:
+            found = await asyncio.wait_for(
+                asyncio.to_thread(self.limits, view.netns, names, LIMITS_TIMEOUT),
+                LIMITS_TIMEOUT + 1.0,
+            )
+        except shaping.ShapingError as exc:
+            add_enforced(view, None, f"could not be read: {exc}")
+        except TimeoutError:
+            add_enforced(view, None, f"could not be read within {LIMITS_TIMEOUT:g}s")
+        else:
+            add_enforced(view, found)
 
     async def AttachNetwork(
         self, request: api.AttachNetworkRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -111,6 +149,7 @@ class NodeNetworksService(api_grpc.NodeNetworksServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         found = find_pod(self.records(), request.namespace, request.name, "")
         assert found is not None
+        await self._read_limits(found)
         return found
 
     async def WatchEvents(

@@ -4,13 +4,14 @@ journal alone: what `cnidra node` shows and the node API serves. Pure: no I/O, n
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from cnidra._proto.node.v1alpha1 import api_pb2 as api
 from cnidra.cni.attach import Attachment
 from cnidra.cni.errors import CNIRuntimeError
 from cnidra.cni.result import Result
+from cnidra.datapath import shaping
 from cnidra.state import journal as events
 from cnidra.state.checkpoint import PreparedClaim
 from cnidra.state.journal import Entry
@@ -128,6 +129,9 @@ def _attachment(attached: Attached, state: str) -> api.Attachment:
         state=state,
         share_id=att.share_id or "",
     )
+    if att.rate is not None:
+        out.reserved.rate_bps = att.rate.rate
+        out.reserved.ceil_bps = att.rate.ceil
     if attached.result is not None:
         out.cni_result_json = json.dumps(attached.result, sort_keys=True)
         try:
@@ -137,6 +141,40 @@ def _attachment(attached: Attached, state: str) -> api.Attachment:
         out.ips.extend(data.get("ips", []))
         out.mac = data.get("hardwareAddress", "")
     return out
+
+
+def shaped_names(view: api.PodNetwork) -> list[str]:
+    """The pod's attached interfaces that hold a rate limit (whose enforcement is read)."""
+    if view.state != "attached" or not view.netns:
+        return []
+    return [a.if_name for a in view.attachments if a.state == "attached" and a.HasField("reserved")]
+
+
+def add_enforced(
+    view: api.PodNetwork, found: Mapping[str, shaping.Shaping] | None, error: str = ""
+) -> None:
+    """What each shaped interface holds now (`found`, by name, from shaping.read_many), or
+    why it could not be read."""
+    for att in view.attachments:
+        if att.if_name not in shaped_names(view):
+            continue
+        shaped = (found or {}).get(att.if_name)
+        if shaped is None:
+            att.enforced.error = error or "no limit found on the interface"
+            continue
+        for name in ("egress", "ingress"):
+            direction: shaping.Direction | None = getattr(shaped, name)
+            if direction is None:
+                continue
+            out: api.ShapedDirection = getattr(att.enforced, name)
+            out.limit.rate_bps = direction.rate
+            out.limit.ceil_bps = direction.ceil
+            out.sent_bytes = direction.sent_bytes
+            out.sent_packets = direction.sent_packets
+            out.drops = direction.drops
+            out.overlimits = direction.overlimits
+        if not shaped.complete:
+            att.enforced.error = "the limit is there in one direction only"
 
 
 def _plugin_types(att: Attachment) -> Iterable[str]:

@@ -431,6 +431,16 @@ class PodLifecycle:
             if not a.pending and a.result is not None
         ]
 
+    def shaped_interfaces(self) -> list[PodInterface]:
+        """The attached interfaces that have a rate limit, for its telemetry."""
+        shaped = {
+            (r.netns, a.attachment.if_name)
+            for r in self.store.all()
+            for a in r.attachments
+            if a.attachment.rate is not None
+        }
+        return [i for i in self.interfaces() if (i.netns, i.interface) in shaped]
+
     def restore_status(self) -> None:
         """After a restart: re-derive the status of every attachment that is set up."""
         for record in self.store.all():

@@ -13,6 +13,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from cnidra.observe.interfaces import InterfaceCollector
+from cnidra.observe.ratelimits import RateLimitCollector
 
 REGISTRY = CollectorRegistry()
 
@@ -271,3 +272,5 @@ POOLS = PoolCollector()
 REGISTRY.register(POOLS)
 INTERFACES = InterfaceCollector()
 REGISTRY.register(INTERFACES)
+RATE_LIMITS = RateLimitCollector()
+REGISTRY.register(RATE_LIMITS)
