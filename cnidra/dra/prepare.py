@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
+from cnidra.api.bandwidth import BANDWIDTH_CAPACITY, QuantityError, granted_bps
 from cnidra.api.constants import (
     DEFAULT_MAX_ATTACHMENTS,
     DRIVER_NAME,
@@ -134,6 +135,16 @@ def resolve_claim(
                 "a link or network of this node (any more); the pod must be scheduled again"
             )
             continue
+        granted_where = RESULTS / typed.results.index(result)
+        try:  # the scheduler's grant, checked before the configs: its own message, not theirs
+            granted_bps(result.consumed_capacity)
+        except QuantityError as exc:
+            field = granted_where / "consumedCapacity" / BANDWIDTH_CAPACITY
+            problems.append(
+                f"request {request!r}: {field} is no rate cnidra can enforce on the interface: "
+                f"{exc}"
+            )
+            continue
         device = Device(result.pool, result.device, result.share_id, link or None)
         attachment = resolve_attachment(
             entries,
@@ -149,7 +160,7 @@ def resolve_claim(
             verdicts=verdicts,
             node=view.facts,
             granted=result.consumed_capacity,
-            granted_where=RESULTS / typed.results.index(result),
+            granted_where=granted_where,
         )
         if attachment is None:
             problems.append(_describe(request, entries, issues))

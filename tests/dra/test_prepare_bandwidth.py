@@ -13,9 +13,11 @@ import pytest
 
 from cnidra.api.bandwidth import MAX_RATE_BPS, Rate
 from cnidra.api.hostside import LinkFacts, NodeFacts
+from cnidra.api.issues import FieldPath, Issues
 from cnidra.api.nodes import NodeView
 from cnidra.dra.claim import read_claim
 from cnidra.dra.prepare import PrepareError, resolve_claim
+from cnidra.dra.resolve import Device, resolve_attachment
 from cnidra.state.checkpoint import VERSION, Checkpoint, PreparedClaim
 from cnidra.state.layout import StateLayout
 from tests.dra.test_prepare import DIRS, REF, VIEW, claim, prepared
@@ -89,7 +91,7 @@ def test_a_grant_that_is_no_rate_fails_prepare_naming_the_field(bad: str) -> Non
     with pytest.raises(PrepareError) as caught:
         resolve_claim(granting(bad), REF, "n1", DIRS, VIEW)
     message = str(caught.value)
-    assert "status.allocation.devices.results[0].consumedCapacity.bandwidth" in message
+    assert "status.allocation.devices.results[0].consumedCapacity.bandwidth is no rate" in message
     assert repr(bad) in message
 
 
@@ -126,3 +128,23 @@ def test_a_checkpointed_rate_that_is_none_is_set_aside(tmp_path: Path) -> None:
     (tmp_path / "claims").mkdir()
     (tmp_path / "claims" / "u1.json").write_text(json.dumps(copy.deepcopy(data)))
     assert Checkpoint(StateLayout(tmp_path)).for_pod("p") == []
+
+
+def test_resolve_attachment_names_the_grant_it_cannot_enforce() -> None:
+    """`cnidra.dra.resolve` on its own (prepare checks the grant first): the issue is at the
+    field given."""
+    typed = read_claim(claim())
+    issues = Issues()
+    where = FieldPath(("status", "allocation", "devices", "results", 0))
+    device = Device("n1", "eth1", None, "eth1")
+    att = resolve_attachment(
+        typed.configs, "net", REF, device, DIRS, issues, FieldPath(), granted={"bandwidth": "x"},
+        granted_where=where,
+    )  # fmt: skip
+    assert att is None
+    [error] = issues.errors
+    assert str(error.path) == "status.allocation.devices.results[0].consumedCapacity.bandwidth"
+    ok = resolve_attachment(
+        typed.configs, "net", REF, device, DIRS, Issues(), FieldPath(), granted={"bandwidth": "2M"}
+    )
+    assert ok is not None and ok.rate == Rate(2 * 10**6, 2 * 10**6)
