@@ -153,3 +153,21 @@ async def test_a_sandbox_stop_leaves_the_limit_to_the_namespace(tmp_path: Path) 
     await node.hooks.stop_pod_sandbox(pod("a"))
     assert [c[0] for c in shaper.calls] == ["apply"]
     assert node.store.get("a-sandbox") is None
+
+
+async def test_concurrent_adds_shape_each_and_a_failed_limit_rolls_all_back(
+    tmp_path: Path,
+) -> None:
+    shaper = FakeShaper()
+    node = shaped_node(tmp_path, shaper)
+    node.lifecycle.concurrent = True
+    await node.hooks.run_pod_sandbox(pod("a"))
+    assert shaper.limits == {(NETNS, "net1"): LIMIT}
+
+    failing = FakeShaper(failing={("apply", "net1")})
+    other = shaped_node(tmp_path / "b", failing)
+    other.lifecycle.concurrent = True
+    with pytest.raises(AttachError, match="rate limit 100Mbit/s on net1"):
+        await other.hooks.run_pod_sandbox(pod("a"))
+    assert sorted(c.if_name for c in other.plugins.commands("DEL")) == ["net1", "net2"]
+    assert other.store.get("a-sandbox") is None
