@@ -183,9 +183,9 @@ async def attach_all(
     after_add: AfterAdd | None = None,
 ) -> list[Outcome]:
     """ADD each attachment in order, each followed by `after_add` (its SetupFailed is a failed
-    ADD). On the first failure (a plugin error, or the budget
-    running out) DEL every attachment already added, the failing one included, then raise
-    AttachFailed carrying every outcome. A cancelled caller owns the rollback: it knows
+    ADD). On the first failure (a plugin error, the budget running out, a failed `after_add`)
+    DEL every attachment already added, the failing one included, then raise AttachFailed
+    carrying every outcome. A cancelled caller owns the rollback: it knows
     what it recorded (the NRI hook DELs from its write-ahead record).
 
     `concurrent` ADDs them all at once instead (docs/cni-runtime.md says when that pays); if
