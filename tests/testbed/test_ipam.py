@@ -437,9 +437,9 @@ def test_churn_with_driver_kills_and_apiserver_restarts_leaks_nothing_and_never_
     node2: DriverProcess,
     second_node: tb.Node,
 ) -> None:
-    """2,000 claims prepared and unprepared on two nodes, 20 at a time per node, as kubelet
-    does for pods; node 1's driver is killed (SIGKILL) in the middle of a prepare every 15
-    rounds, and the apiserver is stopped during the prepares of every 20th round. At every
+    """1,000 claims prepared and unprepared on two nodes, 20 at a time per node, as kubelet
+    does for pods; node 1's driver is killed (SIGKILL) in the middle of a prepare every 8
+    rounds, and the apiserver is stopped during the prepares of every 10th round. At every
     round the prepared claims' addresses are unique across the nodes; at the end nothing is
     leased."""
     make_pool(
@@ -453,7 +453,7 @@ def test_churn_with_driver_kills_and_apiserver_restarts_leaks_nothing_and_never_
         n.name: network_device_of(cluster, network, n)["name"] for n in (tb.NODE1, second_node)
     }
     drivers = {tb.NODE1.name: node1, second_node.name: node2}
-    rounds, per_node = 50, 20
+    rounds, per_node = 25, 20
     names: dict[str, list[tuple[str, str, str]]] = {tb.NODE1.name: [], second_node.name: []}
     docs, statuses = [], {}
     for node in (tb.NODE1, second_node):
@@ -494,7 +494,7 @@ def test_churn_with_driver_kills_and_apiserver_restarts_leaks_nothing_and_never_
         ]
     failed = refused = 0
     for r in range(rounds):
-        if r and r % 15 == 0:  # killed in the middle of a prepare, then kubelet's retry
+        if r and r % 8 == 0:  # killed in the middle of a prepare, then kubelet's retry
             batch = names[tb.NODE1.name][r * per_node : (r + 1) * per_node]
             killed = threading.Thread(target=attempt, args=(node1, batch))
             killed.start()
@@ -502,7 +502,7 @@ def test_churn_with_driver_kills_and_apiserver_restarts_leaks_nothing_and_never_
             node1.stop(signal.SIGKILL)
             killed.join()
             node1.start()
-        if r and r % 20 == 0:
+        if r and r % 10 == 0:
             tb.stop("kube-apiserver")
         for node_name, driver in drivers.items():
             batch = names[node_name][r * per_node : (r + 1) * per_node]
@@ -512,7 +512,7 @@ def test_churn_with_driver_kills_and_apiserver_restarts_leaks_nothing_and_never_
                 failed += 1
                 continue
             refused += sum(1 for c in answer.claims.values() if c.error)
-        if r and r % 20 == 0:
+        if r and r % 10 == 0:
             tb.start_apiserver(cluster.bins)
         held = held_addresses(node1, node2)
         assert len(held) == len(set(held)), f"round {r}: an address held twice: {sorted(held)}"
