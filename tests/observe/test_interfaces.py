@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from cnidra.cni import netns
 from cnidra.observe.interfaces import InterfaceCollector, PodInterface, parse_net_dev
-from tests.conftest import ip
+from tests.conftest import ip, ip_json
 
 HEADER = "Inter-| Receive | Transmit\n face |bytes packets errs drop ... |bytes packets ...\n"
 NET_DEV = (
@@ -65,22 +65,36 @@ def test_a_pods_interface_counts_its_traffic_and_its_series_goes_with_it(
     ip(node_netns, "link", "set", "host1", "up")
     ip(pod_netns, "addr", "add", "198.18.7.2/24", "dev", "net1")
     ip(pod_netns, "link", "set", "net1", "up")
-    with netns.entered(node_netns), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for _ in range(5):  # ARP first, then the datagrams
-            sock.sendto(b"x" * 100, ("198.18.7.2", 9))
-            time.sleep(0.1)
+    # a veth drops what is sent before both ends have carrier: wait for it, not for a time
+    deadline = time.monotonic() + 10
+    while not all(
+        "LOWER_UP" in ip_json(ns, "link", "show", dev)[0]["flags"]  # type: ignore[operator]
+        for ns, dev in ((node_netns, "host1"), (pod_netns, "net1"))
+    ):
+        assert time.monotonic() < deadline, "the veth never got carrier"
+        time.sleep(0.05)
     live = [PodInterface(str(pod_netns), "team-a", "web-0", "web-0-net", "data", "net1")]
     collector = InterfaceCollector()
     collector.source = lambda: live
-    text = _scrape(collector)
     labels = 'claim="web-0-net",interface="net1",namespace="team-a",pod="web-0",request="data"'
-    received = [
-        line
-        for line in text.splitlines()
-        if line.startswith("cnidra_pod_interface_receive_packets_total{") and labels in line
-    ]
-    assert received, text
-    assert float(received[0].rsplit(" ", 1)[1]) >= 3
+
+    def received() -> float:
+        text = _scrape(collector)
+        lines = [
+            line
+            for line in text.splitlines()
+            if line.startswith("cnidra_pod_interface_receive_packets_total{") and labels in line
+        ]
+        assert lines, text
+        return float(lines[0].rsplit(" ", 1)[1])
+
+    with netns.entered(node_netns), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _ in range(5):  # queued behind ARP, then sent
+            sock.sendto(b"x" * 100, ("198.18.7.2", 9))
+    while received() < 6:  # the ARP request and the five datagrams
+        assert time.monotonic() < deadline + 10, f"only {received()} packets counted"
+        time.sleep(0.05)
+    text = _scrape(collector)
     assert "cnidra_pod_interface_transmit_bytes_total{" in text
     assert "cnidra_pod_interface_receive_drops_total{" in text
     live.clear()  # the record went with the pod
