@@ -547,15 +547,7 @@ def _whereabouts_pool(
     spec: dict[str, Any] = {"ranges": ranges, "namespaces": [namespace]}
     if exclude:
         spec["exclude"] = [str(n) for n in exclude]
-    smallest = min(ipaddress.ip_network(r["subnet"]).num_addresses for r in ranges)
-    if smallest < BLOCK_SIZE_DEFAULT:
-        spec["blockSize"] = smallest  # a block must fit in the subnet
-    pool = _pool_document(source, spec)
-    try:
-        pool_from_object(pool)
-    except PoolError as exc:
-        raise Refused(f"{what}: whereabouts IPAM cannot become a pool: {exc}") from None
-    return pool
+    return _checked_pool(source, spec, what, "whereabouts")
 
 
 def _whereabouts_range(
@@ -656,6 +648,20 @@ def _exclude_held(pool: dict[str, Any], held: Sequence[Held], what: str) -> str:
         "that keeps its name (a StatefulSet's) too; once the Multus pods are gone, take them "
         "out of exclude (it may change; ranges may not)"
     )
+
+
+def _checked_pool(source: Source, spec: dict[str, Any], what: str, ipam: str) -> dict[str, Any]:
+    """The CNIIPPool of `spec` (its blocks made to fit its smallest range), as the driver will
+    read it; Refused naming the IPAM it came from if the driver would not."""
+    smallest = min(ipaddress.ip_network(r["subnet"]).num_addresses for r in spec["ranges"])
+    if smallest < BLOCK_SIZE_DEFAULT:
+        spec["blockSize"] = smallest  # a block must fit in the subnet
+    pool = _pool_document(source, spec)
+    try:
+        pool_from_object(pool)
+    except PoolError as exc:
+        raise Refused(f"{what}: {ipam} IPAM cannot become a pool: {exc}") from None
+    return pool
 
 
 def _pool_document(source: Source, spec: dict[str, Any]) -> dict[str, Any]:
@@ -765,14 +771,7 @@ def _host_local_pool(
     onto_pool, own = _split_routes(ipam.get("routes"), what)
     if onto_pool:
         spec["routes"] = onto_pool
-    smallest = min(ipaddress.ip_network(r["subnet"]).num_addresses for r in ranges)
-    if smallest < BLOCK_SIZE_DEFAULT:
-        spec["blockSize"] = smallest  # a block must fit in the subnet
-    pool = _pool_document(source, spec)
-    try:
-        pool_from_object(pool)
-    except PoolError as exc:
-        raise Refused(f"{what}: host-local IPAM cannot become a pool: {exc}") from None
+    pool = _checked_pool(source, spec, what, "host-local")
     notes: list[str] = []
     for key in sorted(k for k in ipam if k not in _HOST_LOCAL_FIELDS):
         why = (

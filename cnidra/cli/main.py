@@ -187,13 +187,7 @@ def parse_annotations(pairs: list[str], flag: str = "--namespace-annotation") ->
     out: dict[str, str] = {}
     for pair in pairs:
         key, eq, value = pair.partition("=")
-        prefix, slash, name = key.rpartition("/")
-        if (
-            not eq
-            or len(name) > 63
-            or not _LABEL_NAME.match(name)
-            or (slash and (len(prefix) > 253 or not _LABEL_PREFIX.match(prefix)))
-        ):
+        if not eq or not _is_key(key):
             raise usage_error(
                 f"{flag} {pair!r}: must be KEY=VALUE with KEY an annotation key (an optional DNS "
                 "subdomain and '/', then a name), e.g. "
@@ -201,6 +195,16 @@ def parse_annotations(pairs: list[str], flag: str = "--namespace-annotation") ->
             )
         out[key] = value
     return out
+
+
+def _is_key(key: str) -> bool:
+    """A Kubernetes label or annotation key: an optional DNS subdomain and '/', then a name."""
+    prefix, slash, name = key.rpartition("/")
+    return (
+        len(name) <= 63
+        and bool(_LABEL_NAME.match(name))
+        and (not slash or (len(prefix) <= 253 and bool(_LABEL_PREFIX.match(prefix))))
+    )
 
 
 def parse_labels(text: str, flag: str = "--namespace-labels") -> dict[str, str]:
@@ -216,12 +220,7 @@ def parse_labels(text: str, flag: str = "--namespace-labels") -> dict[str, str]:
         key, eq, value = pair.strip().partition("=")
         if not eq:
             raise usage_error(f"{flag} {pair!r}: not KEY=VALUE; {form}")
-        prefix, slash, name = key.rpartition("/")
-        if (
-            len(name) > 63
-            or not _LABEL_NAME.match(name)
-            or (slash and (len(prefix) > 253 or not _LABEL_PREFIX.match(prefix)))
-        ):
+        if not _is_key(key):
             raise usage_error(
                 f"{flag} {pair!r}: {key!r} is not a label key (an optional DNS subdomain and "
                 "'/', then at most 63 letters, digits, '-', '_' or '.', starting and ending "

@@ -363,36 +363,28 @@ def _shape_device(ipr: Any, index: int, limit: Rate) -> None:
     if root is None or root.kind != "htb" or root.handle != ROOT_HANDLE:
         # one step from whatever was there (noqueue, pfifo_fast, another's) to ours
         ipr.tc("replace", "htb", index, ROOT_HANDLE, parent=TC_H_ROOT, default=LIMIT_CLASS & 0xFFFF)
-    ceil_bytes = limit.ceil // 8
-    rate_bytes = limit.rate // 8
     # the ceiling first, then the limited class: each change is atomic, and in between the
     # class is held to its old limit or the new one, never none
-    ipr.tc(
-        "replace-class",
-        "htb",
-        index,
-        CEILING_CLASS,
-        parent=ROOT_HANDLE,
-        rate=ceil_bytes,
-        ceil=ceil_bytes,
-        burst=burst_bytes(limit.ceil),
-        cburst=burst_bytes(limit.ceil),
-        quantum=QUANTUM_BYTES,
-    )
-    ipr.tc(
-        "replace-class",
-        "htb",
-        index,
-        LIMIT_CLASS,
-        parent=CEILING_CLASS,
-        rate=rate_bytes,
-        ceil=ceil_bytes,
-        burst=burst_bytes(limit.rate),
-        cburst=burst_bytes(limit.ceil),
-        quantum=QUANTUM_BYTES,
-    )
+    _htb_class(ipr, index, CEILING_CLASS, ROOT_HANDLE, limit.ceil, limit.ceil)
+    _htb_class(ipr, index, LIMIT_CLASS, CEILING_CLASS, limit.rate, limit.ceil)
     ipr.tc(
         "replace", "pfifo", index, LEAF_HANDLE, parent=LIMIT_CLASS, limit=queue_packets(limit.ceil)
+    )
+
+
+def _htb_class(ipr: Any, index: int, handle: int, parent: int, rate: int, ceil: int) -> None:
+    """An HTB class at `rate` bit/s that may borrow up to `ceil` (replaced in place)."""
+    ipr.tc(
+        "replace-class",
+        "htb",
+        index,
+        handle,
+        parent=parent,
+        rate=rate // 8,
+        ceil=ceil // 8,
+        burst=burst_bytes(rate),
+        cburst=burst_bytes(ceil),
+        quantum=QUANTUM_BYTES,
     )
 
 
