@@ -13,10 +13,10 @@ import h2.connection
 import httpx2
 from lightkube import AsyncClient, Client
 from lightkube.config.kubeconfig import KubeConfig
-from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.resource_v1 import DeviceClass, ResourceSlice
 
+from cnidra.kube.api import Api, Invalid, NotFound, Transient, api_failure, get_or_none_sync
 from cnidra.observe import metrics
 
 FIELD_MANAGER = "cnidra"
@@ -96,12 +96,10 @@ def device_class_reader(client: Client) -> Callable[[str], Mapping[str, Any] | N
     """name -> the DeviceClass as a dict, None when there is none."""
 
     def read(name: str) -> Mapping[str, Any] | None:
-        try:
-            obj: dict[str, Any] = client.get(DeviceClass, name).to_dict()
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise
+        found = get_or_none_sync(client, DeviceClass, name)
+        if found is None:
+            return None
+        obj: dict[str, Any] = found.to_dict()
         return obj
 
     return read
@@ -129,39 +127,24 @@ PROBE_SECONDS = 10.0
 async def dra_api_problem(client: AsyncClient) -> str | None:
     """Why this cluster cannot run cnidra, when its apiserver says so (resource.k8s.io/v1 not
     served); None when it can or cannot be asked now (the driver starts and retries then)."""
-    import asyncio
-
     try:
-        async with asyncio.timeout(PROBE_SECONDS):
-            async for _ in client.list(ResourceSlice, chunk_size=1):
-                break
-    except ApiError as exc:
-        if exc.status.code == 404:
-            return f"the apiserver does not serve resource.k8s.io/v1 ResourceSlices: {MINIMUM}"
-        return None
+        await Api(client).first(ResourceSlice, within=PROBE_SECONDS)
+    except NotFound:
+        return f"the apiserver does not serve resource.k8s.io/v1 ResourceSlices: {MINIMUM}"
     except Exception:
         return None
     return None
 
 
-TRANSIENT_CODES = (429, 500, 502, 503, 504)
-
-
 def is_transient(exc: BaseException) -> bool:
-    """An apiserver answer another try may not get: throttled (429, API Priority and Fairness),
-    starting up ("storage is (re)initializing", 500/503), a proxy's 502/504, or the connection
-    itself failing."""
-    if isinstance(exc, ApiError):
-        return (exc.status.code or 0) in TRANSIENT_CODES
-    return isinstance(exc, httpx2.TransportError | OSError | TimeoutError)
+    """An apiserver answer another try may not get (cnidra.kube.api.Transient)."""
+    return isinstance(api_failure(exc), Transient)
 
 
 def retry_after(exc: BaseException) -> float | None:
     """The seconds a 429 or 503 asks to wait (Status.details.retryAfterSeconds), if any."""
-    if isinstance(exc, ApiError) and exc.status.details is not None:
-        seconds = exc.status.details.retryAfterSeconds
-        return float(seconds) if seconds else None
-    return None
+    failure = api_failure(exc)
+    return failure.retry_after if failure is not None else None
 
 
 async def with_retries(
@@ -238,17 +221,16 @@ async def probe_features(client: AsyncClient, node: str, driver: str) -> Cluster
     uses them (nothing is stored): a field it drops or refuses is a feature this cluster does
     not have, and the driver leaves it out of what it writes."""
     capacity, taints = True, True
+    api = Api(client)
     for _ in range(3):
         try:
             stored = await with_retries(
                 functools.partial(
-                    client.create, _probe_slice(node, driver, capacity, taints), dry_run=True
+                    api.create, _probe_slice(node, driver, capacity, taints), dry_run=True
                 )
             )
-        except ApiError as exc:
-            if exc.status.code != 422:
-                return ClusterFeatures(known=False)
-            text = (exc.status.message or "").lower()
+        except Invalid as exc:
+            text = exc.message.lower()
             if capacity and ("capacity" in text or "allowmultipleallocations" in text):
                 capacity = False
             elif taints and "taint" in text:

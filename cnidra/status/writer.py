@@ -33,22 +33,24 @@ import logging
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-
-from lightkube import AsyncClient
-from lightkube.core.exceptions import ApiError
-from lightkube.models.core_v1 import EventSource, ObjectReference
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event, Pod
-from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimStatus
-from lightkube.types import PatchType
 
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.loading import LoadError, load_json
 from cnidra.api.refs import ObjectRef
+from cnidra.kube.api import (
+    Api,
+    AsyncClient,
+    Invalid,
+    NotFound,
+    Pod,
+    RefusedForGood,
+    ResourceClaim,
+    ResourceClaimStatus,
+)
+from cnidra.kube.events import EventRecord, EventRecorder, Involved
 from cnidra.observe import metrics
 from cnidra.status.devices import NETWORK_STATUS_ANNOTATION
 from cnidra.util.aio import wait_set
@@ -73,27 +75,12 @@ _ANNOTATION_PATH = "/metadata/annotations/" + NETWORK_STATUS_ANNOTATION.replace(
 
 
 def refused_for_good(exc: BaseException) -> bool:
-    """An apiserver answer that no retry changes: forbidden (a policy, a terminating namespace),
-    not found, invalid, or a UID precondition of an object deleted and made again."""
-    if not isinstance(exc, ApiError):
-        return False
-    code = exc.status.code or 0
-    if code == 409:
-        return "uid" in (exc.status.message or "").lower()
-    return code in (400, 403, 404, 405, 410, 413, 415, 422)
+    """An apiserver answer that no retry changes (cnidra.kube.api.RefusedForGood)."""
+    return isinstance(exc, RefusedForGood)
 
 
-@dataclass
-class _Event:
-    pod: ObjectRef  # the object the Event is about: a Pod, or a claim (kind)
-    reason: str
-    message: str
-    type: str
-    attempts: int = 0
-    kind: str = "Pod"
-    # when it happened, not when the apiserver took it (a retry, a queue behind a burst):
-    # `kubectl get events` and `describe` show and sort by it; without it, "<unknown>"
-    at: datetime = field(default_factory=lambda: datetime.now(UTC))
+def _involved(ref: ObjectRef, kind: str) -> Involved:
+    return Involved(kind, ref.name, ref.namespace, ref.uid)
 
 
 DeviceKey = tuple[str, str, str, str]  # driver, pool, device, shareID
@@ -147,8 +134,10 @@ class StatusWriter:
         Event is one request). `node`: the node the Events come from (their source host and
         reporting instance, as kubelet's)."""
         self.client = client
+        self.api = Api(client, REQUEST_TIMEOUT) if client is not None else None
         self.component = component
         self.node = node
+        self.recorder = EventRecorder(component, node)
         self.releases = releases
         self.normal_events = normal_events
         self._devices: dict[ObjectRef, dict[DeviceKey, dict[str, Any]]] = {}
@@ -157,7 +146,7 @@ class StatusWriter:
         self._written: dict[ObjectRef, list[dict[str, Any]]] = {}
         self._finalizer: dict[ObjectRef, bool] = {}
         self._finalizer_written: dict[ObjectRef, bool] = {}
-        self._events: deque[_Event] = deque(maxlen=MAX_EVENTS)
+        self._events: deque[EventRecord] = deque(maxlen=MAX_EVENTS)
         self._events_backoff = Backoff(0.5, 30.0)
         self._events_due = 0.0
         # pod -> its cnidra interfaces as network-status entries, waiting to be written
@@ -263,18 +252,18 @@ class StatusWriter:
     def event(self, pod: ObjectRef, reason: str, message: str, type_: str = "Warning") -> None:
         if type_ == "Normal" and not self.normal_events:
             return
-        self._queue(_Event(pod, reason, message, type_))
+        self._queue(EventRecord(_involved(pod, "Pod"), reason, message, type_))
 
     def claim_event(self, claim: ObjectRef, reason: str, message: str) -> None:
         """A Normal Event on a ResourceClaim (same queue, bounds and retries as pods')."""
         if self.normal_events:
-            self._queue(_Event(claim, reason, message, "Normal", kind="ResourceClaim"))
+            self._queue(EventRecord(_involved(claim, "ResourceClaim"), reason, message, "Normal"))
 
     def node_event(self, node: str, reason: str, message: str, type_: str = "Normal") -> None:
         """An Event on the Node object (what `kubectl describe node` shows)."""
-        self._queue(_Event(ObjectRef("", node, ""), reason, message, type_, kind="Node"))
+        self._queue(EventRecord(Involved("Node", node), reason, message, type_))
 
-    def _queue(self, event: _Event) -> None:
+    def _queue(self, event: EventRecord) -> None:
         if len(self._events) == self._events.maxlen:
             metrics.POD_WRITES.labels("event", "dropped").inc()  # the oldest gives way
         self._events.append(event)
@@ -391,7 +380,7 @@ class StatusWriter:
         return wrote
 
     async def _apply_status(self, claim: ObjectRef, devices: list[dict[str, Any]]) -> None:
-        assert self.client is not None
+        assert self.api is not None
         body = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
@@ -399,31 +388,27 @@ class StatusWriter:
             "status": {"devices": devices},
         }
         try:
-            async with asyncio.timeout(REQUEST_TIMEOUT):
-                await self.client.patch(
-                    ResourceClaimStatus,
-                    claim.name,
-                    body,
-                    namespace=claim.namespace,
-                    patch_type=PatchType.APPLY,
-                    field_manager=STATUS_MANAGER,
-                    force=True,
-                )
-        except ApiError as exc:
-            if exc.status.code != 404 and refused_for_good(exc):  # 409 UID: the claim was deleted
-                # refused for good (the claim no longer allocated to this node, a status the
-                # API will never take): retrying every 30 s for the life of the driver fixes
-                # nothing and keeps the queue from draining
-                log.warning(
-                    "status of claim %s/%s refused (%s %s); not retried",
-                    claim.namespace, claim.name, exc.status.code, exc.status.message,
-                )  # fmt: skip
-                metrics.STATUS_WRITES.labels("refused").inc()
-            elif exc.status.code != 404:  # 404: the claim is gone, nothing left to report
-                raise
+            await self.api.apply(
+                ResourceClaimStatus,
+                claim.name,
+                body,
+                namespace=claim.namespace,
+                field_manager=STATUS_MANAGER,
+            )
+        except NotFound:
+            pass  # the claim is gone, nothing left to report
+        except RefusedForGood as exc:  # 409 UID: the claim was deleted
+            # refused for good (the claim no longer allocated to this node, a status the
+            # API will never take): retrying every 30 s for the life of the driver fixes
+            # nothing and keeps the queue from draining
+            log.warning(
+                "status of claim %s/%s refused (%s %s); not retried",
+                claim.namespace, claim.name, exc.code, exc.message,
+            )  # fmt: skip
+            metrics.STATUS_WRITES.labels("refused").inc()
 
     async def _apply_finalizer(self, claim: ObjectRef, wanted: bool) -> None:
-        assert self.client is not None
+        assert self.api is not None
         meta: dict[str, Any] = {
             "name": claim.name,
             "namespace": claim.namespace,
@@ -431,25 +416,21 @@ class StatusWriter:
             "finalizers": [FINALIZER] if wanted else [],
         }
         try:
-            async with asyncio.timeout(REQUEST_TIMEOUT):
-                await self.client.patch(
-                    ResourceClaim,
-                    claim.name,
-                    {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta},
-                    namespace=claim.namespace,
-                    patch_type=PatchType.APPLY,
-                    field_manager=FINALIZER_MANAGER,
-                    force=True,
-                )
-        except ApiError as exc:
-            if not refused_for_good(exc):
-                raise
-            if exc.status.code != 404:  # gone: nothing to hold or release
-                log.warning(
-                    "finalizer of claim %s/%s refused (%s %s); not retried",
-                    claim.namespace, claim.name, exc.status.code, exc.status.message,
-                )  # fmt: skip
-                metrics.STATUS_WRITES.labels("refused").inc()
+            await self.api.apply(
+                ResourceClaim,
+                claim.name,
+                {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta},
+                namespace=claim.namespace,
+                field_manager=FINALIZER_MANAGER,
+            )
+        except NotFound:
+            pass  # gone: nothing to hold or release
+        except RefusedForGood as exc:
+            log.warning(
+                "finalizer of claim %s/%s refused (%s %s); not retried",
+                claim.namespace, claim.name, exc.code, exc.message,
+            )  # fmt: skip
+            metrics.STATUS_WRITES.labels("refused").inc()
 
     async def _write_pod_networks(self) -> None:
         """Each pod due on its own backoff: one pod's failure never holds up another's."""
@@ -492,17 +473,14 @@ class StatusWriter:
     async def _annotate(
         self, pod: ObjectRef, statuses: list[dict[str, Any]], seen: SeenAnnotations | None
     ) -> None:
-        if self.client is None:
+        if self.api is None:
             return
         if seen is not None and self._patch_seen and await self._patch_against(pod, statuses, seen):
             return
-        try:
-            obj = await self.client.get(Pod, pod.name, namespace=pod.namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                self._written_interfaces.pop(pod, None)
-                return
-            raise
+        obj = await self.api.get_or_none(Pod, pod.name, pod.namespace)
+        if obj is None:
+            self._written_interfaces.pop(pod, None)
+            return
         if obj.metadata is None or obj.metadata.uid != pod.uid:
             self._written_interfaces.pop(pod, None)
             return  # another pod of the same name now
@@ -520,9 +498,7 @@ class StatusWriter:
                 "annotations": {NETWORK_STATUS_ANNOTATION: _dumps([*kept, *statuses])},
             }
         }
-        await self.client.patch(
-            Pod, pod.name, patch, namespace=pod.namespace, patch_type=PatchType.MERGE
-        )
+        await self.api.merge_patch(Pod, pod.name, patch, namespace=pod.namespace)
         self._wrote(pod, statuses)
 
     def _wrote(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
@@ -539,7 +515,7 @@ class StatusWriter:
         for null passes on a member that is missing: evanphx/json-patch v4.13.0 patch.go:689,
         what the apiserver applies), then sets it. False when a test failed (422: apiserver
         pkg/endpoints/handlers/patch.go:425): the caller reads the pod and merges."""
-        assert self.client is not None
+        assert self.api is not None
         ours = {s["interface"] for s in statuses} | self._written_interfaces.get(pod, set())
         value = _dumps([*other_entries(seen.network_status, ours, pod), *statuses])
         ops: list[dict[str, Any]] = [
@@ -559,17 +535,13 @@ class StatusWriter:
                 }
             )
         try:
-            await self.client.patch(
-                Pod, pod.name, ops, namespace=pod.namespace, patch_type=PatchType.JSON
-            )
-        except ApiError as exc:
-            if exc.status.code == 404:
-                self._written_interfaces.pop(pod, None)
-                return True  # gone: nobody reads its networks any more
-            if exc.status.code == 422:
-                self._patch_seen = False
-                return False
-            raise
+            await self.api.json_patch(Pod, pod.name, ops, namespace=pod.namespace)
+        except NotFound:
+            self._written_interfaces.pop(pod, None)
+            return True  # gone: nobody reads its networks any more
+        except Invalid:
+            self._patch_seen = False
+            return False
         self._wrote(pod, statuses)
         return True
 
@@ -577,36 +549,13 @@ class StatusWriter:
         """The queued Events in order; one the apiserver refuses for good is dropped, one that
         fails otherwise is tried again later (at most EVENT_ATTEMPTS times), and the rest wait
         for the backoff rather than hammering an apiserver that is down."""
-        if self.client is None:
+        if self.api is None:
             self._events.clear()
             return
         while self._events:
             item = self._events[0]
-            event = Event(
-                # a cluster-scoped object's Events live in the default namespace
-                metadata=ObjectMeta(
-                    generateName=f"{item.pod.name}.", namespace=item.pod.namespace or "default"
-                ),
-                involvedObject=ObjectReference(
-                    kind=item.kind,
-                    apiVersion="resource.k8s.io/v1" if item.kind == "ResourceClaim" else "v1",
-                    name=item.pod.name,
-                    namespace=item.pod.namespace or None,
-                    uid=item.pod.uid or None,
-                ),
-                reason=item.reason,
-                message=item.message[:1024],
-                type=item.type,
-                source=EventSource(component=self.component, host=self.node or None),
-                reportingComponent=self.component,
-                reportingInstance=self.node or None,
-                firstTimestamp=item.at,
-                lastTimestamp=item.at,
-                count=1,
-            )
             try:
-                async with asyncio.timeout(REQUEST_TIMEOUT):
-                    await self.client.create(event)
+                await self.recorder.send(self.api, item)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -614,7 +563,7 @@ class StatusWriter:
                 if refused_for_good(exc) or item.attempts >= EVENT_ATTEMPTS:
                     log.warning(
                         "event %s for pod %s/%s dropped after %d attempt(s): %s",
-                        item.reason, item.pod.namespace, item.pod.name, item.attempts, exc,
+                        item.reason, item.about.namespace, item.about.name, item.attempts, exc,
                     )  # fmt: skip
                     metrics.POD_WRITES.labels("event", "refused").inc()
                     self._events.popleft()
@@ -623,7 +572,7 @@ class StatusWriter:
                 self._events_due = time.monotonic() + self._events_backoff.next()
                 log.warning(
                     "event for pod %s/%s not written (%s); retried",
-                    item.pod.namespace, item.pod.name, exc,
+                    item.about.namespace, item.about.name, exc,
                 )  # fmt: skip
                 return
             metrics.POD_WRITES.labels("event", "ok").inc()
