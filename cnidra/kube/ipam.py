@@ -18,9 +18,8 @@ from typing import Any, ParamSpec, TypeVar
 
 from lightkube import AsyncClient, operators
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
-from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
-from lightkube.resources.core_v1 import Event, Node
+from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from cnidra.api.constants import API_GROUP, API_VERSION, DRIVER_NAME
@@ -43,6 +42,7 @@ from cnidra.api.ipam import (
 )
 from cnidra.kube.api import Api, Conflict, NotFound
 from cnidra.kube.client import with_retries
+from cnidra.kube.events import EventRecord, EventRecorder, Involved
 
 log = logging.getLogger(__name__)
 CNIIPPool = create_global_resource(API_GROUP, "v1alpha1", POOL_KIND, POOL_PLURAL)
@@ -89,9 +89,11 @@ class KubeIPAM:
     the reconciler's next pass); an Event's create (record) would be written twice; the
     reconciler's reads (node_exists, addresses_in_use) are asked again by its next pass."""
 
-    def __init__(self, client: AsyncClient, timeout: float = 5.0) -> None:
+    def __init__(self, client: AsyncClient, timeout: float = 5.0, node: str = "") -> None:
+        """`node`: where the Events come from (their source host and reporting instance)."""
         self.client = client
         self.api = Api(client, timeout)
+        self.recorder = EventRecorder("cnidra", node)
         self.timeout = timeout
         self._node_uids: dict[str, str] = {}
 
@@ -283,21 +285,6 @@ class KubeIPAM:
         return found
 
     async def record(self, obj: Mapping[str, Any], reason: str, message: str) -> None:
-        meta = obj.get("metadata") or {}
-        namespace = str(meta.get("namespace"))
-        event = Event(
-            metadata=ObjectMeta(generateName=f"{meta.get('name')}.", namespace=namespace),
-            involvedObject=ObjectReference(
-                kind=IPAMCLAIM_KIND,
-                apiVersion=f"{IPAMCLAIM_GROUP}/{IPAMCLAIM_VERSION}",
-                name=str(meta.get("name")),
-                namespace=namespace,
-                uid=str(meta.get("uid")),
-            ),
-            reason=reason,
-            message=message[:1024],
-            type="Normal",
-            source=EventSource(component="cnidra"),
-            count=1,
-        )
-        await self.api.create(event)
+        """A Normal Event on the IPAMClaim `obj` (the one recorder's fields and times)."""
+        about = Involved.of(IPAMCLAIM_KIND, f"{IPAMCLAIM_GROUP}/{IPAMCLAIM_VERSION}", obj)
+        await self.recorder.send(self.api, EventRecord(about, reason, message, "Normal"))
