@@ -403,7 +403,9 @@ class SlicePublisher:
         triggers a publish (coalesced: `_quiet`). The messages are read for the link they name
         only (cnidra.inventory.events, a few struct reads, not pyroute2's decoding): a burst of
         pods makes hundreds of them about the pods' veths, which never re-read the links."""
+        backoff = Backoff(initial=NETLINK_RETRY, maximum=NETLINK_RETRY)
         while True:
+            started = time.monotonic()
             try:
                 with netlink_events(RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR) as sock:
                     readable = asyncio.Event()
@@ -422,9 +424,10 @@ class SlicePublisher:
                 raise
             except Exception as exc:
                 log.warning("netlink monitor failed (%s); relying on resync", exc)
-                await asyncio.sleep(5)
+                await asyncio.sleep(backoff.after_run(time.monotonic() - started))
 
 
+NETLINK_RETRY = 5.0  # seconds before a failed netlink monitor is opened again
 API_TIMEOUT = 10.0  # one apiserver call of the publisher (a LIST of its slices: three)
 BURST_LIMIT = 10  # a publish waits at most this many min_intervals for events to pause
 # rounds after a registration that check the slices are there: at once, then the next two (at

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -18,6 +17,7 @@ from lightkube.resources.resource_v1 import DeviceClass, ResourceSlice
 
 from cnidra.kube.api import Api, Invalid, NotFound, Transient, api_failure, get_or_none_sync
 from cnidra.observe import metrics
+from cnidra.util.backoff import Backoff
 
 FIELD_MANAGER = "cnidra"
 T = TypeVar("T")
@@ -136,6 +136,9 @@ async def dra_api_problem(client: AsyncClient) -> str | None:
     return None
 
 
+MAX_RETRY_WAIT = 5.0  # seconds, the longest with_retries waits between two tries
+
+
 def is_transient(exc: BaseException) -> bool:
     """An apiserver answer another try may not get (cnidra.kube.api.Transient)."""
     return isinstance(api_failure(exc), Transient)
@@ -151,18 +154,17 @@ async def with_retries(
     call: Callable[[], Awaitable[T]], *, attempts: int = 4, first_delay: float = 0.2
 ) -> T:
     """`call` again after a transient failure (is_transient), a bounded number of times, waiting
-    what the apiserver asked (capped at 5 s) or a doubling delay with jitter; anything else, or
-    the last failure, is raised."""
-    delay = first_delay
+    what the apiserver asked or the one backoff's doubling delay (cnidra.util.backoff, +-50 %
+    jitter), capped at MAX_RETRY_WAIT; anything else, or the last failure, is raised."""
+    backoff = Backoff(initial=first_delay, maximum=MAX_RETRY_WAIT, jitter=0.5)
     for attempt in range(attempts):
         try:
             return await call()
         except Exception as exc:
             if attempt == attempts - 1 or not is_transient(exc):
                 raise
-            wait = min(retry_after(exc) or delay * (0.5 + random.random()), 5.0)
-            await asyncio.sleep(wait)
-            delay *= 2
+            delay = backoff.next()
+            await asyncio.sleep(min(retry_after(exc) or delay, MAX_RETRY_WAIT))
     raise AssertionError("unreachable")
 
 

@@ -212,9 +212,8 @@ class ServedNetworks:
             except Exception as exc:
                 log.debug("CNINetwork watch ended (%s)", exc)
             self._stale = True
-            if self.clock() - started > 60:  # it ran: the apiserver ended it, as it does
-                backoff.reset()
-            await asyncio.sleep(backoff.next())
+            # one that ran a minute had worked: the apiserver ended it, as it does
+            await asyncio.sleep(backoff.after_run(self.clock() - started, settled=60.0))
 
     async def _watch_dir(self, changed: Callable[[], None]) -> None:
         last = None

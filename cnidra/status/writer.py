@@ -56,6 +56,7 @@ from cnidra.status.devices import NETWORK_STATUS_ANNOTATION
 from cnidra.util.aio import wait_set
 from cnidra.util.backoff import Backoff
 from cnidra.util.files import write_atomically
+from cnidra.util.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -157,9 +158,10 @@ class StatusWriter:
         # first saves the failed patch), on again when a read shows the runtime's view held
         self._patch_seen = True
         self._written_interfaces: dict[ObjectRef, set[str]] = {}
-        self._pods_backoff: dict[ObjectRef, Backoff] = {}
-        self._pods_due: dict[ObjectRef, float] = {}
-        self._dirty: dict[ObjectRef, float] = {}
+        # the pods whose network-status is to be written, and the claims whose status or
+        # finalizer is: each key due once, retried on its own backoff
+        self._pods: WorkQueue[ObjectRef] = WorkQueue(lambda: Backoff(0.5, 30.0))
+        self._claims: WorkQueue[ObjectRef] = WorkQueue(lambda: Backoff(0.5, 30.0))
         self._queued_at: dict[ObjectRef, float] = {}  # the oldest change not yet written
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
@@ -200,10 +202,10 @@ class StatusWriter:
             self._devices.pop(claim, None)
             self._written.pop(claim, None)
             if self._finalizer.get(claim) == self._finalizer_written.get(claim, None):
-                self._dirty.pop(claim, None)
+                self._claims.done(claim)
                 self._queued_at.pop(claim, None)
-        elif claim in self._dirty:
-            self._dirty[claim] = 0.0
+        elif claim in self._claims:
+            self._claims.add(claim)
             self._wake.set()
 
     def restore_releases(self, held: set[ObjectRef]) -> int:
@@ -242,8 +244,7 @@ class StatusWriter:
     async def flushed(self) -> None:
         """Return once everything queued is written, removals waiting out DROP_GRACE included
         (the worker must be running); the caller bounds the wait."""
-        for claim in self._dirty:
-            self._dirty[claim] = min(self._dirty[claim], 0.0)
+        self._claims.hurry()
         self._wake.set()
         while self.pending():
             self._drained.clear()
@@ -282,7 +283,7 @@ class StatusWriter:
             self._seen.pop(pod, None)
         else:
             self._seen[pod] = seen
-        self._pods_due.pop(pod, None)  # a new change is due now, whatever the last one's backoff
+        self._pods.add(pod)  # a new change is due now, whatever the last one's backoff
         self._wake.set()
 
     def pod_gone(self, pod: ObjectRef) -> None:
@@ -292,32 +293,25 @@ class StatusWriter:
         self._written_interfaces.pop(pod, None)
 
     def pending(self) -> int:
-        return len(self._dirty) + len(self._events) + len(self._pod_networks)
+        return len(self._claims) + len(self._events) + len(self._pod_networks)
 
     def _mark(self, claim: ObjectRef, delay: float = 0.0) -> None:
         # a new change is due now even while an earlier write waits out its backoff: a
         # finalizer release must not sit behind a 30 s retry of a status it supersedes; a
         # change that may wait (`delay`) never puts off one due sooner
-        if delay:
-            due = time.monotonic() + delay
-            self._dirty[claim] = min(self._dirty.get(claim, due), due)
-        else:
-            self._dirty[claim] = 0.0
+        self._claims.add(claim, delay)
+        if not delay:
             self._queued_at.setdefault(claim, time.monotonic())
         self._wake.set()
 
     # -- the worker
 
     async def run(self) -> None:
-        backoff: dict[ObjectRef, Backoff] = {}
         while True:
-            now = time.monotonic()
-            due = [c for c, at in self._dirty.items() if at <= now]
-            for claim in due:
+            for claim in self._claims.due():
                 try:
                     wrote = await self._apply(claim)
-                    self._dirty.pop(claim, None)
-                    backoff.pop(claim, None)
+                    self._claims.done(claim)
                     if wrote:
                         metrics.STATUS_WRITES.labels("ok").inc()
                     queued = self._queued_at.pop(claim, None)
@@ -327,8 +321,7 @@ class StatusWriter:
                     raise
                 except Exception as exc:
                     metrics.STATUS_WRITES.labels("error").inc()
-                    delay = backoff.setdefault(claim, Backoff(0.5, 30.0)).next()
-                    self._dirty[claim] = time.monotonic() + delay
+                    delay = self._claims.retry(claim)
                     log.warning(
                         "status of claim %s/%s not written (%s); retry in %.1fs",
                         claim.namespace,
@@ -342,8 +335,7 @@ class StatusWriter:
                 await self._write_pod_networks()
             if not self.pending():
                 self._drained.set()
-            waits = [at - time.monotonic() for at in self._dirty.values()]
-            waits += [self._pods_due.get(p, 0.0) - time.monotonic() for p in self._pod_networks]
+            waits = [w for w in (self._claims.wait(), self._pods.wait()) if w is not None]
             if self._events:
                 waits.append(self._events_due - time.monotonic())
             timeout = max(0.05, min(waits)) if waits else None
@@ -434,9 +426,7 @@ class StatusWriter:
 
     async def _write_pod_networks(self) -> None:
         """Each pod due on its own backoff: one pod's failure never holds up another's."""
-        for pod in list(self._pod_networks):
-            if self._pods_due.get(pod, 0.0) > time.monotonic():
-                continue
+        for pod in self._pods.due():
             statuses = self._pod_networks[pod]
             try:
                 async with asyncio.timeout(REQUEST_TIMEOUT):
@@ -453,8 +443,7 @@ class StatusWriter:
                     self._forget_pod(pod, statuses)
                     continue
                 metrics.POD_WRITES.labels("network-status", "error").inc()
-                delay = self._pods_backoff.setdefault(pod, Backoff(0.5, 30.0)).next()
-                self._pods_due[pod] = time.monotonic() + delay
+                delay = self._pods.retry(pod)
                 log.warning(
                     "network-status of pod %s/%s not written (%s); retry in %.1fs",
                     pod.namespace, pod.name, exc, delay,
@@ -464,11 +453,12 @@ class StatusWriter:
             self._forget_pod(pod, statuses)
 
     def _forget_pod(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
-        self._pods_backoff.pop(pod, None)
-        self._pods_due.pop(pod, None)
+        self._pods.done(pod)
         if self._pod_networks.get(pod) is statuses:  # not replaced meanwhile
             del self._pod_networks[pod]
             self._seen.pop(pod, None)
+        elif pod in self._pod_networks:  # replaced meanwhile: the new change is due now
+            self._pods.add(pod)
 
     async def _annotate(
         self, pod: ObjectRef, statuses: list[dict[str, Any]], seen: SeenAnnotations | None
