@@ -51,7 +51,7 @@ from cnidra.state.journal import Journal
 from cnidra.state.sandboxes import Attached, SandboxRecord, SandboxStore, State
 from cnidra.status.devices import NETWORK_STATUS_ANNOTATION, device_status, network_status
 from cnidra.status.metadata import DeviceMetadata
-from cnidra.status.writer import SeenAnnotations, StatusSink
+from cnidra.status.writer import DeviceKey, SeenAnnotations, StatusSink
 from cnidra.util.backoff import Backoff
 from cnidra.util.locks import Busy, KeyedLocks
 
@@ -554,8 +554,7 @@ class PodLifecycle:
             await self._unshape(record, [a.attachment for a in going])
             await self.store.put(replace(record, attachments=rest))
             self._annotate(record.pod, rest)
-            key = (DRIVER_NAME, att.pool, att.device, att.share_id or "")
-            self.status.drop(att.claim, [key])
+            self.status.drop(att.claim, [status_key(att)])
             if att.claim not in {c for r in self.store.all() for c in r.claims()}:
                 self._release(att.claim)
             self.journal.record(events.DETACHED, record.pod, sandbox_id, f"unplugged {att.if_name}")
@@ -677,6 +676,57 @@ class PodLifecycle:
             self.retry_detach(sandbox_id)
             return False
 
+    async def detach_claim(self, sandbox_id: str, claim: ObjectRef) -> bool:
+        """DEL the attachments of `claim` in the sandbox, and only those (NodeUnprepare of one
+        claim of a pod that has others); True when none of them is left. A sandbox whose
+        record is not `added` (a crash left it half-done, an ADD runs behind it) or that is
+        going, or whose every attachment is the claim's, is detached whole, as before. The
+        DEL is written ahead (the attachments marked pending: a crash leaves them to the
+        next Synchronize's `finish_unplugs`); a failure holds the claim and is kubelet's to
+        retry (NodeUnprepareResources fails)."""
+        if self.store.get(sandbox_id) is None:
+            return True
+        async with self.locks.hold(sandbox_id):
+            record = self.store.get(sandbox_id)
+            if record is None:
+                return True
+            going = [a for a in record.attachments if a.attachment.claim.uid == claim.uid]
+            if not going:
+                return True
+            if self._undone_anyway(record) or len(going) == len(record.attachments):
+                return await self._detach_held(sandbox_id, None, None, False)
+            marked = tuple(
+                replace(a, pending=True) if a in going else a for a in record.attachments
+            )
+            await self.store.put(replace(record, attachments=marked))
+            errors = await detach_all(
+                self.runtime,
+                [a.attachment for a in going],
+                sandbox_id,
+                self._netns_for_del(record),
+                on_done=_observe_del,
+            )
+            if errors:
+                message = "; ".join(errors)
+                log.warning("detach of claim %s from pod %s failed: %s", claim, record.pod, message)
+                self.journal.record(events.DETACH_FAILED, record.pod, sandbox_id, message)
+                self._hold(going[0].attachment.claim)
+                return False
+            await self._unshape(record, [a.attachment for a in going])
+            rest = tuple(a for a in record.attachments if a not in going)
+            await self.store.put(replace(record, attachments=rest))
+            self._annotate(record.pod, rest)
+            ref = going[0].attachment.claim
+            self.status.drop(ref, [status_key(a.attachment) for a in going])
+            if ref not in {c for r in self.store.all() for c in r.claims()}:
+                self._release(ref)
+            names = ", ".join(
+                f"{a.attachment.if_name} ({a.attachment.network_label})" for a in going
+            )
+            self.journal.record(events.DETACHED, record.pod, sandbox_id, f"detached {names}")
+            self.status.event(record.pod, REASON_REMOVED, f"Removed {names}", "Normal")
+            return True
+
     async def _detach_held(
         self,
         sandbox_id: str,
@@ -743,9 +793,7 @@ class PodLifecycle:
         in_use = {claim for other in self.store.all() for claim in other.claims()}
         for claim in record.claims():
             keys = [
-                (DRIVER_NAME, a.attachment.pool, a.attachment.device, a.attachment.share_id or "")
-                for a in record.attachments
-                if a.attachment.claim == claim
+                status_key(a.attachment) for a in record.attachments if a.attachment.claim == claim
             ]
             self.status.drop(claim, keys, later=True)  # the pod is likely going: see drop
             if claim not in in_use:  # another sandbox (a shared claim) may still use it
@@ -778,6 +826,11 @@ class PodLifecycle:
             except Exception:
                 log.exception("retrying the detach of sandbox %s", sandbox_id[:12])
             delay = backoff.next()
+
+
+def status_key(att: Attachment) -> DeviceKey:
+    """The claim's status.devices entry of the attachment: driver, pool, device, shareID."""
+    return (DRIVER_NAME, att.pool, att.device, att.share_id or "")
 
 
 def _network_of(att: Attachment) -> str:
