@@ -49,9 +49,14 @@ from cnidra.state import journal as events
 from cnidra.state.checkpoint import Checkpoint
 from cnidra.state.journal import Journal
 from cnidra.state.sandboxes import Attached, SandboxRecord, SandboxStore, State
-from cnidra.status.devices import NETWORK_STATUS_ANNOTATION, device_status, network_status
+from cnidra.status.devices import (
+    NETWORK_STATUS_ANNOTATION,
+    DeviceKey,
+    device_status_of,
+    network_status,
+)
 from cnidra.status.metadata import DeviceMetadata
-from cnidra.status.writer import DeviceKey, SeenAnnotations, StatusSink
+from cnidra.status.writer import SeenAnnotations, StatusSink
 from cnidra.util.backoff import Backoff
 from cnidra.util.locks import Busy, KeyedLocks
 
@@ -377,11 +382,11 @@ class PodLifecycle:
             if outcome.ready:
                 name = metrics.network_label(_network_of(outcome.attachment))
                 metrics.ATTACH_DURATION.labels(name).observe(outcome.seconds)
-            entry = device_status(outcome)
-            self.status.put(outcome.attachment.claim, entry)
+            device = device_status_of(outcome)
+            self.status.put(outcome.attachment.claim, device)
             if pod is not None and outcome.ready:
                 att = outcome.attachment
-                ips = ", ".join((entry.get("networkData") or {}).get("ips") or [])
+                ips = ", ".join((device.network_data or {}).get("ips") or [])
                 self.status.event(
                     pod,
                     REASON_ADDED,
@@ -389,11 +394,11 @@ class PodLifecycle:
                     f"(claim {att.claim.name}, request {att.request})",
                     "Normal",
                 )
-            if self.metadata is not None and outcome.ready and "networkData" in entry:
+            if self.metadata is not None and outcome.ready and device.network_data is not None:
                 att = outcome.attachment
                 try:  # local files, before the pod's containers start
                     self.metadata.attached(
-                        att.claim, att.request, att.pool, att.device, entry["networkData"]
+                        att.claim, att.request, att.pool, att.device, device.network_data
                     )
                 except OSError as exc:
                     log.warning("device metadata of claim %s: %s", att.claim, exc)
@@ -450,7 +455,7 @@ class PodLifecycle:
             for attached in record.attachments:
                 if attached.result is not None:
                     outcome = Outcome(attached.attachment, Result(attached.result))
-                    self.status.put(attached.attachment.claim, device_status(outcome))
+                    self.status.put(attached.attachment.claim, device_status_of(outcome))
 
     # ------------------------------------------------------------------ hot-plug
 

@@ -32,7 +32,6 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -52,7 +51,7 @@ from cnidra.kube.api import (
 )
 from cnidra.kube.events import EventRecord, EventRecorder, Involved
 from cnidra.observe import metrics
-from cnidra.status.devices import NETWORK_STATUS_ANNOTATION
+from cnidra.status.devices import NETWORK_STATUS_ANNOTATION, DeviceKey, DeviceStatus
 from cnidra.util.aio import wait_set
 from cnidra.util.backoff import Backoff
 from cnidra.util.files import write_atomically
@@ -84,9 +83,6 @@ def _involved(ref: ObjectRef, kind: str) -> Involved:
     return Involved(kind, ref.name, ref.namespace, ref.uid)
 
 
-DeviceKey = tuple[str, str, str, str]  # driver, pool, device, shareID
-
-
 @dataclass(frozen=True)
 class SeenAnnotations:
     """The pod's annotations as the runtime gave them with its sandbox (NRI's PodSandbox;
@@ -101,7 +97,7 @@ class SeenAnnotations:
 class StatusSink(Protocol):
     """What the pod lifecycle reports, without waiting: implemented by StatusWriter."""
 
-    def put(self, claim: ObjectRef, entry: dict[str, Any]) -> None: ...
+    def put(self, claim: ObjectRef, status: DeviceStatus) -> None: ...
     def drop(self, claim: ObjectRef, keys: list[DeviceKey], *, later: bool = False) -> None: ...
     def finalizer(self, claim: ObjectRef, present: bool) -> None: ...
     def released(self, claim: ObjectRef, generated: bool) -> None: ...
@@ -113,10 +109,6 @@ class StatusSink(Protocol):
         seen: SeenAnnotations | None = None,
     ) -> None: ...
     def pod_gone(self, pod: ObjectRef) -> None: ...
-
-
-def entry_key(entry: Mapping[str, Any]) -> DeviceKey:
-    return (entry["driver"], entry["pool"], entry["device"], entry.get("shareID") or "")
 
 
 class StatusWriter:
@@ -141,10 +133,10 @@ class StatusWriter:
         self.recorder = EventRecorder(component, node)
         self.releases = releases
         self.normal_events = normal_events
-        self._devices: dict[ObjectRef, dict[DeviceKey, dict[str, Any]]] = {}
+        self._devices: dict[ObjectRef, dict[DeviceKey, DeviceStatus]] = {}
         self._status_changed: set[ObjectRef] = set()  # claims whose status is to be written
         # what the apiserver has of a claim's entries, as written last (absent: not known)
-        self._written: dict[ObjectRef, list[dict[str, Any]]] = {}
+        self._written: dict[ObjectRef, list[DeviceStatus]] = {}
         self._finalizer: dict[ObjectRef, bool] = {}
         self._finalizer_written: dict[ObjectRef, bool] = {}
         self._events: deque[EventRecord] = deque(maxlen=MAX_EVENTS)
@@ -168,8 +160,8 @@ class StatusWriter:
 
     # -- producers: cheap, synchronous, never touch the network
 
-    def put(self, claim: ObjectRef, entry: dict[str, Any]) -> None:
-        self._devices.setdefault(claim, {})[entry_key(entry)] = entry
+    def put(self, claim: ObjectRef, status: DeviceStatus) -> None:
+        self._devices.setdefault(claim, {})[status.key] = status
         self._status_changed.add(claim)
         self._mark(claim)
 
@@ -351,7 +343,7 @@ class StatusWriter:
         if claim in self._status_changed:
             devices = list(self._devices.get(claim, {}).values())
             if self._written.get(claim) != devices:
-                await self._apply_status(claim, devices)
+                await self._apply_status(claim, [d.entry() for d in devices])
                 wrote = True
             self._status_changed.discard(claim)
             if devices:
