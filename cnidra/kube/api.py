@@ -45,6 +45,7 @@ __all__ = [
     "api_failure",
     "classify",
     "get_or_none_sync",
+    "get_sync",
 ]
 
 T = TypeVar("T")
@@ -287,13 +288,19 @@ class Api:
             raise
 
 
-def get_or_none_sync(client: Client, kind: Any, name: str) -> Any | None:
-    """A synchronous client's GET (the webhook's worker threads; the client's own timeout):
-    None when there is none (404), any other failure as an ApiFailure."""
+def get_sync(client: Client, kind: Any, name: str) -> Any:
+    """A synchronous client's GET (the webhook's worker threads; the client's own timeout), any
+    failure as an ApiFailure."""
     try:
         return client.get(kind, name)
     except (ApiError, httpx2.TransportError, OSError, TimeoutError) as exc:
-        if isinstance(api_failure(exc), NotFound):
-            return None
         _raise_as_failure(exc)
         raise
+
+
+def get_or_none_sync(client: Client, kind: Any, name: str) -> Any | None:
+    """get_sync, None when there is none (404)."""
+    try:
+        return get_sync(client, kind, name)
+    except NotFound:
+        return None

@@ -15,7 +15,15 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.resource_v1 import DeviceClass, ResourceSlice
 
-from cnidra.kube.api import Api, Invalid, NotFound, Transient, api_failure, get_or_none_sync
+from cnidra.kube.api import (
+    Api,
+    Invalid,
+    NotFound,
+    Transient,
+    api_failure,
+    get_or_none_sync,
+    get_sync,
+)
 from cnidra.observe import metrics
 from cnidra.util.backoff import Backoff
 
@@ -109,7 +117,7 @@ def namespace_labels_reader(client: Client) -> Callable[[str], Mapping[str, Any]
     """name -> the namespace's labels ({} when it has none)."""
 
     def read(name: str) -> Mapping[str, Any] | None:
-        obj = client.get(Namespace, name)
+        obj = get_sync(client, Namespace, name)
         return dict(obj.metadata.labels or {}) if obj.metadata else {}
 
     return read

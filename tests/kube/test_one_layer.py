@@ -126,3 +126,20 @@ async def test_get_or_none_and_delete_read_404_as_absent() -> None:
 async def test_every_call_has_a_timeout() -> None:
     with pytest.raises(Transient, match="TimeoutError"):
         await Api(Client(hang=True), timeout=0.01).get("Pod", "p")
+
+
+def test_the_webhooks_synchronous_reads_go_through_the_one_classifier() -> None:
+    from cnidra.kube.api import get_or_none_sync, get_sync
+
+    class Sync:
+        def __init__(self, code: int) -> None:
+            self.code = code
+
+        def get(self, kind: Any, name: str) -> str:
+            raise ApiError(status=Status(code=self.code, message="no"))
+
+    assert get_or_none_sync(Sync(404), "DeviceClass", "x") is None  # type: ignore[arg-type]
+    with pytest.raises(RefusedForGood):
+        get_sync(Sync(403), "Namespace", "x")  # type: ignore[arg-type]
+    with pytest.raises(Transient):
+        get_or_none_sync(Sync(503), "DeviceClass", "x")  # type: ignore[arg-type]
