@@ -380,3 +380,24 @@ async def test_unpreparing_a_sandboxes_only_claim_undoes_the_sandbox(tmp_path: P
     await node.hooks.run_pod_sandbox(pod("a"))
     await node.reconciler.unprepare_claim(claim.ref)
     assert len(node.store) == 0 and len(node.plugins.commands("DEL")) == 1
+
+
+async def test_a_failed_del_of_one_claim_holds_it_and_kubelets_retry_finishes(
+    tmp_path: Path,
+) -> None:
+    node = Node.start(tmp_path, FakePlugins(failing={"macvlan": "DEL"}))
+    one = prepare(node.checkpoint, "c1", "a-uid", ("net1", network("one", "macvlan")))
+    prepare(node.checkpoint, "c2", "a-uid", ("net2", network("two", "bridge")))
+    await node.hooks.run_pod_sandbox(pod("a"))
+    with pytest.raises(RuntimeError, match="still being removed"):
+        await node.reconciler.unprepare_claim(one.ref)
+    assert node.status.finalizers.get(one.ref) is True  # held while its interface remains
+    record = node.store.get("a-sandbox")
+    assert record is not None and [a.pending for a in record.attachments] == [True, False]
+
+    node.plugins.failing.clear()
+    await node.reconciler.unprepare_claim(one.ref)  # kubelet's retry
+    record = node.store.get("a-sandbox")
+    assert record is not None and [a.attachment.if_name for a in record.attachments] == ["net2"]
+    assert node.status.finalizers.get(one.ref) is False
+    assert [c.if_name for c in node.plugins.commands("DEL")] == ["net1", "net1"]
