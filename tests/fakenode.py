@@ -218,7 +218,7 @@ class FakeNode:
             if (
                 not status._events
                 and not status._pod_networks
-                and not any(at == 0.0 for at in status._dirty.values())
+                and not any(at == 0.0 for at in status._claims.due_times.values())
             ):
                 return
             await asyncio.sleep(0.01)  # seldom: each look is CPU the driver does not spend

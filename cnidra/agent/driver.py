@@ -92,7 +92,7 @@ class Driver:
         self.ipam = Allocator(
             settings.node_name,
             IPAMState(self.layout),
-            KubeIPAM(self.client, settings.api_timeout),
+            KubeIPAM(self.client, settings.api_timeout, settings.node_name),
             node_addresses=self._node_addresses,
         )
         self.publisher = SlicePublisher(

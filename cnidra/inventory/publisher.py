@@ -13,11 +13,6 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from lightkube import AsyncClient
-from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import Node
-from lightkube.resources.resource_v1 import ResourceSlice
-
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.ipam import pool_of
 from cnidra.api.networks import NamedNetwork
@@ -41,6 +36,7 @@ from cnidra.inventory.slices import (
     network_device_names,
     parents,
 )
+from cnidra.kube.api import Api, ApiFailure, AsyncClient, Node, NotFound, ResourceSlice
 from cnidra.observe import metrics
 from cnidra.util.aio import wait_set
 from cnidra.util.backoff import Backoff
@@ -121,6 +117,7 @@ class SlicePublisher:
         """`in_use`: the host links prepared claims use; one that disappears stays published,
         tainted (`absent`), so the scheduler and the pods' owners see it, until the claims go."""
         self.client = client
+        self.api = Api(client, API_TIMEOUT)
         self.settings = settings
         self.cni_path = list(cni_path)
         self.filter = link_filter or LinkFilter()
@@ -315,13 +312,11 @@ class SlicePublisher:
             return False
         self.generation += 1
         for obj in slices:
-            resource = ResourceSlice.from_dict(obj)
-            assert isinstance(resource, ResourceSlice)
-            await self.client.apply(resource, force=True)
+            await self.api.apply_object(ResourceSlice, obj)
         names = {s["metadata"]["name"] for s in slices}
         for stale in self._published_names - names:
-            with contextlib.suppress(ApiError):
-                await self.client.delete(ResourceSlice, stale)
+            with contextlib.suppress(ApiFailure):
+                await self.api.delete(ResourceSlice, stale)
         self._published, self._published_names = content(slices), names
         devices = sum(len(s["spec"]["devices"]) for s in slices)
         self.last_publish = time.time()
@@ -346,7 +341,7 @@ class SlicePublisher:
         backoff = Backoff(initial=0.2, maximum=10.0)
         while True:
             try:
-                node = await self.client.get(Node, self.settings.node)
+                node = await self.api.get(Node, self.settings.node)
                 assert node.metadata is not None
                 self.node_labels = dict(node.metadata.labels or {})
                 addresses = node.status.addresses if node.status else None
@@ -361,13 +356,8 @@ class SlicePublisher:
                     "uid": node.metadata.uid,
                     "controller": True,
                 }
-            except ApiError as exc:
-                if exc.status.code == 404:
-                    log.warning("node %s not registered yet; nothing published", self.settings.node)
-                else:
-                    log.warning(
-                        "cannot read node %s: %s; nothing published", self.settings.node, exc
-                    )
+            except NotFound:
+                log.warning("node %s not registered yet; nothing published", self.settings.node)
             except Exception as exc:
                 log.warning("cannot read node %s: %s; nothing published", self.settings.node, exc)
             await asyncio.sleep(backoff.next())
@@ -382,8 +372,8 @@ class SlicePublisher:
     async def _listed(self) -> dict[str, int]:
         """This driver's slices of this node on the apiserver now: name -> pool generation."""
         found: dict[str, int] = {}
-        async for obj in self.client.list(
-            ResourceSlice, fields={"spec.nodeName": self.settings.node}
+        for obj in await self.api.list(
+            ResourceSlice, fields={"spec.nodeName": self.settings.node}, within=API_TIMEOUT * 3
         ):
             data = obj.to_dict()
             if data["spec"].get("driver") == DRIVER_NAME:
@@ -413,7 +403,9 @@ class SlicePublisher:
         triggers a publish (coalesced: `_quiet`). The messages are read for the link they name
         only (cnidra.inventory.events, a few struct reads, not pyroute2's decoding): a burst of
         pods makes hundreds of them about the pods' veths, which never re-read the links."""
+        backoff = Backoff(initial=NETLINK_RETRY, maximum=NETLINK_RETRY)
         while True:
+            started = time.monotonic()
             try:
                 with netlink_events(RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR) as sock:
                     readable = asyncio.Event()
@@ -432,9 +424,11 @@ class SlicePublisher:
                 raise
             except Exception as exc:
                 log.warning("netlink monitor failed (%s); relying on resync", exc)
-                await asyncio.sleep(5)
+                await asyncio.sleep(backoff.after_run(time.monotonic() - started))
 
 
+NETLINK_RETRY = 5.0  # seconds before a failed netlink monitor is opened again
+API_TIMEOUT = 10.0  # one apiserver call of the publisher (a LIST of its slices: three)
 BURST_LIMIT = 10  # a publish waits at most this many min_intervals for events to pause
 # rounds after a registration that check the slices are there: at once, then the next two (at
 # rest, two resyncs: kubelet's deletion retries 1 s, 2 s, 4 s, ... apart while it fails)

@@ -13,18 +13,17 @@ down, the checkpoint answers for claims prepared before."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 from lightkube import AsyncClient
-from lightkube.core.exceptions import ApiError
 from lightkube.core.resource import ApiInfo, ResourceDef
 from lightkube.generic_resource import GenericNamespacedResource
 from lightkube.resources.core_v1 import Namespace
 
 from cnidra.api.errors import UnusableObject
+from cnidra.kube.api import Api, ApiFailure, NotFound
 from cnidra.observe import metrics
 
 log = logging.getLogger(__name__)
@@ -49,27 +48,27 @@ class ClaimDocument(GenericNamespacedResource):
 class ClaimGetter:
     def __init__(self, client: AsyncClient, timeout: float = 5.0) -> None:
         self.client = client
+        self.api = Api(client, timeout)
         self.timeout = timeout
 
     async def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         try:
-            async with asyncio.timeout(self.timeout):
-                obj = await self.client.get(ClaimDocument, name, namespace=namespace)
+            obj = await self.api.get(ClaimDocument, name, namespace)
         except RecursionError:
             metrics.CLAIM_LOOKUPS.labels("error").inc()
             raise UnusableObject(
                 f"claim {namespace}/{name} is nested too deeply to be read; it is refused"
             ) from None
-        except ApiError as exc:
-            if exc.status.code == 404:
-                metrics.CLAIM_LOOKUPS.labels("not-found").inc()
-                return None
+        except NotFound:
+            metrics.CLAIM_LOOKUPS.labels("not-found").inc()
+            return None
+        except Exception as exc:
             metrics.CLAIM_LOOKUPS.labels("error").inc()
-            raise ClaimUnavailable(f"apiserver refused GET {namespace}/{name}: {exc}") from None
-        except Exception as exc:  # timeouts, connection errors
-            metrics.CLAIM_LOOKUPS.labels("error").inc()
-            raise ClaimUnavailable(
-                f"apiserver unreachable for {namespace}/{name}: {type(exc).__name__}: {exc}"
+            if isinstance(exc, ApiFailure) and exc.code is not None:
+                raise ClaimUnavailable(f"apiserver refused GET {namespace}/{name}: {exc}") from None
+            cause = exc.__cause__ if isinstance(exc, ApiFailure) and exc.__cause__ else exc
+            raise ClaimUnavailable(  # timeouts, connection errors
+                f"apiserver unreachable for {namespace}/{name}: {type(cause).__name__}: {cause}"
             ) from None
         metrics.CLAIM_LOOKUPS.labels("ok").inc()
         return dict(obj)
@@ -81,12 +80,12 @@ class NamespaceGetter:
 
     def __init__(self, client: AsyncClient, timeout: float = 5.0) -> None:
         self.client = client
+        self.api = Api(client, timeout)
         self.timeout = timeout
 
     async def labels(self, namespace: str) -> Mapping[str, str] | None:
         try:
-            async with asyncio.timeout(self.timeout):
-                obj = await self.client.get(Namespace, namespace)
+            obj = await self.api.get(Namespace, namespace)
         except Exception as exc:
             log.warning("labels of namespace %s not read: %s", namespace, exc)
             return None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -13,11 +12,20 @@ import h2.connection
 import httpx2
 from lightkube import AsyncClient, Client
 from lightkube.config.kubeconfig import KubeConfig
-from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.resource_v1 import DeviceClass, ResourceSlice
 
+from cnidra.kube.api import (
+    Api,
+    Invalid,
+    NotFound,
+    Transient,
+    api_failure,
+    get_or_none_sync,
+    get_sync,
+)
 from cnidra.observe import metrics
+from cnidra.util.backoff import Backoff
 
 FIELD_MANAGER = "cnidra"
 T = TypeVar("T")
@@ -96,12 +104,10 @@ def device_class_reader(client: Client) -> Callable[[str], Mapping[str, Any] | N
     """name -> the DeviceClass as a dict, None when there is none."""
 
     def read(name: str) -> Mapping[str, Any] | None:
-        try:
-            obj: dict[str, Any] = client.get(DeviceClass, name).to_dict()
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise
+        found = get_or_none_sync(client, DeviceClass, name)
+        if found is None:
+            return None
+        obj: dict[str, Any] = found.to_dict()
         return obj
 
     return read
@@ -111,7 +117,7 @@ def namespace_labels_reader(client: Client) -> Callable[[str], Mapping[str, Any]
     """name -> the namespace's labels ({} when it has none)."""
 
     def read(name: str) -> Mapping[str, Any] | None:
-        obj = client.get(Namespace, name)
+        obj = get_sync(client, Namespace, name)
         return dict(obj.metadata.labels or {}) if obj.metadata else {}
 
     return read
@@ -129,57 +135,44 @@ PROBE_SECONDS = 10.0
 async def dra_api_problem(client: AsyncClient) -> str | None:
     """Why this cluster cannot run cnidra, when its apiserver says so (resource.k8s.io/v1 not
     served); None when it can or cannot be asked now (the driver starts and retries then)."""
-    import asyncio
-
     try:
-        async with asyncio.timeout(PROBE_SECONDS):
-            async for _ in client.list(ResourceSlice, chunk_size=1):
-                break
-    except ApiError as exc:
-        if exc.status.code == 404:
-            return f"the apiserver does not serve resource.k8s.io/v1 ResourceSlices: {MINIMUM}"
-        return None
+        await Api(client).first(ResourceSlice, within=PROBE_SECONDS)
+    except NotFound:
+        return f"the apiserver does not serve resource.k8s.io/v1 ResourceSlices: {MINIMUM}"
     except Exception:
         return None
     return None
 
 
-TRANSIENT_CODES = (429, 500, 502, 503, 504)
+MAX_RETRY_WAIT = 5.0  # seconds, the longest with_retries waits between two tries
 
 
 def is_transient(exc: BaseException) -> bool:
-    """An apiserver answer another try may not get: throttled (429, API Priority and Fairness),
-    starting up ("storage is (re)initializing", 500/503), a proxy's 502/504, or the connection
-    itself failing."""
-    if isinstance(exc, ApiError):
-        return (exc.status.code or 0) in TRANSIENT_CODES
-    return isinstance(exc, httpx2.TransportError | OSError | TimeoutError)
+    """An apiserver answer another try may not get (cnidra.kube.api.Transient)."""
+    return isinstance(api_failure(exc), Transient)
 
 
 def retry_after(exc: BaseException) -> float | None:
     """The seconds a 429 or 503 asks to wait (Status.details.retryAfterSeconds), if any."""
-    if isinstance(exc, ApiError) and exc.status.details is not None:
-        seconds = exc.status.details.retryAfterSeconds
-        return float(seconds) if seconds else None
-    return None
+    failure = api_failure(exc)
+    return failure.retry_after if failure is not None else None
 
 
 async def with_retries(
     call: Callable[[], Awaitable[T]], *, attempts: int = 4, first_delay: float = 0.2
 ) -> T:
     """`call` again after a transient failure (is_transient), a bounded number of times, waiting
-    what the apiserver asked (capped at 5 s) or a doubling delay with jitter; anything else, or
-    the last failure, is raised."""
-    delay = first_delay
+    what the apiserver asked or the one backoff's doubling delay (cnidra.util.backoff, +-50 %
+    jitter), capped at MAX_RETRY_WAIT; anything else, or the last failure, is raised."""
+    backoff = Backoff(initial=first_delay, maximum=MAX_RETRY_WAIT, jitter=0.5)
     for attempt in range(attempts):
         try:
             return await call()
         except Exception as exc:
             if attempt == attempts - 1 or not is_transient(exc):
                 raise
-            wait = min(retry_after(exc) or delay * (0.5 + random.random()), 5.0)
-            await asyncio.sleep(wait)
-            delay *= 2
+            delay = backoff.next()
+            await asyncio.sleep(min(retry_after(exc) or delay, MAX_RETRY_WAIT))
     raise AssertionError("unreachable")
 
 
@@ -238,17 +231,16 @@ async def probe_features(client: AsyncClient, node: str, driver: str) -> Cluster
     uses them (nothing is stored): a field it drops or refuses is a feature this cluster does
     not have, and the driver leaves it out of what it writes."""
     capacity, taints = True, True
+    api = Api(client)
     for _ in range(3):
         try:
             stored = await with_retries(
                 functools.partial(
-                    client.create, _probe_slice(node, driver, capacity, taints), dry_run=True
+                    api.create, _probe_slice(node, driver, capacity, taints), dry_run=True
                 )
             )
-        except ApiError as exc:
-            if exc.status.code != 422:
-                return ClusterFeatures(known=False)
-            text = (exc.status.message or "").lower()
+        except Invalid as exc:
+            text = exc.message.lower()
             if capacity and ("capacity" in text or "allowmultipleallocations" in text):
                 capacity = False
             elif taints and "taint" in text:

@@ -9,6 +9,7 @@ the allocator never sees one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import functools
 import logging
@@ -16,13 +17,10 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 from lightkube import AsyncClient, operators
-from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
-from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
-from lightkube.resources.core_v1 import Event, Node
+from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim
-from lightkube.types import PatchType
 
 from cnidra.api.constants import API_GROUP, API_VERSION, DRIVER_NAME
 from cnidra.api.ipam import (
@@ -42,7 +40,9 @@ from cnidra.api.ipam import (
     Block,
     BlockObject,
 )
+from cnidra.kube.api import Api, Conflict, NotFound
 from cnidra.kube.client import with_retries
+from cnidra.kube.events import EventRecord, EventRecorder, Involved
 
 log = logging.getLogger(__name__)
 CNIIPPool = create_global_resource(API_GROUP, "v1alpha1", POOL_KIND, POOL_PLURAL)
@@ -64,10 +64,6 @@ def _retried(method: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, An
         return await with_retries(lambda: method(*args, **kwargs))
 
     return retried
-
-
-def _missing(exc: ApiError) -> bool:
-    return exc.status.code == 404
 
 
 def _block_object(obj: Any) -> BlockObject:
@@ -93,8 +89,11 @@ class KubeIPAM:
     the reconciler's next pass); an Event's create (record) would be written twice; the
     reconciler's reads (node_exists, addresses_in_use) are asked again by its next pass."""
 
-    def __init__(self, client: AsyncClient, timeout: float = 5.0) -> None:
+    def __init__(self, client: AsyncClient, timeout: float = 5.0, node: str = "") -> None:
+        """`node`: where the Events come from (their source host and reporting instance)."""
         self.client = client
+        self.api = Api(client, timeout)
+        self.recorder = EventRecorder("cnidra", node)
         self.timeout = timeout
         self._node_uids: dict[str, str] = {}
 
@@ -102,8 +101,7 @@ class KubeIPAM:
         """The Node as a block's owner: its deletion deletes the block (garbage collection)."""
         uid = self._node_uids.get(node)
         if uid is None:
-            async with asyncio.timeout(self.timeout):
-                obj = await self.client.get(Node, node)
+            obj = await self.api.get(Node, node)
             uid = str(obj.metadata.uid if obj.metadata else "")
             if not uid:
                 raise RuntimeError(f"Node {node} has no UID")
@@ -112,44 +110,27 @@ class KubeIPAM:
 
     @_retried
     async def pool(self, name: str) -> Mapping[str, Any] | None:
-        try:
-            async with asyncio.timeout(self.timeout):
-                obj = await self.client.get(CNIIPPool, name)
-        except ApiError as exc:
-            if _missing(exc):
-                return None
-            raise
-        data: dict[str, Any] = obj.to_dict()  # type: ignore[no-untyped-call]
+        obj = await self.api.get_or_none(CNIIPPool, name)
+        if obj is None:
+            return None
+        data: dict[str, Any] = obj.to_dict()
         return data
 
     @_retried
     async def pools(self) -> list[Mapping[str, Any]]:
-        try:
-            async with asyncio.timeout(self.timeout * 4):
-                return [
-                    o.to_dict()  # type: ignore[no-untyped-call]
-                    async for o in self.client.list(CNIIPPool)
-                ]
-        except ApiError as exc:
-            if _missing(exc):  # the CRD is not installed: no pools
-                return []
-            raise
+        # the CRD not installed: no pools
+        found = await self.api.list(CNIIPPool, within=self.timeout * 4, missing_is_empty=True)
+        return [o.to_dict() for o in found]
 
     @_retried
     async def blocks(self, pool: str | None = None, node: str | None = None) -> list[BlockObject]:
         labels: dict[str, Any] = {
             k: v for k, v in ((LABEL_POOL, pool), (LABEL_NODE, node)) if v is not None
         }
-        try:
-            async with asyncio.timeout(self.timeout * 4):
-                return [
-                    _block_object(o)
-                    async for o in self.client.list(CNIIPBlock, labels=labels or None)
-                ]
-        except ApiError as exc:
-            if _missing(exc):  # the CRD is not installed: no blocks
-                return []
-            raise
+        found = await self.api.list(  # the CRD not installed: no blocks
+            CNIIPBlock, labels=labels or None, within=self.timeout * 4, missing_is_empty=True
+        )
+        return [_block_object(o) for o in found]
 
     @_retried
     async def create_block(self, block: Block, node: str) -> str | None:
@@ -168,38 +149,27 @@ class KubeIPAM:
             },
         )
         try:
-            async with asyncio.timeout(self.timeout):
-                created = await self.client.create(obj, field_manager="cnidra")
-        except ApiError as exc:
-            if exc.status.code == 409:
-                return await self._own_existing(block.name, node)
-            raise
+            created = await self.api.create(obj, field_manager="cnidra")
+        except Conflict:
+            return await self._own_existing(block.name, node)
         return str(created.metadata.uid if created.metadata else "")
 
     async def _own_existing(self, name: str, node: str) -> str | None:
         """A block that exists already: this node's when a create of ours went through but
         its answer was lost (a timeout, a dropped connection) and the create was retried;
         otherwise another node's (None)."""
-        try:
-            async with asyncio.timeout(self.timeout):
-                current = _block_object(await self.client.get(CNIIPBlock, name))
-        except ApiError as exc:
-            if _missing(exc):
-                return None  # deleted meanwhile: the caller tries the next block
-            raise
+        found = await self.api.get_or_none(CNIIPBlock, name)
+        if found is None:
+            return None  # deleted meanwhile: the caller tries the next block
+        current = _block_object(found)
         return current.uid if current.node == node and current.owned else None
 
     @_retried
     async def delete_block(self, name: str, uid: str) -> None:
-        try:
-            async with asyncio.timeout(self.timeout):
-                current = await self.client.get(CNIIPBlock, name)
-                if current.metadata is None or current.metadata.uid != uid:
-                    return  # deleted and reserved again since: not ours to delete
-                await self.client.delete(CNIIPBlock, name)
-        except ApiError as exc:
-            if not _missing(exc):
-                raise
+        current = await self.api.get_or_none(CNIIPBlock, name)
+        if current is None or current.metadata is None or current.metadata.uid != uid:
+            return  # gone, or deleted and reserved again since: not ours to delete
+        await self.api.delete(CNIIPBlock, name)
 
     async def own_block(self, block: BlockObject, node: str) -> None:
         """Give a block made before blocks had owners its Node as owner."""
@@ -210,19 +180,14 @@ class KubeIPAM:
                 "ownerReferences": [owner.to_dict()],
             }
         }
-        async with asyncio.timeout(self.timeout):
-            await self.client.patch(CNIIPBlock, block.name, patch, patch_type=PatchType.MERGE)
+        await self.api.merge_patch(CNIIPBlock, block.name, patch)
 
     @_retried
     async def ipamclaim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        try:
-            async with asyncio.timeout(self.timeout):
-                obj = await self.client.get(IPAMClaim, name, namespace=namespace)
-        except ApiError as exc:
-            if _missing(exc):
-                return None
-            raise
-        data: dict[str, Any] = obj.to_dict()  # type: ignore[no-untyped-call]
+        obj = await self.api.get_or_none(IPAMClaim, name, namespace)
+        if obj is None:
+            return None
+        data: dict[str, Any] = obj.to_dict()
         return data
 
     async def bind_ipamclaim(
@@ -235,8 +200,8 @@ class KubeIPAM:
             finalizers.append(IPAMCLAIM_FINALIZER)
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         try:
-            async with asyncio.timeout(self.timeout):
-                held = await self.client.patch(
+            async with asyncio.timeout(self.timeout):  # both patches together, as one call
+                held = await self.api.merge_patch(
                     IPAMClaim,
                     name,
                     {
@@ -247,7 +212,6 @@ class KubeIPAM:
                         }
                     },
                     namespace=namespace,
-                    patch_type=PatchType.MERGE,
                 )
                 version = held.metadata.resourceVersion if held.metadata else None
                 status = {
@@ -264,33 +228,26 @@ class KubeIPAM:
                         }
                     ],
                 }
-                await self.client.patch(
+                await self.api.merge_patch(
                     IPAMClaim.Status,
                     name,
                     {"metadata": {"resourceVersion": version}, "status": status},
                     namespace=namespace,
-                    patch_type=PatchType.MERGE,
                 )
-        except ApiError as exc:
-            if exc.status.code == 409:
-                return False
-            raise
+        except Conflict:
+            return False
         return True
 
     @_retried
     async def bound_ipamclaims(self) -> list[Mapping[str, Any]]:
-        try:
-            async with asyncio.timeout(self.timeout * 4):
-                return [
-                    o.to_dict()  # type: ignore[no-untyped-call]
-                    async for o in self.client.list(
-                        IPAMClaim, namespace="*", labels={IPAMCLAIM_NODE_LABEL: operators.exists()}
-                    )
-                ]
-        except ApiError as exc:
-            if _missing(exc):  # the IPAMClaim CRD is not installed
-                return []
-            raise
+        found = await self.api.list(  # the IPAMClaim CRD not installed: none
+            IPAMClaim,
+            namespace="*",
+            labels={IPAMCLAIM_NODE_LABEL: operators.exists()},
+            within=self.timeout * 4,
+            missing_is_empty=True,
+        )
+        return [o.to_dict() for o in found]
 
     async def unbind_ipamclaim(self, claim: Mapping[str, Any]) -> None:
         """Drop the finalizer (JSON patch: test the list is as read, then replace it)."""
@@ -303,61 +260,31 @@ class KubeIPAM:
             {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
             {"op": "replace", "path": "/metadata/finalizers", "value": left},
         ]
-        try:
-            async with asyncio.timeout(self.timeout):
-                await self.client.patch(
-                    IPAMClaim,
-                    str(meta.get("name")),
-                    patch,
-                    namespace=str(meta.get("namespace")),
-                    patch_type=PatchType.JSON,
-                )
-        except ApiError as exc:
-            if not _missing(exc):
-                raise
+        with contextlib.suppress(NotFound):
+            await self.api.json_patch(
+                IPAMClaim, str(meta.get("name")), patch, namespace=str(meta.get("namespace"))
+            )
 
     async def node_exists(self, name: str) -> bool:
-        try:
-            async with asyncio.timeout(self.timeout):
-                await self.client.get(Node, name)
-        except ApiError as exc:
-            if _missing(exc):
-                return False
-            raise
-        return True
+        return await self.api.get_or_none(Node, name) is not None
 
     async def addresses_in_use(self, namespace: str) -> dict[str, str]:
         found: dict[str, str] = {}
-        async with asyncio.timeout(self.timeout * 4):
-            async for claim in self.client.list(ResourceClaim, namespace=namespace):
-                status = claim.status
-                if status is None or status.allocation is None or not status.devices:
+        for claim in await self.api.list(
+            ResourceClaim, namespace=namespace, within=self.timeout * 4
+        ):
+            status = claim.status
+            if status is None or status.allocation is None or not status.devices:
+                continue
+            name = f"{namespace}/{claim.metadata.name if claim.metadata else ''}"
+            for device in status.devices:
+                if device.driver != DRIVER_NAME or device.networkData is None:
                     continue
-                name = f"{namespace}/{claim.metadata.name if claim.metadata else ''}"
-                for device in status.devices:
-                    if device.driver != DRIVER_NAME or device.networkData is None:
-                        continue
-                    for ip in device.networkData.ips or []:
-                        found[ip.split("/", 1)[0]] = name
+                for ip in device.networkData.ips or []:
+                    found[ip.split("/", 1)[0]] = name
         return found
 
     async def record(self, obj: Mapping[str, Any], reason: str, message: str) -> None:
-        meta = obj.get("metadata") or {}
-        namespace = str(meta.get("namespace"))
-        event = Event(
-            metadata=ObjectMeta(generateName=f"{meta.get('name')}.", namespace=namespace),
-            involvedObject=ObjectReference(
-                kind=IPAMCLAIM_KIND,
-                apiVersion=f"{IPAMCLAIM_GROUP}/{IPAMCLAIM_VERSION}",
-                name=str(meta.get("name")),
-                namespace=namespace,
-                uid=str(meta.get("uid")),
-            ),
-            reason=reason,
-            message=message[:1024],
-            type="Normal",
-            source=EventSource(component="cnidra"),
-            count=1,
-        )
-        async with asyncio.timeout(self.timeout):
-            await self.client.create(event)
+        """A Normal Event on the IPAMClaim `obj` (the one recorder's fields and times)."""
+        about = Involved.of(IPAMCLAIM_KIND, f"{IPAMCLAIM_GROUP}/{IPAMCLAIM_VERSION}", obj)
+        await self.recorder.send(self.api, EventRecord(about, reason, message, "Normal"))

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from lightkube import AsyncClient
-from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 
 from cnidra.api.constants import API_GROUP
@@ -32,6 +31,7 @@ from cnidra.api.networks import (
     node_conf,
     with_routes,
 )
+from cnidra.kube.api import Api
 from cnidra.util.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ class NetworkReader:
 
     def __init__(self, client: AsyncClient, conf_dir: Path, timeout: float = 5.0) -> None:
         self.client = client
+        self.api = Api(client, timeout)
         self.conf_dir = conf_dir
         self.timeout = timeout
 
@@ -118,13 +119,9 @@ class NetworkReader:
         return await asyncio.to_thread(read_node_conf, self.conf_dir, network_id)
 
     async def _get(self, kind: Any, name: str, namespace: str | None) -> dict[str, Any] | None:
-        try:
-            async with asyncio.timeout(self.timeout):
-                obj = await self.client.get(kind, name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise
+        obj = await self.api.get_or_none(kind, name, namespace)
+        if obj is None:
+            return None
         data: dict[str, Any] = obj.to_dict()
         return data
 
@@ -132,13 +129,8 @@ class NetworkReader:
 async def list_networks(client: AsyncClient, limit: float = 10.0) -> list[dict[str, Any]]:
     """Every CNINetwork, for the inventory (within `limit` seconds); [] when the CRD is not
     installed."""
-    try:
-        async with asyncio.timeout(limit):
-            return [dict(obj.to_dict()) async for obj in client.list(CNINetwork)]  # type: ignore[no-untyped-call]
-    except ApiError as exc:
-        if exc.status.code == 404:
-            return []
-        raise
+    found = await Api(client).list(CNINetwork, within=limit, missing_is_empty=True)
+    return [dict(obj.to_dict()) for obj in found]
 
 
 class ServedNetworks:
@@ -213,16 +205,15 @@ class ServedNetworks:
             # which marks the listing stale: what changed while no watch was held is read
             started = self.clock()
             try:
-                async for _event, _obj in self.client.watch(CNINetwork):
+                async for _event, _obj in Api(self.client).watch(CNINetwork):
                     self._changed_object(changed)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.debug("CNINetwork watch ended (%s)", exc)
             self._stale = True
-            if self.clock() - started > 60:  # it ran: the apiserver ended it, as it does
-                backoff.reset()
-            await asyncio.sleep(backoff.next())
+            # one that ran a minute had worked: the apiserver ended it, as it does
+            await asyncio.sleep(backoff.after_run(self.clock() - started, settled=60.0))
 
     async def _watch_dir(self, changed: Callable[[], None]) -> None:
         last = None

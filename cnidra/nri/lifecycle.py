@@ -49,7 +49,12 @@ from cnidra.state import journal as events
 from cnidra.state.checkpoint import Checkpoint
 from cnidra.state.journal import Journal
 from cnidra.state.sandboxes import Attached, SandboxRecord, SandboxStore, State
-from cnidra.status.devices import NETWORK_STATUS_ANNOTATION, device_status, network_status
+from cnidra.status.devices import (
+    NETWORK_STATUS_ANNOTATION,
+    DeviceKey,
+    device_status_of,
+    network_status,
+)
 from cnidra.status.metadata import DeviceMetadata
 from cnidra.status.writer import SeenAnnotations, StatusSink
 from cnidra.util.backoff import Backoff
@@ -377,11 +382,11 @@ class PodLifecycle:
             if outcome.ready:
                 name = metrics.network_label(_network_of(outcome.attachment))
                 metrics.ATTACH_DURATION.labels(name).observe(outcome.seconds)
-            entry = device_status(outcome)
-            self.status.put(outcome.attachment.claim, entry)
+            device = device_status_of(outcome)
+            self.status.put(outcome.attachment.claim, device)
             if pod is not None and outcome.ready:
                 att = outcome.attachment
-                ips = ", ".join((entry.get("networkData") or {}).get("ips") or [])
+                ips = ", ".join((device.network_data or {}).get("ips") or [])
                 self.status.event(
                     pod,
                     REASON_ADDED,
@@ -389,11 +394,11 @@ class PodLifecycle:
                     f"(claim {att.claim.name}, request {att.request})",
                     "Normal",
                 )
-            if self.metadata is not None and outcome.ready and "networkData" in entry:
+            if self.metadata is not None and outcome.ready and device.network_data is not None:
                 att = outcome.attachment
                 try:  # local files, before the pod's containers start
                     self.metadata.attached(
-                        att.claim, att.request, att.pool, att.device, entry["networkData"]
+                        att.claim, att.request, att.pool, att.device, device.network_data
                     )
                 except OSError as exc:
                     log.warning("device metadata of claim %s: %s", att.claim, exc)
@@ -450,7 +455,7 @@ class PodLifecycle:
             for attached in record.attachments:
                 if attached.result is not None:
                     outcome = Outcome(attached.attachment, Result(attached.result))
-                    self.status.put(attached.attachment.claim, device_status(outcome))
+                    self.status.put(attached.attachment.claim, device_status_of(outcome))
 
     # ------------------------------------------------------------------ hot-plug
 
@@ -554,8 +559,7 @@ class PodLifecycle:
             await self._unshape(record, [a.attachment for a in going])
             await self.store.put(replace(record, attachments=rest))
             self._annotate(record.pod, rest)
-            key = (DRIVER_NAME, att.pool, att.device, att.share_id or "")
-            self.status.drop(att.claim, [key])
+            self.status.drop(att.claim, [status_key(att)])
             if att.claim not in {c for r in self.store.all() for c in r.claims()}:
                 self._release(att.claim)
             self.journal.record(events.DETACHED, record.pod, sandbox_id, f"unplugged {att.if_name}")
@@ -677,6 +681,57 @@ class PodLifecycle:
             self.retry_detach(sandbox_id)
             return False
 
+    async def detach_claim(self, sandbox_id: str, claim: ObjectRef) -> bool:
+        """DEL the attachments of `claim` in the sandbox, and only those (NodeUnprepare of one
+        claim of a pod that has others); True when none of them is left. A sandbox whose
+        record is not `added` (a crash left it half-done, an ADD runs behind it) or that is
+        going, or whose every attachment is the claim's, is detached whole, as before. The
+        DEL is written ahead (the attachments marked pending: a crash leaves them to the
+        next Synchronize's `finish_unplugs`); a failure holds the claim and is kubelet's to
+        retry (NodeUnprepareResources fails)."""
+        if self.store.get(sandbox_id) is None:
+            return True
+        async with self.locks.hold(sandbox_id):
+            record = self.store.get(sandbox_id)
+            if record is None:
+                return True
+            going = [a for a in record.attachments if a.attachment.claim.uid == claim.uid]
+            if not going:
+                return True
+            if self._undone_anyway(record) or len(going) == len(record.attachments):
+                return await self._detach_held(sandbox_id, None, None, False)
+            marked = tuple(
+                replace(a, pending=True) if a in going else a for a in record.attachments
+            )
+            await self.store.put(replace(record, attachments=marked))
+            errors = await detach_all(
+                self.runtime,
+                [a.attachment for a in going],
+                sandbox_id,
+                self._netns_for_del(record),
+                on_done=_observe_del,
+            )
+            if errors:
+                message = "; ".join(errors)
+                log.warning("detach of claim %s from pod %s failed: %s", claim, record.pod, message)
+                self.journal.record(events.DETACH_FAILED, record.pod, sandbox_id, message)
+                self._hold(going[0].attachment.claim)
+                return False
+            await self._unshape(record, [a.attachment for a in going])
+            rest = tuple(a for a in record.attachments if a not in going)
+            await self.store.put(replace(record, attachments=rest))
+            self._annotate(record.pod, rest)
+            ref = going[0].attachment.claim
+            self.status.drop(ref, [status_key(a.attachment) for a in going])
+            if ref not in {c for r in self.store.all() for c in r.claims()}:
+                self._release(ref)
+            names = ", ".join(
+                f"{a.attachment.if_name} ({a.attachment.network_label})" for a in going
+            )
+            self.journal.record(events.DETACHED, record.pod, sandbox_id, f"detached {names}")
+            self.status.event(record.pod, REASON_REMOVED, f"Removed {names}", "Normal")
+            return True
+
     async def _detach_held(
         self,
         sandbox_id: str,
@@ -743,9 +798,7 @@ class PodLifecycle:
         in_use = {claim for other in self.store.all() for claim in other.claims()}
         for claim in record.claims():
             keys = [
-                (DRIVER_NAME, a.attachment.pool, a.attachment.device, a.attachment.share_id or "")
-                for a in record.attachments
-                if a.attachment.claim == claim
+                status_key(a.attachment) for a in record.attachments if a.attachment.claim == claim
             ]
             self.status.drop(claim, keys, later=True)  # the pod is likely going: see drop
             if claim not in in_use:  # another sandbox (a shared claim) may still use it
@@ -778,6 +831,11 @@ class PodLifecycle:
             except Exception:
                 log.exception("retrying the detach of sandbox %s", sandbox_id[:12])
             delay = backoff.next()
+
+
+def status_key(att: Attachment) -> DeviceKey:
+    """The claim's status.devices entry of the attachment: driver, pool, device, shareID."""
+    return (DRIVER_NAME, att.pool, att.device, att.share_id or "")
 
 
 def _network_of(att: Attachment) -> str:

@@ -132,12 +132,14 @@ class Reconciler:
                 log.warning("CNI GC of network %s: %s", net.name, exc)
 
     async def unprepare_claim(self, ref: ObjectRef) -> None:
-        """Called before a claim is forgotten: its interfaces must be gone first. Then the
+        """Called before a claim is forgotten: its interfaces must be gone first (DELed from
+        each sandbox that holds them, the sandbox's other attachments left alone). Then the
         status writer is told kubelet is done with it (what it need not write any more)."""
         for record in self.lifecycle.store.all():
-            if ref.uid in {c.uid for c in record.claims()} and not await self.lifecycle.detach(
-                record.sandbox_id, None
-            ):
+            # only the claim's own attachments: the sandbox's other claims' stay
+            if ref.uid in {
+                c.uid for c in record.claims()
+            } and not await self.lifecycle.detach_claim(record.sandbox_id, ref):
                 raise RuntimeError(
                     f"interfaces of claim {ref} in sandbox "
                     f"{record.sandbox_id[:12]} are still being removed"

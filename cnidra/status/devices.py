@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,23 +29,72 @@ from cnidra.cni.result import Result
 MESSAGE_MAX = 32768  # metav1.Condition.message
 
 
+DeviceKey = tuple[str, str, str, str]  # driver, pool, device, shareID
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    """One ResourceClaim `status.devices` entry of cnidra's, typed: which device (its key), its
+    conditions, its networkData and its CNI result (`data`, fitted to the API's limits)."""
+
+    pool: str
+    device: str
+    share_id: str
+    conditions: tuple[Mapping[str, Any], ...]
+    network_data: Mapping[str, Any] | None = None
+    data: Mapping[str, Any] | None = None
+    driver: str = DRIVER_NAME
+
+    @property
+    def key(self) -> DeviceKey:
+        return (self.driver, self.pool, self.device, self.share_id)
+
+    def entry(self) -> dict[str, Any]:
+        """The entry as the API takes it."""
+        entry: dict[str, Any] = {"driver": self.driver, "pool": self.pool, "device": self.device}
+        if self.share_id:
+            entry["shareID"] = self.share_id
+        if self.data is not None:
+            entry["data"] = dict(self.data)
+        if self.network_data is not None:
+            entry["networkData"] = dict(self.network_data)
+        entry["conditions"] = [dict(c) for c in self.conditions]
+        return entry
+
+    @classmethod
+    def from_entry(cls, entry: Mapping[str, Any]) -> DeviceStatus:
+        return cls(
+            entry["pool"],
+            entry["device"],
+            entry.get("shareID") or "",
+            tuple(entry.get("conditions") or ()),
+            entry.get("networkData"),
+            entry.get("data"),
+            entry.get("driver", DRIVER_NAME),
+        )
+
+
 def device_status(
     outcome: Outcome, now: datetime | None = None, observed_generation: int | None = None
 ) -> dict[str, Any]:
+    """The attach outcome's entry as the API takes it (`DeviceStatus.entry`)."""
+    return device_status_of(outcome, now, observed_generation).entry()
+
+
+def device_status_of(
+    outcome: Outcome, now: datetime | None = None, observed_generation: int | None = None
+) -> DeviceStatus:
     att = outcome.attachment
     notes: list[str] = []
-    entry: dict[str, Any] = {"driver": DRIVER_NAME, "pool": att.pool, "device": att.device}
-    if att.share_id:
-        entry["shareID"] = att.share_id
+    data: dict[str, Any] | None = None
+    network_data: dict[str, Any] | None = None
     if outcome.ready and outcome.result is not None:
         message = f"{att.if_name} is configured by network {att.network_name}"
         data, data_note = fit_data(outcome.result.to_json())
         if data_note:
             notes.append(data_note)
-        entry["data"] = data
         network_data, nd_notes = network_data_of(outcome.result, att.if_name)
         notes.extend(nd_notes)
-        entry["networkData"] = network_data
         condition = _condition("True", REASON_READY, message, now, observed_generation)
     else:
         condition = _condition(
@@ -52,9 +102,9 @@ def device_status(
         )
     if notes:
         condition["message"] = _clip(f"{condition['message']} ({'; '.join(notes)})")
-    entry["conditions"] = [condition]
+    conditions = [condition]
     if outcome.ready and att.rate is not None:
-        entry["conditions"].append(
+        conditions.append(
             _condition(
                 "True",
                 REASON_BANDWIDTH,
@@ -64,7 +114,9 @@ def device_status(
                 CONDITION_BANDWIDTH,
             )
         )
-    return entry
+    return DeviceStatus(
+        att.pool, att.device, att.share_id or "", tuple(conditions), network_data, data
+    )
 
 
 def rate_message(if_name: str, rate: Rate) -> str:

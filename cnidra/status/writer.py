@@ -32,28 +32,30 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-
-from lightkube import AsyncClient
-from lightkube.core.exceptions import ApiError
-from lightkube.models.core_v1 import EventSource, ObjectReference
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event, Pod
-from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimStatus
-from lightkube.types import PatchType
 
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.loading import LoadError, load_json
 from cnidra.api.refs import ObjectRef
+from cnidra.kube.api import (
+    Api,
+    AsyncClient,
+    Invalid,
+    NotFound,
+    Pod,
+    RefusedForGood,
+    ResourceClaim,
+    ResourceClaimStatus,
+)
+from cnidra.kube.events import EventRecord, EventRecorder, Involved
 from cnidra.observe import metrics
-from cnidra.status.devices import NETWORK_STATUS_ANNOTATION
+from cnidra.status.devices import NETWORK_STATUS_ANNOTATION, DeviceKey, DeviceStatus
 from cnidra.util.aio import wait_set
 from cnidra.util.backoff import Backoff
 from cnidra.util.files import write_atomically
+from cnidra.util.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -73,30 +75,12 @@ _ANNOTATION_PATH = "/metadata/annotations/" + NETWORK_STATUS_ANNOTATION.replace(
 
 
 def refused_for_good(exc: BaseException) -> bool:
-    """An apiserver answer that no retry changes: forbidden (a policy, a terminating namespace),
-    not found, invalid, or a UID precondition of an object deleted and made again."""
-    if not isinstance(exc, ApiError):
-        return False
-    code = exc.status.code or 0
-    if code == 409:
-        return "uid" in (exc.status.message or "").lower()
-    return code in (400, 403, 404, 405, 410, 413, 415, 422)
+    """An apiserver answer that no retry changes (cnidra.kube.api.RefusedForGood)."""
+    return isinstance(exc, RefusedForGood)
 
 
-@dataclass
-class _Event:
-    pod: ObjectRef  # the object the Event is about: a Pod, or a claim (kind)
-    reason: str
-    message: str
-    type: str
-    attempts: int = 0
-    kind: str = "Pod"
-    # when it happened, not when the apiserver took it (a retry, a queue behind a burst):
-    # `kubectl get events` and `describe` show and sort by it; without it, "<unknown>"
-    at: datetime = field(default_factory=lambda: datetime.now(UTC))
-
-
-DeviceKey = tuple[str, str, str, str]  # driver, pool, device, shareID
+def _involved(ref: ObjectRef, kind: str) -> Involved:
+    return Involved(kind, ref.name, ref.namespace, ref.uid)
 
 
 @dataclass(frozen=True)
@@ -113,7 +97,7 @@ class SeenAnnotations:
 class StatusSink(Protocol):
     """What the pod lifecycle reports, without waiting: implemented by StatusWriter."""
 
-    def put(self, claim: ObjectRef, entry: dict[str, Any]) -> None: ...
+    def put(self, claim: ObjectRef, status: DeviceStatus) -> None: ...
     def drop(self, claim: ObjectRef, keys: list[DeviceKey], *, later: bool = False) -> None: ...
     def finalizer(self, claim: ObjectRef, present: bool) -> None: ...
     def released(self, claim: ObjectRef, generated: bool) -> None: ...
@@ -125,10 +109,6 @@ class StatusSink(Protocol):
         seen: SeenAnnotations | None = None,
     ) -> None: ...
     def pod_gone(self, pod: ObjectRef) -> None: ...
-
-
-def entry_key(entry: Mapping[str, Any]) -> DeviceKey:
-    return (entry["driver"], entry["pool"], entry["device"], entry.get("shareID") or "")
 
 
 class StatusWriter:
@@ -147,17 +127,19 @@ class StatusWriter:
         Event is one request). `node`: the node the Events come from (their source host and
         reporting instance, as kubelet's)."""
         self.client = client
+        self.api = Api(client, REQUEST_TIMEOUT) if client is not None else None
         self.component = component
         self.node = node
+        self.recorder = EventRecorder(component, node)
         self.releases = releases
         self.normal_events = normal_events
-        self._devices: dict[ObjectRef, dict[DeviceKey, dict[str, Any]]] = {}
+        self._devices: dict[ObjectRef, dict[DeviceKey, DeviceStatus]] = {}
         self._status_changed: set[ObjectRef] = set()  # claims whose status is to be written
         # what the apiserver has of a claim's entries, as written last (absent: not known)
-        self._written: dict[ObjectRef, list[dict[str, Any]]] = {}
+        self._written: dict[ObjectRef, list[DeviceStatus]] = {}
         self._finalizer: dict[ObjectRef, bool] = {}
         self._finalizer_written: dict[ObjectRef, bool] = {}
-        self._events: deque[_Event] = deque(maxlen=MAX_EVENTS)
+        self._events: deque[EventRecord] = deque(maxlen=MAX_EVENTS)
         self._events_backoff = Backoff(0.5, 30.0)
         self._events_due = 0.0
         # pod -> its cnidra interfaces as network-status entries, waiting to be written
@@ -168,17 +150,18 @@ class StatusWriter:
         # first saves the failed patch), on again when a read shows the runtime's view held
         self._patch_seen = True
         self._written_interfaces: dict[ObjectRef, set[str]] = {}
-        self._pods_backoff: dict[ObjectRef, Backoff] = {}
-        self._pods_due: dict[ObjectRef, float] = {}
-        self._dirty: dict[ObjectRef, float] = {}
+        # the pods whose network-status is to be written, and the claims whose status or
+        # finalizer is: each key due once, retried on its own backoff
+        self._pods: WorkQueue[ObjectRef] = WorkQueue(lambda: Backoff(0.5, 30.0))
+        self._claims: WorkQueue[ObjectRef] = WorkQueue(lambda: Backoff(0.5, 30.0))
         self._queued_at: dict[ObjectRef, float] = {}  # the oldest change not yet written
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
 
     # -- producers: cheap, synchronous, never touch the network
 
-    def put(self, claim: ObjectRef, entry: dict[str, Any]) -> None:
-        self._devices.setdefault(claim, {})[entry_key(entry)] = entry
+    def put(self, claim: ObjectRef, status: DeviceStatus) -> None:
+        self._devices.setdefault(claim, {})[status.key] = status
         self._status_changed.add(claim)
         self._mark(claim)
 
@@ -211,10 +194,10 @@ class StatusWriter:
             self._devices.pop(claim, None)
             self._written.pop(claim, None)
             if self._finalizer.get(claim) == self._finalizer_written.get(claim, None):
-                self._dirty.pop(claim, None)
+                self._claims.done(claim)
                 self._queued_at.pop(claim, None)
-        elif claim in self._dirty:
-            self._dirty[claim] = 0.0
+        elif claim in self._claims:
+            self._claims.add(claim)
             self._wake.set()
 
     def restore_releases(self, held: set[ObjectRef]) -> int:
@@ -253,8 +236,7 @@ class StatusWriter:
     async def flushed(self) -> None:
         """Return once everything queued is written, removals waiting out DROP_GRACE included
         (the worker must be running); the caller bounds the wait."""
-        for claim in self._dirty:
-            self._dirty[claim] = min(self._dirty[claim], 0.0)
+        self._claims.hurry()
         self._wake.set()
         while self.pending():
             self._drained.clear()
@@ -263,18 +245,18 @@ class StatusWriter:
     def event(self, pod: ObjectRef, reason: str, message: str, type_: str = "Warning") -> None:
         if type_ == "Normal" and not self.normal_events:
             return
-        self._queue(_Event(pod, reason, message, type_))
+        self._queue(EventRecord(_involved(pod, "Pod"), reason, message, type_))
 
     def claim_event(self, claim: ObjectRef, reason: str, message: str) -> None:
         """A Normal Event on a ResourceClaim (same queue, bounds and retries as pods')."""
         if self.normal_events:
-            self._queue(_Event(claim, reason, message, "Normal", kind="ResourceClaim"))
+            self._queue(EventRecord(_involved(claim, "ResourceClaim"), reason, message, "Normal"))
 
     def node_event(self, node: str, reason: str, message: str, type_: str = "Normal") -> None:
         """An Event on the Node object (what `kubectl describe node` shows)."""
-        self._queue(_Event(ObjectRef("", node, ""), reason, message, type_, kind="Node"))
+        self._queue(EventRecord(Involved("Node", node), reason, message, type_))
 
-    def _queue(self, event: _Event) -> None:
+    def _queue(self, event: EventRecord) -> None:
         if len(self._events) == self._events.maxlen:
             metrics.POD_WRITES.labels("event", "dropped").inc()  # the oldest gives way
         self._events.append(event)
@@ -293,7 +275,7 @@ class StatusWriter:
             self._seen.pop(pod, None)
         else:
             self._seen[pod] = seen
-        self._pods_due.pop(pod, None)  # a new change is due now, whatever the last one's backoff
+        self._pods.add(pod)  # a new change is due now, whatever the last one's backoff
         self._wake.set()
 
     def pod_gone(self, pod: ObjectRef) -> None:
@@ -303,32 +285,25 @@ class StatusWriter:
         self._written_interfaces.pop(pod, None)
 
     def pending(self) -> int:
-        return len(self._dirty) + len(self._events) + len(self._pod_networks)
+        return len(self._claims) + len(self._events) + len(self._pod_networks)
 
     def _mark(self, claim: ObjectRef, delay: float = 0.0) -> None:
         # a new change is due now even while an earlier write waits out its backoff: a
         # finalizer release must not sit behind a 30 s retry of a status it supersedes; a
         # change that may wait (`delay`) never puts off one due sooner
-        if delay:
-            due = time.monotonic() + delay
-            self._dirty[claim] = min(self._dirty.get(claim, due), due)
-        else:
-            self._dirty[claim] = 0.0
+        self._claims.add(claim, delay)
+        if not delay:
             self._queued_at.setdefault(claim, time.monotonic())
         self._wake.set()
 
     # -- the worker
 
     async def run(self) -> None:
-        backoff: dict[ObjectRef, Backoff] = {}
         while True:
-            now = time.monotonic()
-            due = [c for c, at in self._dirty.items() if at <= now]
-            for claim in due:
+            for claim in self._claims.due():
                 try:
                     wrote = await self._apply(claim)
-                    self._dirty.pop(claim, None)
-                    backoff.pop(claim, None)
+                    self._claims.done(claim)
                     if wrote:
                         metrics.STATUS_WRITES.labels("ok").inc()
                     queued = self._queued_at.pop(claim, None)
@@ -338,8 +313,7 @@ class StatusWriter:
                     raise
                 except Exception as exc:
                     metrics.STATUS_WRITES.labels("error").inc()
-                    delay = backoff.setdefault(claim, Backoff(0.5, 30.0)).next()
-                    self._dirty[claim] = time.monotonic() + delay
+                    delay = self._claims.retry(claim)
                     log.warning(
                         "status of claim %s/%s not written (%s); retry in %.1fs",
                         claim.namespace,
@@ -353,8 +327,7 @@ class StatusWriter:
                 await self._write_pod_networks()
             if not self.pending():
                 self._drained.set()
-            waits = [at - time.monotonic() for at in self._dirty.values()]
-            waits += [self._pods_due.get(p, 0.0) - time.monotonic() for p in self._pod_networks]
+            waits = [w for w in (self._claims.wait(), self._pods.wait()) if w is not None]
             if self._events:
                 waits.append(self._events_due - time.monotonic())
             timeout = max(0.05, min(waits)) if waits else None
@@ -370,7 +343,7 @@ class StatusWriter:
         if claim in self._status_changed:
             devices = list(self._devices.get(claim, {}).values())
             if self._written.get(claim) != devices:
-                await self._apply_status(claim, devices)
+                await self._apply_status(claim, [d.entry() for d in devices])
                 wrote = True
             self._status_changed.discard(claim)
             if devices:
@@ -391,7 +364,7 @@ class StatusWriter:
         return wrote
 
     async def _apply_status(self, claim: ObjectRef, devices: list[dict[str, Any]]) -> None:
-        assert self.client is not None
+        assert self.api is not None
         body = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
@@ -399,31 +372,27 @@ class StatusWriter:
             "status": {"devices": devices},
         }
         try:
-            async with asyncio.timeout(REQUEST_TIMEOUT):
-                await self.client.patch(
-                    ResourceClaimStatus,
-                    claim.name,
-                    body,
-                    namespace=claim.namespace,
-                    patch_type=PatchType.APPLY,
-                    field_manager=STATUS_MANAGER,
-                    force=True,
-                )
-        except ApiError as exc:
-            if exc.status.code != 404 and refused_for_good(exc):  # 409 UID: the claim was deleted
-                # refused for good (the claim no longer allocated to this node, a status the
-                # API will never take): retrying every 30 s for the life of the driver fixes
-                # nothing and keeps the queue from draining
-                log.warning(
-                    "status of claim %s/%s refused (%s %s); not retried",
-                    claim.namespace, claim.name, exc.status.code, exc.status.message,
-                )  # fmt: skip
-                metrics.STATUS_WRITES.labels("refused").inc()
-            elif exc.status.code != 404:  # 404: the claim is gone, nothing left to report
-                raise
+            await self.api.apply(
+                ResourceClaimStatus,
+                claim.name,
+                body,
+                namespace=claim.namespace,
+                field_manager=STATUS_MANAGER,
+            )
+        except NotFound:
+            pass  # the claim is gone, nothing left to report
+        except RefusedForGood as exc:  # 409 UID: the claim was deleted
+            # refused for good (the claim no longer allocated to this node, a status the
+            # API will never take): retrying every 30 s for the life of the driver fixes
+            # nothing and keeps the queue from draining
+            log.warning(
+                "status of claim %s/%s refused (%s %s); not retried",
+                claim.namespace, claim.name, exc.code, exc.message,
+            )  # fmt: skip
+            metrics.STATUS_WRITES.labels("refused").inc()
 
     async def _apply_finalizer(self, claim: ObjectRef, wanted: bool) -> None:
-        assert self.client is not None
+        assert self.api is not None
         meta: dict[str, Any] = {
             "name": claim.name,
             "namespace": claim.namespace,
@@ -431,31 +400,25 @@ class StatusWriter:
             "finalizers": [FINALIZER] if wanted else [],
         }
         try:
-            async with asyncio.timeout(REQUEST_TIMEOUT):
-                await self.client.patch(
-                    ResourceClaim,
-                    claim.name,
-                    {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta},
-                    namespace=claim.namespace,
-                    patch_type=PatchType.APPLY,
-                    field_manager=FINALIZER_MANAGER,
-                    force=True,
-                )
-        except ApiError as exc:
-            if not refused_for_good(exc):
-                raise
-            if exc.status.code != 404:  # gone: nothing to hold or release
-                log.warning(
-                    "finalizer of claim %s/%s refused (%s %s); not retried",
-                    claim.namespace, claim.name, exc.status.code, exc.status.message,
-                )  # fmt: skip
-                metrics.STATUS_WRITES.labels("refused").inc()
+            await self.api.apply(
+                ResourceClaim,
+                claim.name,
+                {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta},
+                namespace=claim.namespace,
+                field_manager=FINALIZER_MANAGER,
+            )
+        except NotFound:
+            pass  # gone: nothing to hold or release
+        except RefusedForGood as exc:
+            log.warning(
+                "finalizer of claim %s/%s refused (%s %s); not retried",
+                claim.namespace, claim.name, exc.code, exc.message,
+            )  # fmt: skip
+            metrics.STATUS_WRITES.labels("refused").inc()
 
     async def _write_pod_networks(self) -> None:
         """Each pod due on its own backoff: one pod's failure never holds up another's."""
-        for pod in list(self._pod_networks):
-            if self._pods_due.get(pod, 0.0) > time.monotonic():
-                continue
+        for pod in self._pods.due():
             statuses = self._pod_networks[pod]
             try:
                 async with asyncio.timeout(REQUEST_TIMEOUT):
@@ -472,8 +435,7 @@ class StatusWriter:
                     self._forget_pod(pod, statuses)
                     continue
                 metrics.POD_WRITES.labels("network-status", "error").inc()
-                delay = self._pods_backoff.setdefault(pod, Backoff(0.5, 30.0)).next()
-                self._pods_due[pod] = time.monotonic() + delay
+                delay = self._pods.retry(pod)
                 log.warning(
                     "network-status of pod %s/%s not written (%s); retry in %.1fs",
                     pod.namespace, pod.name, exc, delay,
@@ -483,26 +445,24 @@ class StatusWriter:
             self._forget_pod(pod, statuses)
 
     def _forget_pod(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
-        self._pods_backoff.pop(pod, None)
-        self._pods_due.pop(pod, None)
+        self._pods.done(pod)
         if self._pod_networks.get(pod) is statuses:  # not replaced meanwhile
             del self._pod_networks[pod]
             self._seen.pop(pod, None)
+        elif pod in self._pod_networks:  # replaced meanwhile: the new change is due now
+            self._pods.add(pod)
 
     async def _annotate(
         self, pod: ObjectRef, statuses: list[dict[str, Any]], seen: SeenAnnotations | None
     ) -> None:
-        if self.client is None:
+        if self.api is None:
             return
         if seen is not None and self._patch_seen and await self._patch_against(pod, statuses, seen):
             return
-        try:
-            obj = await self.client.get(Pod, pod.name, namespace=pod.namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                self._written_interfaces.pop(pod, None)
-                return
-            raise
+        obj = await self.api.get_or_none(Pod, pod.name, pod.namespace)
+        if obj is None:
+            self._written_interfaces.pop(pod, None)
+            return
         if obj.metadata is None or obj.metadata.uid != pod.uid:
             self._written_interfaces.pop(pod, None)
             return  # another pod of the same name now
@@ -520,9 +480,7 @@ class StatusWriter:
                 "annotations": {NETWORK_STATUS_ANNOTATION: _dumps([*kept, *statuses])},
             }
         }
-        await self.client.patch(
-            Pod, pod.name, patch, namespace=pod.namespace, patch_type=PatchType.MERGE
-        )
+        await self.api.merge_patch(Pod, pod.name, patch, namespace=pod.namespace)
         self._wrote(pod, statuses)
 
     def _wrote(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
@@ -539,7 +497,7 @@ class StatusWriter:
         for null passes on a member that is missing: evanphx/json-patch v4.13.0 patch.go:689,
         what the apiserver applies), then sets it. False when a test failed (422: apiserver
         pkg/endpoints/handlers/patch.go:425): the caller reads the pod and merges."""
-        assert self.client is not None
+        assert self.api is not None
         ours = {s["interface"] for s in statuses} | self._written_interfaces.get(pod, set())
         value = _dumps([*other_entries(seen.network_status, ours, pod), *statuses])
         ops: list[dict[str, Any]] = [
@@ -559,17 +517,13 @@ class StatusWriter:
                 }
             )
         try:
-            await self.client.patch(
-                Pod, pod.name, ops, namespace=pod.namespace, patch_type=PatchType.JSON
-            )
-        except ApiError as exc:
-            if exc.status.code == 404:
-                self._written_interfaces.pop(pod, None)
-                return True  # gone: nobody reads its networks any more
-            if exc.status.code == 422:
-                self._patch_seen = False
-                return False
-            raise
+            await self.api.json_patch(Pod, pod.name, ops, namespace=pod.namespace)
+        except NotFound:
+            self._written_interfaces.pop(pod, None)
+            return True  # gone: nobody reads its networks any more
+        except Invalid:
+            self._patch_seen = False
+            return False
         self._wrote(pod, statuses)
         return True
 
@@ -577,36 +531,13 @@ class StatusWriter:
         """The queued Events in order; one the apiserver refuses for good is dropped, one that
         fails otherwise is tried again later (at most EVENT_ATTEMPTS times), and the rest wait
         for the backoff rather than hammering an apiserver that is down."""
-        if self.client is None:
+        if self.api is None:
             self._events.clear()
             return
         while self._events:
             item = self._events[0]
-            event = Event(
-                # a cluster-scoped object's Events live in the default namespace
-                metadata=ObjectMeta(
-                    generateName=f"{item.pod.name}.", namespace=item.pod.namespace or "default"
-                ),
-                involvedObject=ObjectReference(
-                    kind=item.kind,
-                    apiVersion="resource.k8s.io/v1" if item.kind == "ResourceClaim" else "v1",
-                    name=item.pod.name,
-                    namespace=item.pod.namespace or None,
-                    uid=item.pod.uid or None,
-                ),
-                reason=item.reason,
-                message=item.message[:1024],
-                type=item.type,
-                source=EventSource(component=self.component, host=self.node or None),
-                reportingComponent=self.component,
-                reportingInstance=self.node or None,
-                firstTimestamp=item.at,
-                lastTimestamp=item.at,
-                count=1,
-            )
             try:
-                async with asyncio.timeout(REQUEST_TIMEOUT):
-                    await self.client.create(event)
+                await self.recorder.send(self.api, item)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -614,7 +545,7 @@ class StatusWriter:
                 if refused_for_good(exc) or item.attempts >= EVENT_ATTEMPTS:
                     log.warning(
                         "event %s for pod %s/%s dropped after %d attempt(s): %s",
-                        item.reason, item.pod.namespace, item.pod.name, item.attempts, exc,
+                        item.reason, item.about.namespace, item.about.name, item.attempts, exc,
                     )  # fmt: skip
                     metrics.POD_WRITES.labels("event", "refused").inc()
                     self._events.popleft()
@@ -623,7 +554,7 @@ class StatusWriter:
                 self._events_due = time.monotonic() + self._events_backoff.next()
                 log.warning(
                     "event for pod %s/%s not written (%s); retried",
-                    item.pod.namespace, item.pod.name, exc,
+                    item.about.namespace, item.about.name, exc,
                 )  # fmt: skip
                 return
             metrics.POD_WRITES.labels("event", "ok").inc()

@@ -1,4 +1,6 @@
-"""Exponential backoff with a cap and jitter: the one retry pace of every background loop."""
+"""Exponential backoff with a cap and jitter: the one retry pace of every background loop and
+of every apiserver retry (cnidra.kube.client's bounded retries, the keyed work queue of
+cnidra.util.workqueue, the restarted watches and monitors)."""
 
 from __future__ import annotations
 
@@ -25,3 +27,11 @@ class Backoff:
 
     def reset(self) -> None:
         self._next = self.initial
+
+    def after_run(self, ran: float, settled: float = 60.0) -> float:
+        """The delay before restarting something long-running (a watch, a monitor) that ended
+        after `ran` seconds: one that ran `settled` seconds or more had worked (the apiserver
+        ends watches, as it does), so the pace starts again from `initial`."""
+        if ran >= settled:
+            self.reset()
+        return self.next()

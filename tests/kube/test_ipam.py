@@ -16,6 +16,7 @@ from lightkube.resources.core_v1 import Node
 
 from cnidra.api.ipam import IPAMCLAIM_FINALIZER, Block
 from cnidra.ipam.allocator import IPAMCluster
+from cnidra.kube.api import RefusedForGood, Transient
 from cnidra.kube.ipam import CNIIPBlock, CNIIPPool, IPAMClaim, KubeIPAM, _block_object
 
 BLOCK = Block("data", 0, 1, ipaddress.ip_network("198.18.130.16/28"))
@@ -256,7 +257,7 @@ async def test_a_call_that_may_be_repeated_gives_up_on_a_lasting_transient_answe
     method: str, slept: list[float]
 ) -> None:
     flaky = Apiserver([TRANSIENT["storage initializing"]] * 10)
-    with pytest.raises(ApiError, match="storage is"):
+    with pytest.raises(Transient, match="storage is"):
         await RETRIED[method](KubeIPAM(flaky))  # type: ignore[arg-type]
     assert len(flaky.requests) == 4 and len(slept) == 3  # with_retries' bound
 
@@ -266,7 +267,7 @@ async def test_an_answer_that_is_not_transient_is_raised_at_once(
     method: str, slept: list[float]
 ) -> None:
     refusing = Apiserver([FORBIDDEN])
-    with pytest.raises(ApiError, match="forbidden"):
+    with pytest.raises(RefusedForGood, match="forbidden"):
         await RETRIED[method](KubeIPAM(refusing))  # type: ignore[arg-type]
     assert len(refusing.requests) == 1 and slept == []
 
@@ -277,7 +278,7 @@ async def test_a_call_that_may_not_be_repeated_raises_a_transient_answer_at_once
 ) -> None:
     _, call = NOT_RETRIED[method]
     flaky = Apiserver([TRANSIENT["storage initializing"]])
-    with pytest.raises(ApiError, match="storage is"):
+    with pytest.raises(Transient, match="storage is"):
         await call(KubeIPAM(flaky))  # type: ignore[arg-type]
     assert len(flaky.requests) == 1 and slept == []
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from cnidra.kube.api import Transient
 from cnidra.kube.networks import ServedNetworks
 
 
@@ -112,7 +113,7 @@ async def test_a_failed_list_is_asked_again(tmp_path: Path) -> None:
         yield  # pragma: no cover
 
     client.list = refused  # type: ignore[method-assign]
-    with pytest.raises(ConnectionError):
+    with pytest.raises(Transient, match="refused"):
         await served.served()
     client.list = FakeClient.list.__get__(client)  # type: ignore[method-assign]
     client.objects["a"] = network("a")

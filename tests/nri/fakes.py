@@ -25,6 +25,7 @@ from cnidra.state.checkpoint import Checkpoint, PreparedClaim
 from cnidra.state.journal import Journal
 from cnidra.state.layout import StateLayout
 from cnidra.state.sandboxes import SandboxStore
+from cnidra.status.devices import DeviceStatus
 from cnidra.status.writer import SeenAnnotations
 from cnidra.util.backoff import Backoff
 
@@ -211,9 +212,8 @@ class RecordingStatus:
         self.gone: list[ObjectRef] = []
         self.released_claims: list[tuple[ObjectRef, bool]] = []
 
-    def put(self, claim: ObjectRef, entry: dict[str, Any]) -> None:
-        key = (entry["pool"], entry["device"], entry.get("shareID") or "")
-        self.entries.setdefault(claim, {})[key] = entry
+    def put(self, claim: ObjectRef, status: DeviceStatus) -> None:
+        self.entries.setdefault(claim, {})[status.key[1:]] = status.entry()
 
     def drop(
         self, claim: ObjectRef, keys: list[tuple[str, str, str, str]], *, later: bool = False

@@ -344,3 +344,60 @@ async def test_a_pod_is_said_gone_once_its_last_sandbox_is(tmp_path: Path) -> No
     assert node.status.gone == []  # its new sandbox still has the interfaces
     await node.hooks.stop_pod_sandbox(pod("a", sandbox="a-again"))
     assert [p.name for p in node.status.gone] == ["a"]
+
+
+async def test_unpreparing_one_claim_dels_only_its_attachments(tmp_path: Path) -> None:
+    """A sandbox with two claims: unpreparing one DELs its interface alone; the other claim's
+    stays, attached and recorded (it DELed every interface of the sandbox)."""
+    node = Node.start(tmp_path)
+    one = prepare(node.checkpoint, "c1", "a-uid", ("net1", network("one", "macvlan")))
+    prepare(node.checkpoint, "c2", "a-uid", ("net2", network("two", "bridge", "tuning")))
+    await node.hooks.run_pod_sandbox(pod("a"))
+    assert len(node.plugins.commands("ADD")) == 3
+
+    await node.reconciler.unprepare_claim(one.ref)
+
+    assert [(c.if_name, c.plugin) for c in node.plugins.commands("DEL")] == [("net1", "macvlan")]
+    record = node.store.get("a-sandbox")
+    assert record is not None and record.state is State.ADDED
+    assert [a.attachment.if_name for a in record.attachments] == ["net2"]
+    assert not any(a.pending for a in record.attachments)
+    assert [c.name for c in record.claims()] == ["c2"]
+    assert not node.status.entries.get(one.ref)  # its status entry goes with it
+    assert [s["interface"] for s in node.status.networks[record.pod]] == ["net2"]
+    assert (one.ref, False) in node.status.released_claims
+
+    again = Node.start(tmp_path)  # the record on disk says the same
+    await again.hooks.synchronize([pod("a")])
+    assert again.plugins.commands("DEL") == [] and again.plugins.commands("ADD") == []
+    await node.hooks.stop_pod_sandbox(pod("a"))  # the rest goes with the sandbox
+    assert [c.if_name for c in node.plugins.commands("DEL")][1:] == ["net2", "net2"]
+
+
+async def test_unpreparing_a_sandboxes_only_claim_undoes_the_sandbox(tmp_path: Path) -> None:
+    node = Node.start(tmp_path)
+    claim = prepare(node.checkpoint, "c", "a-uid", ("net1", network("one", "macvlan")))
+    await node.hooks.run_pod_sandbox(pod("a"))
+    await node.reconciler.unprepare_claim(claim.ref)
+    assert len(node.store) == 0 and len(node.plugins.commands("DEL")) == 1
+
+
+async def test_a_failed_del_of_one_claim_holds_it_and_kubelets_retry_finishes(
+    tmp_path: Path,
+) -> None:
+    node = Node.start(tmp_path, FakePlugins(failing={"macvlan": "DEL"}))
+    one = prepare(node.checkpoint, "c1", "a-uid", ("net1", network("one", "macvlan")))
+    prepare(node.checkpoint, "c2", "a-uid", ("net2", network("two", "bridge")))
+    await node.hooks.run_pod_sandbox(pod("a"))
+    with pytest.raises(RuntimeError, match="still being removed"):
+        await node.reconciler.unprepare_claim(one.ref)
+    assert node.status.finalizers.get(one.ref) is True  # held while its interface remains
+    record = node.store.get("a-sandbox")
+    assert record is not None and [a.pending for a in record.attachments] == [True, False]
+
+    node.plugins.failing.clear()
+    await node.reconciler.unprepare_claim(one.ref)  # kubelet's retry
+    record = node.store.get("a-sandbox")
+    assert record is not None and [a.attachment.if_name for a in record.attachments] == ["net2"]
+    assert node.status.finalizers.get(one.ref) is False
+    assert [c.if_name for c in node.plugins.commands("DEL")] == ["net1", "net1"]

@@ -86,3 +86,16 @@ def test_data_over_10_kib_is_trimmed_and_said_so() -> None:
     assert "routes" not in entry["data"] and entry["data"]["ips"]
     assert "data trimmed" in entry["conditions"][0]["message"]
     assert len(entry["conditions"]) <= 8
+
+
+def test_the_typed_status_is_the_entry_and_its_key() -> None:
+    from cnidra.status.devices import DeviceStatus, device_status_of
+
+    typed = device_status_of(Outcome(ATT, result()), now=NOW)
+    assert typed.key == ("cni.dra.networking.x-k8s.io", "node-1", "eth1", "s-1")
+    assert typed.entry() == device_status(Outcome(ATT, result()), now=NOW)
+    assert DeviceStatus.from_entry(typed.entry()) == typed
+    assert typed.network_data is not None and typed.network_data["interfaceName"] == "net1"
+    failed = device_status_of(Outcome(ATT, None, "no link"), now=NOW)
+    assert failed.network_data is None and failed.data is None
+    assert "networkData" not in failed.entry() and "data" not in failed.entry()

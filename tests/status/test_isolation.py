@@ -224,5 +224,5 @@ async def test_what_the_writer_keeps_goes_with_the_pods() -> None:
         assert len(writer._written_interfaces) == 200  # needed while the pods run
         for i in range(200):
             writer.pod_gone(pod(f"p{i}"))
-    kept = (writer._written_interfaces, writer._pod_networks, writer._pods_backoff)
-    assert [len(k) for k in kept] == [0, 0, 0] and writer.pending() == 0
+    kept = (writer._written_interfaces, writer._pod_networks, writer._pods.backoffs, writer._pods)
+    assert [len(k) for k in kept] == [0, 0, 0, 0] and writer.pending() == 0

@@ -15,6 +15,7 @@ from lightkube.models.meta_v1 import ObjectMeta, Status
 from lightkube.resources.core_v1 import Pod
 
 from cnidra.api.refs import ObjectRef
+from cnidra.status.devices import DeviceStatus
 from cnidra.status.writer import NETWORK_STATUS_ANNOTATION, StatusWriter
 
 POD = ObjectRef("ns", "p", "uid-p")
@@ -126,7 +127,7 @@ async def test_a_claim_status_refused_for_good_is_not_retried_forever(
     writer = StatusWriter(apiserver)  # type: ignore[arg-type]
     claim = ObjectRef("ns", "c", "uid-c")
     async with running(writer):
-        writer.put(claim, {"driver": "d", "pool": "p", "device": "x"})
+        writer.put(claim, DeviceStatus("p", "x", "", (), driver="d"))
         async with asyncio.timeout(2):
             await writer.flushed()
     assert writer.pending() == 0 and apiserver.patches == 1

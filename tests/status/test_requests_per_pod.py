@@ -19,6 +19,7 @@ from cnidra._proto.dra.v1 import api_pb2 as dra
 from cnidra.api.refs import ObjectRef
 from cnidra.observe import metrics
 from cnidra.status import writer as module
+from cnidra.status.devices import DeviceStatus
 from tests.fakenode import MULTUS_ENTRY, NAMESPACE, NETWORK_STATUS, FakeNode
 from tests.kube.fakeapi import DRIVER, FakeApiserver, a_pod
 from tests.nri.fakes import FakePlugins
@@ -235,27 +236,29 @@ async def test_a_removal_not_followed_by_a_release_is_written_after_the_grace(
 async def test_a_shared_claims_removal_is_written_when_it_is_released() -> None:
     writer = module.StatusWriter(None)
     claim = ObjectRef("ns", "shared", "uid-s")
-    entry = {"driver": DRIVER, "pool": "node-1", "device": "eth1"}
+    entry = DeviceStatus("node-1", "eth1", "", ())
     writer.put(claim, entry)
-    writer._dirty[claim] = 99.0  # as if written and due again then: only the removal waits
-    writer.drop(claim, [module.entry_key(entry)], later=True)
-    assert writer._dirty[claim] == 99.0  # a removal never puts off what is due sooner
-    writer._dirty[claim] = 1e12
+    writer._claims.due_times[claim] = (
+        99.0  # as if written and due again then: only the removal waits
+    )
+    writer.drop(claim, [entry.key], later=True)
+    assert writer._claims.due_times[claim] == 99.0  # a removal never puts off what is due sooner
+    writer._claims.due_times[claim] = 1e12
     writer.released(claim, generated=False)  # other pods may hold it: written now
-    assert writer._dirty[claim] == 0.0
+    assert writer._claims.due_times[claim] == 0.0
     writer.released(claim, generated=True)  # deallocated next: nothing to write, nor keep
-    assert claim not in writer._dirty and claim not in writer._devices
+    assert claim not in writer._claims and claim not in writer._devices
 
 
 def test_an_unplugged_interfaces_entry_goes_at_once() -> None:
     """The node API's unplug, the pod running on: nothing will release the claim soon."""
     writer = module.StatusWriter(None)
     claim = ObjectRef("ns", "c", "uid-c")
-    entry = {"driver": DRIVER, "pool": "node-1", "device": "eth1"}
+    entry = DeviceStatus("node-1", "eth1", "", ())
     writer.put(claim, entry)
-    writer._dirty.clear()  # as if written
-    writer.drop(claim, [module.entry_key(entry)])
-    assert writer._dirty[claim] == 0.0
+    writer._claims.due_times.clear()  # as if written
+    writer.drop(claim, [entry.key])
+    assert writer._claims.due_times[claim] == 0.0
 
 
 async def test_what_the_writer_keeps_goes_with_the_pods_and_their_claims(tmp_path: Path) -> None:
@@ -269,9 +272,10 @@ async def test_what_the_writer_keeps_goes_with_the_pods_and_their_claims(tmp_pat
         name: len(getattr(writer, name))
         for name in (
             "_devices", "_status_changed", "_written", "_finalizer", "_finalizer_written",
-            "_dirty", "_queued_at", "_pod_networks", "_seen", "_written_interfaces",
-            "_pods_backoff", "_pods_due", "_events",
+            "_queued_at", "_pod_networks", "_seen", "_written_interfaces", "_events",
         )
     }  # fmt: skip
+    for queue in ("_claims", "_pods"):  # queued keys and their backoffs
+        kept[queue] = len(getattr(writer, queue)) + len(getattr(writer, queue).backoffs)
     assert set(kept.values()) == {0}, kept
     assert not node.driver.lifecycle.held and not api.claims
