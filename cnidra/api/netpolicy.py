@@ -744,7 +744,7 @@ def _admin_peer(value: Any, path: FieldPath, issues: Issues) -> AdminPeer | None
     )
     if obj is None:
         return None
-    if len(obj) != 1:
+    if sum(k in obj for k in ("namespaces", "pods", "networks")) != 1:
         issues.error(path, "must set exactly one of namespaces, pods, networks")
         return None
     if "namespaces" in obj:
@@ -773,7 +773,7 @@ def _admin_port(value: Any, path: FieldPath, issues: Issues) -> PortSpec | None:
     )
     if obj is None:
         return None
-    if len(obj) != 1:
+    if sum(k in obj for k in ("portNumber", "portRange", "namedPort")) != 1:
         issues.error(path, "must set exactly one of portNumber, portRange, namedPort")
         return None
     if "namedPort" in obj:
@@ -882,7 +882,7 @@ def decode_admin_policy(
         "a subject object (exactly one of namespaces, pods)",
     )
     if sub is not None:
-        if len(sub) != 1:
+        if sum(k in sub for k in ("namespaces", "pods")) != 1:
             issues.error(spath / "subject", "must set exactly one of namespaces, pods")
         elif "namespaces" in sub:
             ns = decode_selector(sub["namespaces"], spath / "subject" / "namespaces", issues)
