@@ -9,7 +9,9 @@ namespaces are labelled team=a and team=b; every pod names TCP 8080 `http` and U
 
 from __future__ import annotations
 
+import json
 import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +30,7 @@ from cnidra.api.netpolicy_rules import (
     Ruleset,
     compile_pod,
 )
+from cnidra.cni import netns
 from cnidra.datapath import netpolicy
 from tests.datapath.policylab import IFNAME, Lab, lab, socket_in, stream
 
@@ -394,3 +397,52 @@ def test_a_refused_batch_changes_nothing() -> None:
         with pytest.raises(netpolicy.NftError, match="nft -f -"):
             netpolicy.run_nft(lab_.pods["a"], ("-f", "-"), applied["a"].script() + "bogus line\n")
         assert not lab_.probe("b", "a", "tcp", 5432)
+
+
+def _kernel_sets(ns: Path) -> dict[str, set[str]]:
+    listing = json.loads(netpolicy.run_nft(ns, ("-j", "list", "table", "inet", "cnidra")))
+    found: dict[str, set[str]] = {}
+    for item in listing["nftables"]:
+        if "set" not in item:
+            continue
+        elements = set()
+        for e in item["set"].get("elem", []):
+            if isinstance(e, dict) and "prefix" in e:
+                elements.add(f"{e['prefix']['addr']}/{e['prefix']['len']}")
+            elif isinstance(e, dict) and "concat" in e:
+                elements.add(" . ".join(str(x) for x in e["concat"]))
+            else:
+                elements.add(str(e))
+        found[item["set"]["name"]] = elements
+    return found
+
+
+def test_updates_leave_the_kernel_with_the_new_sets() -> None:
+    """A run of updates (pods moving, an ipBlock edited: a flush and refill of its interval
+    set) applied one after another leaves in the kernel exactly the sets of the last ruleset."""
+    steps = [
+        ("198.18.43.2", "198.18.0.0/24"),
+        ("198.18.43.12", "198.18.0.0/24"),
+        ("198.18.43.12", "198.18.0.0/23"),
+        ("198.18.43.22", "198.18.4.0/22"),
+    ]
+    with netns.temporary("cnidra-np-sets") as ns:
+        previous = None
+        for web_ip, cidr in steps:
+            pods = (
+                PodOnNetwork("tenant-a", "a", LABELS["a"], ("198.18.43.1",), PORTS),
+                PodOnNetwork("tenant-a", "b", LABELS["b"], (web_ip,), PORTS),
+            )
+            policy = mnp(
+                {
+                    "podSelector": DB,
+                    "ingress": [{"from": [{"podSelector": WEB}, {"ipBlock": {"cidr": cidr}}]}],
+                    "egress": [{"to": [{"podSelector": WEB}], "ports": [{"port": "http"}]}],
+                }
+            )
+            v = NetworkView(NETWORK, pods, NAMESPACE_LABELS)
+            rs = compile_pod(pods[0], [PodInterface(IFNAME, v)], [policy])
+            netpolicy.apply(ns, rs, previous)
+            previous = rs
+            want = {s.name: set(s.elements) for s in rs.sets}
+            assert _kernel_sets(ns) == want
