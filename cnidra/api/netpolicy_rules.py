@@ -496,3 +496,50 @@ def compile_pod(
         Chain("output", tuple(dispatch_out), "output"),
     ]
     return Ruleset(tuple(base + chains), tuple(builder.sets), table)
+
+
+# ---------------------------------------------------------------- where it can be enforced
+
+POD_SIDE_CAVEAT = (
+    "enforced in the pod's network namespace: holds only while the pod lacks CAP_NET_ADMIN "
+    "(a pod with it can delete the table)"
+)
+# plugin type -> why its interfaces cannot be enforced at all
+REFUSED: Mapping[str, str] = {
+    "dpdk": "the interface is a userspace (DPDK) device: no kernel path, no netfilter hook",
+    "vhostuser": "a vhost-user socket, not a kernel interface: no netfilter hook",
+    "userspace": "a userspace datapath (OVS-DPDK, VPP): no kernel path, no netfilter hook",
+    "ib-sriov": "an InfiniBand VF: RDMA traffic bypasses the kernel's IP stack",
+}
+# plugin types whose interface is a kernel netdev in the pod's namespace (every one cnidra runs
+# today: the main plugins of the bundled set)
+POD_NETDEV = frozenset(
+    {"macvlan", "ipvlan", "vlan", "host-device", "bridge", "ptp", "sriov", "tap", "dummy"}
+)
+
+
+@dataclass(frozen=True)
+class Enforcement:
+    """Where an interface's policy is enforced, or why it cannot be (`refused`)."""
+
+    where: str | None  # "pod": the pod's namespace; None: refused
+    caveat: str = ""
+    refused: str = ""
+
+
+def enforcement(plugin_type: str, *, kernel_netdev: bool = True) -> Enforcement:
+    """Where policy for an interface of `plugin_type` is enforced. `kernel_netdev` False: the
+    device the pod got is no kernel interface (an SR-IOV VF bound to vfio-pci for DPDK)."""
+    if plugin_type in REFUSED:
+        return Enforcement(None, refused=REFUSED[plugin_type])
+    if not kernel_netdev:
+        return Enforcement(
+            None,
+            refused=f"the {plugin_type} device is bound to a userspace driver (vfio-pci, "
+            "DPDK): no kernel interface carries its traffic",
+        )
+    if plugin_type in POD_NETDEV:
+        return Enforcement("pod", caveat=POD_SIDE_CAVEAT)
+    return Enforcement(
+        None, refused=f"plugin type {plugin_type!r} is not known to give a kernel interface"
+    )

@@ -25,6 +25,7 @@ from cnidra.api.netpolicy_rules import (
     Ruleset,
     compile_pod,
     delete_script,
+    enforcement,
 )
 
 NET = "tenant-a/blue"
@@ -246,3 +247,13 @@ def test_a_policy_change_rewrites_the_table() -> None:
     new = compiled(mnp({"podSelector": {}}))
     assert new.update_from(old) == new.script()
     assert new.update_from(None) == new.script()
+
+
+def test_where_policy_is_enforced_or_refused() -> None:
+    assert enforcement("macvlan").where == "pod"
+    assert "CAP_NET_ADMIN" in enforcement("ipvlan").caveat
+    assert enforcement("bridge").where == "pod"
+    assert enforcement("sriov", kernel_netdev=False).where is None
+    assert "vfio-pci" in enforcement("sriov", kernel_netdev=False).refused
+    assert enforcement("dpdk").where is None
+    assert "not known" in enforcement("someone-elses").refused
