@@ -974,3 +974,129 @@ def ordered_admin(policies: Iterable[AdminNetworkPolicy]) -> list[AdminNetworkPo
     """The admin tier in evaluation order: priority (0 first), then name (two policies at one
     priority are ordered by name, so every node evaluates them alike)."""
     return sorted(policies, key=lambda p: (p.priority, p.name))
+
+
+# ------------------------------------------------------------------------------ the CRDs
+
+_FREE = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+_RULES = {"type": "array", "maxItems": MAX_RULES, "items": _FREE}
+# kubectl's JSONPath for the annotation: its dots escaped
+_POLICY_FOR_PATH = ".metadata.annotations." + POLICY_FOR_ANNOTATION.replace(".", "\\.")
+
+
+def crd() -> dict[str, Any]:
+    """The MultiNetworkPolicy CustomResourceDefinition, for clusters without Multus' (a cluster
+    that has one keeps it: Helm does not replace an existing CRD). The schema is structural
+    and loose below the spec's fields: cnidra's decoder says what is wrong, at its path."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{MNP_PLURAL}.{MNP_GROUP}"},
+        "spec": {
+            "group": MNP_GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": MNP_KIND,
+                "plural": MNP_PLURAL,
+                "singular": "multi-networkpolicy",
+                "shortNames": ["multi-policy"],
+            },
+            "versions": [
+                {
+                    "name": MNP_API_VERSION.split("/")[1],
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "spec": {
+                                    "type": "object",
+                                    "required": ["podSelector"],
+                                    "properties": {
+                                        "podSelector": _FREE,
+                                        "ingress": _RULES,
+                                        "egress": _RULES,
+                                        "policyTypes": {
+                                            "type": "array",
+                                            "maxItems": 2,
+                                            "items": {"type": "string", "enum": list(POLICY_TYPES)},
+                                        },
+                                    },
+                                }
+                            },
+                        }
+                    },
+                    "additionalPrinterColumns": [
+                        {
+                            "name": "Networks",
+                            "type": "string",
+                            "jsonPath": _POLICY_FOR_PATH,
+                        },
+                        {"name": "Pod-Selector", "type": "string", "jsonPath": ".spec.podSelector"},
+                        {"name": "Policy-Types", "type": "string", "jsonPath": ".spec.policyTypes"},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def admin_crd() -> dict[str, Any]:
+    """The CNIAdminNetworkPolicy CustomResourceDefinition (cluster-scoped)."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{ADMIN_PLURAL}.{API_GROUP}"},
+        "spec": {
+            "group": API_GROUP,
+            "scope": "Cluster",
+            "names": {
+                "kind": ADMIN_KIND,
+                "plural": ADMIN_PLURAL,
+                "singular": ADMIN_KIND.lower(),
+                "shortNames": ["cnianp"],
+            },
+            "versions": [
+                {
+                    "name": ADMIN_API_VERSION.split("/")[1],
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "required": ["spec"],
+                            "properties": {
+                                "spec": {
+                                    "type": "object",
+                                    "required": ["priority", "subject", "networks"],
+                                    "properties": {
+                                        "priority": {
+                                            "type": "integer",
+                                            "minimum": 0,
+                                            "maximum": MAX_PRIORITY,
+                                        },
+                                        "subject": _FREE,
+                                        "networks": {
+                                            "type": "array",
+                                            "minItems": 1,
+                                            "maxItems": MAX_TARGETS,
+                                            "items": {"type": "string", "maxLength": 512},
+                                        },
+                                        "ingress": {**_RULES, "maxItems": MAX_ADMIN_RULES},
+                                        "egress": {**_RULES, "maxItems": MAX_ADMIN_RULES},
+                                    },
+                                }
+                            },
+                        }
+                    },
+                    "additionalPrinterColumns": [
+                        {"name": "Priority", "type": "integer", "jsonPath": ".spec.priority"},
+                        {"name": "Networks", "type": "string", "jsonPath": ".spec.networks"},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                }
+            ],
+        },
+    }

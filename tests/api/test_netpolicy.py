@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import copy
 import ipaddress
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +22,8 @@ from cnidra.api.netpolicy import (
     Selector,
     Target,
     TargetKind,
+    admin_crd,
+    crd,
     decode_admin_policy,
     decode_ip_block,
     decode_policy,
@@ -652,3 +656,21 @@ def test_target_kinds_never_meet() -> None:
         TargetKind.DEVICECLASS,
         TargetKind.CLAIM,
     ]
+
+
+ROOT_DIR = Path(__file__).parents[2]
+
+
+@pytest.mark.parametrize(
+    ("make", "name"),
+    [
+        (crd, "multi-networkpolicies.k8s.cni.cncf.io"),
+        (admin_crd, "cniadminnetworkpolicies.cni.networking.x-k8s.io"),
+    ],
+)
+def test_the_chart_crds_are_the_ones_the_code_defines(make: Any, name: str) -> None:
+    path = ROOT_DIR / "charts" / "cnidra" / "crds" / f"{name}.yaml"
+    assert yaml.safe_load(path.read_text()) == make()
+    assert path.read_text() in (ROOT_DIR / "deploy" / "crds.yaml").read_text()
+    columns = {c["name"] for c in make()["spec"]["versions"][0]["additionalPrinterColumns"]}
+    assert "Networks" in columns and "Age" in columns
