@@ -26,6 +26,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from cnidra.api.netpolicy import (
     Action,
@@ -95,12 +96,15 @@ class PodOnNetwork:
         ]
 
     def ips(self, version: int) -> list[str]:
-        out = []
-        for text in self.addresses:
-            ip = ipaddress.ip_interface(text).ip
-            if ip.version == version:
-                out.append(str(ip))
-        return out
+        return [ip for v, ip in map(_address, self.addresses) if v == version]
+
+
+@lru_cache(maxsize=65536)
+def _address(text: str) -> tuple[int, str]:
+    """An address as status reports it (with or without its prefix length): its family and
+    its text as nft writes it. Cached: every table that names a pod reads its addresses."""
+    ip = ipaddress.ip_interface(text).ip
+    return ip.version, str(ip)
 
 
 @dataclass(frozen=True)
@@ -412,9 +416,7 @@ def _direction(
     admin_rules: list[str] = []
     n = 0
     ns_labels = view.labels_of(pod.namespace)
-    for admin_policy in admin:
-        if view.key not in {t.key for t in admin_policy.targets}:
-            continue
+    for admin_policy in admin:  # those for this network, in order
         if not admin_policy.selects(ns_labels, pod.labels):
             continue
         arules: Sequence[AdminRule] = admin_policy.ingress if ingress else admin_policy.egress
@@ -437,10 +439,8 @@ def _direction(
         rules.append(f"jump {top}_admin")
     selecting = [
         p
-        for p in tenant
-        if view.key in {t.key for t in p.targets}
-        and policy_type in p.policy_types
-        and p.selects(pod.namespace, pod.labels)
+        for p in tenant  # those for this network that select the pod
+        if policy_type in p.policy_types
     ]
     if selecting:
         tenant_rules: list[str] = []
@@ -489,8 +489,15 @@ def compile_pod(
         name = _quote(iface.ifname)
         dispatch_in.append(f"iifname {name} jump {prefix}_in")
         dispatch_out.append(f"oifname {name} jump {prefix}_out")
+        key = iface.network.key
+        mine = [
+            p
+            for p in tenant
+            if p.selects(pod.namespace, pod.labels) and any(t.key == key for t in p.targets)
+        ]
+        theirs = [p for p in admin if any(t.key == key for t in p.targets)]
         for ingress in (True, False):
-            chains += _direction(builder, prefix, ingress, pod, iface.network, tenant, admin)
+            chains += _direction(builder, prefix, ingress, pod, iface.network, mine, theirs)
     base = [
         Chain("input", tuple(dispatch_in), "input"),
         Chain("output", tuple(dispatch_out), "output"),
