@@ -185,29 +185,80 @@ class Ruleset:
         return "\n".join(lines) + "\n"
 
     def update_from(self, old: Ruleset | None) -> str:
-        """The smallest `nft -f` batch that turns `old` into this ruleset: "" when nothing
-        changed, set element changes when only sets did, else the whole table again."""
-        if old is None or old.shape() != self.shape():
+        """The smallest `nft -f` batch that turns `old` (what was applied) into this ruleset:
+        "" when nothing changed; set element changes when only sets did; else the rules
+        rewritten in place, sets kept (`_rewrite`). `old` None (a first apply, a resync):
+        the whole table written again (`script`). Then `leftovers(old)`, in a batch of its
+        own."""
+        if old is None or old.table != self.table:
             return self.script()
-        lines: list[str] = []
         olds = {s.name: s for s in old.sets}
+        kept = self._kept(old)
+        elements: list[str] = []
         for new in self.sets:
-            before = olds[new.name]
-            if before.elements == new.elements:
+            if new.name in kept:
+                elements += self._element_changes(olds[new.name], new)
+        if old.shape() == self.shape():
+            return "\n".join(elements) + "\n" if elements else ""
+        return self._rewrite(old, kept, elements)
+
+    def _element_changes(self, before: NftSet, new: NftSet) -> list[str]:
+        where = f"{FAMILY} {self.table} {new.name}"
+        gone = before.elements - new.elements
+        came = new.elements - before.elements
+        lines = []
+        if gone:  # an interval set's elements are the collapsed networks: each one exactly
+            lines.append(f"delete element {where} {{ {', '.join(sorted(gone))} }}")
+        if came:
+            lines.append(f"add element {where} {{ {', '.join(sorted(came))} }}")
+        return lines
+
+    def _kept(self, old: Ruleset) -> set[str]:
+        """The sets both rulesets have, alike but for their elements."""
+        olds = {s.name: (s.type, s.interval) for s in old.sets}
+        return {s.name for s in self.sets if olds.get(s.name) == (s.type, s.interval)}
+
+    def _rewrite(self, old: Ruleset, kept: set[str], elements: list[str]) -> str:
+        """Every rule replaced in one batch, the sets both rulesets have kept (their elements
+        changed). A new set is added and flushed before it is filled, so one left behind by an
+        earlier update (`leftovers`) starts empty. Chains only the old one has are deleted;
+        sets only the old one has are not: that is `leftovers`, a batch of its own after this
+        one (a packet that began on the old rules just before the commit may still look one
+        up just after it; a set deleted in the same batch would miss, and drop it)."""
+        table = f"{FAMILY} {self.table}"
+        chains = {c.name: c for c in self.chains}
+        lines = [f"flush table {table}"]
+        lines += [
+            f"delete chain {table} {c.name}"
+            for c in old.chains
+            if c.name not in chains or chains[c.name].hook != c.hook
+        ]
+        for new in self.sets:
+            if new.name in kept:
                 continue
-            where = f"{FAMILY} {self.table} {new.name}"
-            if new.interval:
-                # intervals merge and split: the set's elements are replaced, in the one batch
-                lines.append(f"flush set {where}")
-                if new.elements:
-                    lines.append(f"add element {where} {{ {', '.join(sorted(new.elements))} }}")
-                continue
-            gone = before.elements - new.elements
-            came = new.elements - before.elements
-            if gone:
-                lines.append(f"delete element {where} {{ {', '.join(sorted(gone))} }}")
-            if came:
-                lines.append(f"add element {where} {{ {', '.join(sorted(came))} }}")
+            flags = "; flags interval" if new.interval else ""
+            lines.append(f"add set {table} {new.name} {{ type {new.type}{flags}; }}")
+            lines.append(f"flush set {table} {new.name}")
+            if new.elements:
+                lines.append(
+                    f"add element {table} {new.name} {{ {', '.join(sorted(new.elements))} }}"
+                )
+        lines += [
+            f"table {table} {{",
+            *(f"  {c.declaration()}" for c in self.chains),
+            "}",
+            *elements,
+        ]
+        return "\n".join(lines) + "\n"
+
+    def leftovers(self, old: Ruleset | None) -> str:
+        """After `update_from(old)` was applied: the batch deleting the sets only `old` had
+        ("" when none), which no rule names any more."""
+        if old is None or old.table != self.table or old.shape() == self.shape():
+            return ""
+        kept = self._kept(old)
+        table = f"{FAMILY} {self.table}"
+        lines = [f"delete set {table} {s.name}" for s in old.sets if s.name not in kept]
         return "\n".join(lines) + "\n" if lines else ""
 
 

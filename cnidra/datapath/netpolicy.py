@@ -102,10 +102,16 @@ def apply(
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> str:
     """Make the pod's table `ruleset`: `previous` is what was applied last (None on a first
-    apply or a resync: the whole table is written). The batch run ("" when none was)."""
+    apply or a resync: the whole table is written). The batch that changed the policy ("" when
+    nothing changed); the sets only `previous` had are deleted by a second batch after it
+    (`Ruleset.leftovers`: no rule names them by then; left behind if that fails, they are
+    harmless and emptied before any reuse)."""
     script = ruleset.update_from(previous)
     if script:
         run_nft(netns, ("-f", "-"), script, timeout)
+    leftovers = ruleset.leftovers(previous)
+    if leftovers:
+        run_nft(netns, ("-f", "-"), leftovers, timeout)
     return script
 
 

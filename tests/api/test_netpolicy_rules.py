@@ -242,11 +242,29 @@ def test_pods_coming_going_and_moving_are_set_updates(
     assert new.update_from(new) == ""
 
 
-def test_a_policy_change_rewrites_the_table() -> None:
+def test_a_policy_change_rewrites_the_rules_in_place() -> None:
+    """Rules flushed and written again in one batch; sets both have stay (their elements
+    changed), sets and chains only the old one has go; no old state: the whole table."""
     old = compiled(POLICY)
-    new = compiled(mnp({"podSelector": {}}))
-    assert new.update_from(old) == new.script()
-    assert new.update_from(None) == new.script()
+    narrower = mnp(
+        {
+            "podSelector": {},
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": {"app": "web"}}}], "ports": [{"port": 1}]}
+            ],
+        }
+    )
+    script = compiled(narrower).update_from(old).splitlines()
+    assert script[0] == "flush table inet cnidra"
+    assert "delete chain inet cnidra if0_out_tenant" in script
+    assert not any(line.startswith("delete set") for line in script)  # afterwards
+    assert not any("set inet cnidra if0_in_t_0_p4 " in line for line in script)  # kept
+    assert compiled(narrower).leftovers(old).splitlines() == [
+        "delete set inet cnidra if0_out_t_0_n4",
+        "delete set inet cnidra if0_out_t_0_n6",
+    ]
+    assert compiled(narrower).leftovers(compiled(narrower)) == ""
+    assert compiled(narrower).update_from(None) == compiled(narrower).script()
 
 
 def test_where_policy_is_enforced_or_refused() -> None:

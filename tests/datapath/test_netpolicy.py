@@ -10,6 +10,7 @@ namespaces are labelled team=a and team=b; every pod names TCP 8080 `http` and U
 from __future__ import annotations
 
 import json
+import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -335,7 +336,7 @@ def test_a_policy_edit_never_opens_a_window() -> None:
                 for i in range(40):
                     new = compile_for(lab_, "a", [by_block if i % 2 == 0 else by_pod], [])
                     script = netpolicy.apply(lab_.pods["a"], new, applied["a"])
-                    assert script.startswith("add table")
+                    assert script.startswith("flush table")  # the rules rewritten in place
                     applied["a"] = new
                     conn.sendall(b"ping")
                     assert conn.recv(16) == b"ping"
@@ -417,18 +418,28 @@ def _kernel_sets(ns: Path) -> dict[str, set[str]]:
     return found
 
 
+def _kernel_rules(ns: Path) -> list[str]:
+    """The comment of every rule of the table ("" for those without one)."""
+    listing = json.loads(netpolicy.run_nft(ns, ("-j", "list", "table", "inet", "cnidra")))
+    return [i["rule"].get("comment", "") for i in listing["nftables"] if "rule" in i]
+
+
 def test_updates_leave_the_kernel_with_the_new_sets() -> None:
-    """A run of updates (pods moving, an ipBlock edited: a flush and refill of its interval
-    set) applied one after another leaves in the kernel exactly the sets of the last ruleset."""
+    """A run of updates (pods moving; an ipBlock edited: its interval set's networks deleted
+    and added; an egress rule dropped and restored: rules rewritten in place, sets and chains
+    deleted and made) applied one after another leaves in the kernel the sets of the last
+    ruleset, and as many rules."""
     steps = [
-        ("198.18.43.2", "198.18.0.0/24"),
-        ("198.18.43.12", "198.18.0.0/24"),
-        ("198.18.43.12", "198.18.0.0/23"),
-        ("198.18.43.22", "198.18.4.0/22"),
+        ("198.18.43.2", "198.18.0.0/24", True),
+        ("198.18.43.12", "198.18.0.0/24", True),
+        ("198.18.43.12", "198.18.0.0/23", True),
+        ("198.18.43.22", "198.18.4.0/22", False),  # no egress rule: rules and sets go
+        ("198.18.43.22", "198.18.4.0/22", True),  # and come back
+        ("198.18.43.2", "198.18.0.0/24", True),
     ]
     with netns.temporary("cnidra-np-sets") as ns:
         previous = None
-        for web_ip, cidr in steps:
+        for web_ip, cidr, egress in steps:
             pods = (
                 PodOnNetwork("tenant-a", "a", LABELS["a"], ("198.18.43.1",), PORTS),
                 PodOnNetwork("tenant-a", "b", LABELS["b"], (web_ip,), PORTS),
@@ -437,7 +448,10 @@ def test_updates_leave_the_kernel_with_the_new_sets() -> None:
                 {
                     "podSelector": DB,
                     "ingress": [{"from": [{"podSelector": WEB}, {"ipBlock": {"cidr": cidr}}]}],
-                    "egress": [{"to": [{"podSelector": WEB}], "ports": [{"port": "http"}]}],
+                    "policyTypes": ["Ingress", "Egress"],
+                    "egress": [{"to": [{"podSelector": WEB}], "ports": [{"port": "http"}]}]
+                    if egress
+                    else [],
                 }
             )
             v = NetworkView(NETWORK, pods, NAMESPACE_LABELS)
@@ -446,3 +460,9 @@ def test_updates_leave_the_kernel_with_the_new_sets() -> None:
             previous = rs
             want = {s.name: set(s.elements) for s in rs.sets}
             assert _kernel_sets(ns) == want
+            comments = [
+                m[1] if (m := re.search(r'comment "(.*)"', r)) else ""
+                for c in rs.chains
+                for r in c.rules
+            ]
+            assert sorted(_kernel_rules(ns)) == sorted(comments)
