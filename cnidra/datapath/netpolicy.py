@@ -13,6 +13,7 @@ cnidra.api.netpolicy_rules (pure); this module only runs `nft`. docs/network-pol
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import subprocess
 import threading
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from os import PathLike, fspath
 from typing import Any
 
-from cnidra.api.netpolicy_rules import FAMILY, TABLE, Ruleset, delete_script
+from cnidra.api.netpolicy_rules import FAMILY, TABLE, Chain, NftSet, Ruleset, delete_script
 from cnidra.util.netns import setns
 
 NFT = "/usr/sbin/nft"
@@ -101,18 +102,80 @@ def apply(
     *,
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> str:
-    """Make the pod's table `ruleset`: `previous` is what was applied last (None on a first
-    apply or a resync: the whole table is written). The batch that changed the policy ("" when
-    nothing changed); the sets only `previous` had are deleted by a second batch after it
-    (`Ruleset.leftovers`: no rule names them by then; left behind if that fails, they are
-    harmless and emptied before any reuse)."""
+    """Make the pod's table `ruleset`. `previous` is what was applied last; None (a first
+    apply, a resync after a restart) reads the table the kernel has (`read_back`), so a resync
+    too changes the table in place. A batch nft refuses because `previous` was not what the
+    kernel had (a set element already gone) is tried once more from what the kernel has.
+
+    Returns the batch that changed the policy ("" when nothing changed); the sets only the old
+    table had are deleted by a second batch after it (`Ruleset.leftovers`: no rule names them
+    by then; left behind when that fails, they are harmless and emptied before any reuse)."""
+    if previous is None:
+        previous = read_back(netns, ruleset.table, timeout=timeout)
     script = ruleset.update_from(previous)
     if script:
-        run_nft(netns, ("-f", "-"), script, timeout)
+        try:
+            run_nft(netns, ("-f", "-"), script, timeout)
+        except NftTimeout:
+            raise
+        except NftError:
+            previous = read_back(netns, ruleset.table, timeout=timeout)
+            script = ruleset.update_from(previous)
+            if script:
+                run_nft(netns, ("-f", "-"), script, timeout)
     leftovers = ruleset.leftovers(previous)
     if leftovers:
         run_nft(netns, ("-f", "-"), leftovers, timeout)
     return script
+
+
+def parse_table(listing: str, table: str = TABLE) -> Ruleset:
+    """The table as `nft -j list table` shows it, as a Ruleset good for `update_from`: its
+    chains (names and hooks; rules are not read back, so any rewrite replaces them) and its
+    sets with their elements in the compiler's spelling."""
+    chains: list[Chain] = []
+    sets: list[NftSet] = []
+    for item in json.loads(listing).get("nftables", []):
+        if not isinstance(item, dict):
+            continue
+        if "chain" in item:
+            chain = item["chain"]
+            chains.append(Chain(str(chain["name"]), ("<kernel>",), chain.get("hook")))
+        elif "set" in item:
+            found = item["set"]
+            kind = found.get("type")
+            type_ = " . ".join(kind) if isinstance(kind, list) else str(kind)
+            interval = "interval" in found.get("flags", [])
+            elements = frozenset(_element(e, interval) for e in found.get("elem", []))
+            sets.append(NftSet(str(found["name"]), type_, interval, elements))
+    return Ruleset(tuple(chains), tuple(sets), table)
+
+
+def _element(value: Any, interval: bool) -> str:
+    if isinstance(value, dict) and "elem" in value:  # an element with a counter or comment
+        value = value["elem"].get("val")
+    if isinstance(value, dict) and "prefix" in value:
+        return f"{value['prefix']['addr']}/{value['prefix']['len']}"
+    if isinstance(value, dict) and "concat" in value:
+        return " . ".join(str(part) for part in value["concat"])
+    if interval:  # a single address in an interval set: the compiler writes it as a /32 or /128
+        return str(ipaddress.ip_network(str(value)))
+    return str(value)
+
+
+def read_back(
+    netns: str | PathLike[str], table: str = TABLE, *, timeout: float = DEFAULT_TIMEOUT_SECONDS
+) -> Ruleset | None:
+    """The pod's table as the kernel has it; None when it has none."""
+    try:
+        listing = run_nft(netns, ("-j", "list", "table", FAMILY, table), "", timeout)
+    except NftTimeout:
+        raise
+    except NamespaceGone:
+        raise
+    except NftError:
+        return None
+    return parse_table(listing, table)
 
 
 def remove(

@@ -466,3 +466,62 @@ def test_updates_leave_the_kernel_with_the_new_sets() -> None:
                 for r in c.rules
             ]
             assert sorted(_kernel_rules(ns)) == sorted(comments)
+
+
+def _policy_for_sets(cidr: str) -> MultiNetworkPolicy:
+    return mnp(
+        {
+            "podSelector": DB,
+            "ingress": [{"from": [{"podSelector": WEB}, {"ipBlock": {"cidr": cidr}}]}],
+            "egress": [{"to": [{"podSelector": WEB}], "ports": [{"port": "http"}]}],
+        }
+    )
+
+
+def _ruleset(web_ip: str, policy: MultiNetworkPolicy) -> Ruleset:
+    pods = (
+        PodOnNetwork("tenant-a", "a", LABELS["a"], ("198.18.43.1",), PORTS),
+        PodOnNetwork("tenant-a", "b", LABELS["b"], (web_ip,), PORTS),
+    )
+    return compile_pod(
+        pods[0], [PodInterface(IFNAME, NetworkView(NETWORK, pods, NAMESPACE_LABELS))], [policy]
+    )
+
+
+def _comments(rs: Ruleset) -> list[str]:
+    return sorted(
+        m[1] if (m := re.search(r'comment "(.*)"', r)) else "" for c in rs.chains for r in c.rules
+    )
+
+
+def test_a_resync_reads_the_kernel_and_rewrites_in_place() -> None:
+    """After a restart the driver knows nothing of what it applied: apply without `previous`
+    reads the table back and rewrites it in place (no table deleted), ending with exactly the
+    new rules and sets; read back, the kernel's sets are the compiler's (a /32 in an interval
+    set, a concatenation, IPv4 addresses)."""
+    first = _ruleset("198.18.43.2", _policy_for_sets("198.18.0.66/32"))
+    second = _ruleset("198.18.43.12", _policy_for_sets("198.18.4.0/22"))
+    with netns.temporary("cnidra-np-resync") as ns:
+        assert netpolicy.apply(ns, first).startswith("add table")  # nothing there yet
+        back = netpolicy.read_back(ns)
+        assert back is not None
+        assert {s.name: s.elements for s in back.sets} == {s.name: s.elements for s in first.sets}
+        assert netpolicy.apply(ns, second).startswith("flush table")
+        assert _kernel_sets(ns) == {s.name: set(s.elements) for s in second.sets}
+        assert sorted(_kernel_rules(ns)) == _comments(second)
+        netpolicy.apply(ns, second)  # again: the same table
+        assert _kernel_sets(ns) == {s.name: set(s.elements) for s in second.sets}
+
+
+def test_a_previous_out_of_step_with_the_kernel_is_recovered() -> None:
+    """`previous` says b was at .2, the kernel has .5 (an update lost): deleting .2 fails the
+    batch, so apply reads the kernel's table and rewrites from it."""
+    policy = _policy_for_sets("198.18.0.0/24")
+    with netns.temporary("cnidra-np-step") as ns:
+        netpolicy.apply(ns, _ruleset("198.18.43.5", policy))
+        wrong = _ruleset("198.18.43.2", policy)
+        target = _ruleset("198.18.43.12", policy)
+        netpolicy.apply(ns, target, wrong)
+        assert _kernel_sets(ns) == {s.name: set(s.elements) for s in target.sets}
+    with pytest.raises(netpolicy.NamespaceGone):
+        netpolicy.read_back("/run/netns/cnidra-gone-namespace-np")
