@@ -150,7 +150,9 @@ def changes(
             seconds.append(time.perf_counter() - t)
             changed = {k: s for k, s in scripts.items() if s}
             touched.append(len(changed))
-            rewritten.append(sum(s.startswith("add table") for s in changed.values()))
+            rewritten.append(
+                sum(s.startswith(("add table", "flush table")) for s in changed.values())
+            )
             lines.append(sum(s.count("\n") for s in changed.values()))
             applied = new
         out[kind] = {

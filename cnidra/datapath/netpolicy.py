@@ -1,10 +1,14 @@
-"""Network policy enforced with nftables in a network namespace: a pod's table applied (whole, or
-only its sets' elements), removed, and its rule counters read back. The rules are compiled in
+"""Network policy enforced with nftables in a network namespace: a pod's table applied, changed,
+read back, removed, and its rule counters read. The rules are compiled in
 cnidra.api.netpolicy_rules (pure); this module only runs `nft`. docs/network-policy.md.
 
-- **Atomic**: every change is one `nft -f -` batch, which the kernel commits as one
-  transaction: the whole table replaced (`add table; delete table; table {...}`), or set
-  elements changed. No packet ever sees a half-applied policy, nor no policy.
+- **Atomic**: every change of policy is one `nft -f -` batch, which the kernel commits as
+  one transaction: set elements changed, or the rules rewritten in place with the sets kept
+  (`Ruleset.update_from`); the sets no rule names any more are deleted by a batch after it
+  (`Ruleset.leftovers`). No packet ever sees a half-applied policy, nor no policy, and none
+  that both policies allow is dropped by the swap. Only a first apply writes the table whole.
+- **Reconciled**: with no record of what was applied (a restart), the kernel's table is read
+  back (`read_back`) and rewritten in place from it.
 - **In the namespace**: `nft` runs as a child started by a thread that entered the namespace
   (cnidra.util.netns: the calling thread never moves; the child keeps the namespace it was
   started in), so one driver process serves every pod.
