@@ -1,8 +1,8 @@
 """Three "pods" on one L2 segment, for the network policy tests: namespaces of this run (their
 names carry its tag) joined by veths to a bridge in a fourth namespace, addresses from
-198.18.0.0/15, echo servers for TCP and UDP in every pod, and probes that say whether a
-connection or a datagram round trip got through. Everything bounded in time and removed
-whatever happens; the machine's own interfaces are never touched."""
+198.18.0.0/15 and 2001:db8::/32, echo servers for TCP and UDP in every pod, and probes that
+say whether a connection or a datagram round trip got through. Everything bounded in time and
+removed whatever happens; the machine's own interfaces are never touched."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from cnidra.util.netns import entered
 
 IFNAME = "net1"
 PREFIX = "198.18.43"
+PREFIX6 = "2001:db8:43::"  # the IPv6 documentation range
 TCP_PORTS = (8080, 5432, 3050, 3200)
 UDP_PORTS = (5353, 9000)
 PROBE_SECONDS = 0.6
@@ -31,9 +32,16 @@ def ip(ns: Path, *args: str) -> None:
     subprocess.run(["ip", "-n", ns.name, *args], check=True, capture_output=True, timeout=10)
 
 
-def socket_in(ns: Path, kind: int) -> socket.socket:
+def socket_in(ns: Path, kind: int, family: int = socket.AF_INET) -> socket.socket:
     with entered(ns):
-        return socket.socket(socket.AF_INET, kind)
+        return socket.socket(family, kind)
+
+
+def dual_stack(ns: Path, kind: int) -> socket.socket:
+    """An IPv6 socket that takes IPv4 too (as v4-mapped addresses)."""
+    s = socket_in(ns, kind, socket.AF_INET6)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    return s
 
 
 @dataclass
@@ -48,16 +56,16 @@ class Servers:
     def start(self) -> None:
         sel = selectors.DefaultSelector()
         for port in TCP_PORTS:
-            s = socket_in(self.ns, socket.SOCK_STREAM)
+            s = dual_stack(self.ns, socket.SOCK_STREAM)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("0.0.0.0", port))
+            s.bind(("::", port))
             s.listen(64)
             s.setblocking(False)
             sel.register(s, selectors.EVENT_READ, "tcp")
             self.sockets.append(s)
         for port in UDP_PORTS:
-            u = socket_in(self.ns, socket.SOCK_DGRAM)
-            u.bind(("0.0.0.0", port))
+            u = dual_stack(self.ns, socket.SOCK_DGRAM)
+            u.bind(("::", port))
             u.setblocking(False)
             sel.register(u, selectors.EVENT_READ, "udp")
             self.sockets.append(u)
@@ -119,19 +127,24 @@ class Servers:
 class Lab:
     pods: dict[str, Path]  # pod name -> its namespace
     addresses: dict[str, str]
+    addresses6: dict[str, str]
 
     def probe(self, src: str, dst: str, proto: str, port: int) -> bool:
         """Whether a TCP connection (and an echo over it), or a UDP datagram and its echo, from
-        `src` reaches `dst`'s port on the segment and back."""
-        kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
-        sock = socket_in(self.pods[src], kind)
+        `src` reaches `dst`'s port on the segment and back; `proto` tcp or udp over IPv4, tcp6
+        or udp6 over IPv6."""
+        kind = socket.SOCK_STREAM if proto.startswith("tcp") else socket.SOCK_DGRAM
+        v6 = proto.endswith("6")
+        family = socket.AF_INET6 if v6 else socket.AF_INET
+        address = (self.addresses6 if v6 else self.addresses)[dst]
+        sock = socket_in(self.pods[src], kind, family)
         sock.settimeout(PROBE_SECONDS)
         try:
-            if proto == "tcp":
-                sock.connect((self.addresses[dst], port))
+            if kind == socket.SOCK_STREAM:
+                sock.connect((address, port))
                 sock.sendall(b"probe")
                 return sock.recv(16) == b"probe"
-            sock.sendto(b"probe", (self.addresses[dst], port))
+            sock.sendto(b"probe", (address, port))
             data, _ = sock.recvfrom(16)
             return data == b"probe"
         except OSError:  # a timeout, a reset, unreachable
@@ -146,7 +159,7 @@ class Lab:
 
     def readdress(self, pod: str, address: str) -> None:
         ns = self.pods[pod]
-        ip(ns, "addr", "flush", "dev", IFNAME)
+        ip(ns, "addr", "del", f"{self.addresses[pod]}/24", "dev", IFNAME)
         ip(ns, "addr", "add", f"{address}/24", "dev", IFNAME)
         self.addresses[pod] = address
 
@@ -160,6 +173,7 @@ def lab(names: tuple[str, ...] = ("a", "b", "c")) -> Iterator[Lab]:
         ip(switch, "link", "set", "br0", "up")
         pods: dict[str, Path] = {}
         addresses: dict[str, str] = {}
+        addresses6: dict[str, str] = {}
         for n, name in enumerate(names, start=1):
             ns = stack.enter_context(netns.temporary(f"cnidra-np-{name}"))
             port = f"p-{name}"
@@ -180,13 +194,15 @@ def lab(names: tuple[str, ...] = ("a", "b", "c")) -> Iterator[Lab]:
             ip(switch, "link", "set", port, "up")
             address = f"{PREFIX}.{n}"
             ip(ns, "addr", "add", f"{address}/24", "dev", IFNAME)
+            ip(ns, "addr", "add", f"{PREFIX6}{n}/64", "dev", IFNAME, "nodad")
             ip(ns, "link", "set", IFNAME, "up")
             pods[name] = ns
             addresses[name] = address
+            addresses6[name] = f"{PREFIX6}{n}"
             srv = Servers(ns)
             stack.callback(srv.close)  # before its namespace goes
             srv.start()
-        yield Lab(pods, addresses)
+        yield Lab(pods, addresses, addresses6)
 
 
 SO_RCVBUFFORCE = 33  # Linux's; the socket module does not name it

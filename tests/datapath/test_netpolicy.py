@@ -88,7 +88,9 @@ def view(lab_: Lab) -> NetworkView:
     return NetworkView(
         NETWORK,
         tuple(
-            PodOnNetwork(NAMESPACES[p], p, LABELS[p], (lab_.addresses[p],), PORTS)
+            PodOnNetwork(
+                NAMESPACES[p], p, LABELS[p], (lab_.addresses[p], lab_.addresses6[p]), PORTS
+            )
             for p in sorted(lab_.pods)
         ),
         NAMESPACE_LABELS,
@@ -162,6 +164,27 @@ ROWS: list[Row] = [
             ("b", "a", "tcp", 5432, True),
             ("b", "a", "udp", 9000, True),
             ("c", "a", "tcp", 5432, False),
+        ],
+    ),
+    (
+        "IPv6: pods' IPv6 addresses are peers too; neighbour discovery passes a default deny",
+        [mnp({"podSelector": DB, "ingress": [{"from": [{"podSelector": WEB}]}]})],
+        [],
+        [
+            ("b", "a", "tcp6", 5432, True),
+            ("b", "a", "udp6", 9000, True),
+            ("c", "a", "tcp6", 5432, False),
+            ("a", "c", "tcp6", 5432, True),
+        ],
+    ),
+    (
+        "IPv6 default deny both ways: ND still passes, nothing else",
+        [mnp({"podSelector": DB, "policyTypes": ["Ingress", "Egress"]})],
+        [],
+        [
+            ("b", "a", "tcp6", 5432, False),
+            ("a", "b", "udp6", 5353, False),
+            ("b", "c", "tcp6", 8080, True),
         ],
     ),
     (
