@@ -32,6 +32,7 @@ from cnidra.api.netpolicy import (
     ordered_admin,
     tenancy_problems,
 )
+from cnidra.api.validate import validate_documents
 
 FOR = POLICY_FOR_ANNOTATION
 
@@ -674,3 +675,19 @@ def test_the_chart_crds_are_the_ones_the_code_defines(make: Any, name: str) -> N
     assert path.read_text() in (ROOT_DIR / "deploy" / "crds.yaml").read_text()
     columns = {c["name"] for c in make()["spec"]["versions"][0]["additionalPrinterColumns"]}
     assert "Networks" in columns and "Age" in columns
+
+
+def test_validate_judges_policy_documents() -> None:
+    good = mnp({"podSelector": {}}, policy_for="blue, cninetwork:data")
+    bad = mnp({"podSelector": {}, "ingress": [{"ports": [{"port": 0}]}]})
+    admin_bad = anp({**ADMIN_OK, "priority": -1})
+    reports = validate_documents([good, bad, anp(ADMIN_OK), admin_bad])
+    assert [r.kind for r in reports] == [
+        "MultiNetworkPolicy",
+        "MultiNetworkPolicy",
+        "CNIAdminNetworkPolicy",
+        "CNIAdminNetworkPolicy",
+    ]
+    assert not reports[0].issues.items and not reports[2].issues.items
+    assert [str(i.path) for i in reports[1].issues.errors] == ["spec.ingress[0].ports[0].port"]
+    assert [str(i.path) for i in reports[3].issues.errors] == ["spec.priority"]
