@@ -16,10 +16,13 @@ ipBlock with an exception. Measured:
                     was applied (`Ruleset.update_from`), the time per change and how many pods'
                     tables change, by set element lines only
   policy change     one policy's ports edited: the same, and how many tables are rewritten
+  indexed           the same kinds of change (and a pod's labels) through NetworkTables, which
+                    recompiles only the tables a change can touch: ms per change, tables
+                    compiled and changed
   nft (--nft)       the largest table applied whole, then one set update, in milliseconds
 
-This is the pure compile path as it stands (no index from a changed pod to the tables that
-name it: every change recompiles every pod on the node); the agent's wiring is not built yet.
+"changes" recompiles every pod on the node per change (the naive way, for comparison);
+"indexed" is what the agent is to use. The agent's wiring is not built yet.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from cnidra.api.netpolicy_rules import (
     Ruleset,
     compile_pod,
 )
+from cnidra.api.netpolicy_state import NetworkTables, key_of
 
 NETWORK = "bench/blue"
 NAMESPACES = 50
@@ -165,6 +169,60 @@ def changes(
     return out
 
 
+def indexed(
+    all_pods: list[PodOnNetwork], pols: list[MultiNetworkPolicy], n: int, rng: random.Random
+) -> dict[str, Any]:
+    """The same changes through cnidra.api.netpolicy_state.NetworkTables, which recompiles only
+    the tables a change can touch (an address change: none, its sets are edited)."""
+    v = view(all_pods)
+    t = time.perf_counter()
+    state = NetworkTables(
+        NETWORK, {key_of(p): "net1" for p in all_pods}, all_pods, v.namespace_labels, pols
+    )
+    out: dict[str, Any] = {"build_seconds": time.perf_counter() - t}
+
+    def measure(kind: str, event: Any) -> None:
+        seconds, changed, compiles = [], [], []
+        for c in range(n):
+            before = state.compiles
+            t = time.perf_counter()
+            changed.append(len(event(c)))
+            seconds.append(time.perf_counter() - t)
+            compiles.append(state.compiles - before)
+        out[kind] = {
+            "ms_mean": statistics.mean(seconds) * 1000,
+            "ms_max": max(seconds) * 1000,
+            "tables_changed_mean": statistics.mean(changed),
+            "tables_compiled_mean": statistics.mean(compiles),
+        }
+
+    def move(c: int) -> set[Any]:
+        old = rng.choice(all_pods)
+        pod = PodOnNetwork(old.namespace, old.name, old.labels, (f"198.18.201.{c + 1}",), old.ports)
+        return state.set_pod(pod)
+
+    def relabel(c: int) -> set[Any]:
+        old = state.pods[key_of(rng.choice(all_pods))]
+        pod = PodOnNetwork(
+            old.namespace, old.name, {"app": f"app{rng.randrange(APPS)}"}, old.addresses, old.ports
+        )
+        return state.set_pod(pod)
+
+    def edit(c: int) -> set[Any]:
+        p = rng.choice(pols)
+        rules = tuple(type(r)(r.peers, r.ports[: 1 + c % 2]) for r in p.ingress)
+        return state.set_policy(
+            MultiNetworkPolicy(
+                p.namespace, p.name, p.targets, p.pod_selector, rules, p.egress, p.policy_types
+            )
+        )
+
+    measure("address", move)
+    measure("labels", relabel)
+    measure("policy", edit)
+    return out
+
+
 def nft_timing(largest: Ruleset, update: Ruleset) -> dict[str, float]:
     from cnidra.cni import netns
     from cnidra.datapath import netpolicy
@@ -208,6 +266,7 @@ def main() -> None:
         "largest_script_bytes": len(tables[largest_name].script()),
     }
     result["changes"] = changes(list(all_pods), list(pols), dict(tables), args.changes, rng)
+    result["indexed"] = indexed(list(all_pods), list(pols), args.changes * 10, rng)
     if args.nft:
         moved = list(all_pods)
         moved[0] = PodOnNetwork(
