@@ -32,6 +32,7 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from cnidra.api.netpolicy import (
     Action,
@@ -607,3 +608,24 @@ def enforcement(plugin_type: str, *, kernel_netdev: bool = True) -> Enforcement:
     return Enforcement(
         None, refused=f"plugin type {plugin_type!r} is not known to give a kernel interface"
     )
+
+
+def undoes_pod_side(pod_spec: Mapping[str, Any]) -> list[str]:
+    """The containers of a pod (its spec) that could delete a policy table enforced in the
+    pod's namespace: privileged, or given CAP_NET_ADMIN (or ALL), in containers, init
+    containers or ephemeral containers. A pod sharing the host's network namespace has no
+    secondary interfaces of cnidra's and is not asked about. For `describe` and a condition."""
+    found = []
+    for field_name in ("initContainers", "containers", "ephemeralContainers"):
+        for container in pod_spec.get(field_name) or []:
+            if not isinstance(container, Mapping):
+                continue
+            context = container.get("securityContext") or {}
+            if not isinstance(context, Mapping):
+                continue
+            caps = context.get("capabilities") or {}
+            added = caps.get("add") or [] if isinstance(caps, Mapping) else []
+            names = {str(c).upper().removeprefix("CAP_") for c in added}
+            if context.get("privileged") is True or names & {"NET_ADMIN", "ALL"}:
+                found.append(str(container.get("name", "?")))
+    return found

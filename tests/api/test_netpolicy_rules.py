@@ -26,6 +26,7 @@ from cnidra.api.netpolicy_rules import (
     compile_pod,
     delete_script,
     enforcement,
+    undoes_pod_side,
 )
 
 NET = "tenant-a/blue"
@@ -275,3 +276,19 @@ def test_where_policy_is_enforced_or_refused() -> None:
     assert "vfio-pci" in enforcement("sriov", kernel_netdev=False).refused
     assert enforcement("dpdk").where is None
     assert "not known" in enforcement("someone-elses").refused
+
+
+def test_pods_that_could_undo_pod_side_enforcement_are_named() -> None:
+    spec = {
+        "initContainers": [
+            {"name": "setup", "securityContext": {"capabilities": {"add": ["CAP_NET_ADMIN"]}}}
+        ],
+        "containers": [
+            {"name": "app"},
+            {"name": "priv", "securityContext": {"privileged": True}},
+            {"name": "all", "securityContext": {"capabilities": {"add": ["all"]}}},
+            {"name": "raw", "securityContext": {"capabilities": {"add": ["NET_RAW"]}}},
+        ],
+    }
+    assert undoes_pod_side(spec) == ["setup", "priv", "all"]
+    assert undoes_pod_side({"containers": [{"name": "app"}]}) == []
