@@ -930,6 +930,28 @@ def decode_admin_policy(
     )
 
 
+def interface_target(
+    *,
+    claim_namespace: str,
+    config_name: str,
+    attachment_definition: tuple[str, str] | None = None,
+    cninetwork: str | None = None,
+    device_class: str | None = None,
+    claim_defined: bool = False,
+) -> Target:
+    """The network an attached interface is on, as `policy-for` names it: the reference the
+    claim (or its class) made, else the DeviceClass's own network, else the claim's network
+    (the prepare facts: cnidra.dra.resolve decides `claim_defined` as it names the network for
+    the plugins, cnidra.api.ownership). `attachment_definition`: the NAD's namespace and name."""
+    if attachment_definition is not None:
+        return Target(TargetKind.NAD, attachment_definition[1], attachment_definition[0])
+    if cninetwork is not None:
+        return Target(TargetKind.CNINETWORK, cninetwork)
+    if device_class is not None and not claim_defined:
+        return Target(TargetKind.DEVICECLASS, device_class)
+    return Target(TargetKind.CLAIM, config_name, claim_namespace)
+
+
 # ------------------------------------------------------------------------------ tenancy
 
 

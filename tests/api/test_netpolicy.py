@@ -29,6 +29,7 @@ from cnidra.api.netpolicy import (
     decode_policy,
     decode_selector,
     decode_targets,
+    interface_target,
     ordered_admin,
     tenancy_problems,
 )
@@ -691,3 +692,14 @@ def test_validate_judges_policy_documents() -> None:
     assert not reports[0].issues.items and not reports[2].issues.items
     assert [str(i.path) for i in reports[1].issues.errors] == ["spec.ingress[0].ports[0].port"]
     assert [str(i.path) for i in reports[3].issues.errors] == ["spec.priority"]
+
+
+def test_an_interface_is_on_the_network_its_reference_names() -> None:
+    base = {"claim_namespace": "tenant-a", "config_name": "blue"}
+    assert interface_target(**base, attachment_definition=("other", "red")).key == "other/red"
+    assert interface_target(**base, cninetwork="data-a").key == "cninetwork:data-a"
+    assert interface_target(**base, device_class="gold").key == "deviceclass:gold"
+    assert interface_target(**base, device_class="gold", claim_defined=True).key == (
+        "claim:tenant-a/blue"
+    )
+    assert interface_target(**base).key == "claim:tenant-a/blue"
