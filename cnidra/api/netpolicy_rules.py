@@ -449,8 +449,17 @@ def _join(*parts: str) -> str:
     return " ".join(p for p in parts if p)
 
 
+_COMMENT_SAFE = frozenset(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ._-/:()[],=@+"
+)
+
+
 def _quote(text: str) -> str:
-    return '"' + text.replace('"', "'")[:120] + '"'
+    """A quoted nft string of at most 120 bytes (nft's comments hold 128). What a user wrote
+    (an admin rule's name) reaches the script only through here: every character but a few
+    safe ASCII ones becomes '_', so no quote, backslash or line break ends the string or the
+    command."""
+    return '"' + "".join(c if c in _COMMENT_SAFE else "_" for c in text[:120]) + '"'
 
 
 def _admin_verdict(action: Action) -> str:

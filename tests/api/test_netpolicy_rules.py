@@ -292,3 +292,26 @@ def test_pods_that_could_undo_pod_side_enforcement_are_named() -> None:
     }
     assert undoes_pod_side(spec) == ["setup", "priv", "all"]
     assert undoes_pod_side({"containers": [{"name": "app"}]}) == []
+
+
+def test_what_a_user_writes_cannot_break_out_of_a_comment() -> None:
+    rs = compiled(
+        admins=(
+            admin(
+                {
+                    "ingress": [
+                        {
+                            "name": 'x" accept\nadd rule inet cnidra input accept #\\',
+                            "action": "Deny",
+                            "from": [{"namespaces": {}}],
+                        }
+                    ]
+                }
+            ),
+        )
+    )
+    (line, _) = chains(rs)["if0_in_admin"]
+    assert line.endswith(
+        'comment "admin/adm ingress[0] x_ accept_add rule inet cnidra input accept __"'
+    )
+    assert line.count('"') == 2 and "\n" not in line and "\\" not in line
