@@ -70,6 +70,11 @@ ALWAYS_OUT = (
 _PROTO = {"TCP": "tcp", "UDP": "udp", "SCTP": "sctp"}
 
 
+class UnenforceableInterface(ValueError):
+    """An interface policy cannot be written for; the caller fails closed (refuses the
+    interface, flags the policy) rather than leave it unpoliced."""
+
+
 # ---------------------------------------------------------------------------- the input
 
 
@@ -553,6 +558,12 @@ def compile_pod(
     chains: list[Chain] = []
     for index, iface in enumerate(interfaces):
         prefix = f"if{index}"
+        if not iface.ifname or any(c not in _COMMENT_SAFE or c == " " for c in iface.ifname):
+            # the rule would name another interface (or none): refuse, never leave it open
+            raise UnenforceableInterface(
+                f"interface {iface.ifname!r}: its name holds characters an nft rule cannot "
+                "match exactly (letters, digits and ._-/:()[],=@+ only)"
+            )
         name = _quote(iface.ifname)
         dispatch_in.append(f"iifname {name} jump {prefix}_in")
         dispatch_out.append(f"oifname {name} jump {prefix}_out")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +24,7 @@ from cnidra.api.netpolicy_rules import (
     PodInterface,
     PodOnNetwork,
     Ruleset,
+    UnenforceableInterface,
     compile_pod,
     delete_script,
     enforcement,
@@ -315,3 +317,9 @@ def test_what_a_user_writes_cannot_break_out_of_a_comment() -> None:
         'comment "admin/adm ingress[0] x_ accept_add rule inet cnidra input accept __"'
     )
     assert line.count('"') == 2 and "\n" not in line and "\\" not in line
+
+
+def test_an_interface_name_nft_cannot_match_exactly_is_refused() -> None:
+    for bad in ('net"1', "net\\1", "nét1", "net 1"):
+        with pytest.raises(UnenforceableInterface, match="cannot match exactly"):
+            compile_pod(DB, [PodInterface(bad, view(DB))], [])
