@@ -992,6 +992,45 @@ def tenancy_problems(
     return issues
 
 
+@dataclass(frozen=True)
+class CatalogAccess:
+    """A `NetworkAccess` from what the cluster holds: the CNINetworks (their `namespaces` and
+    `namespaceSelector`: cnidra.api.networks.NamedNetwork.admits), the DeviceClasses (a class's
+    CNIPolicy `namespaces`/`namespaceSelector` when it has them; else every namespace may
+    allocate from it), the namespaces' labels, and per namespace the other namespaces' NADs
+    its claims reference (Multus lets a pod use another namespace's NAD; a policy for it is
+    then its own pods' business)."""
+
+    cninetworks: Mapping[str, Any]  # name -> NamedNetwork (anything with `admits`)
+    device_classes: Mapping[str, Any]  # name -> its CNIPolicy (anything with `applies_to`) or None
+    namespace_labels: Mapping[str, Mapping[str, str]]
+    nads_in_use: Mapping[str, frozenset[str]]  # namespace -> "ns/name" of NADs it uses
+
+    def __call__(self, namespace: str, target: Target) -> str | None:
+        labels = self.namespace_labels.get(namespace)
+        if target.kind is TargetKind.CNINETWORK:
+            network = self.cninetworks.get(target.name)
+            if network is None:
+                return f"there is no CNINetwork {target.name}"
+            why: str | None = network.admits(namespace, labels)
+            return why
+        if target.kind is TargetKind.DEVICECLASS:
+            if target.name not in self.device_classes:
+                return f"there is no DeviceClass {target.name} of cnidra's"
+            policy = self.device_classes[target.name]
+            if policy is None or policy.applies_to(namespace, labels) is not False:
+                return None
+            return f"DeviceClass {target.name}'s CNIPolicy does not cover namespace {namespace}"
+        if target.kind is TargetKind.NAD:
+            if target.key in self.nads_in_use.get(namespace, frozenset()):
+                return None
+            return (
+                f"a NetworkAttachmentDefinition of namespace {target.namespace} that no claim "
+                f"of {namespace} uses"
+            )
+        return f"a claim-defined network of namespace {target.namespace}"
+
+
 def ordered_admin(policies: Iterable[AdminNetworkPolicy]) -> list[AdminNetworkPolicy]:
     """The admin tier in evaluation order: priority (0 first), then name (two policies at one
     priority are ordered by name, so every node evaluates them alike)."""

@@ -18,6 +18,7 @@ from cnidra.api.issues import ROOT, Issues
 from cnidra.api.netpolicy import (
     POLICY_FOR_ANNOTATION,
     Action,
+    CatalogAccess,
     IPBlock,
     Selector,
     Target,
@@ -33,6 +34,8 @@ from cnidra.api.netpolicy import (
     ordered_admin,
     tenancy_problems,
 )
+from cnidra.api.networks import NamedNetwork
+from cnidra.api.policy import CNIPolicy, LabelSelector
 from cnidra.api.validate import validate_documents
 
 FOR = POLICY_FOR_ANNOTATION
@@ -703,3 +706,27 @@ def test_an_interface_is_on_the_network_its_reference_names() -> None:
         "claim:tenant-a/blue"
     )
     assert interface_target(**base).key == "claim:tenant-a/blue"
+
+
+def test_catalog_access_is_what_the_cluster_lets_the_namespace_use() -> None:
+    shared = NamedNetwork("CNINetwork shared", {}, ROOT, True, namespaces=("tenant-a",))
+    labelled = NamedNetwork(
+        "CNINetwork lab", {}, ROOT, True, namespace_selector=LabelSelector(matchLabels={"t": "x"})
+    )
+    gold = CNIPolicy.model_validate({"namespaces": ["tenant-b"]})
+    access = CatalogAccess(
+        {"shared": shared, "lab": labelled},
+        {"gold": gold, "open": None},
+        {"tenant-a": {"t": "x"}},
+        {"tenant-a": frozenset({"other/used"})},
+    )
+    policy = _policy(
+        "cninetwork:shared, cninetwork:lab, deviceclass:open, other/used, "
+        "cninetwork:nope, deviceclass:gold, other/unused, deviceclass:nope"
+    )
+    found = errors(tenancy_problems(policy, access))
+    assert len(found) == 4, found
+    assert "there is no CNINetwork nope" in found[0]
+    assert "CNIPolicy does not cover namespace tenant-a" in found[1]
+    assert "no claim of tenant-a uses" in found[2]
+    assert "there is no DeviceClass nope" in found[3]
