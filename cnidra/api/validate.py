@@ -33,6 +33,7 @@ from cnidra.api.merge import ConfigEntry, Source, applicable, merge_parameters, 
 from cnidra.api.multus import NETWORKS_ANNOTATION
 from cnidra.api.naming import NamingError, Slot, assign_names, prefix_problem
 from cnidra.api.netconf import to_conflist, validate_network_config
+from cnidra.api.netpolicy import ADMIN_KIND, MNP_KIND, decode_admin_policy, decode_policy
 from cnidra.api.networks import (
     NAD_KIND,
     NETWORK_KIND,
@@ -945,6 +946,8 @@ def validate_document(
             pool_from_object(doc)
         except PoolError as exc:
             issues.error(ROOT / "spec", str(exc))
+    elif kind in (MNP_KIND, ADMIN_KIND):  # network policy (docs/network-policy.md)
+        issues.extend((decode_policy if kind == MNP_KIND else decode_admin_policy)(doc)[1].items)
     elif api_version == API_VERSION or kind in (KIND, LEGACY_KIND):
         model = parse_parameters(doc, ROOT, issues, complete=True)
         if model is not None:
@@ -997,7 +1000,8 @@ def validate_document(
         issues.warn(
             ROOT / "kind",
             f"skipped: cnidra validates ResourceClaim, ResourceClaimTemplate, DeviceClass, "
-            f"CNIConfig, {NETWORK_KIND}, {POOL_KIND}, {NAD_KIND}, CNI conf files (type or "
+            f"CNIConfig, {NETWORK_KIND}, {POOL_KIND}, {NAD_KIND}, {MNP_KIND}, {ADMIN_KIND}, "
+            "CNI conf files (type or "
             "plugins) and the claims of a Pod (or a workload's pod template), not "
             + (describe(doc["kind"]) if "kind" in doc else "a document without kind"),
         )

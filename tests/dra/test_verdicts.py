@@ -32,6 +32,7 @@ def params(**extra: Any) -> dict[str, Any]:
     }
     return p
 
+
 RANGE = {"subnet": "198.18.0.0/24"}
 
 
