@@ -10,6 +10,7 @@ import signal
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,28 @@ from testbed.harness import ROOT, Cluster, DriverProcess
 from testbed.incluster import Release, wait_gone
 from tests.testbed.objects import DRIVER, apply, claiming_pod, cni_config, ready, template
 
+# the session's image build (`image`), started in the background as soon as the session holds
+# the test bed, when a selected test needs the image: its minute of mmdebstrap and wheel
+# building overlaps the first modules' tests, which mostly wait on kubelet
+IMAGE_BUILD = pytest.StashKey[Future[tuple[str, str]]]()
+
+
+def needs_image(session: pytest.Session) -> bool:
+    full = os.environ.get("CNIDRA_TEST_FULL") == "1"
+    return any(
+        "image" in item.fixturenames or (full and "deployment" in item.fixturenames)
+        for item in session.items
+    )
+
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
-    with tb.session() as bins:
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    from testbed.incluster import build_images
+
+    # after the session lock: two sessions' builds would share the build's work directory
+    with tb.session() as bins, ThreadPoolExecutor(1, thread_name_prefix="image") as pool:
+        if needs_image(request.session):
+            request.session.stash[IMAGE_BUILD] = pool.submit(build_images)
         yield Cluster(bins, tb.env_dict())
 
 
@@ -306,12 +325,13 @@ def second_node(cluster: Cluster) -> Iterator[tb.Node]:
 
 
 @pytest.fixture(scope="session")
-def image(cluster: Cluster) -> str:
+def image(request: pytest.FixtureRequest, cluster: Cluster) -> str:
     """`make image`'s image and `make image-cni-plugins`' (the reinstall test's), built once per
     session from one build and loaded into the test bed's containerd; the plain one's digest."""
     from testbed.incluster import PLUGINS_IMAGE_ARCHIVE, build_images, load_image
 
-    digest, _ = build_images()
+    build = request.session.stash.get(IMAGE_BUILD, None)
+    digest, _ = build.result(timeout=900) if build else build_images()
     load_image(cluster)
     load_image(cluster, PLUGINS_IMAGE_ARCHIVE)
     return digest

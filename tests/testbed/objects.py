@@ -15,6 +15,12 @@ from testbed.harness import Cluster
 DRIVER = "cni.dra.networking.x-k8s.io"
 
 
+# the tests' containers: a PID 1 that exits on SIGTERM. `sleep` as PID 1 ignores it, so every
+# deletion sat out the grace period and kubelet's kill: 5.0 s a pod, 1.4 s with this (measured
+# on the test bed, one pod, `kubectl delete`)
+SLEEP = ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
+
+
 def pod(name: str, image: str, **spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -22,7 +28,7 @@ def pod(name: str, image: str, **spec: Any) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {
             "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "c", "image": image, "command": ["sleep", "3600"]}],
+            "containers": [{"name": "c", "image": image, "command": SLEEP}],
             **spec,
         },
     }

@@ -22,7 +22,7 @@ from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
 from testbed.harness import ROOT, Cluster, DriverProcess
 from tests.testbed.conftest import cnidra_crds, pool_leases
-from tests.testbed.objects import env_image, pod_addresses, ready
+from tests.testbed.objects import SLEEP, env_image, pod_addresses, ready
 
 pytestmark = pytest.mark.testbed
 DRIVER = "cni.dra.networking.x-k8s.io"
@@ -62,7 +62,7 @@ def test_the_readme_example_runs_with_the_shipped_defaults(
     selector["cel"]["expression"] = f'device.attributes["{DRIVER}"].ifName == "{link}"'
     [container] = pod["spec"]["containers"]
     assert container["resources"]["claims"] == [{"name": "data"}]  # the container gate holds it
-    container.update(image=env_image(), command=["sleep", "3600"])
+    container.update(image=env_image(), command=SLEEP)
     container.pop("args", None)
     pod["spec"]["terminationGracePeriodSeconds"] = 1
     driver = DriverProcess(cluster, tmp_path, defaults=True)  # as deploy/ runs it
@@ -161,7 +161,7 @@ def test_a_multus_deployment_converted_runs(
     for doc in docs:  # the test bed's busybox, which stays up
         if doc["kind"] == "Deployment":
             [container] = doc["spec"]["template"]["spec"]["containers"]
-            container.update(image=env_image(), command=["sleep", "3600"], args=[])
+            container.update(image=env_image(), command=SLEEP, args=[])
             doc["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 1
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "crds.yaml"))
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))
@@ -259,9 +259,7 @@ def test_each_runnable_example_runs(
                               "containers": []}})  # fmt: skip
         docs.append(pods[-1])
     for pod in pods:
-        pod["spec"]["containers"] = [
-            {"name": "c", "image": env_image(), "command": ["sleep", "3600"]}
-        ]
+        pod["spec"]["containers"] = [{"name": "c", "image": env_image(), "command": SLEEP}]
         pod["spec"]["terminationGracePeriodSeconds"] = 1
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "crds.yaml"))
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "deviceclass.yaml"))

@@ -19,6 +19,7 @@ from testbed.harness import ROOT, Cluster, DriverProcess, read_checkpoint
 from testbed.incluster import InClusterDriver, Release
 from tests.testbed.conftest import Drivers
 from tests.testbed.objects import (
+    SLEEP,
     claims_of,
     device_template,
     env_image,
@@ -109,7 +110,7 @@ def claimed_pod(name: str, *templates: str) -> dict[str, Any]:
             {
                 "name": "c",
                 "image": env_image(),
-                "command": ["sleep", "3600"],
+                "command": SLEEP,
                 "resources": {"claims": [{"name": c["name"]} for c in claims]},
             }
         ],
