@@ -5,17 +5,24 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeGuard, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from pydantic import ValidationError
 
+from cnidra.api.claimspec import (
+    Request,
+    devices_of,
+    is_dns_label,
+    read_configs,
+    read_requests,
+    read_spec,
+)
 from cnidra.api.constants import (
     API_GROUP,
     API_VERSION,
@@ -50,20 +57,7 @@ from cnidra.api.policy import check_claim, is_policy, parse_policy
 from cnidra.api.types import CNICONFIG_FIELDS, CNIConfig
 
 KNOWN_CAPABILITIES = ("portMappings", "bandwidth", "ips", "mac", "dns", "infinibandGUID")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-
-def is_dns_label(value: object) -> TypeGuard[str]:
-    return isinstance(value, str) and len(value) <= 63 and bool(_DNS_LABEL.match(value))
-
-
 _OLD_DRIVER_NAMES = ("cni.dra.networking.k8s.io", "poc.dra.networking")
-# DRA's bounds on a claim (k8s.io/api/resource/v1: DeviceRequestsMaxSize, DeviceConfigMaxSize,
-# FirstAvailableDeviceRequestMaxSize); the apiserver refuses more, so does cnidra validate, and
-# what is judged stays within them whatever a file holds
-MAX_REQUESTS = 32
-MAX_CONFIGS = 32
-MAX_SUBREQUESTS = 8
 # the most --max-attachments-per-pod allows: a pod's interfaces are named up to this many
 MAX_POD_INTERFACES = 64
 MAX_HINTED = 64  # classes a "did you mean" looks through
@@ -79,20 +73,6 @@ class DocumentReport:
     resolved: list[ResolvedRequest] = field(default_factory=list)
     # why the document is not cnidra's to judge (another driver's claim), when it is not
     skipped: str | None = None
-
-
-@dataclass
-class Request:
-    name: str
-    device_class: str | None
-    path: FieldPath
-    count: Any = 1
-    mode: Any = "ExactCount"
-    spec_path: FieldPath | None = None  # where count and deviceClassName are (exactly's)
-
-    @property
-    def fields(self) -> FieldPath:
-        return self.spec_path if self.spec_path is not None else self.path
 
 
 @dataclass
@@ -546,36 +526,21 @@ def claim_entries(
     request_names: set[str],
     source: Source = Source.CLAIM,
 ) -> list[ConfigEntry]:
-    configs = devices.get("config") or []
-    if not isinstance(configs, list):
-        issues.error(base / "config", f"must be a list, got {describe(configs)}")
-        return []
-    configs = _within_dra_bound(configs, MAX_CONFIGS, "configs", base / "config", issues)
+    """Our driver's configs of `devices` (a claim's or a DeviceClass's, at `base`), each read
+    by the one reader (cnidra.api.claimspec) and judged."""
     parents = {n.split("/", 1)[0] for n in request_names}
     known = listing(sorted(request_names)) or "none"
     entries: list[ConfigEntry] = []
-    for i, cfg in enumerate(configs):
-        cpath = base / "config" / i
-        if not isinstance(cfg, dict):
-            issues.error(cpath, f"must be an object, got {describe(cfg)}")
-            continue
-        requests = cfg.get("requests") or []
-        if not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
-            issues.error(
-                cpath / "requests", f"must be a list of request names, got {describe(requests)}"
-            )
-            requests = []
-        for j, name in enumerate(requests):
+    for cfg in read_configs(devices.get("config"), base / "config", issues):
+        cpath = cfg.path
+        for j, name in enumerate(cfg.requests):
             if source is Source.CLAIM and name not in request_names and name not in parents:
                 issues.error(
                     cpath / "requests" / j,
                     f"names request {name!r}, which spec.devices.requests does not define; "
                     f"known: {known}",
                 )
-        opaque = cfg.get("opaque")
-        if not isinstance(opaque, dict):
-            continue
-        driver = opaque.get("driver")
+        driver = cfg.driver
         if driver in _OLD_DRIVER_NAMES:
             issues.warn(
                 cpath / "opaque" / "driver",
@@ -584,17 +549,17 @@ def claim_entries(
             )
         if driver != DRIVER_NAME:
             continue
-        ppath = cpath / "opaque" / "parameters"
+        ppath = cfg.parameters_path
         # read once (bounds, a JSON-string config parsed): the policy and the validator judge
         # this form, and it is what reaches the plugins
         before = issues.error_count
-        params = read_parameters(opaque.get("parameters"), ppath, issues)
+        params = read_parameters(cfg.parameters, ppath, issues)
         if issues.error_count > before:
             continue
         if isinstance(params, dict) and is_policy(params):
             if source is Source.CLASS:
                 parse_policy(params, ppath, issues)
-                entries.append(ConfigEntry(source, params, tuple(requests), ppath))
+                entries.append(ConfigEntry(source, params, cfg.requests, ppath))
             else:
                 issues.error(ppath / "kind", "a CNIPolicy comes from a DeviceClass, not a claim")
             continue
@@ -604,158 +569,9 @@ def claim_entries(
         )
         if checked is not None or isinstance(params, dict):
             entries.append(
-                ConfigEntry(
-                    source, params if isinstance(params, dict) else {}, tuple(requests), ppath
-                )
+                ConfigEntry(source, params if isinstance(params, dict) else {}, cfg.requests, ppath)
             )
     return entries
-
-
-def _within_dra_bound(
-    items: list[Any], limit: int, what: str, path: FieldPath, issues: Issues
-) -> list[Any]:
-    """The first `limit` items, and an error when there are more (the apiserver refuses them)."""
-    if len(items) > limit:
-        issues.error(
-            path,
-            f"has {len(items):,} {what}; DRA allows at most {limit} (the apiserver refuses "
-            "more); the rest are not checked",
-        )
-    return items[:limit]
-
-
-# The fields of a device request by DRA API version, as the apiserver's strict decoding knows
-# them (k8s.io/api/resource/...): v1beta1 puts a request's fields on it; v1beta2 and v1 under
-# `exactly` (or alternatives in `firstAvailable`)
-_EXACT_FIELDS = (
-    "deviceClassName", "selectors", "allocationMode", "count", "adminAccess", "tolerations",
-    "capacity",
-)  # fmt: skip
-_SUB_FIELDS = (
-    "name", "deviceClassName", "selectors", "allocationMode", "count", "tolerations", "capacity",
-)  # fmt: skip
-_REQUEST_FIELDS = {
-    "resource.k8s.io/v1": ("name", "exactly", "firstAvailable"),
-    "resource.k8s.io/v1beta2": ("name", "exactly", "firstAvailable"),
-    "resource.k8s.io/v1beta1": ("name", *_EXACT_FIELDS, "firstAvailable"),
-}
-_DEVICES_FIELDS = ("requests", "constraints", "config")
-
-
-def _unknown_fields(
-    obj: Mapping[str, Any], allowed: Sequence[str], path: FieldPath, issues: Issues, what: str
-) -> None:
-    """The apiserver refuses a field its schema does not have (kubectl's strict decoding)."""
-    for key in obj:
-        if key in allowed:
-            continue
-        close = difflib.get_close_matches(str(key), allowed, n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        issues.error(
-            path / str(key),
-            f"is not a field of {what}, so the apiserver refuses it{hint} (allowed: "
-            f"{', '.join(allowed)})",
-        )
-
-
-def _check_request_shape(
-    req: Mapping[str, Any], rpath: FieldPath, api_version: Any, issues: Issues
-) -> None:
-    """A request in the shape its API version has (the apiserver refuses another); nothing
-    for a version not given (None) or not DRA's."""
-    allowed = _REQUEST_FIELDS.get(str(api_version))
-    if allowed is None:
-        return  # not a DRA version: told at apiVersion
-    if "exactly" in allowed:
-        flat = [k for k in req if k in _EXACT_FIELDS]
-        for key in flat:
-            issues.error(
-                rpath / key,
-                f"belongs under exactly in {api_version} (v1beta1 put it on the request); "
-                f"the apiserver refuses it here: write exactly: {{{key}: ...}}",
-            )
-        _unknown_fields(
-            {k: v for k, v in req.items() if k not in flat},
-            allowed,
-            rpath,
-            issues,
-            f"a {api_version} device request",
-        )
-        has = [k for k in ("exactly", "firstAvailable") if k in req]
-        if len(has) != 1 and not flat:
-            issues.error(
-                rpath,
-                "must set exactly one of exactly (one device of a class) or firstAvailable "
-                f"(alternatives); it sets {' and '.join(has) or 'neither'}",
-            )
-        exactly = req.get("exactly")
-        if isinstance(exactly, dict):
-            _unknown_fields(
-                exactly, _EXACT_FIELDS, rpath / "exactly", issues, "a request's exactly"
-            )
-    else:
-        _unknown_fields(req, allowed, rpath, issues, f"a {api_version} device request")
-    subs = req.get("firstAvailable")
-    for j, sub in enumerate(subs if isinstance(subs, list) else []):
-        if isinstance(sub, dict):
-            _unknown_fields(sub, _SUB_FIELDS, rpath / "firstAvailable" / j, issues, "a subrequest")
-
-
-def _requests(
-    devices: Mapping[str, Any], base: FieldPath, issues: Issues, api_version: Any = None
-) -> list[Request]:
-    if api_version in _REQUEST_FIELDS:
-        _unknown_fields(devices, _DEVICES_FIELDS, base, issues, "a claim's devices")
-    raw = devices.get("requests")
-    if not isinstance(raw, list) or not raw:
-        issues.error(base / "requests", "must list at least one device request")
-        return []
-    raw = _within_dra_bound(raw, MAX_REQUESTS, "requests", base / "requests", issues)
-    out: list[Request] = []
-    for i, req in enumerate(raw):
-        rpath = base / "requests" / i
-        if not isinstance(req, dict):
-            issues.error(rpath, f"must be an object with a name, got {describe(req)}")
-            continue
-        _check_request_shape(req, rpath, api_version, issues)
-        name = req.get("name")
-        if not is_dns_label(name):
-            issues.error(
-                rpath / "name",
-                f"{describe(name)} must be a DNS label (lowercase letters, "
-                "digits and '-', at most 63 characters)",
-            )
-            continue
-        exactly: dict[str, Any] = req["exactly"] if isinstance(req.get("exactly"), dict) else req
-        alternatives = req.get("firstAvailable")
-        if isinstance(alternatives, list):
-            alternatives = _within_dra_bound(
-                alternatives, MAX_SUBREQUESTS, "subrequests", rpath / "firstAvailable", issues
-            )
-            for j, sub in enumerate(alternatives):
-                if isinstance(sub, dict) and isinstance(sub.get("name"), str):
-                    out.append(
-                        Request(
-                            f"{name}/{sub['name']}",
-                            sub.get("deviceClassName"),
-                            rpath / "firstAvailable" / j,
-                            sub.get("count", 1),
-                            sub.get("allocationMode", "ExactCount"),
-                        )
-                    )
-        else:
-            where = rpath / "exactly" if isinstance(req.get("exactly"), dict) else rpath
-            out.append(
-                Request(
-                    name,
-                    exactly.get("deviceClassName"),
-                    rpath,
-                    exactly.get("count", 1),
-                    exactly.get("allocationMode", "ExactCount"),
-                    where,
-                )
-            )
-    return out
 
 
 # ---------------------------------------------------------------- documents
@@ -1062,17 +878,11 @@ def _validate_claim(
 ) -> list[ResolvedRequest]:
     """`shape`: the apiserver's own checks of the claim's shape too (offline: the webhook and
     prepare get claims the apiserver decoded and checked already)."""
-    base = ROOT / "spec"
-    spec: Any = doc.get("spec")
-    if kind == "ResourceClaimTemplate":
-        spec = spec.get("spec") if isinstance(spec, dict) else None
-        base = base / "spec"
-    devices = spec.get("devices") if isinstance(spec, dict) else None
+    devices, dpath = devices_of({**doc, "kind": kind})
     if not isinstance(devices, dict):
-        issues.error(base / "devices", "is required: the device requests and their config")
+        issues.error(dpath, "is required: the device requests and their config")
         return []
-    dpath = base / "devices"
-    requests = _requests(devices, dpath, issues, doc.get("apiVersion") if shape else None)
+    requests = read_requests(devices, dpath, issues, doc.get("apiVersion") if shape else None)
     own = claim_entries(devices, dpath, issues, {r.name for r in requests})
     out: list[ResolvedRequest] = []
     meta = doc.get("metadata")
@@ -1207,29 +1017,18 @@ class Admission:
     annotations: Mapping[str, str] | None = None
 
     def judge(self, doc: Mapping[str, Any], kind: str, issues: Issues) -> None:
-        base = ROOT / "spec" / "spec" if kind == "ResourceClaimTemplate" else ROOT / "spec"
-        spec: Any = doc.get("spec")
-        if kind == "ResourceClaimTemplate":
-            spec = spec.get("spec") if isinstance(spec, dict) else None
-        devices = spec.get("devices") if isinstance(spec, dict) else None
-        configs = devices.get("config") if isinstance(devices, dict) else None
-        ours = isinstance(configs, list) and any(
-            isinstance(c, dict)
-            and isinstance(c.get("opaque"), dict)
-            and c["opaque"].get("driver") == DRIVER_NAME
-            for c in configs
-        )
+        devices, dpath = devices_of({**doc, "kind": kind})
+        spec = read_spec(devices, dpath, Issues()) if isinstance(devices, dict) else None
+        ours = spec is not None and any(c.driver == DRIVER_NAME for c in spec.configs)
         namespace = _namespace(doc)
         if ours:
-            self._claim_config(namespace, base / "devices" / "config", issues)
+            self._claim_config(namespace, dpath / "config", issues)
         admin = sorted(
             {
                 str(r.device_class)
-                for r in _requests(devices, base / "devices", Issues())
+                for r in (spec.requests if spec is not None else ())
                 if str(r.device_class).endswith("." + DEVICE_CLASS_NAME)
             }
-            if isinstance(devices, dict)
-            else set()
         )
         if not admin:
             return
@@ -1241,7 +1040,7 @@ class Admission:
         )
         if self.annotations is None:
             issues.warn(
-                base / "devices" / "requests",
+                dpath / "requests",
                 f"DeviceClass(es) {', '.join(admin)}: {rule}; --namespace-annotation "
                 f"{CLASSES_ANNOTATION}=... checks namespace {namespace}'s",
             )
@@ -1251,7 +1050,7 @@ class Admission:
         refused = [c for c in admin if c not in listed]
         if refused:
             issues.error(
-                base / "devices" / "requests",
+                dpath / "requests",
                 f"namespace {namespace} may not use DeviceClass(es) {', '.join(refused)}: "
                 f"{rule}; --namespace-annotation does not list them",
             )
