@@ -38,7 +38,7 @@ from cnidra.api.networks import (
 from cnidra.api.nodes import NodeView, named_nodes, selects
 from cnidra.api.ownership import PrivateDirs
 from cnidra.api.refs import ObjectRef
-from cnidra.api.validate import VerdictCache, judged_once
+from cnidra.api.verdict import judged_once
 from cnidra.cni.attach import Attachment
 from cnidra.dra.claim import (
     ALLOCATION_CONFIG,
@@ -48,6 +48,7 @@ from cnidra.dra.claim import (
     read_claim,
 )
 from cnidra.dra.resolve import Device, resolve_attachment
+from cnidra.dra.verdicts import VerdictCache
 from cnidra.ipam.allocator import AllocationError, Allocator
 from cnidra.observe.logs import fields
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
