@@ -78,9 +78,7 @@ def raises_assertion(node: ast.AST) -> bool:
     return isinstance(exc, ast.Name) and exc.id == "AssertionError"
 
 
-def checks(
-    where: Module, function: ast.FunctionDef | ast.AsyncFunctionDef, seen: set[int]
-) -> bool:
+def checks(where: Module, function: ast.FunctionDef | ast.AsyncFunctionDef, seen: set[int]) -> bool:
     """Whether `function` asserts, expects an exception, or calls a checking helper: one whose
     name says so, or one of its module's (or of a tests module it imports from) that checks."""
     key = id(function)
@@ -110,8 +108,10 @@ def _checks(
         if name in where.imported:
             source, original = where.imported[name]
             other = module(source) if source.exists() else None
-            if other and original in other.functions and checks(
-                other, other.functions[original], seen
+            if (
+                other
+                and original in other.functions
+                and checks(other, other.functions[original], seen)
             ):
                 return True
     return False
