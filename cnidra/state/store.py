@@ -5,13 +5,14 @@ Writes are on disk before they are visible. A durable store (the checkpoint, the
 makes every change durable with one fsync, whatever the number of records it changes (a
 prepare of 100 claims is one fsync, not 101): the change is appended to the store's log
 (`claims.log` beside `claims/`, one frame with its length and CRC) and the log fsynced; then
-each record's file is replaced, atomically but without fsync. On opening, the files are read, then the log's
-whole frames replayed over them (a torn last frame, never acknowledged, is ignored), the files
-it names written durably and the log emptied; a log grown past LOG_MAX is emptied the same way
-while the driver runs. All of it in a worker thread, so the event loop keeps serving other
-hooks. A store that needs only to survive the process (the sandbox records: a machine crash
-ends every sandbox they describe) writes in place, atomically, without fsync and without a log.
-`put_blocking` is for code that runs before the loop does (start-up, migration, tools)."""
+each record's file is replaced, atomically but without fsync. On opening, the files are read,
+then the log's whole frames replayed over them (a torn last frame, never acknowledged, is
+ignored), the files it names written durably and the log emptied; a log grown past LOG_MAX
+is emptied the same way while the driver runs. All of it in a worker thread, so the event
+loop keeps serving other hooks. A store that needs only to survive the process (the sandbox
+records: a machine crash ends every sandbox they describe) writes in place, atomically,
+without fsync and without a log. `put_blocking` is for code that runs before the loop does
+(start-up, migration, tools)."""
 
 from __future__ import annotations
 
