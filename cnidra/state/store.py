@@ -197,6 +197,16 @@ class JsonDirStore(Generic[T]):
             (self.dir / f"{key}.json").unlink(missing_ok=True)
         return self._items.pop(key, None) is not None
 
+    async def remove_many(self, keys: list[str]) -> None:
+        """Several records removed as one change (one frame of a durable store's log)."""
+        if not keys:
+            return
+        if not self.durable:
+            for key in keys:
+                await self.remove(key)
+            return
+        await asyncio.to_thread(self._change, [], list(keys))
+
     def all(self) -> Iterable[T]:
         return list(self._items.values())
 

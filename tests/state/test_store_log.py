@@ -155,3 +155,16 @@ async def test_a_store_for_the_process_only_has_no_log(tmp_path: Path) -> None:
     await s.put_many([Rec("a", 1), Rec("b", 2)])
     assert not (tmp_path / "records.log").exists()
     assert sorted(r.key for r in open_store(tmp_path, durable=False).all()) == ["a", "b"]
+
+
+async def test_removals_of_one_request_are_one_change_and_no_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = open_store(tmp_path)
+    await s.put_many([Rec(f"r{i}", i) for i in range(4)])
+    fsyncs = counting_fsyncs(monkeypatch)
+    await s.remove_many(["r0", "r1", "r2"])
+    assert fsyncs == []  # as an unlink: durable with the next change
+    await s.put(Rec("next", 9))
+    assert len(fsyncs) == 1
+    assert {r.key for r in open_store(tmp_path).all()} == {"r3", "next"}
