@@ -226,7 +226,9 @@ class ReadAhead:
             return
         status = pod.get("status")
         phase = status.get("phase") if isinstance(status, Mapping) else None
-        if not pod_uid or meta.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
+        # only a pod still starting: a running one's claims were prepared (a watch that starts
+        # again lists every pod of the node, and reads none of theirs)
+        if not pod_uid or meta.get("deletionTimestamp") or phase not in (None, "", "Pending"):
             return
         for name in claim_names(pod):
             key = (pod_uid, f"{namespace}/{name}")

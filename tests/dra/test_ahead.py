@@ -226,3 +226,15 @@ async def test_the_watch_is_started_again_on_the_backoff(monkeypatch: pytest.Mon
         await ahead.run()
     assert starts == 3 and ahead.watch_failures == 3
     assert slept[0] < slept[1] < slept[2]  # the one backoff's growing pace
+
+
+async def test_the_claims_of_pods_running_or_going_are_not_read() -> None:
+    claims = CountingClaims(stored())
+    ahead = ReadAhead(watching(), claims, ClaimsAhead())
+    ahead.on_pod("ADDED", pod(uid="running", phase="Running"))
+    ahead.on_pod("ADDED", pod(uid="done", phase="Succeeded"))
+    going = pod(uid="going")
+    going["metadata"]["deletionTimestamp"] = "2026-11-27T06:00:00Z"
+    ahead.on_pod("MODIFIED", going)
+    await ahead.drained()
+    assert claims.gets == 0
