@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cnidra.api.refs import ObjectRef
+from cnidra.observe import metrics
 from cnidra.util.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -115,18 +116,21 @@ class ClaimsAhead:
 
     def ready(self, ref: ObjectRef) -> Mapping[str, Any] | None:
         entry = self._entries.get(ref.uid)
-        if entry is None:
+        meta = _meta(entry.claim) if entry is not None else {}
+        if entry is None or (_str(meta.get("namespace")), _str(meta.get("name"))) != (
+            ref.namespace,
+            ref.name,
+        ):
             self.misses += 1
+            metrics.CLAIMS_AHEAD.labels("miss").inc()
             return None
         if entry.until <= self.clock() or self._newest.get(ref.uid) != entry.version:
             self._entries.pop(ref.uid, None)
             self.stale += 1
-            return None
-        meta = _meta(entry.claim)
-        if (_str(meta.get("namespace")), _str(meta.get("name"))) != (ref.namespace, ref.name):
-            self.misses += 1
+            metrics.CLAIMS_AHEAD.labels("stale").inc()
             return None
         self.hits += 1
+        metrics.CLAIMS_AHEAD.labels("hit").inc()
         return entry.claim
 
 
