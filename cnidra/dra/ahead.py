@@ -126,6 +126,8 @@ class ClaimsAhead:
             return None
         if entry.until <= self.clock() or self._newest.get(ref.uid) != entry.version:
             self._entries.pop(ref.uid, None)
+            if self._uids.get((ref.namespace, ref.name)) == ref.uid:
+                del self._uids[(ref.namespace, ref.name)]
             self.stale += 1
             metrics.CLAIMS_AHEAD.labels("stale").inc()
             return None

@@ -168,6 +168,18 @@ async def test_a_read_that_fails_leaves_the_claim_to_the_get(tmp_path: Path) -> 
     assert claims.gets == 1
 
 
+def test_a_stale_claim_leaves_nothing_behind() -> None:
+    now = [0.0]
+    cache = ClaimsAhead(ttl=1.0, clock=lambda: now[0])
+    for i in range(50):
+        c = stored()
+        c["metadata"].update(name=f"c{i}", uid=f"u{i}")
+        cache.put(c)
+        now[0] += 2.0
+        assert cache.ready(ObjectRef("ns", f"c{i}", f"u{i}")) is None
+    assert len(cache) == 0 and not cache._uids
+
+
 def test_the_cache_is_bounded() -> None:
     cache = ClaimsAhead(size=3)
     for i in range(10):
