@@ -125,6 +125,9 @@ def api_failure(exc: BaseException) -> ApiFailure | None:
             code or 0, message, float(seconds) if seconds else None
         )
         return failure
+    if isinstance(exc, httpx2.HTTPStatusError):  # a watch refused (lightkube raises it raw)
+        code = exc.response.status_code
+        return classify(code, str(exc))(code, str(exc).splitlines()[0])
     if isinstance(exc, httpx2.TransportError | OSError | TimeoutError):
         return Transient(None, f"{type(exc).__name__}: {exc}")
     return None
@@ -295,7 +298,7 @@ class Api:
         try:
             async for event, obj in self.client.watch(kind, **kwargs):
                 yield event, obj
-        except (ApiError, httpx2.TransportError, OSError) as exc:
+        except (ApiError, httpx2.HTTPStatusError, httpx2.TransportError, OSError) as exc:
             _raise_as_failure(exc)
             raise
 

@@ -22,7 +22,7 @@ class PodDocument(GenericNamespacedResource):
     _api_info = ApiInfo(
         resource=ResourceDef("", "v1", "Pod"),
         plural="pods",
-        verbs=["list", "watch"],
+        verbs=["global_list", "global_watch", "list", "watch"],
     )
 
 
