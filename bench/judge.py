@@ -408,8 +408,8 @@ def judge(case: Case, which: str) -> Callable[[], dict[str, Any]]:
     from cnidra.api.nodes import NodeView
     from cnidra.api.ownership import PrivateDirs
     from cnidra.api.refs import ObjectRef
-    from cnidra.api.validate import VerdictCache
     from cnidra.dra.prepare import PrepareError, resolve_claim
+    from cnidra.dra.verdicts import VerdictCache
 
     claim = allocated(case)
     links = {f"eth{i}": f"eth{i}" for i in range(len(case.claim))}

@@ -20,7 +20,8 @@ from typing import Any
 
 import uvicorn
 
-from cnidra.api.issues import Severity
+from cnidra.api.claimspec import devices_of, read_spec
+from cnidra.api.issues import Issues, Severity
 from cnidra.api.loading import LoadError, load_json
 from cnidra.api.validate import validate_documents
 from cnidra.observe.http import BoundedServer
@@ -41,24 +42,12 @@ Lookup = Callable[[str], Mapping[str, Any] | None]
 
 
 def device_classes_of(obj: Mapping[str, Any]) -> set[str]:
-    spec = obj.get("spec") or {}
-    if obj.get("kind") == "ResourceClaimTemplate":
-        spec = (spec.get("spec") or {}) if isinstance(spec, Mapping) else {}
-    devices = spec.get("devices") if isinstance(spec, Mapping) else None
-    requests = devices.get("requests") if isinstance(devices, Mapping) else None
-    names: set[str] = set()
-    for req in requests if isinstance(requests, list) else []:
-        if not isinstance(req, Mapping):
-            continue
-        exactly: Mapping[str, Any] = (
-            req["exactly"] if isinstance(req.get("exactly"), Mapping) else req
-        )
-        if isinstance(exactly.get("deviceClassName"), str):
-            names.add(exactly["deviceClassName"])
-        for sub in req.get("firstAvailable") or []:
-            if isinstance(sub, Mapping) and isinstance(sub.get("deviceClassName"), str):
-                names.add(sub["deviceClassName"])
-    return names
+    """The DeviceClasses a claim's (or a template's) requests name, read by the one reader of
+    a claim's spec; what it cannot read is the validator's to tell."""
+    devices, path = devices_of(obj)
+    if not isinstance(devices, Mapping):
+        return set()
+    return read_spec(devices, path, Issues(), bounded=False).device_classes
 
 
 def review(

@@ -24,6 +24,7 @@ from cnidra.agent.settings import DriverSettings
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.cni.runtime import CNIRuntime
 from cnidra.datapath import shaping
+from cnidra.dra.ahead import ClaimsAhead, ReadAhead
 from cnidra.dra.plugin import DRAService, RegistrationService
 from cnidra.dra.prepare import Preparer
 from cnidra.inventory.links import LinkFilter
@@ -35,6 +36,7 @@ from cnidra.kube.claims import ClaimGetter, NamespaceGetter
 from cnidra.kube.client import ClusterFeatures, dra_api_problem, make_client, probe_features
 from cnidra.kube.ipam import KubeIPAM
 from cnidra.kube.networks import NetworkReader, ServedNetworks
+from cnidra.kube.pods import NodePods
 from cnidra.nodeapi.service import NodeNetworksService
 from cnidra.nodeapi.service import serve as serve_node_api
 from cnidra.nodeapi.views import NodeRecords
@@ -138,6 +140,16 @@ class Driver:
             networks=NetworkReader(self.client, settings.cni_conf_dir, settings.api_timeout),
             ipam=self.ipam,
         )
+        # claims read when their pods are bound, so prepare needs no GET (cnidra.dra.ahead)
+        self.read_ahead: ReadAhead | None = None
+        if settings.read_claims_ahead:
+            self.preparer.ahead = ClaimsAhead()
+            self.read_ahead = ReadAhead(
+                NodePods(self.client, settings.node_name).watch,
+                self.preparer.claims,
+                self.preparer.ahead,
+                self.preparer.warm,
+            )
         # live: prepared, or being prepared (an address is leased before the claim is
         # checkpointed, and a prepare may wait on the apiserver for longer than the grace)
         metrics.POOLS.source = self.ipam.usage
@@ -349,6 +361,8 @@ class Driver:
         self.tasks.spawn("sandbox-sweeper", lambda: self.reconciler.run_sweeper(s.sweep_seconds))
         self.tasks.spawn("slice-publisher", self.publisher.run)
         self.tasks.spawn("ipam-reconciler", self._reconcile_ipam)
+        if self.read_ahead is not None:  # not critical: without it, prepare GETs each claim
+            self.tasks.spawn("claims-ahead", self.read_ahead.run, critical=False)
         log.info(
             "driver %s up on node %s: registration %s, DRA %s, http %s",
             DRIVER_NAME,

@@ -181,6 +181,14 @@ class DriverSettings:
         flag="--normal-events/--no-normal-events",
         chart=True,
     )
+    read_claims_ahead: bool = setting(
+        True,
+        "watch the node's pods (fieldSelector spec.nodeName) and read and judge a bound pod's "
+        "claims before kubelet asks, so NodePrepareResources needs no GET; a claim not read "
+        "ahead is a GET as without it",
+        flag="--read-claims-ahead/--no-read-claims-ahead",
+        chart=True,
+    )
     claim_finalizer: str = setting(
         "on-failure",
         "when a claim gets cnidra's finalizer: on-failure (once a DEL of its interfaces fails; "

@@ -1,38 +1,45 @@
-"""Validation of the documents users write: ResourceClaim, ResourceClaimTemplate, DeviceClass
-and bare CNIConfig. Every problem is reported at once, each at a path from the document root."""
+"""Validation of the documents users write: ResourceClaim, ResourceClaimTemplate, DeviceClass,
+CNINetwork, NetworkAttachmentDefinition, pods and workloads, and bare CNIConfig, each claim's
+requests judged by the one verdict (cnidra.api.verdict), the shipped admission's rules too
+(cnidra.api.admission_rules). Every problem is reported at once, each at a path from the
+document root. The names other modules import from here before the split stay importable."""
 
 from __future__ import annotations
 
 import difflib
-import hashlib
-import re
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeGuard, TypeVar, cast
+from typing import Any
 
-from pydantic import ValidationError
-
+from cnidra.api.admission_rules import (
+    CLAIM_CONFIG_LABEL,
+    CLASSES_ANNOTATION,
+    POD_TEMPLATE_KINDS,
+    Admission,
+    check_pod,
+    namespace_of,
+    pod_spec,
+)
+from cnidra.api.claimspec import (
+    Request,
+    devices_of,
+    read_requests,
+)
+from cnidra.api.cniconfig import KNOWN_CAPABILITIES, parse_parameters
 from cnidra.api.constants import (
-    API_GROUP,
     API_VERSION,
     DEFAULT_MAX_ATTACHMENTS,
-    DEVICE_CLASS_NAME,
     DRIVER_NAME,
     KIND,
     LEGACY_KIND,
     RESOURCE_API_VERSIONS,
 )
-from cnidra.api.ipam import POOL_KIND, PoolError, cnidra_ipam, pool_from_object
-from cnidra.api.issues import ROOT, FieldPath, Issue, Issues, describe, listing
+from cnidra.api.ipam import POOL_KIND, PoolError, pool_from_object
+from cnidra.api.issues import ROOT, FieldPath, Issues, describe, listing
 from cnidra.api.loading import LoadError, load_json
-from cnidra.api.merge import ConfigEntry, Source, applicable, merge_parameters, provenance
-from cnidra.api.multus import NETWORKS_ANNOTATION
+from cnidra.api.merge import ConfigEntry, Source, applicable, provenance
 from cnidra.api.naming import NamingError, Slot, assign_names, prefix_problem
-from cnidra.api.netconf import to_conflist, validate_network_config
+from cnidra.api.netconf import validate_network_config
 from cnidra.api.netpolicy import ADMIN_KIND, MNP_KIND, decode_admin_policy, decode_policy
 from cnidra.api.networks import (
     NAD_KIND,
@@ -42,29 +49,38 @@ from cnidra.api.networks import (
     StaticCatalog,
     Unresolved,
     cninetwork,
-    expand_network,
     nad,
 )
-from cnidra.api.parameters import read_parameters
-from cnidra.api.plugin_schema import ifname_problem
-from cnidra.api.policy import check_claim, is_policy, parse_policy
-from cnidra.api.types import CNICONFIG_FIELDS, CNIConfig
+from cnidra.api.verdict import (
+    ResolvedRequest,
+    check_request,
+    claim_entries,
+    judged_once,
+    resolve_request,
+)
 
-KNOWN_CAPABILITIES = ("portMappings", "bandwidth", "ips", "mac", "dns", "infinibandGUID")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# what other modules import from here (some from before the split)
+__all__ = [
+    "CLAIM_CONFIG_LABEL",
+    "CLASSES_ANNOTATION",
+    "KNOWN_CAPABILITIES",
+    "MAX_POD_INTERFACES",
+    "POD_TEMPLATE_KINDS",
+    "Admission",
+    "DocumentReport",
+    "Request",
+    "ResolvedRequest",
+    "catalog_of",
+    "check_request",
+    "claim_entries",
+    "judged_once",
+    "parse_parameters",
+    "request_slot",
+    "resolve_request",
+    "validate_document",
+    "validate_documents",
+]
 
-
-def is_dns_label(value: object) -> TypeGuard[str]:
-    return isinstance(value, str) and len(value) <= 63 and bool(_DNS_LABEL.match(value))
-
-
-_OLD_DRIVER_NAMES = ("cni.dra.networking.k8s.io", "poc.dra.networking")
-# DRA's bounds on a claim (k8s.io/api/resource/v1: DeviceRequestsMaxSize, DeviceConfigMaxSize,
-# FirstAvailableDeviceRequestMaxSize); the apiserver refuses more, so does cnidra validate, and
-# what is judged stays within them whatever a file holds
-MAX_REQUESTS = 32
-MAX_CONFIGS = 32
-MAX_SUBREQUESTS = 8
 # the most --max-attachments-per-pod allows: a pod's interfaces are named up to this many
 MAX_POD_INTERFACES = 64
 MAX_HINTED = 64  # classes a "did you mean" looks through
@@ -80,683 +96,6 @@ class DocumentReport:
     resolved: list[ResolvedRequest] = field(default_factory=list)
     # why the document is not cnidra's to judge (another driver's claim), when it is not
     skipped: str | None = None
-
-
-@dataclass
-class Request:
-    name: str
-    device_class: str | None
-    path: FieldPath
-    count: Any = 1
-    mode: Any = "ExactCount"
-    spec_path: FieldPath | None = None  # where count and deviceClassName are (exactly's)
-
-    @property
-    def fields(self) -> FieldPath:
-        return self.spec_path if self.spec_path is not None else self.path
-
-
-@dataclass
-class ResolvedRequest:
-    """A request's merged and validated configuration, ready for the CNI runtime."""
-
-    request: str
-    config: CNIConfig
-    entries: list[ConfigEntry]
-    network: NamedNetwork | None = None  # the named network the request references
-    # how the interface is named, before the claim's names were assigned (for a pod's check)
-    slot: Slot | None = None
-    # every config the verdict read (the class's CNIPolicy among them), and where the request
-    # is: what prepare's path (cnidra.dra.resolve.resolve_attachment) judges again
-    judged: list[ConfigEntry] = field(default_factory=list)
-    where: FieldPath = ROOT
-    class_known: bool = False  # its DeviceClass was in the input: its CNIPolicy was judged
-
-
-# ---------------------------------------------------------------- CNIConfig parameters
-
-
-def parse_parameters(
-    params: Any, path: FieldPath, issues: Issues, *, complete: bool, network: bool = True
-) -> CNIConfig | None:
-    """Check one CNIConfig object; None when it has errors. `network` False leaves its CNI
-    config to a later check (a claim's, checked once merged with its class's)."""
-    before = issues.error_count
-    params = read_parameters(params, path, issues)
-    if params is None:
-        return None
-    if not isinstance(params, dict):
-        issues.error(path, f"must be a {KIND} object, got {describe(params)}")
-        return None
-    if params.get("kind") == LEGACY_KIND:
-        issues.warn(path / "kind", f"kind {LEGACY_KIND!r} is deprecated; use {KIND!r}")
-    try:
-        model: CNIConfig | None = CNIConfig.model_validate(_without(params, "config"))
-    except ValidationError as exc:
-        _report_pydantic(exc, path, issues)
-        model = None
-    if "apiVersion" not in params:
-        issues.error(path / "apiVersion", f"is required: {API_VERSION}")
-    if "kind" not in params:
-        issues.error(path / "kind", f"is required: {KIND}")
-    if_name = params.get("ifName")
-    if isinstance(if_name, str):
-        problem = ifname_problem(if_name)
-        if problem:
-            issues.error(path / "ifName", f"{if_name!r} {problem}" if if_name else problem)
-    prefix = params.get("ifNamePrefix")
-    if isinstance(prefix, str):
-        problem = prefix_problem(prefix)
-        if problem:
-            issues.error(path / "ifNamePrefix", problem)
-    config = params.get("config")
-    if config is not None and params.get("network") is not None:
-        issues.error(
-            path / "network",
-            "a CNIConfig either embeds its network (config) or references one (network), not both",
-        )
-    if config is not None and network:
-        validate_network_config(config, path / "config", issues, complete=complete)
-    elif (
-        complete
-        and config is None
-        and params.get("network") is None
-        and not _has_error_at(issues, path / "config")
-    ):
-        issues.error(
-            path / "config",
-            "is required: a CNI network configuration (conf or conflist), or a named network "
-            "in network",
-        )
-    if isinstance(config, dict):
-        _cross_check(params, config, path, issues)
-    if issues.error_count > before or model is None:
-        return None
-    if isinstance(config, dict):
-        return model.model_copy(update={"config": config})
-    return model
-
-
-def _without(params: Mapping[str, Any], key: str) -> dict[str, Any]:
-    return {k: v for k, v in params.items() if k != key}
-
-
-def _has_error_at(issues: Issues, path: FieldPath) -> bool:
-    return any(i.path == path for i in issues.errors)
-
-
-def _cross_check(
-    params: Mapping[str, Any], config: Mapping[str, Any], path: FieldPath, issues: Issues
-) -> None:
-    uses_pool = cnidra_ipam(to_conflist(config))
-    if len(uses_pool) > 1:
-        issues.error(
-            path / "config",
-            f"{len(uses_pool)} plugins ask for cnidra IPAM (ipam.type cnidra); one network gets "
-            "one set of addresses, so one plugin may",
-        )
-    if uses_pool:
-        _no_other_addresses(params, config, path, issues)
-    if params.get("ipamClaimReference") and not uses_pool:
-        issues.warn(
-            path / "ipamClaimReference",
-            "is ignored: only a network whose IPAM is cnidra's (ipam: {type: cnidra, pool: ...}, "
-            "a CNIIPPool with allowPersistentIPs) keeps addresses in an IPAMClaim",
-        )
-    caps = params.get("capabilities")
-    if isinstance(caps, dict) and caps:
-        plugins = to_conflist(config).get("plugins")
-        declared: set[str] = set()
-        for plugin in plugins if isinstance(plugins, list) else []:
-            pcaps = plugin.get("capabilities") if isinstance(plugin, dict) else None
-            if isinstance(pcaps, dict):
-                declared |= {k for k, v in pcaps.items() if v is True}
-        for cap in caps:
-            if cap in KNOWN_CAPABILITIES and cap not in declared:
-                issues.error(
-                    path / "capabilities" / cap,
-                    f"is set but no plugin in config declares capabilities: {{{cap}: true}}, "
-                    "so no plugin would receive it",
-                )
-        if isinstance(caps.get("ips"), list) and params.get("ipamClaimReference"):
-            issues.error(
-                path / "ipamClaimReference",
-                "cannot be combined with capabilities.ips: the IPAMClaim decides the addresses",
-            )
-
-
-def _no_other_addresses(
-    params: Mapping[str, Any], config: Mapping[str, Any], path: FieldPath, issues: Issues
-) -> None:
-    """cnidra IPAM's addresses are the pool's: prepare hands them to the static plugin, which
-    would let CNI_ARGS IP, args.cni.ips or runtimeConfig ips replace them."""
-    why = (
-        "would replace the addresses cnidra IPAM gives from the pool (the static plugin reads "
-        "it over its own); a network with cnidra IPAM takes its addresses from the pool only"
-    )
-    args = params.get("args")
-    for key in ("IP", "GATEWAY"):
-        if isinstance(args, Mapping) and key in args:
-            issues.error(path / "args" / key, why)
-    caps = params.get("capabilities")
-    if isinstance(caps, Mapping) and "ips" in caps:
-        issues.error(path / "capabilities" / "ips", why)
-    plugins = config.get("plugins") if "plugins" in config else [config]
-    for i, plugin in enumerate(plugins if isinstance(plugins, list) else []):
-        pargs = plugin.get("args") if isinstance(plugin, Mapping) else None
-        cni = pargs.get("cni") if isinstance(pargs, Mapping) else None
-        if isinstance(cni, Mapping) and "ips" in cni:
-            where = path / "config" / "plugins" / i if "plugins" in config else path / "config"
-            issues.error(where / "args" / "cni" / "ips", why)
-
-
-def _report_pydantic(exc: ValidationError, path: FieldPath, issues: Issues) -> None:
-    for err in exc.errors():
-        loc = path.join(err["loc"])
-        kind, value = err["type"], err.get("input")
-        if kind == "extra_forbidden":
-            allowed = CNICONFIG_FIELDS if len(err["loc"]) == 1 else None
-            hint = f"; allowed: {', '.join(allowed)}" if allowed else ""
-            issues.error(loc, f"unknown field{hint}")
-        elif kind == "literal_error" and err["loc"] == ("apiVersion",):
-            issues.error(loc, f"must be {API_VERSION}, got {describe(value)}")
-        elif kind == "literal_error" and err["loc"] == ("kind",):
-            issues.error(loc, f"must be {KIND}, got {describe(value)}")
-        elif kind == "missing":
-            issues.error(loc, "is required")
-        elif kind == "value_error":
-            issues.error(loc, str(err["msg"]).removeprefix("Value error, "))
-        else:
-            issues.error(loc, f"{err['msg'][0].lower()}{err['msg'][1:]}, got {describe(value)}")
-
-
-# ---------------------------------------------------------------- requests and merging
-
-
-def check_request(
-    entries: Sequence[ConfigEntry],
-    request: str,
-    namespace: str,
-    labels: Mapping[str, str] | None,
-    issues: Issues,
-    where: FieldPath,
-    *,
-    class_known: bool = True,
-    catalog: NetworkCatalog | None = None,
-    device_network: NamedNetwork | None = None,
-) -> ResolvedRequest | None:
-    """What the claim asks, its named network (cnidra.api.networks) put in place, checked
-    against its class's CNIPolicy (cnidra.api.policy), then merged and validated as complete.
-    `class_known` False (offline, the DeviceClass not given) skips the policy with a warning."""
-    before = issues.error_count
-    expansion = expand_network(
-        entries, request, namespace, labels, catalog, issues, where, device_network
-    )
-    if issues.error_count > before:
-        return None
-    entries = expansion.entries
-    chosen = applicable(entries, request)
-    if class_known:
-        networks = [e for e in chosen if not is_policy(e.parameters)]
-        _once(
-            "policy",
-            chosen,
-            (namespace, None if labels is None else sorted(labels.items())),
-            issues,
-            lambda told: check_claim(chosen, merge_parameters(networks), namespace, labels, told),
-        )
-    elif any(e.source is Source.CLAIM for e in chosen):
-        issues.warn(
-            where,
-            f"request {request!r}: its DeviceClass is not in the input, so what the class's "
-            "CNIPolicy allows is not checked (give the class with --policy FILE)",
-        )
-    if expansion.skipped:
-        return None
-    resolved = resolve_request(entries, request, issues, where)
-    if resolved is not None:
-        resolved.network = expansion.network
-    return resolved if issues.error_count == before else None
-
-
-class _Judged:
-    """What was judged within one `judged_once()` block."""
-
-    def __init__(self) -> None:
-        self.results: dict[tuple[str, bytes], tuple[Any, tuple[Issue, ...]]] = {}
-        # the digest of each config's parameters by the object's identity, the object kept
-        # with it (so no other object gets its id while the block lasts)
-        self.digests: dict[int, tuple[Any, bytes]] = {}
-
-    def digest(self, value: Any) -> bytes:
-        known = self.digests.get(id(value))
-        if known is None:
-            known = (value, _digest(value))
-            self.digests[id(value)] = known
-        return known[1]
-
-
-def _digest(value: Any) -> bytes:
-    return hashlib.sha256(repr(value).encode("utf-8", "surrogatepass")).digest()
-
-
-_JUDGED: ContextVar[_Judged | None] = ContextVar("cnidra_judged", default=None)
-T = TypeVar("T")
-
-
-@contextmanager
-def judged_once() -> Iterator[None]:
-    """Within it, the policy's judgement of a request's configs and the validation of their
-    merge run once per distinct input: a claim whose requests (up to 32, each with up to 8
-    subrequests) share one config costs one judgement of it, not one per request. Exact: the
-    key is the digest of the input's whole text (`repr`, as `VerdictCache`'s), each config's
-    computed once; the result and every issue reported are handed out again as reported. For
-    one judgement (a set of documents, a claim): the inputs must not change while it lasts,
-    and what it keeps lives as long as the block."""
-    if _JUDGED.get() is not None:
-        yield
-        return
-    token = _JUDGED.set(_Judged())
-    try:
-        yield
-    finally:
-        _JUDGED.reset(token)
-
-
-def _once(
-    kind: str,
-    entries: Sequence[ConfigEntry],
-    extra: Any,
-    issues: Issues,
-    judge: Callable[[Issues], T],
-) -> T:
-    """`judge(issues)`; within `judged_once()`, its result for the same input (`entries`, each
-    config's source, path and parameters, and `extra`) is handed out again."""
-    memo = _JUDGED.get()
-    if memo is None:
-        return judge(issues)
-    judged = (extra, [(str(e.source), e.path.segments, memo.digest(e.parameters)) for e in entries])
-    key = (kind, _digest(judged))
-    found = memo.results.get(key)
-    if found is None:
-        told = Issues()
-        found = (judge(told), tuple(told.items))
-        memo.results[key] = found
-    value, told_items = found
-    issues.extend(told_items)
-    return cast(T, value)
-
-
-class VerdictCache:
-    """`check_request`'s verdicts by the content of what it judged, for prepare: the pods of one
-    template carry the same configs, and the decoding, the policy and the validator (most of a
-    prepare's CPU after the claim's GET) then run once per distinct config, not once per pod.
-
-    Exact, never a weaker check: the key is a digest of everything the verdict reads (the
-    request, the namespace and its labels, the anchor path, and each config that applies to the
-    request with its source, requests, path and parameters, in DRA order), over their `repr`,
-    which for JSON data (all a claim holds) tells apart every two values Python and the plugins
-    could read differently (a list from a tuple, 1 from 1.0 from True, key order); a config that
-    differs in any byte is judged anew. What is cached is the verdict and every issue it
-    reported, handed out again as reported. Named networks (a catalog, a network device) are
-    read afresh at every prepare, so a request that references one is never cached.
-
-    Bounded, whatever tenants write: at most `size` verdicts (least recently used dropped), and
-    configs whose key text exceeds `max_key_chars` (real ones are a few KiB; a config may be
-    64 KiB, cnidra.api.parameters) are judged every time, not kept. Safe to use from worker
-    threads (prepare judges in them): the table is behind a lock, held only to look up and to
-    keep, never while judging (two threads may judge one config at once; one verdict is kept)."""
-
-    def __init__(self, size: int = 128, max_key_chars: int = 16 * 1024) -> None:
-        self.size = size
-        self.max_key_chars = max_key_chars
-        self._verdicts: OrderedDict[bytes, tuple[ResolvedRequest | None, tuple[Issue, ...]]] = (
-            OrderedDict()
-        )
-        self.hits = 0
-        self.misses = 0
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._verdicts)
-
-    def check_request(
-        self,
-        entries: Sequence[ConfigEntry],
-        request: str,
-        namespace: str,
-        labels: Mapping[str, str] | None,
-        issues: Issues,
-        where: FieldPath,
-        *,
-        class_known: bool = True,
-        catalog: NetworkCatalog | None = None,
-        device_network: NamedNetwork | None = None,
-    ) -> ResolvedRequest | None:
-        key = None
-        if catalog is None and device_network is None:
-            key = self._key(entries, request, namespace, labels, where, class_known)
-        found = None
-        with self._lock:
-            if key is not None:
-                found = self._verdicts.get(key)
-            if found is not None:
-                self.hits += 1
-                assert key is not None
-                self._verdicts.move_to_end(key)
-            else:
-                self.misses += 1
-        if found is None:
-            told = Issues()
-            resolved = check_request(
-                entries,
-                request,
-                namespace,
-                labels,
-                told,
-                where,
-                class_known=class_known,
-                catalog=catalog,
-                device_network=device_network,
-            )
-            found = (resolved, tuple(told.items))
-            if key is not None:
-                with self._lock:
-                    self._verdicts[key] = found
-                    while len(self._verdicts) > self.size:
-                        self._verdicts.popitem(last=False)
-        resolved, told_items = found
-        issues.extend(told_items)
-        # a copy: callers set attributes of theirs (the request's interface name, its slot)
-        return replace(resolved) if resolved is not None else None
-
-    def _key(
-        self,
-        entries: Sequence[ConfigEntry],
-        request: str,
-        namespace: str,
-        labels: Mapping[str, str] | None,
-        where: FieldPath,
-        class_known: bool,
-    ) -> bytes | None:
-        text = repr(
-            (
-                request,
-                namespace,
-                None if labels is None else sorted(labels.items()),
-                where.segments,
-                class_known,
-                # the configs that apply to the request, in DRA order: all the verdict reads
-                [
-                    (str(e.source), e.requests, e.path.segments, e.parameters)
-                    for e in applicable(entries, request)
-                ],
-            )
-        )
-        if len(text) > self.max_key_chars:
-            return None
-        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
-
-
-def resolve_request(
-    entries: Sequence[ConfigEntry], request: str, issues: Issues, where: FieldPath
-) -> ResolvedRequest | None:
-    """Merge the configs that apply to `request` and validate the result as complete."""
-    chosen = [e for e in applicable(entries, request) if not is_policy(e.parameters)]
-    if not chosen:
-        return None
-    merged = merge_parameters(chosen)
-    anchor = chosen[-1].path
-    if "config" not in merged:
-        issues.error(
-            where,
-            f"request {request!r}: no config sets config (the CNI network configuration) "
-            "or network (a named network)",
-        )
-        return None
-    inner = Issues()
-    model = _once(  # the merge of the configs, validated
-        "network",
-        chosen,
-        None,
-        inner,
-        lambda told: parse_parameters(merged, ROOT, told, complete=True),
-    )
-    for issue in inner.items:  # an Omitted line keeps its count
-        issues.add(replace(issue, path=_attribute(issue.path, chosen, anchor)))
-    if model is None:
-        return None
-    return ResolvedRequest(request, model, list(chosen))
-
-
-def _attribute(path: FieldPath, chosen: Sequence[ConfigEntry], anchor: FieldPath) -> FieldPath:
-    """Map a path in the merged parameters back to the config that supplied the field."""
-    if not path.segments:
-        return anchor
-    head = path.segments[0]
-    origin = provenance(chosen, str(head))
-    base = origin.segments[:-1] if origin else anchor.segments
-    return FieldPath((*base, *path.segments))
-
-
-def claim_entries(
-    devices: Mapping[str, Any],
-    base: FieldPath,
-    issues: Issues,
-    request_names: set[str],
-    source: Source = Source.CLAIM,
-) -> list[ConfigEntry]:
-    configs = devices.get("config") or []
-    if not isinstance(configs, list):
-        issues.error(base / "config", f"must be a list, got {describe(configs)}")
-        return []
-    configs = _within_dra_bound(configs, MAX_CONFIGS, "configs", base / "config", issues)
-    parents = {n.split("/", 1)[0] for n in request_names}
-    known = listing(sorted(request_names)) or "none"
-    entries: list[ConfigEntry] = []
-    for i, cfg in enumerate(configs):
-        cpath = base / "config" / i
-        if not isinstance(cfg, dict):
-            issues.error(cpath, f"must be an object, got {describe(cfg)}")
-            continue
-        requests = cfg.get("requests") or []
-        if not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
-            issues.error(
-                cpath / "requests", f"must be a list of request names, got {describe(requests)}"
-            )
-            requests = []
-        for j, name in enumerate(requests):
-            if source is Source.CLAIM and name not in request_names and name not in parents:
-                issues.error(
-                    cpath / "requests" / j,
-                    f"names request {name!r}, which spec.devices.requests does not define; "
-                    f"known: {known}",
-                )
-        opaque = cfg.get("opaque")
-        if not isinstance(opaque, dict):
-            continue
-        driver = opaque.get("driver")
-        if driver in _OLD_DRIVER_NAMES:
-            issues.warn(
-                cpath / "opaque" / "driver",
-                f"{driver!r} is an old driver name; cnidra is {DRIVER_NAME!r}, "
-                "so it ignores this config",
-            )
-        if driver != DRIVER_NAME:
-            continue
-        ppath = cpath / "opaque" / "parameters"
-        # read once (bounds, a JSON-string config parsed): the policy and the validator judge
-        # this form, and it is what reaches the plugins
-        before = issues.error_count
-        params = read_parameters(opaque.get("parameters"), ppath, issues)
-        if issues.error_count > before:
-            continue
-        if isinstance(params, dict) and is_policy(params):
-            if source is Source.CLASS:
-                parse_policy(params, ppath, issues)
-                entries.append(ConfigEntry(source, params, tuple(requests), ppath))
-            else:
-                issues.error(ppath / "kind", "a CNIPolicy comes from a DeviceClass, not a claim")
-            continue
-        # a claim's network is validated once, merged with its class's, per request
-        checked = parse_parameters(
-            params, ppath, issues, complete=False, network=source is Source.CLASS
-        )
-        if checked is not None or isinstance(params, dict):
-            entries.append(
-                ConfigEntry(
-                    source, params if isinstance(params, dict) else {}, tuple(requests), ppath
-                )
-            )
-    return entries
-
-
-def _within_dra_bound(
-    items: list[Any], limit: int, what: str, path: FieldPath, issues: Issues
-) -> list[Any]:
-    """The first `limit` items, and an error when there are more (the apiserver refuses them)."""
-    if len(items) > limit:
-        issues.error(
-            path,
-            f"has {len(items):,} {what}; DRA allows at most {limit} (the apiserver refuses "
-            "more); the rest are not checked",
-        )
-    return items[:limit]
-
-
-# The fields of a device request by DRA API version, as the apiserver's strict decoding knows
-# them (k8s.io/api/resource/...): v1beta1 puts a request's fields on it; v1beta2 and v1 under
-# `exactly` (or alternatives in `firstAvailable`)
-_EXACT_FIELDS = (
-    "deviceClassName", "selectors", "allocationMode", "count", "adminAccess", "tolerations",
-    "capacity",
-)  # fmt: skip
-_SUB_FIELDS = (
-    "name", "deviceClassName", "selectors", "allocationMode", "count", "tolerations", "capacity",
-)  # fmt: skip
-_REQUEST_FIELDS = {
-    "resource.k8s.io/v1": ("name", "exactly", "firstAvailable"),
-    "resource.k8s.io/v1beta2": ("name", "exactly", "firstAvailable"),
-    "resource.k8s.io/v1beta1": ("name", *_EXACT_FIELDS, "firstAvailable"),
-}
-_DEVICES_FIELDS = ("requests", "constraints", "config")
-
-
-def _unknown_fields(
-    obj: Mapping[str, Any], allowed: Sequence[str], path: FieldPath, issues: Issues, what: str
-) -> None:
-    """The apiserver refuses a field its schema does not have (kubectl's strict decoding)."""
-    for key in obj:
-        if key in allowed:
-            continue
-        close = difflib.get_close_matches(str(key), allowed, n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        issues.error(
-            path / str(key),
-            f"is not a field of {what}, so the apiserver refuses it{hint} (allowed: "
-            f"{', '.join(allowed)})",
-        )
-
-
-def _check_request_shape(
-    req: Mapping[str, Any], rpath: FieldPath, api_version: Any, issues: Issues
-) -> None:
-    """A request in the shape its API version has (the apiserver refuses another); nothing
-    for a version not given (None) or not DRA's."""
-    allowed = _REQUEST_FIELDS.get(str(api_version))
-    if allowed is None:
-        return  # not a DRA version: told at apiVersion
-    if "exactly" in allowed:
-        flat = [k for k in req if k in _EXACT_FIELDS]
-        for key in flat:
-            issues.error(
-                rpath / key,
-                f"belongs under exactly in {api_version} (v1beta1 put it on the request); "
-                f"the apiserver refuses it here: write exactly: {{{key}: ...}}",
-            )
-        _unknown_fields(
-            {k: v for k, v in req.items() if k not in flat},
-            allowed,
-            rpath,
-            issues,
-            f"a {api_version} device request",
-        )
-        has = [k for k in ("exactly", "firstAvailable") if k in req]
-        if len(has) != 1 and not flat:
-            issues.error(
-                rpath,
-                "must set exactly one of exactly (one device of a class) or firstAvailable "
-                f"(alternatives); it sets {' and '.join(has) or 'neither'}",
-            )
-        exactly = req.get("exactly")
-        if isinstance(exactly, dict):
-            _unknown_fields(
-                exactly, _EXACT_FIELDS, rpath / "exactly", issues, "a request's exactly"
-            )
-    else:
-        _unknown_fields(req, allowed, rpath, issues, f"a {api_version} device request")
-    subs = req.get("firstAvailable")
-    for j, sub in enumerate(subs if isinstance(subs, list) else []):
-        if isinstance(sub, dict):
-            _unknown_fields(sub, _SUB_FIELDS, rpath / "firstAvailable" / j, issues, "a subrequest")
-
-
-def _requests(
-    devices: Mapping[str, Any], base: FieldPath, issues: Issues, api_version: Any = None
-) -> list[Request]:
-    if api_version in _REQUEST_FIELDS:
-        _unknown_fields(devices, _DEVICES_FIELDS, base, issues, "a claim's devices")
-    raw = devices.get("requests")
-    if not isinstance(raw, list) or not raw:
-        issues.error(base / "requests", "must list at least one device request")
-        return []
-    raw = _within_dra_bound(raw, MAX_REQUESTS, "requests", base / "requests", issues)
-    out: list[Request] = []
-    for i, req in enumerate(raw):
-        rpath = base / "requests" / i
-        if not isinstance(req, dict):
-            issues.error(rpath, f"must be an object with a name, got {describe(req)}")
-            continue
-        _check_request_shape(req, rpath, api_version, issues)
-        name = req.get("name")
-        if not is_dns_label(name):
-            issues.error(
-                rpath / "name",
-                f"{describe(name)} must be a DNS label (lowercase letters, "
-                "digits and '-', at most 63 characters)",
-            )
-            continue
-        exactly: dict[str, Any] = req["exactly"] if isinstance(req.get("exactly"), dict) else req
-        alternatives = req.get("firstAvailable")
-        if isinstance(alternatives, list):
-            alternatives = _within_dra_bound(
-                alternatives, MAX_SUBREQUESTS, "subrequests", rpath / "firstAvailable", issues
-            )
-            for j, sub in enumerate(alternatives):
-                if isinstance(sub, dict) and isinstance(sub.get("name"), str):
-                    out.append(
-                        Request(
-                            f"{name}/{sub['name']}",
-                            sub.get("deviceClassName"),
-                            rpath / "firstAvailable" / j,
-                            sub.get("count", 1),
-                            sub.get("allocationMode", "ExactCount"),
-                        )
-                    )
-        else:
-            where = rpath / "exactly" if isinstance(req.get("exactly"), dict) else rpath
-            out.append(
-                Request(
-                    name,
-                    exactly.get("deviceClassName"),
-                    rpath,
-                    exactly.get("count", 1),
-                    exactly.get("allocationMode", "ExactCount"),
-                    where,
-                )
-            )
-    return out
 
 
 # ---------------------------------------------------------------- documents
@@ -791,31 +130,17 @@ def validate_documents(
     return reports
 
 
-POD_TEMPLATE_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job")
-
-
-def _pod_spec(doc: Mapping[str, Any]) -> tuple[Any, FieldPath]:
-    """A Pod's spec, or a workload's pod template spec, with its path."""
-    if doc.get("kind") == "Pod":
-        return doc.get("spec"), ROOT / "spec"
-    template = (
-        (doc.get("spec") or {}).get("template") if isinstance(doc.get("spec"), dict) else None
-    )
-    spec = template.get("spec") if isinstance(template, dict) else None
-    return spec, ROOT / "spec" / "template" / "spec"
-
-
 def _name_pods_interfaces(docs: Sequence[Any], reports: Sequence[DocumentReport]) -> None:
     """A pod's interfaces across all its claims, named as prepare names them: for each Pod (or
     workload) in the input, the claims and templates it lists that are also in the input."""
     claims: dict[tuple[str, str, str], DocumentReport] = {}
     for doc, report in zip(docs, reports, strict=True):
         if report.kind in ("ResourceClaim", "ResourceClaimTemplate") and report.name:
-            claims[(report.kind, _namespace(doc), report.name)] = report
+            claims[(report.kind, namespace_of(doc), report.name)] = report
     for doc, report in zip(docs, reports, strict=True):
         if report.kind != "Pod" and report.kind not in POD_TEMPLATE_KINDS:
             continue
-        spec, base = _pod_spec(doc)
+        spec, base = pod_spec(doc)
         entries = spec.get("resourceClaims") if isinstance(spec, dict) else None
         if not isinstance(entries, list):
             continue
@@ -823,7 +148,7 @@ def _name_pods_interfaces(docs: Sequence[Any], reports: Sequence[DocumentReport]
         where: list[FieldPath] = []
         for i, entry in enumerate(entries):
             path = base / "resourceClaims" / i
-            found = _claim_of(entry, _namespace(doc), claims)
+            found = _claim_of(entry, namespace_of(doc), claims)
             if isinstance(found, str):
                 if found:
                     report.issues.warn(path, found)
@@ -846,11 +171,6 @@ def _name_pods_interfaces(docs: Sequence[Any], reports: Sequence[DocumentReport]
         except NamingError as exc:
             for index, message in exc.problems:
                 report.issues.error(where[index], message)
-
-
-def _namespace(doc: Any) -> str:
-    meta = doc.get("metadata") if isinstance(doc, dict) else None
-    return str((meta.get("namespace") if isinstance(meta, dict) else None) or "default")
 
 
 def _claim_of(
@@ -991,7 +311,7 @@ def validate_document(
         _validate_nad(doc, issues)
     elif kind == "Pod" or kind in POD_TEMPLATE_KINDS:
         # its claims' interface names, across claims: validate_documents
-        _check_pod(doc, issues)
+        check_pod(doc, issues)
     elif "kind" not in doc and ("plugins" in doc or "type" in doc):
         # a CNI conf or conflist file as libcni reads it
         report.kind = "conflist" if "plugins" in doc else "conf"
@@ -1066,17 +386,11 @@ def _validate_claim(
 ) -> list[ResolvedRequest]:
     """`shape`: the apiserver's own checks of the claim's shape too (offline: the webhook and
     prepare get claims the apiserver decoded and checked already)."""
-    base = ROOT / "spec"
-    spec: Any = doc.get("spec")
-    if kind == "ResourceClaimTemplate":
-        spec = spec.get("spec") if isinstance(spec, dict) else None
-        base = base / "spec"
-    devices = spec.get("devices") if isinstance(spec, dict) else None
+    devices, dpath = devices_of({**doc, "kind": kind})
     if not isinstance(devices, dict):
-        issues.error(base / "devices", "is required: the device requests and their config")
+        issues.error(dpath, "is required: the device requests and their config")
         return []
-    dpath = base / "devices"
-    requests = _requests(devices, dpath, issues, doc.get("apiVersion") if shape else None)
+    requests = read_requests(devices, dpath, issues, doc.get("apiVersion") if shape else None)
     own = claim_entries(devices, dpath, issues, {r.name for r in requests})
     out: list[ResolvedRequest] = []
     meta = doc.get("metadata")
@@ -1191,155 +505,3 @@ def _ours(doc: Mapping[str, Any], classes: Mapping[str, list[ConfigEntry]]) -> b
 def request_slot(resolved: ResolvedRequest, owner: str) -> Slot:
     """How a resolved request's interface is named (cnidra.api.naming)."""
     return Slot(owner, resolved.config.if_name, resolved.config.if_name_prefix)
-
-
-# ---------------------------------------------------------------- what the cluster refuses
-
-
-CLAIM_CONFIG_LABEL = f"{API_GROUP}/claim-config"
-CLASSES_ANNOTATION = f"{API_GROUP}/device-classes"
-MULTUS_ANNOTATIONS = (NETWORKS_ANNOTATION, "v1.multus-cni.io/default-network")
-
-
-@dataclass(frozen=True)
-class Admission:
-    """The shipped ValidatingAdmissionPolicies' rules on claims (deploy/admission.yaml), judged
-    offline with what is known of the claims' namespace: its labels and annotations (None when
-    not given: then a warning says what the rule needs instead of a verdict)."""
-
-    labels: Mapping[str, str] | None = None
-    annotations: Mapping[str, str] | None = None
-
-    def judge(self, doc: Mapping[str, Any], kind: str, issues: Issues) -> None:
-        base = ROOT / "spec" / "spec" if kind == "ResourceClaimTemplate" else ROOT / "spec"
-        spec: Any = doc.get("spec")
-        if kind == "ResourceClaimTemplate":
-            spec = spec.get("spec") if isinstance(spec, dict) else None
-        devices = spec.get("devices") if isinstance(spec, dict) else None
-        configs = devices.get("config") if isinstance(devices, dict) else None
-        ours = isinstance(configs, list) and any(
-            isinstance(c, dict)
-            and isinstance(c.get("opaque"), dict)
-            and c["opaque"].get("driver") == DRIVER_NAME
-            for c in configs
-        )
-        namespace = _namespace(doc)
-        if ours:
-            self._claim_config(namespace, base / "devices" / "config", issues)
-        admin = sorted(
-            {
-                str(r.device_class)
-                for r in _requests(devices, base / "devices", Issues())
-                if str(r.device_class).endswith("." + DEVICE_CLASS_NAME)
-            }
-            if isinstance(devices, dict)
-            else set()
-        )
-        if not admin:
-            return
-        rule = (
-            f"the shipped admission (ValidatingAdmissionPolicy device-classes.{API_GROUP}) "
-            f"admits a cnidra admin class only in a namespace whose annotation "
-            f"{CLASSES_ANNOTATION} lists it (an admin sets it: kubectl annotate namespace "
-            f"{namespace} {CLASSES_ANNOTATION}={','.join(admin)})"
-        )
-        if self.annotations is None:
-            issues.warn(
-                base / "devices" / "requests",
-                f"DeviceClass(es) {', '.join(admin)}: {rule}; --namespace-annotation "
-                f"{CLASSES_ANNOTATION}=... checks namespace {namespace}'s",
-            )
-            return
-        # as the CEL rule reads it: split at commas, nothing trimmed
-        listed = (self.annotations.get(CLASSES_ANNOTATION) or "").split(",")
-        refused = [c for c in admin if c not in listed]
-        if refused:
-            issues.error(
-                base / "devices" / "requests",
-                f"namespace {namespace} may not use DeviceClass(es) {', '.join(refused)}: "
-                f"{rule}; --namespace-annotation does not list them",
-            )
-
-    def _claim_config(self, namespace: str, path: FieldPath, issues: Issues) -> None:
-        label = f"{CLAIM_CONFIG_LABEL}=true"
-        how = f"an admin sets it: kubectl label namespace {namespace} {label}"
-        if self.labels is None:
-            issues.warn(
-                path,
-                f"the shipped admission refuses {DRIVER_NAME} configs in the claims of a "
-                f"namespace without the label {label} ({how}); --namespace-labels KEY=VALUE,... "
-                f"checks namespace {namespace}'s labels",
-            )
-        elif self.labels.get(CLAIM_CONFIG_LABEL) != "true":
-            issues.error(
-                path,
-                f"namespace {namespace} may not carry {DRIVER_NAME} configs in its claims: the "
-                f"shipped admission (ValidatingAdmissionPolicy claim-config.{API_GROUP}) refuses "
-                f"them without the label {label}, which --namespace-labels does not give; {how}",
-            )
-
-
-def _check_pod(doc: Mapping[str, Any], issues: Issues) -> None:
-    """What a Pod (or a workload's pod template) has that the apiserver refuses or that cnidra
-    does not read: a container's claim that names no pod claim, Multus' annotations."""
-    _multus_annotations(doc.get("metadata"), ROOT / "metadata", issues)
-    spec, base = _pod_spec(doc)
-    if doc.get("kind") != "Pod":
-        template = (
-            doc.get("spec", {}).get("template") if isinstance(doc.get("spec"), dict) else None
-        )
-        if isinstance(template, dict):
-            _multus_annotations(
-                template.get("metadata"), ROOT / "spec" / "template" / "metadata", issues
-            )
-    if not isinstance(spec, dict):
-        return
-    entries = spec.get("resourceClaims")
-    names: list[str] = []
-    for i, entry in enumerate(entries if isinstance(entries, list) else []):
-        name = entry.get("name") if isinstance(entry, dict) else None
-        if not is_dns_label(name):
-            issues.error(
-                base / "resourceClaims" / i / "name",
-                f"{describe(name)} must be a DNS label (lowercase letters, digits and '-')",
-            )
-            continue
-        if name in names:
-            issues.error(
-                base / "resourceClaims" / i / "name",
-                f"{name!r} is given twice; the apiserver refuses a pod whose claims share a name",
-            )
-        names.append(name)
-        sources = [k for k in ("resourceClaimName", "resourceClaimTemplateName") if k in entry]
-        if len(sources) != 1:
-            issues.error(
-                base / "resourceClaims" / i,
-                "must set exactly one of resourceClaimName and resourceClaimTemplateName; it "
-                f"sets {' and '.join(sources) or 'neither'}",
-            )
-    known = listing(names) or "none"
-    for group in ("initContainers", "containers"):
-        containers = spec.get(group)
-        for i, container in enumerate(containers if isinstance(containers, list) else []):
-            resources = container.get("resources") if isinstance(container, dict) else None
-            claims = resources.get("claims") if isinstance(resources, dict) else None
-            for j, claim in enumerate(claims if isinstance(claims, list) else []):
-                name = claim.get("name") if isinstance(claim, dict) else None
-                if name not in names:
-                    issues.error(
-                        base / group / i / "resources" / "claims" / j / "name",
-                        f"{describe(name)} names no entry of the pod's resourceClaims "
-                        f"(known: {known}); the apiserver refuses the pod",
-                    )
-
-
-def _multus_annotations(meta: Any, path: FieldPath, issues: Issues) -> None:
-    annotations = meta.get("annotations") if isinstance(meta, dict) else None
-    for key in MULTUS_ANNOTATIONS:
-        if isinstance(annotations, dict) and key in annotations:
-            issues.warn(
-                path / "annotations" / key,
-                "is Multus', and cnidra ignores it: a pod's cnidra interfaces come from its "
-                "resourceClaims (without Multus nothing reads it); `cnidra convert FILE` turns "
-                "it into claim templates and the pod's resourceClaims",
-            )

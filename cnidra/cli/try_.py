@@ -33,7 +33,7 @@ from cnidra.api.validate import DocumentReport, ResolvedRequest, catalog_of
 from cnidra.cni import netns
 from cnidra.cni.attach import AttachFailed, Attachment, Outcome, attach_all, detach_all
 from cnidra.cni.runtime import CNIRuntime
-from cnidra.dra.resolve import Device, attachment_from, resolve_attachment
+from cnidra.dra.resolve import Device, attachment_from, bound_by, resolve_attachment
 from cnidra.state.layout import StateLayout
 from cnidra.status.devices import device_status
 
@@ -156,13 +156,7 @@ def plan_attachments(
             if attachment is None:
                 raise NoParent("; ".join(f"{i.path}: {i.message}" for i in issues.errors))
             if verdict is not None:  # what prepare's path decided of the class's policy
-                attachment = replace(
-                    attachment,
-                    node_link_allowed=verdict.node_link_allowed,
-                    tenant_pool=verdict.tenant_pool,
-                    pool_ranges=verdict.pool_ranges,
-                    tenant_static=verdict.tenant_static,
-                )
+                attachment = bound_by(attachment, verdict)
             taken = pool_name(attachment.network)
             if taken is not None:
                 where = f"request {resolved.request!r} (network {attachment.network_name})"

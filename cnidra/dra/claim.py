@@ -12,18 +12,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cnidra.api.claimspec import configs_for, decode_configs, is_dns_label, request_order
 from cnidra.api.constants import DRIVER_NAME, POD_CLAIM_NAME_ANNOTATION
+from cnidra.api.errors import SpecError
 from cnidra.api.issues import FieldPath, Issues, describe
 from cnidra.api.merge import ConfigEntry, Source
 from cnidra.api.parameters import read_parameters
-from cnidra.api.validate import is_dns_label
 
 ALLOCATION_CONFIG = FieldPath(("status", "allocation", "devices", "config"))
 RESULTS = FieldPath(("status", "allocation", "devices", "results"))
+SPEC_DEVICES = FieldPath(("spec", "devices"))
 
 
-class ClaimShapeError(ValueError):
+class ClaimShapeError(SpecError):
     """A claim whose fields cnidra reads are not of the shape the API defines."""
+
+    def __init__(self, message: str) -> None:
+        ValueError.__init__(self, message)
+        self.path, self.message = None, message
 
 
 @dataclass(frozen=True)
@@ -136,11 +142,10 @@ def read_claim(claim: Any) -> AllocatedClaim:
     allocation_raw = status.get("allocation")
     allocation = _obj(allocation_raw, "status.allocation")
     devices = _obj(allocation.get("devices"), "status.allocation.devices")
-    order: dict[str, int] = {}
-    requests = _list(_obj(spec.get("devices"), "spec.devices").get("requests"), "requests")
-    for i, req in enumerate(requests):
-        name = _obj(req, f"spec.devices.requests[{i}]").get("name")
-        order.setdefault(str(name), i)
+    try:  # the one reader of a claim's spec (cnidra.api.claimspec)
+        order = request_order(_obj(spec.get("devices"), "spec.devices"), SPEC_DEVICES)
+    except SpecError as exc:
+        raise ClaimShapeError(str(exc)) from exc
     results = []
     for i, raw in enumerate(_list(devices.get("results"), "status.allocation.devices.results")):
         where = RESULTS / i
@@ -177,7 +182,7 @@ def read_claim(claim: Any) -> AllocatedClaim:
         node_selector=_obj(selector, "status.allocation.nodeSelector") if selector else None,
         allocated=bool(allocation_raw),
         results=tuple(results),
-        configs=tuple(_config_entries(_list(devices.get("config"), "allocation config"))),
+        configs=tuple(_config_entries(devices.get("config"))),
         reserved_for=tuple(reserved),
         # a path segment in the pod's containers (device metadata): only what Kubernetes can
         # set, a pod's claim name, never whatever a claim's author wrote into the annotation
@@ -185,30 +190,27 @@ def read_claim(claim: Any) -> AllocatedClaim:
     )
 
 
-def _config_entries(configs: Sequence[Any]) -> list[ConfigEntry]:
-    """Our driver's opaque configs, each read once by the one reader (bounds, a JSON-string
-    config parsed) that `cnidra validate` and the webhook use too."""
+def _config_entries(configs: object) -> list[ConfigEntry]:
+    """Our driver's opaque configs of the allocation, read by the one reader of a claim's spec
+    (cnidra.api.claimspec) and their parameters by the one reader of parameters (bounds, a
+    JSON-string config parsed) that `cnidra validate` and the webhook use too."""
+    try:
+        read = decode_configs(configs, ALLOCATION_CONFIG)
+    except SpecError as exc:
+        raise ClaimShapeError(str(exc)) from exc
     entries = []
-    for i, raw in enumerate(configs):
-        cfg = _obj(raw, ALLOCATION_CONFIG / i)
-        opaque = _obj(cfg.get("opaque"), ALLOCATION_CONFIG / i / "opaque")
-        if opaque.get("driver") != DRIVER_NAME:
-            continue
-        path = ALLOCATION_CONFIG / i / "opaque" / "parameters"
+    for cfg in configs_for(DRIVER_NAME, read):
+        path = cfg.parameters_path
         issues = Issues()
-        params = read_parameters(opaque.get("parameters"), path, issues)
+        params = read_parameters(cfg.parameters, path, issues)
         if issues.errors:
             raise ClaimShapeError("; ".join(str(e) for e in issues.errors))
-        requests = [
-            _str(r, ALLOCATION_CONFIG / i / "requests")
-            for r in _list(cfg.get("requests"), ALLOCATION_CONFIG / i / "requests")
-        ]
-        source = Source.CLASS if cfg.get("source") == Source.CLASS else Source.CLAIM
+        source = Source.CLASS if cfg.source == Source.CLASS else Source.CLAIM
         entries.append(
             ConfigEntry(
                 source,
                 params if isinstance(params, Mapping) else {},
-                tuple(requests),
+                cfg.requests,
                 path,
             )
         )

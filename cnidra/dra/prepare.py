@@ -38,8 +38,9 @@ from cnidra.api.networks import (
 from cnidra.api.nodes import NodeView, named_nodes, selects
 from cnidra.api.ownership import PrivateDirs
 from cnidra.api.refs import ObjectRef
-from cnidra.api.validate import VerdictCache, judged_once
+from cnidra.api.verdict import judged_once
 from cnidra.cni.attach import Attachment
+from cnidra.dra.ahead import ClaimsAhead
 from cnidra.dra.claim import (
     ALLOCATION_CONFIG,
     RESULTS,
@@ -48,6 +49,7 @@ from cnidra.dra.claim import (
     read_claim,
 )
 from cnidra.dra.resolve import Device, resolve_attachment
+from cnidra.dra.verdicts import VerdictCache
 from cnidra.ipam.allocator import AllocationError, Allocator
 from cnidra.observe.logs import fields
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
@@ -310,6 +312,9 @@ class Preparer:
         # the verdicts on configs judged before, and one copy of equal networks: a template's
         # pods share theirs
         self.verdicts = VerdictCache()
+        # claims read when their pods were bound (None: every claim is a GET)
+        self.ahead: ClaimsAhead | None = None
+        self._warm_slot = asyncio.Semaphore(1)
         self.shared_networks = SharedNetworks()
         # told of each claim prepared anew (not of a kubelet's repeated call): the agent
         # makes it a Normal Event on the claim
@@ -381,6 +386,11 @@ class Preparer:
 
     async def _resolve(self, ref: ObjectRef) -> PreparedClaim:
         known = self.checkpoint.get(ref.uid)
+        # read ahead when its pod was bound (cnidra.dra.ahead): kubelet's UID, the newest
+        # resourceVersion this node read, not expired; else the GET
+        ahead = self.ahead.ready(ref) if self.ahead is not None else None
+        if ahead is not None:
+            return await self._judged(ahead, ref)
         try:
             claim = await self.claims.get(ref.namespace, ref.name)
         except UnusableObject as exc:
@@ -396,6 +406,29 @@ class Preparer:
             if known is not None:
                 return known
             raise PrepareError(f"claim {ref} not found")
+        if self.ahead is not None:
+            self.ahead.seen(claim)
+        return await self._judged(claim, ref)
+
+    async def warm(self, claim: Mapping[str, Any]) -> None:
+        """Judge a claim read ahead (cnidra.dra.ahead) as prepare will, for the verdicts it
+        keeps (`self.verdicts`): off the loop, one at a time, never in prepare's judging slots;
+        nothing else is kept, and what it finds wrong is prepare's to say."""
+        meta = claim.get("metadata") or {}
+        ref = ObjectRef(
+            str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", ""))
+        )
+        view = self.view()
+
+        def judge() -> None:
+            with judged_once():
+                resolve_claim(claim, ref, self.node, self.dirs, view, verdicts=self.verdicts)
+
+        async with self._warm_slot:
+            with contextlib.suppress(PrepareError):
+                await asyncio.to_thread(judge)
+
+    async def _judged(self, claim: Mapping[str, Any], ref: ObjectRef) -> PreparedClaim:
         typed = read(claim, ref)
         view = self.view()
         catalog, device_networks = await self._networks(typed, ref, view)

@@ -1,7 +1,7 @@
 """From an allocated request to what the runtime executes: the one path a claim's configs take
 to an Attachment, for prepare and `cnidra try` alike.
 
-The verdict is `cnidra.api.validate.check_request`, the function `cnidra validate --policy`
+The verdict is `cnidra.api.verdict.check_request`, the function `cnidra validate --policy`
 and the admission webhook call too: the request's named network put in place, its configs
 checked against the class's CNIPolicy in the form the plugins read (`cnidra.api.tenant`),
 merged and validated. What it approves is bound to the allocated link, named as cnidra owns
@@ -25,8 +25,9 @@ from cnidra.api.ownership import PrivateDirs, owned_network, owned_network_name
 from cnidra.api.policy import PARENT_FIELDS, admin_paths, bind_to_device, governing_policy
 from cnidra.api.refs import ObjectRef
 from cnidra.api.tenant import written_by
-from cnidra.api.validate import ResolvedRequest, VerdictCache, check_request
+from cnidra.api.verdict import ResolvedRequest, check_request
 from cnidra.cni.attach import Attachment
+from cnidra.dra.verdicts import VerdictCache
 
 
 def resolve_attachment(
@@ -132,6 +133,17 @@ def resolve_attachment(
         tenant_static=bool(static),
         rate=rate,
     )
+
+
+# What the class's CNIPolicy, through `resolve_attachment`, decides of an attachment beyond
+# its network: prepare checkpoints them; `cnidra try` runs its own names with these taken from
+# the same verdict (`bound_by`), so a field added here binds both
+POLICY_BOUND = ("node_link_allowed", "tenant_pool", "pool_ranges", "tenant_static", "rate")
+
+
+def bound_by(attachment: Attachment, verdict: Attachment) -> Attachment:
+    """`attachment` with what `resolve_attachment`'s `verdict` decided of the class's policy."""
+    return replace(attachment, **{name: getattr(verdict, name) for name in POLICY_BOUND})
 
 
 def link_speed_bps(node: NodeFacts | None, link: str | None) -> int | None:

@@ -125,6 +125,9 @@ def api_failure(exc: BaseException) -> ApiFailure | None:
             code or 0, message, float(seconds) if seconds else None
         )
         return failure
+    if isinstance(exc, httpx2.HTTPStatusError):  # a watch refused (lightkube raises it raw)
+        code = exc.response.status_code
+        return classify(code, str(exc))(code, str(exc).splitlines()[0])
     if isinstance(exc, httpx2.TransportError | OSError | TimeoutError):
         return Transient(None, f"{type(exc).__name__}: {exc}")
     return None
@@ -277,13 +280,25 @@ class Api:
             kwargs["namespace"] = namespace
         return await self._call(self.client.patch(kind, name, list(ops), **kwargs), within)
 
-    async def watch(self, kind: Any) -> AsyncIterator[tuple[str, Any]]:
+    async def watch(
+        self,
+        kind: Any,
+        *,
+        namespace: str | None = None,
+        fields: Mapping[str, Any] | None = None,
+    ) -> AsyncIterator[tuple[str, Any]]:
         """The kind's changes, as the apiserver streams them (no timeout: a watch lasts until
-        the apiserver ends it; its failure is an ApiFailure)."""
+        the apiserver ends it; its failure is an ApiFailure). `namespace` "*": every
+        namespace's; `fields`: a field selector (`{"spec.nodeName": node}`)."""
+        kwargs: dict[str, Any] = {}
+        if namespace is not None:
+            kwargs["namespace"] = namespace
+        if fields is not None:
+            kwargs["fields"] = fields
         try:
-            async for event, obj in self.client.watch(kind):
+            async for event, obj in self.client.watch(kind, **kwargs):
                 yield event, obj
-        except (ApiError, httpx2.TransportError, OSError) as exc:
+        except (ApiError, httpx2.HTTPStatusError, httpx2.TransportError, OSError) as exc:
             _raise_as_failure(exc)
             raise
 

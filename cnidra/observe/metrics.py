@@ -203,7 +203,13 @@ def request_kind(
 
 CLAIM_LOOKUPS = Counter(
     "cnidra_claim_lookups_total",
-    "ResourceClaim GETs at prepare by result",
+    "ResourceClaim GETs at prepare, or ahead of it, by result",
+    ["result"],
+    registry=REGISTRY,
+)
+CLAIMS_AHEAD = Counter(
+    "cnidra_claims_ahead_total",
+    "claims prepare looked for among those read ahead: hit (no GET), miss or stale (a GET)",
     ["result"],
     registry=REGISTRY,
 )

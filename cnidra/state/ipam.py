@@ -127,6 +127,5 @@ class IPAMState:
 
     async def release(self, owner: str) -> list[Lease]:
         released = self._by_owner.pop(owner, [])
-        for lease in released:
-            await self.leases.remove(lease.key)
+        await self.leases.remove_many([lease.key for lease in released])
         return released

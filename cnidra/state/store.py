@@ -1,25 +1,40 @@
 """A directory of JSON records, one atomic file each, mirrored in memory: the shape of both the
 prepared-claims checkpoint and the sandbox records.
 
-Writes are on disk before they are visible. A durable store (the checkpoint) fsyncs file and
-directory, milliseconds, in a worker thread, so the event loop keeps serving other hooks; a
-store that needs only to survive the process (the sandbox records: a machine crash ends every
-sandbox they describe) writes in place, atomically, without fsync. `put_blocking` is for code
-that runs before the loop does (start-up, migration, tools)."""
+Writes are on disk before they are visible. A durable store (the checkpoint, the IPAM state)
+makes every change durable with one fsync, whatever the number of records it changes (a
+prepare of 100 claims is one fsync, not 101): the change is appended to the store's log
+(`claims.log` beside `claims/`, one frame with its length and CRC) and the log fsynced; then
+each record's file is replaced, atomically but without fsync. On opening, the files are read,
+then the log's whole frames replayed over them (a torn last frame, never acknowledged, is
+ignored), the files it names written durably and the log emptied; a log grown past LOG_MAX
+is emptied the same way while the driver runs. All of it in a worker thread, so the event
+loop keeps serving other hooks. A store that needs only to survive the process (the sandbox
+records: a machine crash ends every sandbox they describe) writes in place, atomically,
+without fsync and without a log. `put_blocking` is for code that runs before the loop does
+(start-up, migration, tools)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import os
+import struct
+import threading
+import weakref
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from cnidra.util.files import write_all_atomically, write_atomically
+from cnidra.util.files import fsync_dir, write_all_atomically, write_atomically
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+LOG_SUFFIX = ".log"  # the log of <dir> is <dir>.log, beside it
+LOG_MAX = 4 * 1024 * 1024  # bytes of log after which the files are made durable and it emptied
+_HEADER = struct.Struct(">II")  # a frame: payload length, CRC-32 of the payload
 
 
 class JsonDirStore(Generic[T]):
@@ -46,6 +61,100 @@ class JsonDirStore(Generic[T]):
                 path.rename(path.with_suffix(".corrupt"))
                 continue
             self._items[key(item)] = item
+        self._lock = threading.Lock()  # one change at a time: the log's frames in order
+        self._unsettled: set[str] = set()  # keys whose files are not yet durable
+        self._log_fd = -1
+        if durable:
+            self._open_log(decode)
+
+    # ------------------------------------------------------------------ the log
+
+    @property
+    def log_path(self) -> Path:
+        """Beside the directory (`claims.log` by `claims/`), so the directory holds only
+        records."""
+        return self.dir.with_name(f"{self.dir.name}{LOG_SUFFIX}")
+
+    def _open_log(self, decode: Callable[[Mapping[str, Any]], T]) -> None:
+        """Replay what the log holds over the files, make it durable in them, empty the log."""
+        created = not self.log_path.exists()
+        replayed: set[str] = set()
+        for change in [] if created else _frames(self.log_path.read_bytes()):
+            for key, data in (change.get("put") or {}).items():
+                try:
+                    self._items[key] = decode(data)
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    log.error("a logged change of record %s is unreadable: %s", key, exc)
+                    continue
+                replayed.add(key)
+            for key in change.get("remove") or []:
+                self._items.pop(key, None)
+                replayed.add(key)
+        self._log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._closer = weakref.finalize(self, os.close, self._log_fd)
+        self._unsettled = replayed
+        if replayed or os.fstat(self._log_fd).st_size:
+            self._settle()
+        elif created:
+            fsync_dir(self.log_path.parent)  # the log's own name, once
+
+    def _append(self, change: Mapping[str, Any], *, sync: bool = True) -> None:
+        """One frame; durable (one fsync) when `sync`. A failed append is cut off again, so
+        no torn frame sits before later ones."""
+        payload = json.dumps(change, separators=(",", ":")).encode()
+        frame = _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+        size = os.fstat(self._log_fd).st_size
+        try:
+            view = memoryview(frame)
+            while view:
+                view = view[os.write(self._log_fd, view) :]
+            if sync:
+                os.fsync(self._log_fd)
+        except BaseException:
+            os.ftruncate(self._log_fd, size)
+            raise
+
+    def _settle(self) -> None:
+        """The files of the changes the log holds made durable (each file and the directory
+        fsynced), then the log emptied: what opening does, and a long log while running."""
+        files = []
+        for key in sorted(self._unsettled):
+            item = self._items.get(key)
+            if item is None:
+                (self.dir / f"{key}.json").unlink(missing_ok=True)
+            else:
+                files.append((self.dir / f"{key}.json", self._serialize(item)[1]))
+        if files:
+            write_all_atomically(files)
+        else:
+            fsync_dir(self.dir)  # the removals
+        os.ftruncate(self._log_fd, 0)
+        os.fsync(self._log_fd)
+        self._unsettled = set()
+
+    def _change(self, put: list[tuple[str, bytes, T]], remove: list[str]) -> None:
+        """A durable store's change: logged with one fsync (removals without: as an unlink,
+        they need not survive a power loss), then the files written without fsync."""
+        with self._lock:
+            logged: dict[str, Any] = {}
+            for key, data, _ in put:
+                logged[key] = json.loads(data)
+            self._append({"put": logged, "remove": remove}, sync=bool(put))
+            for key, data, item in put:
+                write_atomically(self.dir / f"{key}.json", data, durable=False)
+                self._items[key] = item  # visible once on disk
+            for key in remove:
+                (self.dir / f"{key}.json").unlink(missing_ok=True)
+                self._items.pop(key, None)
+            self._unsettled.update(logged)
+            self._unsettled.update(remove)
+            if os.fstat(self._log_fd).st_size > LOG_MAX:
+                self._settle()
+
+    def close(self) -> None:
+        if self._log_fd >= 0:
+            self._closer()
+            self._log_fd = -1
 
     def get(self, key: str) -> T | None:
         return self._items.get(key)
@@ -53,36 +162,50 @@ class JsonDirStore(Generic[T]):
     async def put(self, item: T) -> None:
         key, data = self._serialize(item)
         if self.durable:
-            await asyncio.to_thread(write_atomically, self.dir / f"{key}.json", data)
+            await asyncio.to_thread(self._change, [(key, data, item)], [])
         else:  # page cache only: microseconds, not worth a thread hop
             write_atomically(self.dir / f"{key}.json", data, durable=False)
         self._items[key] = item
 
     async def put_many(self, items: list[T]) -> None:
-        """Several records, each durable as `put` makes one, the directory fsynced once."""
+        """Several records, durable together with one fsync (one frame of the log)."""
         if not items:
             return
-        if len(items) == 1 or not self.durable:
+        if not self.durable:
             for item in items:
                 await self.put(item)
             return
-        serialized = [self._serialize(item) for item in items]
-        files = [(self.dir / f"{key}.json", data) for key, data in serialized]
-        await asyncio.to_thread(write_all_atomically, files)
-        for (key, _), item in zip(serialized, items, strict=True):
+        serialized = [(*self._serialize(item), item) for item in items]
+        await asyncio.to_thread(self._change, serialized, [])
+        for key, _, item in serialized:
             self._items[key] = item
 
     def put_blocking(self, item: T) -> None:
         key, data = self._serialize(item)
-        write_atomically(self.dir / f"{key}.json", data, durable=self.durable)
+        if self.durable:
+            self._change([(key, data, item)], [])
+        else:
+            write_atomically(self.dir / f"{key}.json", data, durable=False)
         self._items[key] = item
 
     async def remove(self, key: str) -> bool:
         if self.durable:
-            await asyncio.to_thread((self.dir / f"{key}.json").unlink, True)
+            present = key in self._items
+            await asyncio.to_thread(self._change, [], [key])
+            return present
         else:
             (self.dir / f"{key}.json").unlink(missing_ok=True)
         return self._items.pop(key, None) is not None
+
+    async def remove_many(self, keys: list[str]) -> None:
+        """Several records removed as one change (one frame of a durable store's log)."""
+        if not keys:
+            return
+        if not self.durable:
+            for key in keys:
+                await self.remove(key)
+            return
+        await asyncio.to_thread(self._change, [], list(keys))
 
     def all(self) -> Iterable[T]:
         return list(self._items.values())
@@ -92,3 +215,23 @@ class JsonDirStore(Generic[T]):
 
     def _serialize(self, item: T) -> tuple[str, bytes]:
         return self._key(item), json.dumps(self._encode(item), separators=(",", ":")).encode()
+
+
+def _frames(raw: bytes) -> list[dict[str, Any]]:
+    """The log's whole frames, in order, up to the first that is torn or not one."""
+    out = []
+    at = 0
+    while at + _HEADER.size <= len(raw):
+        length, crc = _HEADER.unpack_from(raw, at)
+        payload = raw[at + _HEADER.size : at + _HEADER.size + length]
+        if len(payload) < length or zlib.crc32(payload) != crc:
+            break
+        try:
+            change = json.loads(payload)
+        except ValueError:
+            break
+        if not isinstance(change, dict):
+            break
+        out.append(change)
+        at += _HEADER.size + length
+    return out

@@ -17,11 +17,16 @@ def write_all_atomically(items: list[tuple[Path, bytes]], mode: int = 0o600) -> 
         write_atomically(path, data, mode, durable=False, sync_file=True)
         parents.add(path.parent)
     for parent in parents:
-        dir_fd = os.open(parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """The directory's entries (names created, renamed or removed in it) made durable."""
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def write_atomically(

@@ -1,5 +1,5 @@
 """One verdict: `cnidra validate --policy`, the admission webhook and prepare call the same
-function (`cnidra.api.validate.check_request`) with the same bounds
+function (`cnidra.api.verdict.check_request`) with the same bounds
 (`cnidra.api.parameters`), so the same claim gets the same answer from all three. Checked here
 over the hostile classes of tests/api/test_tenant.py and the differential fuzzer's inputs:
 the claim as a tenant writes it, the webhook's AdmissionReview of it, and the allocation DRA

@@ -1,4 +1,4 @@
-"""Prepare's verdict cache (cnidra.api.validate.VerdictCache): the verdict on a config judged
+"""Prepare's verdict cache (cnidra.dra.verdicts.VerdictCache): the verdict on a config judged
 before is the verdict judging it again would give, issues included; any difference in what is
 judged is judged anew; tenants cannot grow it."""
 
@@ -13,9 +13,10 @@ import pytest
 from cnidra.api.issues import Issues
 from cnidra.api.networks import StaticCatalog
 from cnidra.api.refs import ObjectRef
-from cnidra.api.validate import VerdictCache, check_request
+from cnidra.api.verdict import check_request
 from cnidra.dra.claim import ALLOCATION_CONFIG, read_claim
 from cnidra.dra.prepare import PrepareError, Preparer, SharedNetworks, resolve_claim
+from cnidra.dra.verdicts import VerdictCache
 from cnidra.state.checkpoint import Checkpoint
 from cnidra.state.layout import StateLayout
 from tests.dra.test_prepare import DIRS, REF, VIEW, Claims, Labels, claim

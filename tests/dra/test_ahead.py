@@ -1,0 +1,252 @@
+"""Claims read before kubelet asks (cnidra.dra.ahead, issue 42): a pod bound to the node has
+its claims read and judged, and NodePrepareResources then prepares from what was read, with no
+GET; a claim not read, stale or expired, or a watch that fails, falls back to the GET."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cnidra.api.refs import ObjectRef
+from cnidra.dra.ahead import ClaimsAhead, ReadAhead, claim_names
+from cnidra.dra.prepare import Preparer
+from cnidra.kube.api import Transient
+from cnidra.state.checkpoint import Checkpoint
+from cnidra.state.layout import StateLayout
+from tests.dra.test_prepare import DIRS, VIEW, claim
+
+REF = ObjectRef("ns", "c", "uid-1")
+
+
+def stored(version: str = "7") -> dict[str, Any]:
+    c = claim()
+    c["metadata"].update(namespace="ns", name="c", resourceVersion=version)
+    return c
+
+
+def pod(uid: str = "pod-1", **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"uid": uid, "namespace": "ns", "name": "p"},
+        "spec": {"nodeName": "n1", "resourceClaims": [{"name": "net", "resourceClaimName": "c"}]},
+        "status": status,
+    }
+
+
+class CountingClaims:
+    """The apiserver's claims, every GET counted."""
+
+    def __init__(self, *claims: dict[str, Any], fail: bool = False) -> None:
+        self.claims = {c["metadata"]["name"]: c for c in claims}
+        self.gets = 0
+        self.fail = fail
+
+    async def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        self.gets += 1
+        if self.fail:
+            raise Transient(503, "the apiserver is away")
+        found = self.claims.get(name)
+        return copy.deepcopy(found) if found is not None else None
+
+
+def watching(*events: tuple[str, dict[str, Any]], then: Exception | None = None) -> Any:
+    async def watch() -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+        for event in events:
+            yield event
+        if then is not None:
+            raise then
+
+    return watch
+
+
+def preparer(tmp_path: Path, claims: CountingClaims, cache: ClaimsAhead | None) -> Preparer:
+    p = Preparer("n1", claims, Checkpoint(StateLayout(tmp_path)), DIRS, view=lambda: VIEW)
+    p.ahead = cache
+    return p
+
+
+async def read_ahead(p: Preparer, claims: CountingClaims, *events: tuple[str, Any]) -> ReadAhead:
+    assert p.ahead is not None
+    ahead = ReadAhead(watching(*events), claims, p.ahead, p.warm)
+    await ahead.watch_once()
+    await ahead.drained()
+    return ahead
+
+
+async def test_a_claim_read_when_its_pod_was_bound_is_prepared_with_no_get(
+    tmp_path: Path,
+) -> None:
+    claims = CountingClaims(stored())
+    p = preparer(tmp_path, claims, ClaimsAhead())
+    await read_ahead(p, claims, ("ADDED", pod()), ("MODIFIED", pod(phase="Pending")))
+    assert claims.gets == 1  # the pod's update does not read it again
+    assert p.verdicts.misses > 0  # judged ahead: its verdicts are there
+    misses = p.verdicts.misses
+    claims.gets = 0
+    prepared = await p.prepare(REF)
+    assert claims.gets == 0 and prepared.uid == "uid-1" and prepared.devices
+    assert p.verdicts.misses == misses  # prepare's judgement found every verdict ready
+    assert p.ahead is not None and p.ahead.hits == 1
+
+
+async def test_a_newer_resource_version_read_since_falls_back_to_the_get(tmp_path: Path) -> None:
+    claims = CountingClaims(stored("7"))
+    cache = ClaimsAhead()
+    p = preparer(tmp_path, claims, cache)
+    await read_ahead(p, claims, ("ADDED", pod()))
+    cache.seen(stored("8"))  # the claim changed since, as another read of it told
+    claims.gets = 0
+    await p.prepare(REF)
+    assert claims.gets == 1 and cache.stale == 1 and cache.hits == 0
+
+
+async def test_an_expired_claim_falls_back_to_the_get(tmp_path: Path) -> None:
+    now = [0.0]
+    claims = CountingClaims(stored())
+    cache = ClaimsAhead(ttl=10.0, clock=lambda: now[0])
+    p = preparer(tmp_path, claims, cache)
+    await read_ahead(p, claims, ("ADDED", pod()))
+    now[0] = 11.0
+    claims.gets = 0
+    await p.prepare(REF)
+    assert claims.gets == 1 and cache.stale == 1
+
+
+async def test_a_claim_not_seen_falls_back_to_the_get(tmp_path: Path) -> None:
+    claims = CountingClaims(stored())
+    p = preparer(tmp_path, claims, ClaimsAhead())
+    prepared = await p.prepare(REF)
+    assert claims.gets == 1 and prepared.uid == "uid-1"
+    assert p.ahead is not None and p.ahead.misses == 1
+
+
+async def test_another_uid_of_the_same_name_is_not_taken(tmp_path: Path) -> None:
+    claims = CountingClaims(stored())
+    p = preparer(tmp_path, claims, ClaimsAhead())
+    await read_ahead(p, claims, ("ADDED", pod()))
+    recreated = stored()
+    recreated["metadata"]["uid"] = "uid-2"
+    claims.claims["c"] = recreated
+    claims.gets = 0
+    with pytest.raises(Exception, match="UID"):
+        await p.prepare(ObjectRef("ns", "c", "uid-1-other"))
+    assert claims.gets == 1  # kubelet's UID is not the one read ahead: asked again
+
+
+async def test_a_claim_not_yet_reserved_for_the_pod_is_not_kept(tmp_path: Path) -> None:
+    claims = CountingClaims(stored())
+    p = preparer(tmp_path, claims, ClaimsAhead())
+    await read_ahead(p, claims, ("ADDED", pod(uid="another-pod")))
+    assert p.ahead is not None and len(p.ahead) == 0
+
+
+async def test_a_failing_watch_degrades_to_the_get(tmp_path: Path) -> None:
+    claims = CountingClaims(stored())
+    cache = ClaimsAhead()
+    p = preparer(tmp_path, claims, cache)
+    ahead = ReadAhead(watching(then=Transient(503, "watch refused")), claims, cache, p.warm)
+    with pytest.raises(Transient):
+        await ahead.watch_once()
+    await p.prepare(REF)
+    assert claims.gets == 1 and len(cache) == 0
+
+
+async def test_a_read_that_fails_leaves_the_claim_to_the_get(tmp_path: Path) -> None:
+    away = CountingClaims(stored(), fail=True)
+    claims = CountingClaims(stored())
+    cache = ClaimsAhead()
+    p = preparer(tmp_path, claims, cache)
+    ahead = ReadAhead(watching(("ADDED", pod())), away, cache, p.warm)
+    await ahead.watch_once()
+    await ahead.drained()
+    assert ahead.failed == 1 and len(cache) == 0
+    await p.prepare(REF)
+    assert claims.gets == 1
+
+
+def test_a_stale_claim_leaves_nothing_behind() -> None:
+    now = [0.0]
+    cache = ClaimsAhead(ttl=1.0, clock=lambda: now[0])
+    for i in range(50):
+        c = stored()
+        c["metadata"].update(name=f"c{i}", uid=f"u{i}")
+        cache.put(c)
+        now[0] += 2.0
+        assert cache.ready(ObjectRef("ns", f"c{i}", f"u{i}")) is None
+    assert len(cache) == 0 and not cache._uids
+
+
+def test_the_cache_is_bounded() -> None:
+    cache = ClaimsAhead(size=3)
+    for i in range(10):
+        c = stored()
+        c["metadata"].update(name=f"c{i}", uid=f"u{i}")
+        assert cache.put(c)
+    assert len(cache) == 3
+    assert cache.ready(ObjectRef("ns", "c9", "u9")) is not None
+    assert cache.ready(ObjectRef("ns", "c0", "u0")) is None
+
+
+async def test_pending_reads_are_bounded() -> None:
+    gate = asyncio.Event()
+
+    class Slow(CountingClaims):
+        async def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+            await gate.wait()
+            return await super().get(namespace, name)
+
+    claims = Slow(stored())
+    ahead = ReadAhead(watching(), claims, ClaimsAhead(), max_pending=2)
+    for i in range(5):
+        ahead.on_pod("ADDED", pod(uid=f"pod-{i}"))
+    assert ahead.skipped == 3
+    gate.set()
+    await ahead.drained()
+    assert claims.gets == 2
+
+
+def test_a_pods_claims_come_from_its_spec_and_its_status() -> None:
+    p = pod()
+    p["spec"]["resourceClaims"].append({"name": "t", "resourceClaimTemplateName": "tmpl"})
+    p["status"] = {"resourceClaimStatuses": [{"name": "t", "resourceClaimName": "p-t-x1"}]}
+    assert claim_names(p) == ["c", "p-t-x1"]
+    assert claim_names({"spec": {"resourceClaims": "bad"}, "status": None}) == []
+
+
+async def test_the_watch_is_started_again_on_the_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    starts = 0
+    slept: list[float] = []
+
+    async def watch() -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+        nonlocal starts
+        starts += 1
+        raise Transient(503, "watch refused")
+        yield  # an async generator
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 3:
+            raise asyncio.CancelledError
+
+    monkeypatch.setattr("cnidra.dra.ahead.asyncio.sleep", sleep)
+    ahead = ReadAhead(watch, CountingClaims(), ClaimsAhead())
+    with pytest.raises(asyncio.CancelledError):
+        await ahead.run()
+    assert starts == 3 and ahead.watch_failures == 3
+    assert slept[0] < slept[1] < slept[2]  # the one backoff's growing pace
+
+
+async def test_the_claims_of_pods_running_or_going_are_not_read() -> None:
+    claims = CountingClaims(stored())
+    ahead = ReadAhead(watching(), claims, ClaimsAhead())
+    ahead.on_pod("ADDED", pod(uid="running", phase="Running"))
+    ahead.on_pod("ADDED", pod(uid="done", phase="Succeeded"))
+    going = pod(uid="going")
+    going["metadata"]["deletionTimestamp"] = "2026-11-27T06:00:00Z"
+    ahead.on_pod("MODIFIED", going)
+    await ahead.drained()
+    assert claims.gets == 0
