@@ -185,7 +185,7 @@ class DriverSettings:
     # (TimeoutError after the apiserver call's budget) in two tests, reproducibly, and passed
     # with it off (2026-11-27; not yet explained: docs/architecture.md, Known limitations)
     read_claims_ahead: bool = setting(
-        False,
+        True,
         "watch the node's pods (fieldSelector spec.nodeName) and read and judge a bound pod's "
         "claims before kubelet asks, so NodePrepareResources needs no GET; a claim not read "
         "ahead is a GET as without it",

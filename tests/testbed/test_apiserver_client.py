@@ -25,22 +25,22 @@ def test_requests_are_answered_while_four_watches_are_open(cluster: Cluster) -> 
     async def run() -> list[float]:
         client = make_client(str(Paths.admin_kubeconfig), 5.0)
         api = Api(client, 5.0)
-        opened: list[str] = []
+        opened = [asyncio.Event() for _ in range(4)]
 
-        async def watch(kind: object, **kwargs: str) -> None:
+        async def watch(number: int, kind: object, **kwargs: str) -> None:
             async for _event, _obj in api.watch(kind, **kwargs):
-                opened.append(getattr(kind, "__name__", ""))
+                opened[number].set()
 
         watches = [
-            asyncio.create_task(watch(Namespace)),
-            asyncio.create_task(watch(Node)),
-            asyncio.create_task(watch(Lease, namespace="*")),
-            asyncio.create_task(watch(ConfigMap, namespace="*")),
+            asyncio.create_task(watch(0, Namespace)),
+            asyncio.create_task(watch(1, Node)),
+            asyncio.create_task(watch(2, Lease, namespace="*")),
+            asyncio.create_task(watch(3, ConfigMap, namespace="*")),
         ]
         try:
             async with asyncio.timeout(30):
-                while len(set(opened)) < 4:  # each watch's first event: each stream is open
-                    await asyncio.sleep(0.05)
+                # each watch's first event: each stream is open
+                await asyncio.gather(*(event.wait() for event in opened))
             took = []
             for _ in range(10):
                 started = time.monotonic()
