@@ -35,20 +35,19 @@ check: install
 	$(BIN)/mypy
 	$(BIN)/pytest -q -p no:cacheprovider $(PARALLEL) -m "not netns and not testbed"
 
-# lint, the unit half in parallel (the netns tests too: each in namespaces and state roots of
-# its own), then the test bed's half in one process (one cluster session shared by its modules,
-# and timing-sensitive tests kept off a CPU the unit half is saturating); a unit failure stops
-# it before the test bed's half
+# lint, then the two halves at once (hack/run-tests.py): the unit half in parallel (the netns
+# tests too: each in namespaces and state roots of its own), below normal CPU priority, beside
+# the test bed's half in one process (one cluster session shared by its modules); a unit
+# failure stops the test bed's half (SIGINT: its fixtures still clean up)
+HALVES := $(BIN)/python hack/run-tests.py $(BIN)/pytest --unit -q $(PARALLEL) -m "not testbed"
 test: install lint cni-plugins
-	$(BIN)/pytest -q $(PARALLEL) -m "not testbed"
-	$(BIN)/pytest -q -m "testbed and not full"
+	$(HALVES) --testbed -q -m "testbed and not full"
 
 # make test, with every e2e test that uses the `deployment` fixture run a second time against
 # the in-cluster driver (the chart's DaemonSet of `make image`'s image) and the `full` tests (a
 # second image build, to prove it reproducible): what CI runs nightly
 test-full: install lint cni-plugins
-	$(BIN)/pytest -q $(PARALLEL) -m "not testbed"
-	CNIDRA_TEST_FULL=1 $(BIN)/pytest -q -m testbed
+	CNIDRA_TEST_FULL=1 $(HALVES) --testbed -q -m testbed
 
 # the unit half alone, as make test runs it (root needed, no test bed)
 test-unit: install cni-plugins

@@ -42,14 +42,19 @@ pytestmark = pytest.mark.slow
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel and the sdist, built once per run: under pytest-xdist the first worker to ask
     builds them into the run's shared temporary directory, under a lock (two builds at a time
-    in one source tree would share its build/ and egg-info directories)."""
+    in one source tree would share its build/ and egg-info directories; the image's build takes
+    the same tree lock)."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the workers' common base
     out = root / "dist"
-    with open(root / "dist.lock", "a") as lock:
+    (ROOT / "dist").mkdir(exist_ok=True)
+    with open(root / "dist.lock", "a") as lock, open(ROOT / "dist" / ".build.lock", "a") as tree:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / ".complete").exists():
+            # and one build in the source tree at a time: the image's (hack/image/build.sh, in
+            # the test bed's half of make test) may be building beside this one
+            fcntl.flock(tree, fcntl.LOCK_EX)
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir()
             run(sys.executable, "-m", "build", "--wheel", "--sdist", "--outdir", out, ROOT, cwd=out)

@@ -38,7 +38,10 @@ mmdebstrap --quiet --variant=essential --include=python3,libstdc++6 \
   bookworm "$work/base.tar"
 tar -xOf "$work/base.tar" ./var/lib/dpkg/status | awk '/^Package:/{p=$2} /^Version:/{print p, $2}' \
   > "$work/packages"
-"$PY" -m build --wheel --outdir "$work/wheel" . >/dev/null
+# one build in this source tree at a time (its build/ and egg-info directories): the unit
+# tests' wheel and sdist (tests/test_packaging.py) may be building beside this
+mkdir -p dist
+flock dist/.build.lock "$PY" -m build --wheel --outdir "$work/wheel" . >/dev/null
 # binary wheels for the image's Python, installed without bytecode (pyc embed mtimes)
 "$PY" -m pip install -q --no-compile --target "$work/app/opt/cnidra" \
   --python-version 3.11 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
