@@ -156,6 +156,7 @@ class Driver:
         # live: prepared, or being prepared (an address is leased before the claim is
         # checkpointed, and a prepare may wait on the apiserver for longer than the grace)
         metrics.POOLS.source = self.ipam.usage
+        metrics.POOL_ACCOUNTS.source = lambda: self.pool_accountant.latest
         self.ipam_reconciler = IPAMReconciler(
             self.ipam,
             lambda: {claim.uid for claim in self.checkpoint.all()} | self.preparer.in_flight(),

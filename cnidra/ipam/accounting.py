@@ -36,6 +36,7 @@ from cnidra.api.ipam import (
     exhausted_message,
     pool_from_object,
 )
+from cnidra.observe.metrics import PoolAccount
 from cnidra.state.ipam import IPAMState
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,14 @@ class PoolAccountant:
     _networks: tuple[float, dict[str, str]] | None = None
     _noticed: dict[tuple[str, str, int], None] = field(default_factory=dict)
     stats: AccountantStats = field(default_factory=AccountantStats)
+    # the counts of the last flush, replaced whole (the metrics' scrape reads it from its own
+    # thread); empty while this process does not lead
+    latest: tuple[PoolAccount, ...] = ()
+    # the pods of FailedScheduling Events seen while their pool was not yet counted
+    # exhausted (a node's leased count lags up to `interval`): asked again when a pool
+    # becomes exhausted, so the scheduler's first attempt is not missed; bounded
+    _recent: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    _exhausted: frozenset[str] = frozenset()
 
     # ------------------------------------------------------------- what the watches say
 
@@ -209,7 +218,9 @@ class PoolAccountant:
     async def flush(self) -> int:
         """Write the status of each pool whose counts changed since last written."""
         written = 0
-        for name, counts in sorted(self.counts().items()):
+        counted = sorted(self.counts().items())
+        self.latest = tuple(PoolAccount(n, c.size, c.held, c.free) for n, c in counted)
+        for name, counts in counted:
             status = counts.status()
             if self._written.get(name) == status:
                 continue
@@ -221,7 +232,20 @@ class PoolAccountant:
             self._written[name] = status
             written += 1
         self.stats.status_writes += written
+        exhausted = frozenset(n for n, c in counted if c.free == 0)
+        if exhausted - self._exhausted and self._recent:
+            await self._replay()
+        self._exhausted = exhausted
         return written
+
+    async def _replay(self) -> None:
+        """A pool has just become exhausted: the pods the scheduler left Pending meanwhile."""
+        recent, self._recent = self._recent, {}
+        for event in recent.values():
+            try:
+                await self.failed_scheduling(event)
+            except Exception as exc:
+                log.warning("exhausted pool not named on a Pending pod: %s", exc)
 
     # ------------------------------------------------------------- a Pending pod
 
@@ -230,13 +254,21 @@ class PoolAccountant:
         self.stats.events_seen += 1
         exhausted = self.exhausted()
         involved = event.get("involvedObject") or {}
-        if not exhausted or involved.get("kind") != "Pod":
+        if involved.get("kind") != "Pod":
             self.stats.ignored_events += 1
             return 0
         namespace, name = str(involved.get("namespace")), str(involved.get("name"))
+        if not exhausted:
+            self.stats.ignored_events += 1
+            self._recent.pop((namespace, name), None)
+            self._recent[(namespace, name)] = event
+            while len(self._recent) > NOTICES_KEPT:
+                del self._recent[next(iter(self._recent))]
+            return 0
         self.stats.reads += 1
         pod = await self.cluster.pod(namespace, name)
         if pod is None:
+            self._recent.pop((namespace, name), None)
             return 0
         networks = await self._network_pools()
         written = 0
@@ -273,7 +305,11 @@ class PoolAccountant:
     async def run(self) -> None:
         """LIST both kinds, then follow them and the scheduler, flushing every `interval`;
         a watch that ends LISTs again (what it missed is read afresh)."""
-        await asyncio.gather(self._follow(), self._flusher(), self._scheduler())
+        try:
+            await asyncio.gather(self._follow(), self._flusher(), self._scheduler())
+        finally:
+            self.latest = ()
+            self._written.clear()  # a new leader may have written since
 
     async def _follow(self) -> None:
         while True:

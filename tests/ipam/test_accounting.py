@@ -331,3 +331,52 @@ async def test_only_the_lease_holder_runs_the_accountant() -> None:
     # led at 2 (started), lost at 4 (stopped), led at 5 (started), lost at 6 (error), led at 7
     assert runs[:4] == ["start", "stop", "start", "stop"]
     assert runs[-1] == "stop"  # cancelled with the runner
+
+
+async def test_metrics_per_pool_from_the_last_flush_only_while_leading() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from cnidra.observe.metrics import PoolAccountCollector
+
+    cluster = FakeCluster()
+    cluster.pools = [pool("pool-b", "198.18.142.0/28")]
+    cluster.blocks = [block("pool-b.0.0", "pool-b", 13)]
+    books = accountant(cluster)
+    collector = PoolAccountCollector()
+    collector.source = lambda: books.latest
+    registry = CollectorRegistry()
+    registry.register(collector)
+    task = asyncio.create_task(books.run())
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if books.latest:
+            break
+    text = generate_latest(registry).decode()
+    assert 'cnidra_ipam_pool_addresses{pool="pool-b",state="size"} 14.0' in text
+    assert 'cnidra_ipam_pool_addresses{pool="pool-b",state="held"} 13.0' in text
+    assert 'cnidra_ipam_pool_addresses{pool="pool-b",state="free"} 1.0' in text
+    assert 'cnidra_ipam_pool_used_ratio{pool="pool-b"} 0.928' in text
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert books.latest == ()  # not leading: another driver exports them
+    assert "cnidra_ipam_pool_used_ratio{" not in generate_latest(registry).decode()
+
+
+async def test_a_pod_seen_before_its_pool_counted_exhausted_is_told_at_the_next_flush() -> None:
+    """A node's leased count lags up to a flush interval: the scheduler's first attempt may
+    come first. The pod is remembered (bounded) and told once the pool is counted exhausted."""
+    cluster = FakeCluster()
+    books = accountant(cluster)
+    books.replace(
+        [pool("pool-a", "198.18.141.0/29", rangeStart="198.18.141.1", rangeEnd="198.18.141.2")],
+        [block("pool-a.0.0", "pool-a", 1)],
+    )
+    pending_pod(cluster, "p3", "p3-c0")
+    await books.flush()
+    assert await books.failed_scheduling(failed("p3")) == 0 and cluster.reads == []
+    books.block_changed(block("pool-a.0.0", "pool-a", 2))
+    await books.flush()
+    assert [w[:2] for w in cluster.warnings] == [("Pod", "p3"), ("ResourceClaim", "p3-c0")]
+    await books.flush()  # still exhausted: nothing replayed again
+    assert len(cluster.warnings) == 2
