@@ -5,8 +5,8 @@
   `status.leased` (`BlockLeaseWriter`): a block is written only by its node, so there is no
   contention; counts changed by allocations are coalesced and written at most once per block
   every `interval` seconds, with server-side apply on the status subresource;
-- one `PoolAccountant` (the driver that holds the accountant Lease, `cnidra.ipam.accounting`'s
-  `run_accountant`) LISTs then watches CNIIPPools and CNIIPBlocks, keeps each pool's counts in
+- one `PoolAccountant` (in the one driver that holds the accountant's Lease,
+  `run_while_leading`) LISTs then watches CNIIPPools and CNIIPBlocks, keeps each pool's counts in
   memory (a few integers per pool and per block), and writes a pool's `status` (size, held,
   free; `kubectl get cniippools` shows them) when they changed, at most once per pool every
   `interval`;
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -372,18 +373,25 @@ def _claim_names(pod: Mapping[str, Any]) -> list[str]:
 
 
 LEASE_NAME = "cnidra-pool-accountant"
-LEASE_SECONDS = 15.0
+# a lapsed Lease is taken over after a minute; its holder renews it every 20 s, and every other
+# driver asks once a minute (one GET a node a minute: a sixth of what kubelet's own node Lease
+# costs), so a fleet's candidates cost the apiserver little and the counts stop for at most
+# about two minutes when the accountant's node goes
+LEASE_SECONDS = 60.0
+RENEW_SECONDS = 20.0
 
 
 async def run_while_leading(
     work: Callable[[], Coroutine[Any, Any, None]],
     lead: Callable[[], Awaitable[bool]],
     *,
-    renew_every: float = LEASE_SECONDS / 3,
+    renew_every: float = RENEW_SECONDS,
+    retry_every: float = LEASE_SECONDS,
 ) -> None:
-    """Run `work` while `lead()` says this process holds the Lease, asked every `renew_every`
-    seconds; stop it as soon as it does not (a failed renewal counts as lost: two accountants
-    at once would only write the same counts twice, but one is enough)."""
+    """Run `work` while `lead()` says this process holds the Lease: asked every `renew_every`
+    seconds while leading, every `retry_every` (with jitter) while not; stop it as soon as
+    it does not lead (a failed renewal counts as lost: two accountants at once would only
+    write the same counts twice, but one is enough)."""
     task: asyncio.Task[None] | None = None
     try:
         while True:
@@ -403,7 +411,8 @@ async def run_while_leading(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
                 task = None
-            await asyncio.sleep(renew_every)
+            wait = renew_every if leading else retry_every * random.uniform(0.8, 1.2)
+            await asyncio.sleep(wait)
     finally:
         if task is not None:
             task.cancel()

@@ -320,7 +320,7 @@ async def test_only_the_lease_holder_runs_the_accountant() -> None:
         finally:
             runs.append("stop")
 
-    task = asyncio.create_task(run_while_leading(work, lead, renew_every=0.01))
+    task = asyncio.create_task(run_while_leading(work, lead, renew_every=0.01, retry_every=0.01))
     for _ in range(300):
         await asyncio.sleep(0.01)
         if asked >= 8:
