@@ -425,9 +425,13 @@ def test_the_one_watch_is_the_cluster_wide_cninetwork_watch() -> None:
     for path in python_files():
         rel = str(path.relative_to(ROOT))
         watched.update(ast.unparse(c.args[0]) for c in calls(rel, "watch"))
-    assert watched == {"CNINetwork"}
+    assert watched == {"CNINetwork", "CNIIPPool", "CNIIPBlock", "Event"}
     assert re.search(r"CNINetwork = create_global_resource\(", code("cnidra/kube/networks.py"))
-    assert "a cluster-wide watch of CNINetworks, the one watch the driver holds" in DOC
+    assert "a cluster-wide watch of CNINetworks, the one watch every driver holds" in DOC
+    # the others are the pool accountant's, held only by the driver that holds its Lease
+    accountant = {ast.unparse(c.args[0]) for c in calls("cnidra/kube/ipam.py", "watch")}
+    assert accountant == {"CNIIPPool", "CNIIPBlock", "Event"}
+    assert "the three watches only the driver holding it keeps" in DOC
     assert "Claims are never watched" in DOC
 
 

@@ -404,7 +404,7 @@ async def run_while_leading(
                 if task is not None and not task.cancelled() and task.exception():
                     log.warning("pool accountant stopped: %s", task.exception())
                 log.info("pool accountant: leading")
-                task = asyncio.create_task(work(), name="pool-accountant")
+                task = asyncio.create_task(work(), name="pool-accounts")
             elif not leading and task is not None:
                 log.info("pool accountant: not leading")
                 task.cancel()
