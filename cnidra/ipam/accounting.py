@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 FLUSH_SECONDS = 5.0
 NETWORKS_TTL = 30.0
 NOTICES_KEPT = 4096
+RECENT_SECONDS = 60.0
 
 
 class BlockStatusSink(Protocol):
@@ -147,10 +148,11 @@ class PoolAccountant:
     # the counts of the last flush, replaced whole (the metrics' scrape reads it from its own
     # thread); empty while this process does not lead
     latest: tuple[PoolAccount, ...] = ()
-    # the pods of FailedScheduling Events seen while their pool was not yet counted
-    # exhausted (a node's leased count lags up to `interval`): asked again when a pool
-    # becomes exhausted, so the scheduler's first attempt is not missed; bounded
-    _recent: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    # the pods of FailedScheduling Events seen while no pool was counted exhausted (a node's
+    # leased count lags up to `interval`), with when: those of the last RECENT_SECONDS are
+    # asked again when a pool becomes exhausted, so the scheduler's first attempt is not
+    # missed; bounded
+    _recent: dict[tuple[str, str], float] = field(default_factory=dict)
     _exhausted: frozenset[str] = frozenset()
 
     # ------------------------------------------------------------- what the watches say
@@ -242,7 +244,11 @@ class PoolAccountant:
     async def _replay(self) -> None:
         """A pool has just become exhausted: the pods the scheduler left Pending meanwhile."""
         recent, self._recent = self._recent, {}
-        for event in recent.values():
+        since = self.clock() - RECENT_SECONDS
+        for (namespace, name), seen in recent.items():
+            if seen < since:
+                continue
+            event = {"involvedObject": {"kind": "Pod", "namespace": namespace, "name": name}}
             try:
                 await self.failed_scheduling(event)
             except Exception as exc:
@@ -262,7 +268,7 @@ class PoolAccountant:
         if not exhausted:
             self.stats.ignored_events += 1
             self._recent.pop((namespace, name), None)
-            self._recent[(namespace, name)] = event
+            self._recent[(namespace, name)] = self.clock()
             while len(self._recent) > NOTICES_KEPT:
                 del self._recent[next(iter(self._recent))]
             return 0
@@ -316,7 +322,9 @@ class PoolAccountant:
         while True:
             try:
                 self.replace(await self.cluster.pool_objects(), await self.cluster.block_objects())
-                await asyncio.gather(self._watch_pools(), self._watch_blocks())
+                async with asyncio.TaskGroup() as group:  # one ends: both end, then a LIST
+                    group.create_task(self._watch_pools())
+                    group.create_task(self._watch_blocks())
             except Exception as exc:
                 log.warning("pool accounting watch ended, listing again: %s", exc)
             await asyncio.sleep(self.interval)

@@ -380,3 +380,41 @@ async def test_a_pod_seen_before_its_pool_counted_exhausted_is_told_at_the_next_
     assert [w[:2] for w in cluster.warnings] == [("Pod", "p3"), ("ResourceClaim", "p3-c0")]
     await books.flush()  # still exhausted: nothing replayed again
     assert len(cluster.warnings) == 2
+
+
+async def test_a_watch_that_ends_ends_the_other_and_everything_is_listed_again() -> None:
+    cluster = FakeCluster()
+    cluster.pools = [pool("pool-b", "198.18.142.0/28")]
+    cluster.blocks = [block("pool-b.0.0", "pool-b", 1)]
+    ended = 0
+    blocks_open = 0
+
+    async def short_watch() -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+        nonlocal ended
+        ended += 1
+        if ended > 1:
+            await asyncio.Event().wait()
+        yield "ADDED", cluster.pools[0]
+
+    async def block_watch() -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+        nonlocal blocks_open
+        blocks_open += 1
+        try:
+            await asyncio.Event().wait()
+            yield "ADDED", {}
+        finally:
+            blocks_open -= 1
+
+    cluster.watch_pools = short_watch  # type: ignore[method-assign]
+    cluster.watch_blocks = block_watch  # type: ignore[method-assign]
+    books = accountant(cluster)
+    task = asyncio.create_task(books._follow())
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if cluster.reads.count("list blocks") >= 2 and blocks_open == 1:
+            break
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cluster.reads.count("list pools") == 2  # listed again after the watch ended
+    assert blocks_open == 0  # no block watch left behind
