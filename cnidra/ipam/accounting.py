@@ -37,6 +37,7 @@ from cnidra.api.ipam import (
     exhausted_message,
     pool_from_object,
 )
+from cnidra.kube.api import NotFound
 from cnidra.observe.metrics import PoolAccount
 from cnidra.state.ipam import IPAMState
 
@@ -74,6 +75,10 @@ class BlockLeaseWriter:
                 continue
             try:
                 await self.sink.write_block_leased(name, leased)
+            except NotFound:
+                # the block is gone (its node's object collected), or the CRD has no status
+                # subresource yet (CRDs not upgraded): asked again only when the count changes
+                log.info("leased count of CNIIPBlock %s not written: not found", name)
             except Exception as exc:
                 log.warning("leased count of CNIIPBlock %s not written: %s", name, exc)
                 continue

@@ -19,6 +19,7 @@ from cnidra.ipam.accounting import (
     PoolAccountant,
     run_while_leading,
 )
+from cnidra.kube.api import NotFound
 from cnidra.state.ipam import HeldBlock, IPAMState, Lease
 from cnidra.state.layout import StateLayout
 
@@ -85,6 +86,8 @@ class FakeCluster:
         if self.fail_next_block_write:
             self.fail_next_block_write = False
             raise ConnectionError("apiserver down")
+        if name.startswith("gone"):
+            raise NotFound(404, "not found")
         self.leased[name] = leased
 
     async def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
@@ -299,6 +302,12 @@ async def test_a_node_writes_its_blocks_leased_counts_batched(tmp_path: Path) ->
     assert await writer.flush() == 0  # failed: tried again at the next flush
     assert await writer.flush() == 1 and cluster.leased == {"pool-a.0.0": 2}
     assert writer.writes == 3
+    # a block the apiserver no longer has: not asked again until its count changes
+    await state.hold(HeldBlock("gone", "gone.0.0", 0, 0, "198.18.150.0/30", "uid2"))
+    calls = writer.writes
+    await writer.flush()
+    await writer.flush()
+    assert writer.writes == calls + 1  # the one attempt counted, none after
 
 
 async def test_only_the_lease_holder_runs_the_accountant() -> None:
