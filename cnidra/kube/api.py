@@ -278,12 +278,19 @@ class Api:
         return await self._call(self.client.patch(kind, name, list(ops), **kwargs), within)
 
     async def watch(
-        self, kind: Any, *, fields: Mapping[str, Any] | None = None
+        self,
+        kind: Any,
+        *,
+        namespace: str | None = None,
+        fields: Mapping[str, Any] | None = None,
     ) -> AsyncIterator[tuple[str, Any]]:
         """The kind's changes, as the apiserver streams them (no timeout: a watch lasts until
-        the apiserver ends it; its failure is an ApiFailure). `fields`: a field selector, so
+        the apiserver ends it; its failure is an ApiFailure). `namespace`: of a namespaced
+        kind ("*": every namespace; none: the client's own); `fields`: a field selector, so
         the apiserver sends only what matches."""
         kwargs: dict[str, Any] = {} if fields is None else {"fields": dict(fields)}
+        if namespace is not None:
+            kwargs["namespace"] = namespace
         try:
             async for event, obj in self.client.watch(kind, **kwargs):
                 yield event, obj

@@ -334,7 +334,9 @@ class KubeIPAM:
     async def watch_failed_scheduling(self) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
         """The scheduler's FailedScheduling Events of every namespace (the apiserver filters
         by reason)."""
-        async for kind, obj in self.api.watch(Event, fields={"reason": "FailedScheduling"}):
+        async for kind, obj in self.api.watch(
+            Event, namespace="*", fields={"reason": "FailedScheduling"}
+        ):
             yield kind, obj.to_dict()
 
     async def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:

@@ -110,7 +110,8 @@ async def test_the_scheduler_is_watched_by_field_selector_and_networks_from_slic
     ipam = KubeIPAM(client, node="n1")
     events = [e async for e in ipam.watch_failed_scheduling()]
     assert events[0][1]["involvedObject"]["name"] == "p3"
-    assert client.calls[0][2] == {"fields": {"reason": "FailedScheduling"}}
+    # every namespace's ("*": lightkube's own namespace otherwise), filtered by the apiserver
+    assert client.calls[0][2] == {"namespace": "*", "fields": {"reason": "FailedScheduling"}}
     assert await ipam.network_pools() == {"net-a": "pool-a"}
     assert client.calls[-1][2]["fields"] == {"spec.driver": DRIVER}
 
