@@ -270,7 +270,11 @@ def test_an_exhausted_pool_keeps_the_pod_pending_naming_the_pool(
     )
     statuses = cluster.get("pod", "p3", ns)["status"].get("resourceClaimStatuses") or []
     [claim] = [s["resourceClaimName"] for s in statuses if s.get("resourceClaimName")]
-    assert any(said in m and claim in m for m in exhausted(claim))
+    cluster.wait(  # written right after the pod's
+        "the claim's Events to name the pool",
+        lambda: any(said in m and claim in m for m in exhausted(claim)),
+        10,
+    )
     status = cluster.get("cniippool", network)["status"]
     assert (status["size"], status["held"], status["free"]) == (2, 2, 0)
     header, row = cluster.kubectl("get", "cniippool", network).stdout.splitlines()[:2]
