@@ -30,6 +30,13 @@ from cnidra.dra.prepare import Preparer
 from cnidra.inventory.links import LinkFilter
 from cnidra.inventory.publisher import SlicePublisher
 from cnidra.inventory.slices import SliceSettings
+from cnidra.ipam.accounting import (
+    LEASE_NAME,
+    LEASE_SECONDS,
+    BlockLeaseWriter,
+    PoolAccountant,
+    run_while_leading,
+)
 from cnidra.ipam.allocator import Allocator
 from cnidra.ipam.reconcile import IPAMReconciler
 from cnidra.kube.claims import ClaimGetter, NamespaceGetter
@@ -91,12 +98,20 @@ class Driver:
         self.features = ClusterFeatures(known=False)
         self.layout = StateLayout(settings.state_dir)
         self.checkpoint = Checkpoint(self.layout)
+        kube_ipam = KubeIPAM(self.client, settings.api_timeout, settings.node_name)
         self.ipam = Allocator(
             settings.node_name,
             IPAMState(self.layout),
-            KubeIPAM(self.client, settings.api_timeout, settings.node_name),
+            kube_ipam,
             node_addresses=self._node_addresses,
         )
+        # pool accounting (docs/ipam.md): this node's leased counts into its blocks' status,
+        # and, in the one driver holding the Lease, the pools' counts and the Pending pods
+        self.block_leases = BlockLeaseWriter(self.ipam.state, kube_ipam)
+        self.pool_accountant = PoolAccountant(
+            kube_ipam, DRIVER_NAME, interval=settings.pool_status_seconds
+        )
+        self._kube_ipam = kube_ipam
         self.publisher = SlicePublisher(
             self.client,
             SliceSettings(
@@ -153,6 +168,7 @@ class Driver:
         # live: prepared, or being prepared (an address is leased before the claim is
         # checkpointed, and a prepare may wait on the apiserver for longer than the grace)
         metrics.POOLS.source = self.ipam.usage
+        metrics.POOL_ACCOUNTS.source = lambda: self.pool_accountant.latest
         self.ipam_reconciler = IPAMReconciler(
             self.ipam,
             lambda: {claim.uid for claim in self.checkpoint.all()} | self.preparer.in_flight(),
@@ -361,6 +377,9 @@ class Driver:
         self.tasks.spawn("sandbox-sweeper", lambda: self.reconciler.run_sweeper(s.sweep_seconds))
         self.tasks.spawn("slice-publisher", self.publisher.run)
         self.tasks.spawn("ipam-reconciler", self._reconcile_ipam)
+        self.tasks.spawn("block-leases", lambda: self.block_leases.run(s.pool_status_seconds))
+        if s.pool_accountant:
+            self.tasks.spawn("pool-accountant", self._account_pools)
         if self.read_ahead is not None:  # not critical: without it, prepare GETs each claim
             self.tasks.spawn("claims-ahead", self.read_ahead.run, critical=False)
         log.info(
@@ -376,6 +395,16 @@ class Driver:
         await self.ipam_reconciler.run(
             self.settings.ipam_reconcile_seconds, self.settings.ipam_lost_node_passes
         )
+
+    async def _account_pools(self) -> None:
+        s = self.settings
+
+        async def lead() -> bool:
+            return await self._kube_ipam.lead(
+                s.pool_accountant_namespace, LEASE_NAME, s.node_name, LEASE_SECONDS
+            )
+
+        await run_while_leading(self.pool_accountant.run, lead)
 
     async def stop(self) -> None:
         """Registration socket first (kubelet stops sending), then DRA, then the rest."""

@@ -274,8 +274,51 @@ class PoolCollector:
         yield from (blocks, addresses, size, pool_blocks)
 
 
+@dataclass(frozen=True)
+class PoolAccount:
+    """One CNIIPPool across the cluster, as the pool accountant counted it last."""
+
+    pool: str
+    size: int
+    held: int
+    free: int
+
+
+class PoolAccountCollector:
+    """cnidra_ipam_pool_addresses and cnidra_ipam_pool_used_ratio, per pool across every
+    node, from the counts the pool accountant wrote last (a snapshot it replaces whole, read
+    here without a lock; no apiserver call). Only the driver that holds the accountant's
+    Lease exports them: sum or max over nodes gives the same."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Iterable[PoolAccount]] = lambda: ()
+
+    def collect(self) -> Iterator[Metric]:
+        addresses = GaugeMetricFamily(
+            "cnidra_ipam_pool_addresses",
+            "Addresses of the whole pool by state (size, held, free), as the pool accountant "
+            "counted them",
+            labels=["pool", "state"],
+        )
+        used = GaugeMetricFamily(
+            "cnidra_ipam_pool_used_ratio",
+            "Share of the pool's addresses held, 0 to 1 (the alert fires at 0.9)",
+            labels=["pool"],
+        )
+        for account in self.source():
+            addresses.add_metric([account.pool, "size"], account.size)
+            addresses.add_metric([account.pool, "held"], account.held)
+            addresses.add_metric([account.pool, "free"], account.free)
+            used.add_metric(
+                [account.pool], min(account.held / account.size, 1.0) if account.size else 1.0
+            )
+        yield from (addresses, used)
+
+
 POOLS = PoolCollector()
 REGISTRY.register(POOLS)
+POOL_ACCOUNTS = PoolAccountCollector()
+REGISTRY.register(POOL_ACCOUNTS)
 INTERFACES = InterfaceCollector()
 REGISTRY.register(INTERFACES)
 RATE_LIMITS = RateLimitCollector()
