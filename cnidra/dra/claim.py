@@ -60,6 +60,9 @@ class AllocatedClaim:
     configs: tuple[ConfigEntry, ...]  # our driver's opaque configs, read once
     reserved_for: tuple[Reserved, ...]
     pod_claim_name: str | None  # the pod's claim name, only when Kubernetes' own form
+    # request (or `request/subrequest`) -> the DeviceClass it asks for: the network a policy
+    # names as `deviceclass:<name>` (docs/network-policy.md)
+    request_classes: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ours(self) -> tuple[Result, ...]:
@@ -138,9 +141,12 @@ def read_claim(claim: Any) -> AllocatedClaim:
     devices = _obj(allocation.get("devices"), "status.allocation.devices")
     order: dict[str, int] = {}
     requests = _list(_obj(spec.get("devices"), "spec.devices").get("requests"), "requests")
+    classes: dict[str, str] = {}
     for i, req in enumerate(requests):
-        name = _obj(req, f"spec.devices.requests[{i}]").get("name")
+        item = _obj(req, f"spec.devices.requests[{i}]")
+        name = item.get("name")
         order.setdefault(str(name), i)
+        classes.update(_request_classes(str(name), item))
     results = []
     for i, raw in enumerate(_list(devices.get("results"), "status.allocation.devices.results")):
         where = RESULTS / i
@@ -182,7 +188,24 @@ def read_claim(claim: Any) -> AllocatedClaim:
         # a path segment in the pod's containers (device metadata): only what Kubernetes can
         # set, a pod's claim name, never whatever a claim's author wrote into the annotation
         pod_claim_name=sys.intern(pod_claim_name) if is_dns_label(pod_claim_name) else None,
+        request_classes=classes,
     )
+
+
+def _request_classes(name: str, request: Mapping[str, Any]) -> dict[str, str]:
+    """The DeviceClass a request asks for (`exactly`, or v1beta1's field at the top), and each
+    of its `firstAvailable` subrequests' as `request/subrequest`; a value that is no string is
+    left out (the claim's shape is the apiserver's to check)."""
+    found: dict[str, str] = {}
+    exactly = request.get("exactly")
+    top = exactly if isinstance(exactly, Mapping) else request
+    if isinstance(top.get("deviceClassName"), str):
+        found[name] = top["deviceClassName"]
+    subs = request.get("firstAvailable")
+    for sub in subs if isinstance(subs, list) else []:
+        if isinstance(sub, Mapping) and isinstance(sub.get("deviceClassName"), str):
+            found[f"{name}/{sub.get('name')}"] = sub["deviceClassName"]
+    return found
 
 
 def _config_entries(configs: Sequence[Any]) -> list[ConfigEntry]:
