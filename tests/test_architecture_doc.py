@@ -420,14 +420,18 @@ def calls(path: str, method: str) -> list[ast.Call]:
     ]
 
 
-def test_the_one_watch_is_the_cluster_wide_cninetwork_watch() -> None:
-    watched = set()
+def test_the_watches_are_cninetworks_and_what_network_policy_needs() -> None:
+    watched = {}
     for path in python_files():
         rel = str(path.relative_to(ROOT))
-        watched.update(ast.unparse(c.args[0]) for c in calls(rel, "watch"))
-    assert watched == {"CNINetwork"}
+        watched.update({ast.unparse(c.args[0]): rel for c in calls(rel, "watch")})
+    assert watched == {
+        "CNINetwork": "cnidra/kube/networks.py",
+        "resource": "cnidra/kube/netpolicy.py",
+    }
     assert re.search(r"CNINetwork = create_global_resource\(", code("cnidra/kube/networks.py"))
-    assert "a cluster-wide watch of CNINetworks, the one watch the driver holds" in DOC
+    assert "a cluster-wide watch of CNINetworks" in DOC
+    assert "what network policy needs, each listed and then watched cluster-wide" in DOC
     assert "Claims are never watched" in DOC
 
 

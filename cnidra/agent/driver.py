@@ -31,15 +31,18 @@ from cnidra.inventory.publisher import SlicePublisher
 from cnidra.inventory.slices import SliceSettings
 from cnidra.ipam.allocator import Allocator
 from cnidra.ipam.reconcile import IPAMReconciler
+from cnidra.kube.api import Api
 from cnidra.kube.claims import ClaimGetter, NamespaceGetter
 from cnidra.kube.client import ClusterFeatures, dra_api_problem, make_client, probe_features
 from cnidra.kube.ipam import KubeIPAM
+from cnidra.kube.netpolicy import follow_all
 from cnidra.kube.networks import NetworkReader, ServedNetworks
 from cnidra.nodeapi.service import NodeNetworksService
 from cnidra.nodeapi.service import serve as serve_node_api
 from cnidra.nodeapi.views import NodeRecords
 from cnidra.nri.hooks import PodHooks
 from cnidra.nri.lifecycle import HookBudget, PlugError, PodLifecycle
+from cnidra.nri.netpolicy import PolicyEnforcer, read_drops
 from cnidra.nri.plugin import NRIPlugin
 from cnidra.nri.reconcile import Reconciler
 from cnidra.observe import metrics
@@ -166,6 +169,10 @@ class Driver:
         self.journal = Journal(self.layout.journal)
         # before anything can DEL: records of cnidra 0.1 name networks in the shared directory
         migrate_legacy(self.layout, settings.legacy_cni_dir, self.sandboxes)
+        self.policy = PolicyEnforcer(
+            self.sandboxes, events=self.status, enabled=settings.network_policy
+        )
+        metrics.POLICY_DROPS.source = lambda: read_drops(self.policy)
         self.lifecycle = PodLifecycle(
             self.checkpoint,
             self.runtime,
@@ -179,6 +186,7 @@ class Driver:
             journal=self.journal,
             network_status=settings.network_status,
             hold_from_attach=settings.claim_finalizer == "on-attach",
+            policy=self.policy if settings.network_policy else None,
         )
         metrics.INTERFACES.source = self.lifecycle.interfaces
         metrics.RATE_LIMITS.source = self.lifecycle.shaped_interfaces
@@ -244,6 +252,7 @@ class Driver:
             "stateProblem": self.reconciler.state_problem,
             "synchronized": self.reconciler.synchronized,
             "ipamPasses": self.ipam_reconciler.passes,
+            "networkPolicySynced": self.policy.synced if self.settings.network_policy else None,
             "asyncioTasks": self._task_count(),
             "clusterFeatures": {
                 "consumableCapacity": self.features.consumable_capacity,
@@ -349,6 +358,11 @@ class Driver:
         self.tasks.spawn("sandbox-sweeper", lambda: self.reconciler.run_sweeper(s.sweep_seconds))
         self.tasks.spawn("slice-publisher", self.publisher.run)
         self.tasks.spawn("ipam-reconciler", self._reconcile_ipam)
+        if s.network_policy:
+            self.policy.restore()  # the tables of the pods attached before a restart
+            self.tasks.spawn("netpolicy", self.policy.run)
+            api = Api(self.client, s.api_timeout)
+            self.tasks.spawn("netpolicy-watches", lambda: follow_all(api, self.policy))
         log.info(
             "driver %s up on node %s: registration %s, DRA %s, http %s",
             DRIVER_NAME,

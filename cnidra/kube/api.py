@@ -277,11 +277,14 @@ class Api:
             kwargs["namespace"] = namespace
         return await self._call(self.client.patch(kind, name, list(ops), **kwargs), within)
 
-    async def watch(self, kind: Any) -> AsyncIterator[tuple[str, Any]]:
+    async def watch(
+        self, kind: Any, *, namespace: str | None = None
+    ) -> AsyncIterator[tuple[str, Any]]:
         """The kind's changes, as the apiserver streams them (no timeout: a watch lasts until
-        the apiserver ends it; its failure is an ApiFailure)."""
+        the apiserver ends it; its failure is an ApiFailure). `namespace` "*": every one."""
+        kwargs = {} if namespace is None else {"namespace": namespace}
         try:
-            async for event, obj in self.client.watch(kind):
+            async for event, obj in self.client.watch(kind, **kwargs):
                 yield event, obj
         except (ApiError, httpx2.TransportError, OSError) as exc:
             _raise_as_failure(exc)
