@@ -23,6 +23,7 @@ from cnidra._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from cnidra.agent.settings import DriverSettings
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.cni.runtime import CNIRuntime
+from cnidra.datapath import netpolicy as netpolicy_datapath
 from cnidra.datapath import shaping
 from cnidra.dra.plugin import DRAService, RegistrationService
 from cnidra.dra.prepare import Preparer
@@ -73,6 +74,11 @@ def read_limits(
     """The rate limits of a pod's interfaces, for the metrics and node describe (the caller
     is off the event loop: the scrape's thread, or asyncio.to_thread)."""
     return shaping.read_many(netns, interfaces, timeout=timeout)
+
+
+def read_policy_counters(netns: str, table: str, timeout: float) -> list[Any]:
+    """A pod's policy table's counted rules (the caller is off the event loop)."""
+    return netpolicy_datapath.counters(netns, table, timeout=timeout)
 
 
 def prepared_message(claim: PreparedClaim, node: str) -> str:
@@ -214,6 +220,8 @@ class Driver:
             self.lifecycle,
             refusals=(PlugError,),
             limits=read_limits,
+            policy=self._describe_policy if settings.network_policy else None,
+            policy_counters=read_policy_counters,
         )
         self.tasks = Supervisor()
         self.health = grpc_health.aio.HealthServicer()  # type: ignore[attr-defined]
@@ -224,6 +232,9 @@ class Driver:
     def _node_addresses(self) -> frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address]:
         """What the node holds on its links, as the publisher last read them."""
         return self.publisher.view().facts.addresses()
+
+    def _describe_policy(self, namespace: str, name: str) -> Mapping[str, Any]:
+        return self.policy.describe((namespace, name))
 
     def node_records(self) -> NodeRecords:
         return NodeRecords(

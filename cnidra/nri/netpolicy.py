@@ -110,7 +110,8 @@ class Local:
     netns: str
     sandbox_id: str
     pod: Any  # its ObjectRef, for Events
-    unenforced: dict[str, str] = field(default_factory=dict)  # network -> why not enforced
+    # interface -> (its network, why policy is not enforced on it)
+    unenforced: dict[str, tuple[str, str]] = field(default_factory=dict)
     undoable: tuple[str, ...] = ()  # containers that could delete the tables
 
 
@@ -257,7 +258,7 @@ class PolicyEnforcer:
         local.netns, local.sandbox_id = record.netns, record.sandbox_id
         how = enforcement(plugin_type(att))
         if how.where is None:
-            local.unenforced[network] = how.refused
+            local.unenforced[att.if_name] = (network, how.refused)
             if self.node.policed(network) and self.events is not None:
                 self.events.event(
                     record.pod,
@@ -447,8 +448,12 @@ class PolicyEnforcer:
                 "policies": self.node.applying(key, network),
             }
         if local is not None:
-            for network, why in local.unenforced.items():
-                out.setdefault(network, {})["notEnforced"] = why
+            for ifname, (network, why) in local.unenforced.items():
+                out[ifname] = {
+                    "network": network,
+                    "policies": self.node.policed(network),
+                    "notEnforced": why,
+                }
             if local.undoable:
                 out["undoableBy"] = list(local.undoable)
         return out

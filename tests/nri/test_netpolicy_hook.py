@@ -182,7 +182,8 @@ async def test_an_interface_policy_cannot_reach_is_flagged_not_failed(tmp_path: 
     assert datapath.tables == {}
     [(_, _, message)] = [e for e in node.status.events if e[1] == REASON_NOT_ENFORCED]
     assert "vhost-user" in message
-    assert "notEnforced" in enforcer.describe(("ns", "a"))[NET]
+    described = enforcer.describe(("ns", "a"))["net1"]
+    assert described["policies"] == ["ns/deny"] and "vhost-user" in described["notEnforced"]
     # a privileged container could delete the tables: flagged too
     privileged = peer("a", "198.18.0.2", {})
     privileged["spec"]["containers"][0]["securityContext"] = {"privileged": True}
@@ -301,3 +302,16 @@ async def test_a_kind_is_listed_then_watched_across_every_namespace() -> None:
         ("DELETED", "MultiNetworkPolicy", "p"),
     ]
     assert [a[2].get("namespace") for a in client.asked] == ["*", "*"]
+
+
+def test_the_drops_are_exported_per_network_and_policy() -> None:
+    from cnidra.observe import metrics
+
+    metrics.POLICY_DROPS.source = lambda: [(NET, "default-deny", 7), (NET, "default-deny", 3)]
+    try:
+        value = metrics.REGISTRY.get_sample_value(
+            "cnidra_netpolicy_dropped_packets_total", {"network": NET, "policy": "default-deny"}
+        )
+    finally:
+        metrics.POLICY_DROPS.source = lambda: ()
+    assert value == 10
