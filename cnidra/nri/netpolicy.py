@@ -494,6 +494,10 @@ def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
 
 def decode_tenant(obj: Mapping[str, Any]) -> model.MultiNetworkPolicy | None:
     policy, issues = model.decode_policy(obj, default_namespace=namespace_of(obj) or "default")
+    if policy is not None:  # the tenancy rule: never another namespace's claim network
+        issues = model.tenancy_problems(policy, None)
+        if issues.errors:
+            policy = None
     if policy is None:
         log.warning(
             "MultiNetworkPolicy %s/%s is not applied: %s",

@@ -315,3 +315,12 @@ def test_the_drops_are_exported_per_network_and_policy() -> None:
     finally:
         metrics.POLICY_DROPS.source = lambda: ()
     assert value == 10
+
+
+def test_a_tenant_policy_for_another_namespaces_claim_network_is_not_applied(
+    tmp_path: Path,
+) -> None:
+    enforcer = PolicyEnforcer(Node.start(tmp_path).store)
+    enforcer.replace("MultiNetworkPolicy", [mnp("theirs", {"podSelector": {}}, "claim:other/x")])
+    enforcer.replace("MultiNetworkPolicy", [mnp("ours", {"podSelector": {}}, "claim:ns/x")])
+    assert list(enforcer.node.tenant) == ["ns/ours"]
