@@ -284,6 +284,7 @@ class PolicyEnforcer:
                 self.node.set_local(facts, network, att.if_name)
                 ruleset = deny_all(facts.on(network), network, att.if_name)
         except UnenforceableInterface as exc:
+            self.node.remove_local(key, network)  # never compiled again: it is refused
             raise SetupFailed(f"network policy on {att.if_name}: {exc}", REASON_POLICY) from exc
         if ruleset is None:
             return
@@ -387,6 +388,7 @@ class PolicyEnforcer:
                 try:
                     self.node.set_local(facts, att.policy_network, att.if_name)
                 except UnenforceableInterface as exc:
+                    self.node.remove_local(key, att.policy_network)
                     log.warning("pod %s: %s", key, exc)
 
     # ------------------------------------------------------------------ applying changes

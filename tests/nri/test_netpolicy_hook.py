@@ -324,3 +324,18 @@ def test_a_tenant_policy_for_another_namespaces_claim_network_is_not_applied(
     enforcer.replace("MultiNetworkPolicy", [mnp("theirs", {"podSelector": {}}, "claim:other/x")])
     enforcer.replace("MultiNetworkPolicy", [mnp("ours", {"podSelector": {}}, "claim:ns/x")])
     assert list(enforcer.node.tenant) == ["ns/ours"]
+
+
+async def test_an_interface_name_nft_cannot_match_is_refused_and_forgotten(tmp_path: Path) -> None:
+    datapath = FakeNft()
+    enforcer = PolicyEnforcer(Node.start(tmp_path).store, datapath=datapath, settle=0.0)
+    node = Node.start(tmp_path / "n", policy=enforcer)
+    enforcer.store = node.store
+    prepare(
+        node.checkpoint, "c", "a-uid", ('ne"t1', network("blue", "macvlan")), policy_network=NET
+    )
+    sync(enforcer)
+    with pytest.raises(AttachError, match="network policy on ne"):
+        await node.hooks.run_pod_sandbox(pod("a"))
+    assert enforcer.node.local == {} and datapath.tables == {}
+    enforcer.changed("MultiNetworkPolicy", "ADDED", mnp("deny", {"podSelector": {}}))  # no raise
