@@ -23,6 +23,7 @@ from cnidra._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from cnidra.agent.settings import DriverSettings
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.cni.runtime import CNIRuntime
+from cnidra.datapath import netpolicy as netpolicy_datapath
 from cnidra.datapath import shaping
 from cnidra.dra.ahead import ClaimsAhead, ReadAhead
 from cnidra.dra.plugin import DRAService, RegistrationService
@@ -39,9 +40,11 @@ from cnidra.ipam.accounting import (
 )
 from cnidra.ipam.allocator import Allocator
 from cnidra.ipam.reconcile import IPAMReconciler
+from cnidra.kube.api import Api
 from cnidra.kube.claims import ClaimGetter, NamespaceGetter
 from cnidra.kube.client import ClusterFeatures, dra_api_problem, make_client, probe_features
 from cnidra.kube.ipam import KubeIPAM
+from cnidra.kube.netpolicy import follow_all
 from cnidra.kube.networks import NetworkReader, ServedNetworks
 from cnidra.kube.pods import NodePods
 from cnidra.nodeapi.service import NodeNetworksService
@@ -49,6 +52,7 @@ from cnidra.nodeapi.service import serve as serve_node_api
 from cnidra.nodeapi.views import NodeRecords
 from cnidra.nri.hooks import PodHooks
 from cnidra.nri.lifecycle import HookBudget, PlugError, PodLifecycle
+from cnidra.nri.netpolicy import PolicyEnforcer, read_drops
 from cnidra.nri.plugin import NRIPlugin
 from cnidra.nri.reconcile import Reconciler
 from cnidra.observe import metrics
@@ -79,6 +83,11 @@ def read_limits(
     """The rate limits of a pod's interfaces, for the metrics and node describe (the caller
     is off the event loop: the scrape's thread, or asyncio.to_thread)."""
     return shaping.read_many(netns, interfaces, timeout=timeout)
+
+
+def read_policy_counters(netns: str, table: str, timeout: float) -> list[Any]:
+    """A pod's policy table's counted rules (the caller is off the event loop)."""
+    return netpolicy_datapath.counters(netns, table, timeout=timeout)
 
 
 def prepared_message(claim: PreparedClaim, node: str) -> str:
@@ -194,6 +203,10 @@ class Driver:
         self.journal = Journal(self.layout.journal)
         # before anything can DEL: records of cnidra 0.1 name networks in the shared directory
         migrate_legacy(self.layout, settings.legacy_cni_dir, self.sandboxes)
+        self.policy = PolicyEnforcer(
+            self.sandboxes, events=self.status, enabled=settings.network_policy
+        )
+        metrics.POLICY_DROPS.source = lambda: read_drops(self.policy)
         self.lifecycle = PodLifecycle(
             self.checkpoint,
             self.runtime,
@@ -207,6 +220,7 @@ class Driver:
             journal=self.journal,
             network_status=settings.network_status,
             hold_from_attach=settings.claim_finalizer == "on-attach",
+            policy=self.policy if settings.network_policy else None,
         )
         metrics.INTERFACES.source = self.lifecycle.interfaces
         metrics.RATE_LIMITS.source = self.lifecycle.shaped_interfaces
@@ -234,6 +248,8 @@ class Driver:
             self.lifecycle,
             refusals=(PlugError,),
             limits=read_limits,
+            policy=self._describe_policy if settings.network_policy else None,
+            policy_counters=read_policy_counters,
         )
         self.tasks = Supervisor()
         self.health = grpc_health.aio.HealthServicer()  # type: ignore[attr-defined]
@@ -244,6 +260,9 @@ class Driver:
     def _node_addresses(self) -> frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address]:
         """What the node holds on its links, as the publisher last read them."""
         return self.publisher.view().facts.addresses()
+
+    def _describe_policy(self, namespace: str, name: str) -> Mapping[str, Any]:
+        return self.policy.describe((namespace, name))
 
     def node_records(self) -> NodeRecords:
         return NodeRecords(
@@ -272,6 +291,7 @@ class Driver:
             "stateProblem": self.reconciler.state_problem,
             "synchronized": self.reconciler.synchronized,
             "ipamPasses": self.ipam_reconciler.passes,
+            "networkPolicySynced": self.policy.synced if self.settings.network_policy else None,
             "asyncioTasks": self._task_count(),
             "clusterFeatures": {
                 "consumableCapacity": self.features.consumable_capacity,
@@ -382,6 +402,11 @@ class Driver:
             self.tasks.spawn("pool-accountant", self._account_pools)
         if self.read_ahead is not None:  # not critical: without it, prepare GETs each claim
             self.tasks.spawn("claims-ahead", self.read_ahead.run, critical=False)
+        if s.network_policy:
+            self.policy.restore()  # the tables of the pods attached before a restart
+            self.tasks.spawn("netpolicy", self.policy.run)
+            api = Api(self.client, s.api_timeout)
+            self.tasks.spawn("netpolicy-watches", lambda: follow_all(api, self.policy))
         log.info(
             "driver %s up on node %s: registration %s, DRA %s, http %s",
             DRIVER_NAME,

@@ -188,6 +188,13 @@ class DriverSettings:
         flag="--network-status/--no-network-status",
         chart=True,
     )
+    network_policy: bool = setting(
+        True,
+        "enforce MultiNetworkPolicy and CNIAdminNetworkPolicy on cnidra interfaces (nftables in "
+        "each pod's network namespace; watches policies, namespaces and pods cluster-wide)",
+        flag="--network-policy/--no-network-policy",
+        chart=True,
+    )
     normal_events: bool = setting(
         True,
         "write the Normal Events (AddedInterface and RemovedInterface on pods, Prepared on "
