@@ -561,6 +561,37 @@ class PodLifecycle:
             )
             return done
 
+    async def _detach_part(
+        self, sandbox_id: str, record: SandboxRecord, going: list[Attached]
+    ) -> list[str]:
+        """DEL some of a live sandbox's attachments (one claim's, or one unplugged network),
+        the others kept: marked pending on disk first (a crash is finished by the next
+        Synchronize), then DELed; once all went, their rate limits removed, the record kept
+        with the rest, the annotation and statuses updated and each claim no sandbox holds any
+        more released. The DELs' errors (the record keeps them pending)."""
+        marked = tuple(replace(a, pending=True) if a in going else a for a in record.attachments)
+        await self.store.put(replace(record, attachments=marked))
+        errors = await detach_all(
+            self.runtime,
+            [a.attachment for a in going],
+            sandbox_id,
+            self._netns_for_del(record),
+            on_done=_observe_del,
+        )
+        if errors:
+            return errors
+        await self._unshape(record, [a.attachment for a in going])
+        rest = tuple(a for a in record.attachments if a not in going)
+        await self.store.put(replace(record, attachments=rest))
+        self._annotate(record.pod, rest)
+        for ref in dict.fromkeys(a.attachment.claim for a in going):
+            self.status.drop(
+                ref, [status_key(a.attachment) for a in going if a.attachment.claim == ref]
+            )
+            if ref not in {c for r in self.store.all() for c in r.claims()}:
+                self._release(ref)
+        return []
+
     async def unplug(self, sandbox_id: str, claim: str, request: str) -> None:
         """DEL an on-demand attachment from a running sandbox; the others stay."""
         async with self.locks.hold(sandbox_id):
@@ -570,26 +601,10 @@ class PodLifecycle:
             if len(rest) == len(record.attachments):
                 raise PlugError(f"pod {record.pod} has no {att.if_name} plugged")
             going = [a for a in record.attachments if a.attachment.if_name == att.if_name]
-            marked = tuple(
-                replace(a, pending=True) if a in going else a for a in record.attachments
-            )
-            await self.store.put(replace(record, attachments=marked))
-            errors = await detach_all(
-                self.runtime,
-                [a.attachment for a in going],
-                sandbox_id,
-                self._netns_for_del(record),
-                on_done=_observe_del,
-            )
+            errors = await self._detach_part(sandbox_id, record, going)
             if errors:
                 self.journal.record(events.DETACH_FAILED, record.pod, sandbox_id, "; ".join(errors))
                 raise PlugError(f"pod {record.pod}: " + "; ".join(errors))
-            await self._unshape(record, [a.attachment for a in going])
-            await self.store.put(replace(record, attachments=rest))
-            self._annotate(record.pod, rest)
-            self.status.drop(att.claim, [status_key(att)])
-            if att.claim not in {c for r in self.store.all() for c in r.claims()}:
-                self._release(att.claim)
             self.journal.record(events.DETACHED, record.pod, sandbox_id, f"unplugged {att.if_name}")
             self.status.event(
                 record.pod, REASON_REMOVED, f"Removed {att.if_name} ({att.network_label})", "Normal"
@@ -744,31 +759,13 @@ class PodLifecycle:
                 return True
             if self._undone_anyway(record) or len(going) == len(record.attachments):
                 return await self._detach_held(sandbox_id, None, None, False)
-            marked = tuple(
-                replace(a, pending=True) if a in going else a for a in record.attachments
-            )
-            await self.store.put(replace(record, attachments=marked))
-            errors = await detach_all(
-                self.runtime,
-                [a.attachment for a in going],
-                sandbox_id,
-                self._netns_for_del(record),
-                on_done=_observe_del,
-            )
+            errors = await self._detach_part(sandbox_id, record, going)
             if errors:
                 message = "; ".join(errors)
                 log.warning("detach of claim %s from pod %s failed: %s", claim, record.pod, message)
                 self.journal.record(events.DETACH_FAILED, record.pod, sandbox_id, message)
                 self._hold(going[0].attachment.claim)
                 return False
-            await self._unshape(record, [a.attachment for a in going])
-            rest = tuple(a for a in record.attachments if a not in going)
-            await self.store.put(replace(record, attachments=rest))
-            self._annotate(record.pod, rest)
-            ref = going[0].attachment.claim
-            self.status.drop(ref, [status_key(a.attachment) for a in going])
-            if ref not in {c for r in self.store.all() for c in r.claims()}:
-                self._release(ref)
             names = ", ".join(
                 f"{a.attachment.if_name} ({a.attachment.network_label})" for a in going
             )
