@@ -202,11 +202,8 @@ class DriverSettings:
         flag="--normal-events/--no-normal-events",
         chart=True,
     )
-    # off by default: on the test bed, with it on, a prepare's CNIIPBlock create timed out
-    # (TimeoutError after the apiserver call's budget) in two tests, reproducibly, and passed
-    # with it off (2026-11-27; not yet explained: docs/architecture.md, Known limitations)
     read_claims_ahead: bool = setting(
-        False,
+        True,
         "watch the node's pods (fieldSelector spec.nodeName) and read and judge a bound pod's "
         "claims before kubelet asks, so NodePrepareResources needs no GET; a claim not read "
         "ahead is a GET as without it",
