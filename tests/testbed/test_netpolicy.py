@@ -18,14 +18,7 @@ from testbed.harness import Cluster
 from tests.testbed.conftest import Attached
 from tests.testbed.objects import apply, claiming_pod, pod_addresses, ready
 
-pytestmark = [
-    pytest.mark.testbed,
-    # not yet passed: its first run probed with busybox wget, which crashes (SIGSEGV) in the
-    # test image, and the two runs since never got past the `attach` fixture (pod b not Ready:
-    # the shared test bed's apiserver timing out, "storage is (re)initializing"); run it and
-    # drop this mark once it passes
-    pytest.mark.skip(reason="issue 43's e2e test has not passed on the test bed yet"),
-]
+pytestmark = pytest.mark.testbed
 
 SUBNET = "198.19.43.0/24"
 PORT = 8080
