@@ -38,6 +38,12 @@ else writes.
    --rounds repeats both, alternating which goes first; --warmup-pods before each round are
    not counted. The machine's load average is recorded with each round.
 
+5. `--pool-accounting` [--pools 100]: only what pool accounting costs (the pool accountant's
+   memory, one flush, the apiserver requests at rest and per allocation, the Lease), measured
+   in-process on a counting fake cluster (bench/fleet_pools.py; seconds, no control plane).
+   The sample nodes of the full run also run each node's block writer and the Lease loop, so
+   step 3's figures include them.
+
 Prints a report on stderr; with --json the detail as one JSON line, then the last line:
 {"nodes", "slices", "slice_bytes_per_node", "idle_requests_per_node_per_min",
 "schedule_p50_ms", "schedule_p99_ms", "dra_example_schedule_p99_ms", "apiserver_rss_mib"}:
@@ -93,6 +99,13 @@ from cnidra.api.networks import NamedNetwork
 from cnidra.inventory.links import Link, LinkFilter
 from cnidra.inventory.publisher import SlicePublisher
 from cnidra.inventory.slices import SliceSettings
+from cnidra.ipam.accounting import (
+    LEASE_NAME,
+    LEASE_SECONDS,
+    BlockLeaseWriter,
+    PoolAccountant,
+    run_while_leading,
+)
 from cnidra.ipam.allocator import Allocator
 from cnidra.ipam.reconcile import IPAMReconciler
 from cnidra.kube.client import make_client, probe_features
@@ -1082,7 +1095,9 @@ def counted_client(
 class SampleNode:
     """One sampled node's driver, as `cnidra driver` wires its apiserver-facing work: the
     cluster feature probe, then the slice publisher (resync, CNINetwork watch, pool counts
-    through the allocator) and the IPAM reconciler, on its own client (the driver's)."""
+    through the allocator), the IPAM reconciler, the block writer and the pool accountant's
+    Lease loop (the accountant itself in the one that leads), on its own client (the
+    driver's)."""
 
     def __init__(self, plane: ControlPlane, name: str, cni_bin: Path, seed: int, log: RequestLog):
         index = int(name.rsplit("-", 1)[1])
@@ -1108,6 +1123,20 @@ class SampleNode:
         )
         self.ipam.blocks_changed = self.publisher.poke
         self.reconciler = IPAMReconciler(self.ipam, set, grace=self.settings.ipam_grace_seconds)
+        # pool accounting as the driver wires it: the node's leased counts, and the Lease
+        # loop (one sample node leads and runs the accountant, the others ask once a minute)
+        kube_ipam = KubeIPAM(self.client, timeout, name)
+        self.block_leases = BlockLeaseWriter(self.ipam.state, kube_ipam)
+        self.accountant = PoolAccountant(
+            kube_ipam, DRIVER_NAME, interval=self.settings.pool_status_seconds
+        )
+
+        async def lead() -> bool:
+            return await kube_ipam.lead(
+                self.settings.pool_accountant_namespace, LEASE_NAME, name, LEASE_SECONDS
+            )
+
+        self.lead = lead
         self.started: float | None = None
 
     async def run(self, delay: float) -> None:
@@ -1120,6 +1149,8 @@ class SampleNode:
             self.reconciler.run(
                 self.settings.ipam_reconcile_seconds, self.settings.ipam_lost_node_passes
             ),
+            self.block_leases.run(self.settings.pool_status_seconds),
+            run_while_leading(self.accountant.run, self.lead),
         )
 
 
@@ -1569,7 +1600,17 @@ def report(detail: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def pool_accounting_only(args: argparse.Namespace) -> int:
+    from bench import fleet_pools
+
+    result = fleet_pools.measure(args.pools, args.nodes, seed=args.seed)
+    print(fleet_pools.report(result), file=sys.stderr)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 - flags, then one of three runs
     parser = argparse.ArgumentParser(
         prog="python -m bench.fleet", description=__doc__.split("\n")[0]
     )
@@ -1592,8 +1633,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="only the apiserver's memory with each fleet, each on a fresh control plane",
     )
+    parser.add_argument(
+        "--pool-accounting",
+        action="store_true",
+        help="only pool accounting's cost, in-process, no control plane (bench/fleet_pools.py)",
+    )
+    parser.add_argument("--pools", type=int, default=100, help="with --pool-accounting")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.pool_accounting:
+        return pool_accounting_only(args)
     if not 1 <= args.nodes <= MAX_NODES:
         parser.error(f"--nodes: 1 to {MAX_NODES} (a block of the pool {POOL_SUBNET} each)")
     if max(args.pods, args.warmup_pods) > GPUS * args.nodes:

@@ -111,13 +111,19 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], int]] = [
         8,
     ),
     (
-        "IPAM: pool used",
+        "IPAM: pool used (alert at 90 %)",
         "percentunit",
         [
-            (
-                'sum by (pool) (cnidra_ipam_node_addresses{state="leased"}) / max by (pool) (cnidra_ipam_pool_size_addresses)',
-                "{{pool}}",
-            )
+            ("max by (pool) (cnidra_ipam_pool_used_ratio)", "{{pool}}"),
+        ],
+        8,
+    ),
+    (
+        "IPAM: held and free addresses, by pool",
+        "short",
+        [
+            ('max by (pool) (cnidra_ipam_pool_addresses{state="held"})', "held {{pool}}"),
+            ('max by (pool) (cnidra_ipam_pool_addresses{state="free"})', "free {{pool}}"),
         ],
         8,
     ),

@@ -95,6 +95,16 @@ class Running:
     sandbox: nri.PodSandbox | None = None
 
 
+class NoNft:
+    """Policy tables applied nowhere (cnidra.datapath.netpolicy's calls)."""
+
+    def apply(self, netns: str, ruleset: Any, previous: Any = None, *, timeout: float) -> str:
+        return ""
+
+    def remove(self, netns: str, table: str = "", *, timeout: float) -> None:
+        return None
+
+
 class FakeNode:
     """The driver over `root` and `api`; `settings` overrides the defaults."""
 
@@ -127,6 +137,7 @@ class FakeNode:
         # what the slice publisher would have read: the allocated link eth1, the node on eth0
         d.publisher._view = NodeView(links={"eth1": "eth1"}, protected=frozenset({"eth0"}))
         d.nri.connected.set()  # as when containerd's NRI connection is up
+        d.policy.datapath = NoNft()  # the sandboxes' namespaces are not there
         if fake_plugins:
             d.lifecycle.runtime = CNIRuntime(
                 [], cache_dir=str(d.layout.cni_cache), exec_=FakePlugins()

@@ -21,7 +21,18 @@ DOC = re.sub(r"\s+", " ", DOC_TEXT)  # prose with its line breaks undone
 # the test code the doc cites: the test bed's harness and the state machine's fakes
 TEST_CODE = [*sorted((ROOT / "testbed").glob("*.py")), ROOT / "tests" / "nri" / "fakes.py"]
 PACKAGES = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
-WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
+WORDS = {
+    "one": 1,
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+}
 # names the doc cites that other projects define: containerd/nri's, uvicorn's
 EXTERNAL = {"Adaptation", "Config", "Server"}
 
@@ -423,17 +434,33 @@ def calls(path: str, method: str) -> list[ast.Call]:
     ]
 
 
-def test_the_watches_are_the_cninetworks_and_the_nodes_pods() -> None:
-    watched = set()
+def test_the_watches_are_cninetworks_the_nodes_pods_the_accountants_and_network_policys() -> None:
+    watched = {}
     for path in python_files():
         rel = str(path.relative_to(ROOT))
-        watched.update(ast.unparse(c.args[0]) for c in calls(rel, "watch"))
-    assert watched == {"CNINetwork", "PodDocument"}
+        watched.update({ast.unparse(c.args[0]): rel for c in calls(rel, "watch")})
+    assert watched == {
+        "CNINetwork": "cnidra/kube/networks.py",
+        "PodDocument": "cnidra/kube/pods.py",
+        "CNIIPPool": "cnidra/kube/ipam.py",
+        "CNIIPBlock": "cnidra/kube/ipam.py",
+        "Event": "cnidra/kube/ipam.py",
+        "resource": "cnidra/kube/netpolicy.py",
+    }
     assert re.search(r"CNINetwork = create_global_resource\(", code("cnidra/kube/networks.py"))
-    assert "a cluster-wide watch of CNINetworks, the one cluster-wide watch the driver holds" in DOC
+    assert (
+        "a cluster-wide watch of CNINetworks, the one cluster-wide watch every driver holds "
+        "besides network policy's" in DOC
+    )
     # the pods' watch is the node's own: its field selector is the node's name
     assert 'fields = {"spec.nodeName": self.node}' in code("cnidra/kube/pods.py")
     assert "the node-scoped watch kubelet itself uses" in DOC
+    # the pool accountant's, held only by the driver that holds its Lease
+    accountant = {ast.unparse(c.args[0]) for c in calls("cnidra/kube/ipam.py", "watch")}
+    assert accountant == {"CNIIPPool", "CNIIPBlock", "Event"}
+    assert "the three watches only the driver holding it keeps" in DOC
+    # network policy's `resource` is each kind it needs
+    assert "what network policy needs, each listed and then watched cluster-wide" in DOC
     assert "Claims are never watched" in DOC
 
 

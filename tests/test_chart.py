@@ -264,3 +264,21 @@ def test_the_log_level_is_a_configmap_the_driver_follows() -> None:
     [driver] = ds_after["spec"]["template"]["spec"]["containers"]
     assert "--log-level-file=/etc/cnidra/logging/level" in driver["args"]
     assert not any(a.startswith("--log-level=") for a in driver["args"])
+
+
+def test_a_nearly_exhausted_pool_alerts_at_90_percent_on_documented_series() -> None:
+    import re
+
+    assert not [d for d in docs() if d["kind"] == "PrometheusRule"]  # off unless asked
+    [rule] = [
+        d
+        for d in docs("metrics.prometheusRule.enabled=true", "metrics.prometheusRule.labels.r=p")
+        if d["kind"] == "PrometheusRule"
+    ]
+    assert rule["metadata"]["labels"]["r"] == "p"
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    nearly = alerts["CnidraIPPoolNearlyExhausted"]
+    assert nearly["expr"] == "max by (pool) (cnidra_ipam_pool_used_ratio) >= 0.9"
+    documented = set(re.findall(r"`(cnidra_[a-z_]+)`", (ROOT / "docs" / "metrics.md").read_text()))
+    used = {n for a in alerts.values() for n in re.findall(r"\bcnidra_[a-z_]+", a["expr"])}
+    assert used <= documented

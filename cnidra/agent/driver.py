@@ -23,6 +23,7 @@ from cnidra._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from cnidra.agent.settings import DriverSettings
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.cni.runtime import CNIRuntime
+from cnidra.datapath import netpolicy as netpolicy_datapath
 from cnidra.datapath import shaping
 from cnidra.dra.ahead import ClaimsAhead, ReadAhead
 from cnidra.dra.plugin import DRAService, RegistrationService
@@ -30,11 +31,20 @@ from cnidra.dra.prepare import Preparer
 from cnidra.inventory.links import LinkFilter
 from cnidra.inventory.publisher import SlicePublisher
 from cnidra.inventory.slices import SliceSettings
+from cnidra.ipam.accounting import (
+    LEASE_NAME,
+    LEASE_SECONDS,
+    BlockLeaseWriter,
+    PoolAccountant,
+    run_while_leading,
+)
 from cnidra.ipam.allocator import Allocator
 from cnidra.ipam.reconcile import IPAMReconciler
+from cnidra.kube.api import Api
 from cnidra.kube.claims import ClaimGetter, NamespaceGetter
 from cnidra.kube.client import ClusterFeatures, dra_api_problem, make_client, probe_features
 from cnidra.kube.ipam import KubeIPAM
+from cnidra.kube.netpolicy import follow_all
 from cnidra.kube.networks import NetworkReader, ServedNetworks
 from cnidra.kube.pods import NodePods
 from cnidra.nodeapi.service import NodeNetworksService
@@ -42,6 +52,7 @@ from cnidra.nodeapi.service import serve as serve_node_api
 from cnidra.nodeapi.views import NodeRecords
 from cnidra.nri.hooks import PodHooks
 from cnidra.nri.lifecycle import HookBudget, PlugError, PodLifecycle
+from cnidra.nri.netpolicy import PolicyEnforcer, read_drops
 from cnidra.nri.plugin import NRIPlugin
 from cnidra.nri.reconcile import Reconciler
 from cnidra.observe import metrics
@@ -74,6 +85,11 @@ def read_limits(
     return shaping.read_many(netns, interfaces, timeout=timeout)
 
 
+def read_policy_counters(netns: str, table: str, timeout: float) -> list[Any]:
+    """A pod's policy table's counted rules (the caller is off the event loop)."""
+    return netpolicy_datapath.counters(netns, table, timeout=timeout)
+
+
 def prepared_message(claim: PreparedClaim, node: str) -> str:
     """What `kubectl describe resourceclaim` shows once the node has checked and recorded it."""
     parts = [
@@ -91,12 +107,20 @@ class Driver:
         self.features = ClusterFeatures(known=False)
         self.layout = StateLayout(settings.state_dir)
         self.checkpoint = Checkpoint(self.layout)
+        kube_ipam = KubeIPAM(self.client, settings.api_timeout, settings.node_name)
         self.ipam = Allocator(
             settings.node_name,
             IPAMState(self.layout),
-            KubeIPAM(self.client, settings.api_timeout, settings.node_name),
+            kube_ipam,
             node_addresses=self._node_addresses,
         )
+        # pool accounting (docs/ipam.md): this node's leased counts into its blocks' status,
+        # and, in the one driver holding the Lease, the pools' counts and the Pending pods
+        self.block_leases = BlockLeaseWriter(self.ipam.state, kube_ipam)
+        self.pool_accountant = PoolAccountant(
+            kube_ipam, DRIVER_NAME, interval=settings.pool_status_seconds
+        )
+        self._kube_ipam = kube_ipam
         self.publisher = SlicePublisher(
             self.client,
             SliceSettings(
@@ -153,6 +177,7 @@ class Driver:
         # live: prepared, or being prepared (an address is leased before the claim is
         # checkpointed, and a prepare may wait on the apiserver for longer than the grace)
         metrics.POOLS.source = self.ipam.usage
+        metrics.POOL_ACCOUNTS.source = lambda: self.pool_accountant.latest
         self.ipam_reconciler = IPAMReconciler(
             self.ipam,
             lambda: {claim.uid for claim in self.checkpoint.all()} | self.preparer.in_flight(),
@@ -178,6 +203,10 @@ class Driver:
         self.journal = Journal(self.layout.journal)
         # before anything can DEL: records of cnidra 0.1 name networks in the shared directory
         migrate_legacy(self.layout, settings.legacy_cni_dir, self.sandboxes)
+        self.policy = PolicyEnforcer(
+            self.sandboxes, events=self.status, enabled=settings.network_policy
+        )
+        metrics.POLICY_DROPS.source = lambda: read_drops(self.policy)
         self.lifecycle = PodLifecycle(
             self.checkpoint,
             self.runtime,
@@ -191,6 +220,7 @@ class Driver:
             journal=self.journal,
             network_status=settings.network_status,
             hold_from_attach=settings.claim_finalizer == "on-attach",
+            policy=self.policy if settings.network_policy else None,
         )
         metrics.INTERFACES.source = self.lifecycle.interfaces
         metrics.RATE_LIMITS.source = self.lifecycle.shaped_interfaces
@@ -218,6 +248,8 @@ class Driver:
             self.lifecycle,
             refusals=(PlugError,),
             limits=read_limits,
+            policy=self._describe_policy if settings.network_policy else None,
+            policy_counters=read_policy_counters,
         )
         self.tasks = Supervisor()
         self.health = grpc_health.aio.HealthServicer()  # type: ignore[attr-defined]
@@ -228,6 +260,9 @@ class Driver:
     def _node_addresses(self) -> frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address]:
         """What the node holds on its links, as the publisher last read them."""
         return self.publisher.view().facts.addresses()
+
+    def _describe_policy(self, namespace: str, name: str) -> Mapping[str, Any]:
+        return self.policy.describe((namespace, name))
 
     def node_records(self) -> NodeRecords:
         return NodeRecords(
@@ -256,6 +291,7 @@ class Driver:
             "stateProblem": self.reconciler.state_problem,
             "synchronized": self.reconciler.synchronized,
             "ipamPasses": self.ipam_reconciler.passes,
+            "networkPolicySynced": self.policy.synced if self.settings.network_policy else None,
             "asyncioTasks": self._task_count(),
             "clusterFeatures": {
                 "consumableCapacity": self.features.consumable_capacity,
@@ -361,8 +397,16 @@ class Driver:
         self.tasks.spawn("sandbox-sweeper", lambda: self.reconciler.run_sweeper(s.sweep_seconds))
         self.tasks.spawn("slice-publisher", self.publisher.run)
         self.tasks.spawn("ipam-reconciler", self._reconcile_ipam)
+        self.tasks.spawn("block-leases", lambda: self.block_leases.run(s.pool_status_seconds))
+        if s.pool_accountant:
+            self.tasks.spawn("pool-accountant", self._account_pools)
         if self.read_ahead is not None:  # not critical: without it, prepare GETs each claim
             self.tasks.spawn("claims-ahead", self.read_ahead.run, critical=False)
+        if s.network_policy:
+            self.policy.restore()  # the tables of the pods attached before a restart
+            self.tasks.spawn("netpolicy", self.policy.run)
+            api = Api(self.client, s.api_timeout)
+            self.tasks.spawn("netpolicy-watches", lambda: follow_all(api, self.policy))
         log.info(
             "driver %s up on node %s: registration %s, DRA %s, http %s",
             DRIVER_NAME,
@@ -376,6 +420,16 @@ class Driver:
         await self.ipam_reconciler.run(
             self.settings.ipam_reconcile_seconds, self.settings.ipam_lost_node_passes
         )
+
+    async def _account_pools(self) -> None:
+        s = self.settings
+
+        async def lead() -> bool:
+            return await self._kube_ipam.lead(
+                s.pool_accountant_namespace, LEASE_NAME, s.node_name, LEASE_SECONDS
+            )
+
+        await run_while_leading(self.pool_accountant.run, lead)
 
     async def stop(self) -> None:
         """Registration socket first (kubelet stops sending), then DRA, then the rest."""

@@ -132,6 +132,20 @@ class DriverSettings:
     ipam_grace_seconds: float = setting(
         120.0, "how old an address of an unprepared claim must be before it is freed"
     )
+    pool_accountant: bool = setting(
+        True,
+        "count each CNIIPPool's held and free addresses into its status and name an exhausted "
+        "pool on Pending pods, in the one driver that holds the accountant Lease (docs/ipam.md)",
+        flag="--pool-accountant/--no-pool-accountant",
+    )
+    pool_accountant_namespace: str = setting(
+        "default", "the namespace of the pool accountant's Lease (the chart: the release's)"
+    )
+    pool_status_seconds: float = setting(
+        5.0,
+        "how often changed lease counts are written to blocks' and pools' status (batched)",
+        schema={"minimum": 0.5},
+    )
     device_metadata: bool = setting(
         True,
         "write each claim's device metadata for its containers (KEP-5304, via CDI)",
@@ -172,6 +186,13 @@ class DriverSettings:
         True,
         "write Multus' k8s.v1.cni.cncf.io/network-status annotation on pods",
         flag="--network-status/--no-network-status",
+        chart=True,
+    )
+    network_policy: bool = setting(
+        True,
+        "enforce MultiNetworkPolicy and CNIAdminNetworkPolicy on cnidra interfaces (nftables in "
+        "each pod's network namespace; watches policies, namespaces and pods cluster-wide)",
+        flag="--network-policy/--no-network-policy",
         chart=True,
     )
     normal_events: bool = setting(

@@ -313,6 +313,15 @@ def request_order(devices: Mapping[str, Any], base: FieldPath) -> dict[str, int]
     return order
 
 
+def request_classes(devices: Mapping[str, Any], base: FieldPath) -> dict[str, str]:
+    """The DeviceClass each request asks for (`exactly`, or v1beta1's field on the request), and
+    each `firstAvailable` subrequest's as `request/subrequest`, read by `read_requests` (all of
+    them, not only DRA's bound). Lenient: a request or class that is not of the API's shape is
+    left out (the claim's shape is the apiserver's to check)."""
+    found = read_requests(devices, base, Issues(), bounded=False)
+    return {r.name: r.device_class for r in found if r.device_class is not None}
+
+
 # ---------------------------------------------------------------- config entries
 
 

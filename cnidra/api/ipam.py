@@ -322,6 +322,93 @@ class Pool:
         return None
 
 
+@dataclass(frozen=True)
+class PoolCounts:
+    """A pool's accounting across the cluster: `size` addresses pods can get (a dual-stack pod
+    takes one of each range: the smaller range's count), `held` the addresses leased by every
+    node's claims and IPAMClaims (as the nodes last wrote them in their blocks' status), and
+    `blocks` of `pool_blocks` reserved by nodes."""
+
+    pool: str
+    size: int
+    held: int
+    blocks: int = 0
+    pool_blocks: int = 0
+
+    @property
+    def free(self) -> int:
+        return max(self.size - self.held, 0)
+
+    @property
+    def used(self) -> float:
+        """The share of the pool held, 0 to 1 (1 for a pool of no address)."""
+        return min(self.held / self.size, 1.0) if self.size else 1.0
+
+    def status(self) -> dict[str, int]:
+        """The pool's `status`, as `kubectl get cniippools` shows it."""
+        return {
+            "size": self.size,
+            "held": self.held,
+            "free": self.free,
+            "blocks": self.blocks,
+            "poolBlocks": self.pool_blocks,
+        }
+
+
+EXHAUSTED_REASON = "PoolExhausted"
+
+
+def exhausted_message(counts: PoolCounts, claim: str = "") -> str:
+    """What a Pending pod's Events and its claim say when its pool has no address left."""
+    who = f"claim {claim}: " if claim else ""
+    return (
+        f"{who}CNIIPPool {counts.pool} has no address left on any node: {counts.size} "
+        f"addresses, {counts.held} held, {counts.free} free "
+        f"({counts.blocks} of {counts.pool_blocks} blocks reserved by nodes)"
+    )
+
+
+_SELECTOR_LITERAL = re.compile(
+    r"""device\.attributes\[\s*["']([^"']+)["']\s*\]\.(network|ipPool)\s*==\s*["']([^"']*)["']"""
+)
+
+
+def selector_names(expression: str, driver: str) -> dict[str, set[str]]:
+    """The network and pool names a CEL selector compares the driver's device attributes
+    with (`device.attributes["<driver>"].network == "x"`): "network" and "ipPool" -> names.
+    Only equality to a literal is read; any other expression names nothing."""
+    found: dict[str, set[str]] = {"network": set(), "ipPool": set()}
+    for domain, attribute, value in _SELECTOR_LITERAL.findall(expression):
+        if domain == driver:
+            found[attribute].add(value)
+    return found
+
+
+def claim_pools(
+    claim: Mapping[str, Any], driver: str, network_pools: Mapping[str, str]
+) -> set[str]:
+    """The pools an unallocated claim's requests ask addresses of: those its selectors name
+    (`ipPool`), and those of the networks they name (`network_pools`: network -> pool, as the
+    nodes publish them)."""
+    spec = claim.get("spec") or {}
+    requests = ((spec.get("devices") or {}).get("requests")) or []
+    pools: set[str] = set()
+    for request in requests if isinstance(requests, list) else []:
+        if not isinstance(request, Mapping):
+            continue
+        exact = request.get("exactly") or request
+        subrequests = [exact, *(request.get("firstAvailable") or [])]
+        for sub in subrequests:
+            for selector in (sub.get("selectors") or []) if isinstance(sub, Mapping) else []:
+                cel = ((selector or {}).get("cel") or {}).get("expression")
+                if not isinstance(cel, str):
+                    continue
+                names = selector_names(cel, driver)
+                pools |= names["ipPool"]
+                pools |= {network_pools[n] for n in names["network"] if n in network_pools}
+    return pools
+
+
 class PoolError(ValueError):
     """A pool that cannot be used, or a use of it that is not allowed: the message names it."""
 
@@ -475,7 +562,18 @@ def pool_crd() -> dict[str, Any]:
             {"name": "Ranges", "type": "string", "jsonPath": ".spec.ranges[*].subnet"},
             {"name": "BlockSize", "type": "integer", "jsonPath": ".spec.blockSize"},
             {"name": "Persistent", "type": "boolean", "jsonPath": ".spec.allowPersistentIPs"},
+            {"name": "Size", "type": "integer", "jsonPath": ".status.size"},
+            {"name": "Held", "type": "integer", "jsonPath": ".status.held"},
+            {"name": "Free", "type": "integer", "jsonPath": ".status.free"},
         ],
+        status={
+            "type": "object",
+            "description": "Counted by cnidra's pool accountant (docs/ipam.md), not by hand.",
+            "properties": {
+                k: {"type": "integer", "minimum": 0}
+                for k in ("size", "held", "free", "blocks", "poolBlocks")
+            },
+        },
     )
 
 
@@ -499,7 +597,13 @@ def block_crd() -> dict[str, Any]:
             {"name": "Pool", "type": "string", "jsonPath": ".spec.pool"},
             {"name": "CIDR", "type": "string", "jsonPath": ".spec.cidr"},
             {"name": "Node", "type": "string", "jsonPath": ".spec.node"},
+            {"name": "Leased", "type": "integer", "jsonPath": ".status.leased"},
         ],
+        status={
+            "type": "object",
+            "description": "Written by the block's node, batched (docs/ipam.md).",
+            "properties": {"leased": {"type": "integer", "minimum": 0}},
+        },
     )
 
 
@@ -509,7 +613,13 @@ def _crd(
     short: list[str],
     spec: dict[str, Any],
     columns: list[dict[str, Any]],
+    status: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    properties: dict[str, Any] = {"spec": spec}
+    version: dict[str, Any] = {}
+    if status is not None:
+        properties["status"] = status
+        version["subresources"] = {"status": {}}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -532,9 +642,10 @@ def _crd(
                         "openAPIV3Schema": {
                             "type": "object",
                             "required": ["spec"],
-                            "properties": {"spec": spec},
+                            "properties": properties,
                         }
                     },
+                    **version,
                     "additionalPrinterColumns": [
                         *columns,
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

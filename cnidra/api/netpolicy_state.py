@@ -27,6 +27,7 @@ from dataclasses import replace
 
 from cnidra.api.netpolicy import AdminNetworkPolicy, AdminRule, MultiNetworkPolicy, Rule
 from cnidra.api.netpolicy_rules import (
+    TABLE,
     NetworkView,
     NftSet,
     PodInterface,
@@ -53,8 +54,10 @@ class NetworkTables:
         namespace_labels: Mapping[str, Mapping[str, str]] | None = None,
         tenant: Iterable[MultiNetworkPolicy] = (),
         admin: Iterable[AdminNetworkPolicy] = (),
+        table: str = TABLE,
     ) -> None:
         self.network = network
+        self.table = table
         self.local = dict(local)
         self.pods: dict[PodKey, PodOnNetwork] = {key_of(p): p for p in pods}
         self.namespace_labels = {k: dict(v) for k, v in (namespace_labels or {}).items()}
@@ -139,7 +142,7 @@ class NetworkTables:
         changed = set()
         for key in keys:
             table = compile_pod(
-                self.pods[key], [PodInterface(self.local[key], view)], tenant, admin
+                self.pods[key], [PodInterface(self.local[key], view)], tenant, admin, self.table
             )
             self.compiles += 1
             if self.tables.get(key) != table:

@@ -181,8 +181,17 @@ def describe(
             out.print(f"    addresses {' '.join(a.ips) or '-'}, mac {a.mac or '-'}")
         for text in bandwidth_lines(a):
             out.print(f"    {text}")
+        for text in policy_lines(a):
+            out.print(f"    {text}")
         if output == "wide" and a.cni_result_json:
             out.print(f"    CNI result {a.cni_result_json}")
+    if view.policy_undoable_by:
+        out.print(
+            "Policy:     containers "
+            + ", ".join(view.policy_undoable_by)
+            + " are privileged or have CAP_NET_ADMIN: they can delete the policy tables",
+            style="yellow",
+        )
     out.print("Events:")
     for e in view.events:
         out.print(f"  {line(e)}")
@@ -209,6 +218,24 @@ def bandwidth_lines(a: api.Attachment) -> list[str]:
             lines.append(f"  {name:<8}not enforced")
     if a.enforced.error:
         lines.append(f"  problem: {a.enforced.error}")
+    return lines
+
+
+def policy_lines(a: api.Attachment) -> list[str]:
+    """The network policy of an interface: its network as policies name it, the policies that
+    select the pod there, each counted rule with its packets; nothing when none is known."""
+    if not a.HasField("policy"):
+        return []
+    p = a.policy
+    lines = [f"policy network {p.network}: " + (", ".join(p.policies) or "no policy selects it")]
+    if p.not_enforced:
+        lines.append(f"  NOT ENFORCED: {p.not_enforced}")
+    for rule in p.rules:
+        lines.append(
+            f"  {rule.verdict:<7}{rule.packets:>10} packets {rule.bytes:>12} bytes  {rule.comment}"
+        )
+    if p.error:
+        lines.append(f"  problem: {p.error}")
     return lines
 
 

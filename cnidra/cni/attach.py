@@ -65,6 +65,10 @@ class Attachment:
     # the rate limit cnidra holds the interface to in both directions (cnidra.api.bandwidth:
     # the claim's reserved bandwidth, or the class's CNIPolicy default); None: none
     rate: Rate | None = None
+    # the network as a MultiNetworkPolicy's `policy-for` names it (cnidra.api.netpolicy
+    # Target.key: `ns/nad`, `cninetwork:x`, `deviceclass:x`, `claim:ns/config`); "" unknown
+    # (a record of a driver before it: no policy selects the interface by its network)
+    policy_network: str = ""
     # prepare only (not checkpointed): the network's cnidra-IPAM pool was chosen by a tenant
     # (its claim or NetworkAttachmentDefinition), so the pool must name the namespace and lie
     # in `pool_ranges`, the DeviceClass's claims.ipRanges (None: any)

@@ -12,7 +12,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cnidra.api.claimspec import configs_for, decode_configs, is_dns_label, request_order
+from cnidra.api.claimspec import (
+    configs_for,
+    decode_configs,
+    is_dns_label,
+    request_classes,
+    request_order,
+)
 from cnidra.api.constants import DRIVER_NAME, POD_CLAIM_NAME_ANNOTATION
 from cnidra.api.errors import SpecError
 from cnidra.api.issues import FieldPath, Issues, describe
@@ -66,6 +72,9 @@ class AllocatedClaim:
     configs: tuple[ConfigEntry, ...]  # our driver's opaque configs, read once
     reserved_for: tuple[Reserved, ...]
     pod_claim_name: str | None  # the pod's claim name, only when Kubernetes' own form
+    # request (or `request/subrequest`) -> the DeviceClass it asks for: the network a policy
+    # names as `deviceclass:<name>` (docs/network-policy.md)
+    request_classes: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ours(self) -> tuple[Result, ...]:
@@ -143,9 +152,11 @@ def read_claim(claim: Any) -> AllocatedClaim:
     allocation = _obj(allocation_raw, "status.allocation")
     devices = _obj(allocation.get("devices"), "status.allocation.devices")
     try:  # the one reader of a claim's spec (cnidra.api.claimspec)
-        order = request_order(_obj(spec.get("devices"), "spec.devices"), SPEC_DEVICES)
+        spec_devices = _obj(spec.get("devices"), "spec.devices")
+        order = request_order(spec_devices, SPEC_DEVICES)
     except SpecError as exc:
         raise ClaimShapeError(str(exc)) from exc
+    classes = request_classes(spec_devices, SPEC_DEVICES)  # what a policy's network may be
     results = []
     for i, raw in enumerate(_list(devices.get("results"), "status.allocation.devices.results")):
         where = RESULTS / i
@@ -187,6 +198,7 @@ def read_claim(claim: Any) -> AllocatedClaim:
         # a path segment in the pod's containers (device metadata): only what Kubernetes can
         # set, a pod's claim name, never whatever a claim's author wrote into the annotation
         pod_claim_name=sys.intern(pod_claim_name) if is_dns_label(pod_claim_name) else None,
+        request_classes=classes,
     )
 
 

@@ -163,6 +163,8 @@ def resolve_claim(
             node=view.facts,
             granted=result.consumed_capacity,
             granted_where=granted_where,
+            device_class=typed.request_classes.get(request)
+            or typed.request_classes.get(request.split("/", 1)[0]),
         )
         if attachment is None:
             problems.append(_describe(request, entries, issues))

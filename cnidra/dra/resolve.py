@@ -20,7 +20,8 @@ from cnidra.api.ipam import cnidra_ipam
 from cnidra.api.issues import FieldPath, Issues
 from cnidra.api.merge import ConfigEntry, Source, applicable
 from cnidra.api.netconf import to_conflist
-from cnidra.api.networks import NamedNetwork, NetworkCatalog
+from cnidra.api.netpolicy import interface_target
+from cnidra.api.networks import NAD_KIND, NETWORK_KIND, NamedNetwork, NetworkCatalog
 from cnidra.api.ownership import PrivateDirs, owned_network, owned_network_name
 from cnidra.api.policy import PARENT_FIELDS, admin_paths, bind_to_device, governing_policy
 from cnidra.api.refs import ObjectRef
@@ -46,6 +47,7 @@ def resolve_attachment(
     node: NodeFacts | None = None,
     granted: Mapping[str, str | int] | None = None,
     granted_where: FieldPath | None = None,
+    device_class: str | None = None,
 ) -> Attachment | None:
     """The one path from a claim's configs to what the runtime executes: checked against the
     class's CNIPolicy, merged and validated as `cnidra validate` does, bound to the allocated
@@ -55,7 +57,9 @@ def resolve_attachment(
     the bound network's host-side effects are judged (`cnidra.api.hostside`: values that would
     change a shared host object pinned or refused). `granted`: the allocation result's
     `consumedCapacity` (at `granted_where`), whose `bandwidth`, with the class's CNIPolicy's
-    `bandwidth`, is the rate limit the interface is held to (`Attachment.rate`)."""
+    `bandwidth`, is the rate limit the interface is held to (`Attachment.rate`).
+    `device_class`: the DeviceClass the request asked for (the network a policy names as
+    `deviceclass:<name>` when neither a reference nor the claim's config makes it)."""
     before = len(issues.errors)
     judge = verdicts.check_request if verdicts is not None else check_request
     resolved = judge(
@@ -132,6 +136,7 @@ def resolve_attachment(
         pool_ranges=tuple(ranges) if ranges is not None else None,
         tenant_static=bool(static),
         rate=rate,
+        policy_network=policy_network(resolved, claim, attachment.network_label, device_class),
     )
 
 
@@ -144,6 +149,34 @@ POLICY_BOUND = ("node_link_allowed", "tenant_pool", "pool_ranges", "tenant_stati
 def bound_by(attachment: Attachment, verdict: Attachment) -> Attachment:
     """`attachment` with what `resolve_attachment`'s `verdict` decided of the class's policy."""
     return replace(attachment, **{name: getattr(verdict, name) for name in POLICY_BOUND})
+
+
+def policy_network(
+    resolved: ResolvedRequest, claim: ObjectRef, config_name: str, device_class: str | None
+) -> str:
+    """The network of the interface as a policy's `policy-for` names it
+    (docs/network-policy.md): the NAD or CNINetwork the request (or its class) references,
+    else the DeviceClass's own network, else the claim's (`claim:<ns>/<config name>`). A node
+    conf referenced by networkID is no kind `policy-for` names: it counts as its class's."""
+    network = resolved.network
+    nad: tuple[str, str] | None = None
+    cninetwork = None
+    if network is not None and network.reference.startswith(NAD_KIND + " "):
+        namespace, _, name = network.status_name.partition("/")
+        nad = (namespace, name)
+    elif network is not None and network.reference.startswith(NETWORK_KIND + " "):
+        cninetwork = network.status_name
+    claim_defined = any(
+        e.source is Source.CLAIM and "config" in e.parameters for e in resolved.entries
+    )
+    return interface_target(
+        claim_namespace=claim.namespace,
+        config_name=config_name,
+        attachment_definition=nad,
+        cninetwork=cninetwork,
+        device_class=device_class,
+        claim_defined=claim_defined,
+    ).key
 
 
 def link_speed_bps(node: NodeFacts | None, link: str | None) -> int | None:

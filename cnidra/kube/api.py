@@ -288,13 +288,12 @@ class Api:
         fields: Mapping[str, Any] | None = None,
     ) -> AsyncIterator[tuple[str, Any]]:
         """The kind's changes, as the apiserver streams them (no timeout: a watch lasts until
-        the apiserver ends it; its failure is an ApiFailure). `namespace` "*": every
-        namespace's; `fields`: a field selector (`{"spec.nodeName": node}`)."""
-        kwargs: dict[str, Any] = {}
+        the apiserver ends it; its failure is an ApiFailure). `namespace`: of a namespaced
+        kind ("*": every namespace; none: the client's own); `fields`: a field selector, so
+        the apiserver sends only what matches."""
+        kwargs: dict[str, Any] = {} if fields is None else {"fields": dict(fields)}
         if namespace is not None:
             kwargs["namespace"] = namespace
-        if fields is not None:
-            kwargs["fields"] = fields
         try:
             async for event, obj in self.client.watch(kind, **kwargs):
                 yield event, obj

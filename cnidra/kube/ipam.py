@@ -13,14 +13,15 @@ import contextlib
 import datetime
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 from lightkube import AsyncClient, operators
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
-from lightkube.resources.core_v1 import Node
-from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from cnidra.api.constants import API_GROUP, API_VERSION, DRIVER_NAME
 from cnidra.api.ipam import (
@@ -50,6 +51,7 @@ CNIIPBlock = create_global_resource(API_GROUP, "v1alpha1", BLOCK_KIND, BLOCK_PLU
 IPAMClaim = create_namespaced_resource(
     IPAMCLAIM_GROUP, IPAMCLAIM_VERSION, IPAMCLAIM_KIND, IPAMCLAIM_PLURAL
 )
+ACCOUNTANT_MANAGER = "cnidra-pool-accountant"
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -288,3 +290,125 @@ class KubeIPAM:
         """A Normal Event on the IPAMClaim `obj` (the one recorder's fields and times)."""
         about = Involved.of(IPAMCLAIM_KIND, f"{IPAMCLAIM_GROUP}/{IPAMCLAIM_VERSION}", obj)
         await self.recorder.send(self.api, EventRecord(about, reason, message, "Normal"))
+
+    # ------------------------------------------------------------- pool accounting
+
+    async def write_block_leased(self, name: str, leased: int) -> None:
+        """The node's leased count in its block's status (server-side apply on the status
+        subresource, the node's own field manager: no other writer, no conflict)."""
+        body = {
+            "apiVersion": f"{API_GROUP}/v1alpha1",
+            "kind": BLOCK_KIND,
+            "metadata": {"name": name},
+            "status": {"leased": leased},
+        }
+        await self.api.apply(
+            CNIIPBlock.Status, name, body, field_manager=f"cnidra-node-{self.recorder.node}"
+        )
+
+    async def write_pool_status(self, name: str, status: Mapping[str, int]) -> None:
+        body = {
+            "apiVersion": f"{API_GROUP}/v1alpha1",
+            "kind": POOL_KIND,
+            "metadata": {"name": name},
+            "status": dict(status),
+        }
+        await self.api.apply(CNIIPPool.Status, name, body, field_manager=ACCOUNTANT_MANAGER)
+
+    @_retried
+    async def pool_objects(self) -> list[Mapping[str, Any]]:
+        return [o.to_dict() for o in await self.api.list(CNIIPPool, missing_is_empty=True)]
+
+    @_retried
+    async def block_objects(self) -> list[Mapping[str, Any]]:
+        return [o.to_dict() for o in await self.api.list(CNIIPBlock, missing_is_empty=True)]
+
+    async def watch_pools(self) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+        async for kind, obj in self.api.watch(CNIIPPool):
+            yield kind, obj.to_dict()
+
+    async def watch_blocks(self) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+        async for kind, obj in self.api.watch(CNIIPBlock):
+            yield kind, obj.to_dict()
+
+    async def watch_failed_scheduling(self) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+        """The scheduler's FailedScheduling Events of every namespace (the apiserver filters
+        by reason)."""
+        async for kind, obj in self.api.watch(
+            Event, namespace="*", fields={"reason": "FailedScheduling"}
+        ):
+            yield kind, obj.to_dict()
+
+    async def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        obj = await self.api.get_or_none(Pod, name, namespace)
+        return None if obj is None else dict(obj.to_dict())
+
+    async def resource_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        obj = await self.api.get_or_none(ResourceClaim, name, namespace)
+        return None if obj is None else dict(obj.to_dict())
+
+    async def network_pools(self) -> dict[str, str]:
+        """network -> pool, from this driver's published devices (a LIST by driver)."""
+        found: dict[str, str] = {}
+        slices = await self.api.list(
+            ResourceSlice, fields={"spec.driver": DRIVER_NAME}, within=self.timeout * 4
+        )
+        for item in slices:
+            for device in (item.to_dict().get("spec") or {}).get("devices") or []:
+                attrs = device.get("attributes") or {}
+                network = (attrs.get("network") or {}).get("string")
+                pool = (attrs.get("ipPool") or {}).get("string")
+                if network and pool:
+                    found[str(network)] = str(pool)
+        return found
+
+    async def warn(self, kind: str, obj: Mapping[str, Any], reason: str, message: str) -> None:
+        """A Warning Event on a Pod or ResourceClaim."""
+        api_version = "v1" if kind == "Pod" else "resource.k8s.io/v1"
+        about = Involved.of(kind, api_version, obj)
+        await self.recorder.send(self.api, EventRecord(about, reason, message, "Warning"))
+
+    async def lead(self, namespace: str, name: str, identity: str, duration: float) -> bool:
+        """Whether `identity` holds the Lease `namespace/name` now: taken when there is none,
+        renewed when it is its own, taken over when its holder let it lapse `duration`
+        seconds ago. Every write has the read's resourceVersion as precondition, so of two
+        drivers that race for a lapsed Lease one wins (client-go's leader election, reduced
+        to what the accountant needs)."""
+        now = datetime.datetime.now(datetime.UTC)
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        spec = {
+            "holderIdentity": identity,
+            "leaseDurationSeconds": max(int(duration), 1),
+            "renewTime": stamp,
+        }
+        found = await self.api.get_or_none(Lease, name, namespace)
+        if found is None:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {**spec, "acquireTime": stamp},
+            }
+            try:
+                await self.api.create(Lease.from_dict(body))
+            except Conflict:
+                return False
+            return True
+        data = found.to_dict()
+        held = data.get("spec") or {}
+        holder = held.get("holderIdentity") or ""
+        renewed = held.get("renewTime")
+        lapsed = True
+        if renewed:
+            when = datetime.datetime.fromisoformat(str(renewed).replace("Z", "+00:00"))
+            lapsed = (now - when).total_seconds() > float(held.get("leaseDurationSeconds") or 0)
+        if holder != identity and not lapsed:
+            return False
+        if holder != identity:
+            spec["acquireTime"] = stamp
+        patch = {"metadata": {"resourceVersion": data["metadata"]["resourceVersion"]}, "spec": spec}
+        try:
+            await self.api.merge_patch(Lease, name, patch, namespace=namespace)
+        except Conflict:
+            return False
+        return True

@@ -60,11 +60,17 @@ class NodeNetworksService(api_grpc.NodeNetworksServicer):
         plugger: Plugger | None = None,
         refusals: tuple[type[Exception], ...] = (),
         limits: LimitReader | None = None,
+        policy: Callable[[str, str], Mapping[str, Any]] | None = None,
+        policy_counters: Callable[[str, str, float], Sequence[Any]] | None = None,
     ) -> None:
         """`limits`: reads the rate limits a pod's interfaces hold (shaping.read_many, run in
         a thread), shown with the pod's networks when one pod is queried; None: not read."""
         self.records = records
         self.limits = limits
+        # network policy: what applies to a pod's interfaces (the enforcer's memory, read on
+        # the loop), and a table's counters (read in a thread: nft in the pod's namespace)
+        self.policy = policy
+        self.policy_counters = policy_counters
         self.journal = journal
         self.plugger = plugger
         self.refusals = refusals  # a plug refused for a reason the caller can act on
@@ -90,7 +96,45 @@ class NodeNetworksService(api_grpc.NodeNetworksServicer):
             )
         assert found is not None
         await self._read_limits(found)
+        await self._read_policy(found)
         return found
+
+    async def _read_policy(self, view: api.PodNetwork) -> None:
+        """The policies that apply to each interface and the table's rule counters, read off
+        the loop and bounded (a read that fails is reported in the view)."""
+        if self.policy is None:
+            return
+        described = self.policy(view.pod.namespace, view.pod.name)
+        view.policy_undoable_by.extend(described.get("undoableBy") or [])
+        for att in view.attachments:
+            entry = described.get(att.if_name)
+            if not isinstance(entry, Mapping):
+                continue
+            att.policy.network = str(entry.get("network", ""))
+            att.policy.policies.extend(entry.get("policies") or [])
+            att.policy.not_enforced = str(entry.get("notEnforced", ""))
+            table = entry.get("table")
+            if not table or self.policy_counters is None or not view.netns:
+                continue
+            try:
+                counted = await asyncio.wait_for(
+                    asyncio.to_thread(self.policy_counters, view.netns, table, LIMITS_TIMEOUT),
+                    LIMITS_TIMEOUT + 1.0,
+                )
+            except TimeoutError:
+                att.policy.error = f"counters not read within {LIMITS_TIMEOUT:g}s"
+                continue
+            except Exception as exc:
+                att.policy.error = f"counters could not be read: {exc}"
+                continue
+            for c in counted:
+                att.policy.rules.add(
+                    chain=c.chain,
+                    comment=c.comment,
+                    verdict=c.verdict,
+                    packets=c.packets,
+                    bytes=c.bytes,
+                )
 
     async def _read_limits(self, view: api.PodNetwork) -> None:
         """What the pod's shaped interfaces hold now, read off the event loop and bounded:

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -90,6 +90,26 @@ class Shaper(Protocol):
     def apply(self, netns: str, interface: str, limit: Rate, *, timeout: float) -> object: ...
 
     def remove(self, netns: str, interface: str, *, timeout: float) -> bool: ...
+
+
+class PolicyHook(Protocol):
+    """Network policy at attach and detach (cnidra.nri.netpolicy.PolicyEnforcer): the
+    interface's table applied right after its ADD from what is in memory (SetupFailed fails
+    the attachment), the addresses told once the sandbox is set up, tables dropped."""
+
+    async def at_add(
+        self,
+        record: SandboxRecord,
+        labels: Mapping[str, str] | None,
+        att: Attachment,
+        deadline: Deadline | None,
+    ) -> None: ...
+
+    def attached(self, record: SandboxRecord) -> None: ...
+
+    async def detached(self, record: SandboxRecord, attachments: Sequence[Attachment]) -> None: ...
+
+    def forget(self, record: SandboxRecord) -> None: ...
 
 
 class AttachError(Exception):
@@ -185,6 +205,7 @@ class PodLifecycle:
         network_status: bool = True,
         hold_from_attach: bool = False,
         shaper: Shaper = shaping,
+        policy: PolicyHook | None = None,
     ) -> None:
         """`hold_from_attach`: a claim carries the detach finalizer from its first interface
         on (two more requests per claim), not only once a DEL of its interfaces failed.
@@ -206,6 +227,7 @@ class PodLifecycle:
         self.network_status = network_status
         self.hold_from_attach = hold_from_attach
         self.shaper = shaper
+        self.policy = policy
         # claims whose finalizer may be set: asked for by this process, or left by an earlier
         # one (any claim of a record on disk at start; its process may have held it)
         self.held: set[ObjectRef] = {c for r in store.all() for c in r.claims()}
@@ -312,7 +334,7 @@ class PodLifecycle:
                 record.netns,
                 concurrent=self.concurrent,
                 budget=budget,
-                after_add=self._shape_after_add(record.netns, budget.add),
+                after_add=self._shape_after_add(record.netns, budget.add, record, dict(pod.labels)),
             )
         except asyncio.CancelledError:
             # the runtime gave up on the hook, or the connection dropped: a background detach
@@ -344,7 +366,10 @@ class PodLifecycle:
         done = tuple(
             Attached(o.attachment, o.result.to_json() if o.result else None) for o in outcomes
         )
-        await self.store.put(record.with_state(State.ADDED, attachments=done))
+        added = record.with_state(State.ADDED, attachments=done)
+        await self.store.put(added)
+        if self.policy is not None:
+            self.policy.attached(added)
         self._report(outcomes, pod_ref(pod))
         self._annotate(record.pod, done, pod)
         self.journal.record(
@@ -509,7 +534,7 @@ class PodLifecycle:
                     sandbox_id,
                     record.netns,
                     budget=budget,
-                    after_add=self._shape_after_add(record.netns, budget.add),
+                    after_add=self._shape_after_add(record.netns, budget.add, record),
                 )
             except AttachFailed as failed:
                 _count_failure(att, failed.failed.reason or "runtime")
@@ -519,7 +544,10 @@ class PodLifecycle:
                 self.journal.record(events.ATTACH_FAILED, record.pod, sandbox_id, str(failed))
                 raise PlugError(f"pod {record.pod}: {failed}") from None
             done = Attached(att, outcome.result.to_json() if outcome.result else None)
-            await self.store.put(replace(record, attachments=(*record.attachments, done)))
+            plugged = replace(record, attachments=(*record.attachments, done))
+            await self.store.put(plugged)
+            if self.policy is not None:
+                self.policy.attached(plugged)
             self._report([outcome], record.pod)
             self._annotate(record.pod, (*record.attachments, done))
             if self.hold_from_attach:
@@ -605,13 +633,24 @@ class PodLifecycle:
 
     # ------------------------------------------------------------------ rate limits
 
-    def _shape_after_add(self, netns: str, deadline: Deadline | None) -> AfterAdd:
+    def _shape_after_add(
+        self,
+        netns: str,
+        deadline: Deadline | None,
+        record: SandboxRecord | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> AfterAdd:
         """Hold each attachment that has a `rate` to it right after its ADD, within what is
         left of the ADD budget (at most SHAPING_TIMEOUT), in a thread: the event loop never
         waits on netlink. A limit that cannot be applied fails the attachment (SetupFailed),
         so it is rolled back and no interface runs without the limit its claim reserved."""
 
         async def shape(att: Attachment) -> None:
+            await limit(att)
+            if self.policy is not None and record is not None:
+                await self.policy.at_add(record, labels, att, deadline)
+
+        async def limit(att: Attachment) -> None:
             if att.rate is None:
                 return
             timeout = SHAPING_TIMEOUT
@@ -631,6 +670,11 @@ class PodLifecycle:
         return shape
 
     async def _unshape(self, record: SandboxRecord, attachments: Sequence[Attachment]) -> None:
+        if self.policy is not None:
+            await self.policy.detached(record, attachments)
+        await self._unlimit(record, attachments)
+
+    async def _unlimit(self, record: SandboxRecord, attachments: Sequence[Attachment]) -> None:
         """Remove the rate limits of interfaces DELed from a live sandbox (its IFB stays in the
         namespace otherwise); Gone is done. A failure is logged and journalled, not raised:
         the interface is gone, what is left (an idle IFB) is replaced by the next apply."""
@@ -789,6 +833,8 @@ class PodLifecycle:
 
     async def _forget(self, record: SandboxRecord) -> None:
         await self.store.remove(record.sandbox_id)
+        if self.policy is not None:
+            self.policy.forget(record)
         self.removed.discard(record.sandbox_id)
         if all(other.pod != record.pod for other in self.store.all()):  # no sandbox re-created
             self.status.pod_gone(record.pod)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from cnidra.observe.interfaces import InterfaceCollector
@@ -220,6 +220,37 @@ TASK_RESTARTS = Counter(
     registry=REGISTRY,
 )
 
+POLICY_APPLY = Histogram(
+    "cnidra_netpolicy_apply_seconds",
+    "Time to apply one pod's network policy table change (one nft batch) after an event",
+    buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
+    registry=REGISTRY,
+)
+
+
+class PolicyDropCollector:
+    """cnidra_netpolicy_dropped_packets_total, read on the scrape from the pods' policy
+    tables (their counters: the default denies and the admin Deny rules), by network and policy
+    (the rule's comment up to its direction: `ns/name`, `admin/name`, `default-deny`). The
+    agent wires in `source`: (network, policy, packets) triples, read off the event loop."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Iterable[tuple[str, str, int]]] = lambda: ()
+
+    def collect(self) -> Iterator[Metric]:
+        dropped = CounterMetricFamily(
+            "cnidra_netpolicy_dropped_packets",
+            "Packets network policy dropped on this node's pods, by network and policy",
+            labels=["network", "policy"],
+        )
+        totals: dict[tuple[str, str], int] = {}
+        for network, policy, packets in self.source():
+            key = (network_label(network), policy)
+            totals[key] = totals.get(key, 0) + packets
+        for (network, policy), packets in sorted(totals.items()):
+            dropped.add_metric([network, policy], packets)
+        yield dropped
+
 
 @dataclass(frozen=True)
 class PoolUsage:
@@ -274,9 +305,54 @@ class PoolCollector:
         yield from (blocks, addresses, size, pool_blocks)
 
 
+@dataclass(frozen=True)
+class PoolAccount:
+    """One CNIIPPool across the cluster, as the pool accountant counted it last."""
+
+    pool: str
+    size: int
+    held: int
+    free: int
+
+
+class PoolAccountCollector:
+    """cnidra_ipam_pool_addresses and cnidra_ipam_pool_used_ratio, per pool across every
+    node, from the counts the pool accountant wrote last (a snapshot it replaces whole, read
+    here without a lock; no apiserver call). Only the driver that holds the accountant's
+    Lease exports them: sum or max over nodes gives the same."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Iterable[PoolAccount]] = lambda: ()
+
+    def collect(self) -> Iterator[Metric]:
+        addresses = GaugeMetricFamily(
+            "cnidra_ipam_pool_addresses",
+            "Addresses of the whole pool by state (size, held, free), as the pool accountant "
+            "counted them",
+            labels=["pool", "state"],
+        )
+        used = GaugeMetricFamily(
+            "cnidra_ipam_pool_used_ratio",
+            "Share of the pool's addresses held, 0 to 1 (the alert fires at 0.9)",
+            labels=["pool"],
+        )
+        for account in self.source():
+            addresses.add_metric([account.pool, "size"], account.size)
+            addresses.add_metric([account.pool, "held"], account.held)
+            addresses.add_metric([account.pool, "free"], account.free)
+            used.add_metric(
+                [account.pool], min(account.held / account.size, 1.0) if account.size else 1.0
+            )
+        yield from (addresses, used)
+
+
 POOLS = PoolCollector()
 REGISTRY.register(POOLS)
+POOL_ACCOUNTS = PoolAccountCollector()
+REGISTRY.register(POOL_ACCOUNTS)
 INTERFACES = InterfaceCollector()
 REGISTRY.register(INTERFACES)
 RATE_LIMITS = RateLimitCollector()
 REGISTRY.register(RATE_LIMITS)
+POLICY_DROPS = PolicyDropCollector()
+REGISTRY.register(POLICY_DROPS)

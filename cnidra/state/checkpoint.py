@@ -22,7 +22,11 @@ log = logging.getLogger(__name__)
 # 2: networks carry cnidra's own name and state directories (`network_label` is the user's).
 # 3: an attachment carries the rate limit it is held to (`rate`: {rate, ceil} in bit/s, or
 #    null); a version 2 record has none, read as no limit (what it was prepared with).
-VERSION = 3
+# 4: an attachment carries the network a policy's `policy-for` names (`policy_network`); an
+#    older record has none: `legacy_policy_network` derives what it can (a NAD's from its
+#    status name, a claim-defined network's from its owned name), else "" (no policy selects
+#    the interface by its network until its pod is prepared again).
+VERSION = 4
 
 
 def attachment_to_json(att: Attachment) -> dict[str, Any]:
@@ -45,6 +49,7 @@ def attachment_to_json(att: Attachment) -> dict[str, Any]:
         "status_name": att.status_name,
         "ipam_claim": att.ipam_claim,
         "rate": rate_to_json(att.rate),
+        "policy_network": att.policy_network,
     }
 
 
@@ -87,7 +92,25 @@ def attachment_from_json(data: Mapping[str, Any], claim: ObjectRef) -> Attachmen
         status_name=str(data.get("status_name") or ""),
         ipam_claim=data.get("ipam_claim"),
         rate=rate_from_json(data.get("rate")),
+        policy_network=str(data["policy_network"] or "")
+        if "policy_network" in data
+        else legacy_policy_network(data, claim),
     )
+
+
+def legacy_policy_network(data: Mapping[str, Any], claim: ObjectRef) -> str:
+    """A record before version 4: a NAD's network from its status name (`ns/name`, what
+    only a NAD has), a network the claim's namespace owns (`cnidra-ns.<ns>.<name>`) as the
+    claim's; a class's or a CNINetwork's cannot be told apart: ""."""
+    status = str(data.get("status_name") or "")
+    if "/" in status:
+        return status
+    network = data.get("network")
+    name = str(network.get("name", "")) if isinstance(network, Mapping) else ""
+    label = str(data.get("network_label") or "")
+    if label and not status and name == owned_network_name(label, claim.namespace):
+        return f"claim:{claim.namespace}/{label}"
+    return ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from cnidra.api.constants import (
     STATUS_INTERFACE_NAME_MAX,
     STATUS_MAX_IPS,
 )
+from cnidra.api.netpolicy_node import POLICY_NETWORK_KEY
 from cnidra.cni.attach import Attachment, Outcome
 from cnidra.cni.result import Result
 
@@ -224,6 +225,8 @@ def network_status(attached: Sequence[tuple[Attachment, Result]]) -> list[dict[s
         }
         if data.get("hardwareAddress"):
             entry["mac"] = data["hardwareAddress"]
+        if att.policy_network:  # what peers' policies know the network by (every node reads it)
+            entry[POLICY_NETWORK_KEY] = att.policy_network
         dns = result.raw.get("dns")
         if isinstance(dns, dict) and dns:
             entry["dns"] = dns

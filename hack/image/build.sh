@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make image`: the driver's (and webhook's) OCI image, built here without Docker or a registry.
-#   base layer: Debian bookworm essential packages + python3 and libstdc++6 (grpcio) (mmdebstrap, reproducible with
+#   base layer: Debian bookworm essential packages + python3, libstdc++6 (grpcio) and nftables
+#               (network policy runs `nft` in the pods' namespaces) (mmdebstrap, reproducible with
 #               SOURCE_DATE_EPOCH), shells and apt removed;
 #   app layer:  the cnidra wheel and its dependencies (binary wheels for CPython 3.11 from
 #               PyPI) under /opt/cnidra, and /usr/local/bin/cnidra.
@@ -32,7 +33,7 @@ command -v mmdebstrap >/dev/null || {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q mmdebstrap >/dev/null 2>&1 ||
   { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q mmdebstrap >/dev/null; }
 }
-mmdebstrap --quiet --variant=essential --include=python3,libstdc++6 \
+mmdebstrap --quiet --variant=essential --include=python3,libstdc++6,nftables \
   --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
   bookworm "$work/base.tar"

@@ -18,6 +18,7 @@ from cnidra.api.claimspec import (
     decode_configs,
     decode_spec,
     devices_of,
+    request_classes,
 )
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.errors import SpecError
@@ -116,3 +117,35 @@ def test_a_template_s_spec_is_one_level_deeper() -> None:
         {"kind": "ResourceClaimTemplate", "spec": {"spec": {"devices": devices}}}
     )
     assert found is devices and path == FieldPath(("spec", "spec", "devices"))
+
+
+def test_request_classes_name_each_request_s_and_subrequest_s_class_leniently() -> None:
+    devices = {
+        "requests": [
+            {"name": "a", "exactly": {"deviceClassName": "cnidra.example.com"}},
+            {"name": "b", "deviceClassName": "flat.example.com"},  # v1beta1's field on the request
+            {
+                "name": "c",
+                "firstAvailable": [
+                    {"name": "x", "deviceClassName": "x.example.com"},
+                    {"name": "y", "deviceClassName": 3},  # not a class: left out
+                    {"name": "z"},
+                ],
+            },
+            {"name": "d", "exactly": {}},
+            "not a request",
+        ]
+    }
+    assert request_classes(devices, DEVICES) == {
+        "a": "cnidra.example.com",
+        "b": "flat.example.com",
+        "c/x": "x.example.com",
+    }
+    assert request_classes({}, DEVICES) == {}
+
+
+@settings(max_examples=100, deadline=None)
+@given(specs())
+def test_request_classes_are_the_spec_s(spec: ClaimSpec) -> None:
+    classes = {r.name: r.device_class for r in spec.requests if r.device_class is not None}
+    assert request_classes(spec.to_devices(), DEVICES) == classes

@@ -377,3 +377,17 @@ def test_pods_are_spread_within_what_a_node_has() -> None:
         fleet.pick_nodes(nodes, 41, rng)
     with pytest.raises(SystemExit):
         fleet.main(["--nodes", "5", "--pods", "41"])
+
+
+def test_pool_accounting_costs_nothing_at_rest_and_coalesces_allocations() -> None:
+    from bench import fleet_pools
+
+    result = fleet_pools.measure(pools=5, nodes=20, blocks_per_node=2, allocations=200)
+    assert result["blocks"] == 40
+    assert result["at_rest_requests_per_min"] == 0  # FailedScheduling with no pool exhausted
+    assert result["startup_requests"]["PATCH cniipblocks/status"] == 40
+    # 200 allocations between two flushes: at most a write per block and per pool
+    assert sum(result["burst_requests"].values()) <= 40 + 5
+    assert result["one_allocation_per_interval_requests_per_allocation"] == 2.0
+    assert result["accountant_memory_bytes"] > 0
+    assert "pool accounting: 5 pools, 20 nodes, 40 blocks" in fleet_pools.report(result)

@@ -19,7 +19,7 @@ from cnidra.cni.invoke import Deadline, Invocation, PluginExec
 from cnidra.cni.runtime import CNIRuntime
 from cnidra.datapath.shaping import InterfaceNotFound, ShapingError
 from cnidra.nri.hooks import PodHooks
-from cnidra.nri.lifecycle import HookBudget, PodLifecycle
+from cnidra.nri.lifecycle import HookBudget, PodLifecycle, PolicyHook
 from cnidra.nri.reconcile import Reconciler
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
 from cnidra.state.journal import Journal
@@ -145,6 +145,7 @@ def prepare(
     *devices: tuple[str, Mapping[str, Any]],
     on_demand: bool = False,
     rate: Rate | None = None,
+    policy_network: str = "",
 ) -> PreparedClaim:
     """Checkpoint a claim for one pod or several (a shared claim): devices are (ifName,
     network); `on_demand`: plugged through the node API, not at sandbox start; `rate`: the
@@ -164,6 +165,7 @@ def prepare(
                 network_label=str(net["name"]).rsplit(".", 1)[-1],
                 on_demand=on_demand,
                 rate=rate,
+                policy_network=policy_network,
             )
             for i, (if_name, net) in enumerate(devices)
         ),
@@ -265,6 +267,7 @@ class Node:
         background: bool = False,
         hold_from_attach: bool = False,
         shaper: FakeShaper | None = None,
+        policy: PolicyHook | None = None,
     ) -> Node:
         """A fresh process over `root`: what is on disk is all it knows."""
         plugins = plugins or FakePlugins()
@@ -284,6 +287,7 @@ class Node:
             journal=journal,
             hold_from_attach=hold_from_attach,
             shaper=shaper if shaper is not None else FakeShaper(),
+            policy=policy,
         )
         reconciler = Reconciler(lifecycle, layout.write_problem)
         hooks = PodHooks(lifecycle, reconciler, background=background)

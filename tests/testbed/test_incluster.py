@@ -48,6 +48,16 @@ def release(cluster: Cluster, image: str, tmp_path: Path) -> Iterator[Release]:
         shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
 
 
+@pytest.fixture
+def tenant_ns(cluster: Cluster) -> Iterator[str]:
+    """A tenant namespace, deleted after the test whether it passed or not."""
+    ns = tenant_namespace(cluster)
+    try:
+        yield ns
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
 def tenant_namespace(cluster: Cluster) -> str:
     ns = f"ic-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", ns)
@@ -80,6 +90,7 @@ def test_installed_with_helm_the_driver_serves_pods(
     test_link: Any,
     tmp_path: Path,
     ip_pools: Callable[..., str],
+    tenant_ns: str,
 ) -> None:
     driver = InClusterDriver(cluster)
     driver.wait_ready()
@@ -87,7 +98,7 @@ def test_installed_with_helm_the_driver_serves_pods(
     assert state["ok"] and all(t["running"] for t in state["tasks"].values()), state
     assert "cnidra_dra_requests_total" in driver.metrics()
 
-    ns = tenant_namespace(cluster)
+    ns = tenant_ns
     parent = test_link(f"tbi{uuid.uuid4().hex[:5]}")
     cluster.wait("the slice", lambda: parent in cluster.kubectl(
         "get", "resourceslices", "-o", "json").stdout, 30)  # fmt: skip
@@ -134,7 +145,6 @@ def test_installed_with_helm_the_driver_serves_pods(
     cluster.wait("no claim held", none_held, 30)
     release.uninstall()
     wait_gone(cluster)
-    cluster.kubectl("delete", "namespace", ns, "--wait=false")
 
 
 def upgrade_while_pods_come_and_go(
@@ -215,6 +225,7 @@ def layer_names(archive: Path) -> set[str]:
 def test_the_image_has_no_shell(image: str) -> None:
     names = layer_names(IMAGE_ARCHIVE)
     assert "usr/local/bin/cnidra" in names and "usr/bin/python3.11" in names
+    assert "usr/sbin/nft" in names  # network policy, on by default
     assert not names & {"usr/bin/sh", "usr/bin/bash", "usr/bin/dash", "usr/bin/apt-get"}
     assert not names & {"usr/bin/gcc", "usr/bin/cc", "usr/bin/g++", "usr/bin/make"}
     size = IMAGE_ARCHIVE.stat().st_size

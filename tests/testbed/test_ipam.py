@@ -38,7 +38,11 @@ from tests.testbed.test_named_networks import (
 
 pytestmark = pytest.mark.testbed
 DRIVER = "cni.dra.networking.x-k8s.io"
-RECONCILE = {"ipam_reconcile_seconds": "1", "ipam_grace_seconds": "5"}
+RECONCILE = {
+    "ipam_reconcile_seconds": "1",
+    "ipam_grace_seconds": "5",
+    "pool_status_seconds": "1",  # blocks' and pools' counts (the default, 5 s, also passes)
+}
 NODE2_SETTINGS = RECONCILE  # node2_driver's (conftest)
 
 
@@ -248,9 +252,42 @@ def test_an_exhausted_pool_keeps_the_pod_pending_naming_the_pool(
     cluster.wait("the scheduler to leave p3 Pending", lambda: "claim" in unschedulable(), 60)
     assert cluster.get("pod", "p3", ns)["status"]["phase"] == "Pending"
     assert published() == (network, "2")  # the device names the pool it ran out of
+
+    # the pool accountant names the pool, its size and what is held, on the pod and its claim,
+    # within seconds of the scheduler's attempt; kubectl shows the counts as columns
+    def exhausted(name: str) -> list[str]:
+        events = json.loads(
+            cluster.kubectl(
+                "get", "events", "-n", ns, "-o", "json",
+                "--field-selector", f"involvedObject.name={name},reason=PoolExhausted",
+            ).stdout
+        )["items"]  # fmt: skip
+        return [e["message"] for e in events if e["type"] == "Warning"]
+
+    said = f"CNIIPPool {network} has no address left on any node: 2 addresses, 2 held, 0 free"
+    cluster.wait(
+        "p3's Events to name the pool", lambda: any(said in m for m in exhausted("p3")), 30
+    )
+    statuses = cluster.get("pod", "p3", ns)["status"].get("resourceClaimStatuses") or []
+    [claim] = [s["resourceClaimName"] for s in statuses if s.get("resourceClaimName")]
+    cluster.wait(  # written right after the pod's
+        "the claim's Events to name the pool",
+        lambda: any(said in m and claim in m for m in exhausted(claim)),
+        10,
+    )
+    status = cluster.get("cniippool", network)["status"]
+    assert (status["size"], status["held"], status["free"]) == (2, 2, 0)
+    header, row = cluster.kubectl("get", "cniippool", network).stdout.splitlines()[:2]
+    assert header.split()[-4:] == ["SIZE", "HELD", "FREE", "AGE"]
+    assert row.split()[-4:-1] == ["2", "2", "0"]  # an unset PERSISTENT may print nothing
     cluster.kubectl("delete", "pod", "p1", "-n", ns, "--timeout=90s", timeout=120)
     ready(cluster, ns, "p3", timeout="120s")  # its claim now fits, and p1's address is free
     assert pod_addresses(cluster, ns, "p3", "net1") <= {"198.18.141.1/29", "198.18.141.2/29"}
+    cluster.wait(
+        "the pool's status to count p1's address freed and p3's held",
+        lambda: cluster.get("cniippool", network)["status"]["held"] == 2,
+        30,
+    )
 
 
 def ipamclaim(name: str, owner: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -565,6 +565,17 @@ def test_the_drivers_rbac_holds_exactly_what_its_code_calls(cluster: Cluster) ->
         ("get", "nodes"),
         ("get", "namespaces"),
         ("create", "events", "-n", "any"),
+        # reading claims ahead (a node's pods, by field selector) and network policy (peers'
+        # labels, namespaces' labels, the policies), both on by default
+        ("list", "pods", "-A"),
+        ("watch", "pods", "-A"),
+        ("list", "namespaces"),
+        ("watch", "namespaces"),
+        ("list", "multi-networkpolicies.k8s.cni.cncf.io", "-A"),
+        ("watch", "cniadminnetworkpolicies.cni.networking.x-k8s.io"),
+        # pool accounting: pools' counts, and the scheduler's FailedScheduling Events
+        ("patch", "cniippools.cni.networking.x-k8s.io", "--subresource=status"),
+        ("watch", "events", "-A"),
     ]
     refused = [
         ("watch", "resourceclaims.resource.k8s.io", "-A"),
@@ -573,7 +584,9 @@ def test_the_drivers_rbac_holds_exactly_what_its_code_calls(cluster: Cluster) ->
         ("create", "pods", "-n", "any"),
         ("get", "secrets", "-n", "any"),
         ("patch", "nodes"),
-        ("list", "namespaces"),
+        ("patch", "namespaces"),
+        ("create", "multi-networkpolicies.k8s.cni.cncf.io", "-n", "any"),
+        ("patch", "pods", "--subresource=status", "-n", "any"),
         ("patch", "events", "-n", "any"),
         ("create", "deviceclasses.resource.k8s.io"),
     ]

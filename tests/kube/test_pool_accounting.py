@@ -1,0 +1,130 @@
+"""The apiserver side of pool accounting against a fake lightkube client: counts go to the
+status subresource by server-side apply under their own field managers, the scheduler's Events
+are watched by field selector, a network's pool comes from the driver's published devices, and
+the accountant's Lease is taken, renewed, kept from others and taken over once lapsed."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import AsyncIterator
+from typing import Any
+
+from lightkube.core.exceptions import ApiError
+from lightkube.models.meta_v1 import Status
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Event
+from lightkube.resources.resource_v1 import ResourceSlice
+
+from cnidra.kube.ipam import ACCOUNTANT_MANAGER, CNIIPBlock, CNIIPPool, KubeIPAM
+
+DRIVER = "cni.dra.networking.x-k8s.io"
+
+
+class Client:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any, dict[str, Any]]] = []
+        self.lease: dict[str, Any] | None = None
+        self.version = 1
+
+    async def patch(self, kind: Any, name: str, obj: Any, **kwargs: Any) -> Any:
+        self.calls.append(("patch", kind, {"name": name, "obj": obj, **kwargs}))
+        if kind is Lease:
+            assert self.lease is not None
+            if obj["metadata"]["resourceVersion"] != self.lease["metadata"]["resourceVersion"]:
+                raise ApiError(status=Status(code=409, reason="Conflict", message="changed"))
+            self.version += 1
+            self.lease["spec"].update(obj["spec"])
+            self.lease["metadata"]["resourceVersion"] = str(self.version)
+        return obj
+
+    async def get(self, kind: Any, name: str, **kwargs: Any) -> Any:
+        self.calls.append(("get", kind, {"name": name, **kwargs}))
+        if kind is Lease and self.lease is not None:
+            return Lease.from_dict(self.lease)
+        raise ApiError(status=Status(code=404, reason="NotFound", message="not found"))
+
+    async def create(self, obj: Any, **kwargs: Any) -> Any:
+        self.calls.append(("create", type(obj), kwargs))
+        if self.lease is not None:
+            raise ApiError(status=Status(code=409, reason="AlreadyExists", message="exists"))
+        self.lease = obj.to_dict()
+        self.lease["metadata"]["resourceVersion"] = str(self.version)
+        return obj
+
+    def list(self, kind: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        self.calls.append(("list", kind, kwargs))
+
+        async def answer() -> AsyncIterator[Any]:
+            if kind is ResourceSlice:
+                yield ResourceSlice.from_dict(
+                    {
+                        "metadata": {"name": "n1-x"},
+                        "spec": {
+                            "driver": DRIVER,
+                            "nodeName": "n1",
+                            "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+                            "devices": [
+                                {
+                                    "name": "net-a",
+                                    "attributes": {
+                                        "network": {"string": "net-a"},
+                                        "ipPool": {"string": "pool-a"},
+                                    },
+                                },
+                                {"name": "eth1", "attributes": {"network": {"string": "x"}}},
+                            ],
+                        },
+                    }
+                )
+
+        return answer()
+
+    async def watch(self, kind: Any, **kwargs: Any) -> AsyncIterator[tuple[str, Any]]:
+        self.calls.append(("watch", kind, kwargs))
+        yield (
+            "ADDED",
+            Event.from_dict(
+                {
+                    "metadata": {"name": "e", "namespace": "ns"},
+                    "involvedObject": {"kind": "Pod", "name": "p3", "namespace": "ns"},
+                    "reason": "FailedScheduling",
+                }
+            ),
+        )
+
+
+async def test_counts_go_to_the_status_subresource_by_server_side_apply() -> None:
+    client = Client()
+    ipam = KubeIPAM(client, node="n1")
+    await ipam.write_block_leased("pool-a.0.0", 3)
+    await ipam.write_pool_status("pool-a", {"size": 2, "held": 2, "free": 0})
+    (_, block_kind, block), (_, pool_kind, pool) = [c for c in client.calls if c[0] == "patch"]
+    assert block_kind is CNIIPBlock.Status and pool_kind is CNIIPPool.Status
+    assert block["obj"]["status"] == {"leased": 3} and block["field_manager"] == "cnidra-node-n1"
+    assert pool["obj"]["status"]["held"] == 2 and pool["field_manager"] == ACCOUNTANT_MANAGER
+    assert block["patch_type"].name == pool["patch_type"].name == "APPLY"
+
+
+async def test_the_scheduler_is_watched_by_field_selector_and_networks_from_slices() -> None:
+    client = Client()
+    ipam = KubeIPAM(client, node="n1")
+    events = [e async for e in ipam.watch_failed_scheduling()]
+    assert events[0][1]["involvedObject"]["name"] == "p3"
+    # every namespace's ("*": lightkube's own namespace otherwise), filtered by the apiserver
+    assert client.calls[0][2] == {"namespace": "*", "fields": {"reason": "FailedScheduling"}}
+    assert await ipam.network_pools() == {"net-a": "pool-a"}
+    assert client.calls[-1][2]["fields"] == {"spec.driver": DRIVER}
+
+
+async def test_one_lease_holder_until_it_lapses() -> None:
+    client = Client()
+    a, b = KubeIPAM(client, node="a"), KubeIPAM(client, node="b")
+    assert await a.lead("ns", "acc", "a", 15)  # none: created
+    assert not await b.lead("ns", "acc", "b", 15)  # held and fresh
+    assert await a.lead("ns", "acc", "a", 15)  # renewed
+    assert client.lease is not None
+    old = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=60)
+    client.lease["spec"]["renewTime"] = old.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    assert await b.lead("ns", "acc", "b", 15)  # lapsed: taken over
+    assert client.lease["spec"]["holderIdentity"] == "b"
+    assert not await a.lead("ns", "acc", "a", 15)
