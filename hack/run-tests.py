@@ -38,32 +38,39 @@ def main() -> int:
     pytest, unit_args, testbed_args = split(sys.argv[1:])
     started = time.monotonic()
     with tempfile.TemporaryFile("w+", prefix="cnidra-unit-") as unit_log:
+        procs: list[subprocess.Popen[bytes]] = []
+
+        def forward(signum: int, _frame: FrameType | None) -> None:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)
+
+        # handled here before the halves start, so they start with SIGINT's default action
+        # (an ignored signal stays ignored across exec: under nohup or `make ... &` pytest
+        # would then ignore the SIGINT that lets its fixtures clean up)
+        signal.signal(signal.SIGINT, forward)
+        signal.signal(signal.SIGTERM, forward)
         unit = subprocess.Popen(
             ["nice", "-n", str(UNIT_NICENESS), pytest, *unit_args],
             stdout=unit_log,
             stderr=subprocess.STDOUT,
         )
+        procs.append(unit)
         testbed = subprocess.Popen([pytest, *testbed_args])
-
-        def forward(signum: int, _frame: FrameType | None) -> None:
-            for proc in (unit, testbed):
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGINT)
-
-        signal.signal(signal.SIGINT, forward)
-        signal.signal(signal.SIGTERM, forward)
+        procs.append(testbed)
 
         unit_rc = unit.wait()
         unit_log.seek(0)
         took = time.monotonic() - started
         print(f"\n== the unit half ({' '.join(unit_args)}), {took:.0f} s ==", flush=True)
         sys.stdout.write(unit_log.read())
-        print("== end of the unit half; the test bed's half goes on ==\n", flush=True)
         if unit_rc != 0:
+            print("== the unit half failed: stopping the test bed's half ==\n", flush=True)
             if testbed.poll() is None:
                 testbed.send_signal(signal.SIGINT)
             testbed.wait()
             return unit_rc
+        print("== end of the unit half; the test bed's half goes on ==\n", flush=True)
         return testbed.wait()
 
 
