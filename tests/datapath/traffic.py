@@ -47,7 +47,23 @@ def veth_pair() -> Iterator[Pair]:
         ip(peer, "addr", "add", f"{PEER_IP}/30", "dev", PEER_IF)
         ip(pod, "link", "set", POD_IF, "up")
         ip(peer, "link", "set", PEER_IF, "up")
+        # both ends with carrier before the test looks: a veth's carrier comes a moment after
+        # `up`, and a test comparing the links before and after saw it change in between
+        deadline = time.monotonic() + 10
+        while not (carrier(pod, POD_IF) and carrier(peer, PEER_IF)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no carrier on {POD_IF}/{PEER_IF} within 10 s")
+            time.sleep(0.01)
         yield Pair(pod, peer)
+
+
+def carrier(ns: Path, name: str) -> bool:
+    shown = subprocess.run(
+        ["ip", "-n", ns.name, "-o", "link", "show", name],
+        check=True, capture_output=True, text=True, timeout=10,
+    )  # fmt: skip
+    flags = shown.stdout.split("<", 1)[-1].split(">", 1)[0].split(",")
+    return "LOWER_UP" in flags and "NO-CARRIER" not in flags
 
 
 @dataclass(frozen=True)
