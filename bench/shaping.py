@@ -23,13 +23,8 @@ ends of the traffic, and softirq work the kernel's tick finds it running) is ste
 load, but at one rate it includes the unshaped sender's own pacing (sleeps and wake-ups the
 shaped sender does not make), so it understates the limit's cost there.
 
-On this project's 2-core machine, quiet (load 0.9), 2026-11-27: at 200 Mbit/s the limit cost
-about 9 ms of CPU per second egress and 8 ms ingress (machine-wide, 20 -> 29 and 45 -> 53),
-under 1 % of a core; unlimited bulk went from 10.8 to 9.5 Gbit/s and 817 to 1,009 CPU-ms per GB
-(+24 %); an idle round trip showed no difference beyond noise (about 20-30 us either way), and
-under a bulk flow of its own the round trip was 18 us unshaped against 5.5 ms median, 8.3 ms p99
-shaped: the queue the limit holds (a shaper queues what is above the rate; the veth alone never
-queues).
+The figures of a run on this project's machine, and what they say, are in docs/performance.md
+("A claim's rate limit").
 """
 
 from __future__ import annotations
