@@ -103,7 +103,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The markers by what a test is: every test under tests/testbed is `testbed`, those that
     use the image or an in-cluster install `incluster` too; a test that uses a root fixture
     without `netns` is an error (it would run, and fail, in `make check`). `slow` tests are
-    started first."""
+    started first, `quiet` ones last."""
     unmarked = []
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -115,8 +115,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.incluster)
         if fixtures & NEEDS_ROOT and item.get_closest_marker("netns") is None:
             unmarked.append(item.nodeid)
-    # the slow ones first (a stable sort): a parallel run then does not end on one of them
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    # the slow ones first (a stable sort): a parallel run then does not end on one of them;
+    # the `quiet` ones last: by then make test's unit half, which runs beside the test bed's,
+    # has long ended and left them the CPU their measurements assume
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("quiet") is not None,
+            item.get_closest_marker("slow") is None,
+        )
+    )
     if unmarked:
         raise pytest.UsageError(
             "these tests use a fixture that needs root but are not marked netns:\n  "
