@@ -49,15 +49,21 @@ def veth_pair() -> Iterator[Pair]:
         ip(peer, "link", "set", PEER_IF, "up")
         # both ends with carrier before the test looks: a veth's carrier comes a moment after
         # `up`, and a test comparing the links before and after saw it change in between
-        deadline = time.monotonic() + 10
-        while not (carrier(pod, POD_IF) and carrier(peer, PEER_IF)):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no carrier on {POD_IF}/{PEER_IF} within 10 s")
-            time.sleep(0.01)
+        wait_for_carrier((pod, POD_IF), (peer, PEER_IF))
         yield Pair(pod, peer)
 
 
-def carrier(ns: Path, name: str) -> bool:
+def wait_for_carrier(*ends: tuple[Path, str], within: float = 10.0) -> None:
+    """Until each (namespace, link) has carrier (LOWER_UP): a veth drops what is sent, and
+    shows NO-CARRIER, until both its ends are up. TimeoutError past `within` seconds."""
+    deadline = time.monotonic() + within
+    while not all(_carrier(ns, name) for ns, name in ends):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no carrier on {ends} within {within:g} s")
+        time.sleep(0.01)
+
+
+def _carrier(ns: Path, name: str) -> bool:
     shown = subprocess.run(
         ["ip", "-n", ns.name, "-o", "link", "show", name],
         check=True, capture_output=True, text=True, timeout=10,

@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from cnidra.cni import netns
 from cnidra.observe.interfaces import InterfaceCollector, PodInterface, parse_net_dev
-from tests.conftest import ip, ip_json
+from tests.conftest import ip
+from tests.datapath.traffic import wait_for_carrier
 
 HEADER = "Inter-| Receive | Transmit\n face |bytes packets errs drop ... |bytes packets ...\n"
 NET_DEV = (
@@ -66,13 +67,7 @@ def test_a_pods_interface_counts_its_traffic_and_its_series_goes_with_it(
     ip(pod_netns, "addr", "add", "198.18.7.2/24", "dev", "net1")
     ip(pod_netns, "link", "set", "net1", "up")
     # a veth drops what is sent before both ends have carrier: wait for it, not for a time
-    deadline = time.monotonic() + 10
-    while not all(
-        "LOWER_UP" in ip_json(ns, "link", "show", dev)[0]["flags"]  # type: ignore[operator]
-        for ns, dev in ((node_netns, "host1"), (pod_netns, "net1"))
-    ):
-        assert time.monotonic() < deadline, "the veth never got carrier"
-        time.sleep(0.05)
+    wait_for_carrier((node_netns, "host1"), (pod_netns, "net1"))
     live = [PodInterface(str(pod_netns), "team-a", "web-0", "web-0-net", "data", "net1")]
     collector = InterfaceCollector()
     collector.source = lambda: live
@@ -91,8 +86,9 @@ def test_a_pods_interface_counts_its_traffic_and_its_series_goes_with_it(
     with netns.entered(node_netns), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         for _ in range(5):  # queued behind ARP, then sent
             sock.sendto(b"x" * 100, ("198.18.7.2", 9))
+    deadline = time.monotonic() + 10
     while received() < 6:  # the ARP request and the five datagrams
-        assert time.monotonic() < deadline + 10, f"only {received()} packets counted"
+        assert time.monotonic() < deadline, f"only {received()} packets counted"
         time.sleep(0.05)
     text = _scrape(collector)
     assert "cnidra_pod_interface_transmit_bytes_total{" in text
