@@ -1161,7 +1161,7 @@ def _convert_workload(
     kind, wname = str(workload.get("kind")), str(meta.get("name") or "workload")
     namespace = str(meta.get("namespace") or "default")
     what = f"{kind} {namespace}/{wname}"
-    rewritten = copy.deepcopy(dict(workload))
+    rewritten = _as_written(workload)
     template = pod_template(rewritten)
     assert template is not None
     annotations = template["metadata"]["annotations"]
@@ -1269,6 +1269,41 @@ def _networks(
             {"requests": [request], "opaque": {"driver": DRIVER_NAME, "parameters": params}}
         )
     return requests, configs, extras, notes
+
+
+# what the apiserver writes into an object, which `kubectl get -o yaml` prints and `kubectl
+# apply` refuses or misreads in a file (a stale resourceVersion is a conflict)
+SERVER_FIELDS = (
+    "resourceVersion",
+    "uid",
+    "creationTimestamp",
+    "generation",
+    "managedFields",
+    "selfLink",
+)
+SERVER_ANNOTATIONS = (
+    "kubectl.kubernetes.io/last-applied-configuration",
+    "deployment.kubernetes.io/revision",
+)
+
+
+def _as_written(workload: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a workload without what the apiserver wrote into it (its status, and the
+    metadata `kubectl get -o yaml` adds), so the output applies whether the input was a file
+    someone wrote or the cluster's own objects."""
+    out = copy.deepcopy(dict(workload))
+    out.pop("status", None)
+    meta = out.get("metadata")
+    if isinstance(meta, dict):
+        for key in SERVER_FIELDS:
+            meta.pop(key, None)
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict):
+            for key in SERVER_ANNOTATIONS:
+                annotations.pop(key, None)
+            if not annotations:
+                del meta["annotations"]
+    return out
 
 
 def _persistent_pool(config: Mapping[str, Any], extra: Sequence[Mapping[str, Any]]) -> bool:

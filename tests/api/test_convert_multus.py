@@ -731,3 +731,27 @@ def test_allow_persistent_ips_without_a_pool_is_named() -> None:
     )
     result = run(nad("a", config), deployment("a"))
     assert any("allowPersistentIPs dropped" in n for n in result.notes)
+
+
+def test_what_the_apiserver_wrote_is_not_carried_into_the_output() -> None:
+    """`kubectl get deployment -o yaml` as the input (docs/migrating-from-multus.md): the
+    output applies over the running object (no stale resourceVersion, no status)."""
+    live = deployment("a")
+    live["metadata"].update(
+        resourceVersion="4711",
+        uid="0b1c",
+        generation=3,
+        creationTimestamp="2026-11-27T00:00:00Z",
+        managedFields=[{"manager": "kubectl"}],
+        annotations={
+            "deployment.kubernetes.io/revision": "3",
+            "kubectl.kubernetes.io/last-applied-configuration": "{}",
+            "team": "kept",
+        },
+    )
+    live["status"] = {"replicas": 1}
+    result = run(nad("a", macvlan(POOLED)), live)
+    assert not result.refused, result.refused
+    [made] = [d for d in result.docs if d["kind"] == "Deployment"]
+    assert "status" not in made
+    assert made["metadata"] == {"name": "app", "namespace": "t", "annotations": {"team": "kept"}}
