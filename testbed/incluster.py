@@ -108,9 +108,12 @@ class Release:
                   "-f", str(self.values_file), *(f"--set={s}" for s in sets), "--wait",
                   "--timeout", "120s", "--take-ownership")  # fmt: skip
 
-    def upgrade(self, *sets: str) -> None:
+    def upgrade(self, *sets: str, values: Path | None = None) -> None:
+        """`values`: a values file over the test bed's (one of the chart's ci/ files, as
+        chart-testing upgrades to it)."""
+        extra = ["-f", str(values)] if values is not None else []
         self.helm("upgrade", RELEASE, str(ROOT / "charts" / "cnidra"), "-f",
-                  str(self.values_file), *(f"--set={s}" for s in sets), "--wait",
+                  str(self.values_file), *extra, *(f"--set={s}" for s in sets), "--wait",
                   "--timeout", "120s")  # fmt: skip
 
     def uninstall(self) -> None:

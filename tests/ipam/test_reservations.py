@@ -104,7 +104,7 @@ async def test_a_reserved_address_another_claim_holds_is_refused_naming_the_hold
     a = node_allocator(api, tmp_path, "a")  # the pool read again (no cached spec)
     with pytest.raises(
         AllocationError,
-        match=rf"reserves 198.18.140.7 for pod db/db-0, but claim db/claim-c{holder} still holds it",
+        match=rf"reserves 198\.18\.140\.7 for pod db/db-0, but claim db/claim-c{holder} still",
     ):
         await a.assign(claim_using("data", "db0", namespace="db"), ["db-0"])
     assert await a.release_claim(f"c{holder}") == 1
@@ -120,7 +120,7 @@ async def test_an_ipamclaim_naming_another_pods_reserved_address_is_refused(
     api.pool("data", pool(allowPersistentIPs=True))
     api.ipamclaim("db", "vm", ips=["198.18.140.7/28"])
     a = node_allocator(api, tmp_path, "a")
-    with pytest.raises(AllocationError, match="198.18.140.7 is reserved for pod db/db-0"):
+    with pytest.raises(AllocationError, match=r"198\.18\.140\.7 is reserved for pod db/db-0"):
         await a.assign(claim_using("data", "u1", namespace="db", ipam_claim="vm"), ["vm-pod"])
 
 
@@ -141,7 +141,7 @@ async def test_a_static_address_reserved_for_another_pod_is_refused(tmp_path: Pa
         ],
     }
     static = replace(claim, devices=(replace(attachment, network=network, tenant_static=True),))
-    with pytest.raises(AllocationError, match="198.18.140.7 is reserved for pod db/db-0"):
+    with pytest.raises(AllocationError, match=r"198\.18\.140\.7 is reserved for pod db/db-0"):
         await a.assign(static, ["intruder"])
     # the pod it is reserved for may write it
     mine = replace(static, ref=replace(static.ref, uid="s2"))

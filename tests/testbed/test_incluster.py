@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from cnidra.state.layout import DEFAULT_STATE_ROOT
-from testbed.harness import Cluster
+from testbed.harness import ROOT, Cluster
 from testbed.incluster import (
     IMAGE_ARCHIVE,
+    NAMESPACE,
     InClusterDriver,
     Release,
     build_image,
@@ -162,14 +163,30 @@ def upgrade_while_pods_come_and_go(
     start_pod(cluster, ns, "gone")
     ready(cluster, ns, "gone")
     start = time.monotonic()
+    # an upgrade to another of the chart's ci/ values sets, as chart-testing's `ct install
+    # --upgrade` does: the metrics Service and the dashboard come with it
+    metrics = ROOT / "charts" / "cnidra" / "ci" / "metrics-values.yaml"
     with ThreadPoolExecutor(1) as executor:
-        upgrade = executor.submit(release.upgrade, "driver.logLevel=debug")
+        upgrade = executor.submit(release.upgrade, "driver.logLevel=debug", values=metrics)
         time.sleep(0.5)
         cluster.kubectl("delete", "pod", "gone", "-n", ns, "--wait=false")
         start_pod(cluster, ns, "p2")
         upgrade.result()
     driver.wait_ready()
     print(f"helm upgrade to a ready driver: {time.monotonic() - start:.1f} s")
+    made = cluster.kubectl(
+        "get", "services,configmaps", "-n", NAMESPACE, "-l", "app.kubernetes.io/instance=cnidra",
+        "-o", "jsonpath={range .items[*]}{.kind}/{.metadata.name} {end}",
+    ).stdout.split()  # fmt: skip
+    assert "Service/cnidra-metrics" in made and "ConfigMap/cnidra-dashboard" in made, made
+    cluster.wait(
+        "the metrics Service's endpoint (the driver pod, port 9177)",
+        lambda: "9177" in cluster.kubectl(
+            "get", "endpointslices", "-n", NAMESPACE, "-l",
+            "kubernetes.io/service-name=cnidra-metrics", "-o", "jsonpath={..port}",
+        ).stdout,
+        30,
+    )  # fmt: skip
     assert net1(cluster, ns, "p1") == before
     ready(cluster, ns, "p2")
     cluster.wait("p2's interface", lambda: len(net1(cluster, ns, "p2")) == 1, 30)

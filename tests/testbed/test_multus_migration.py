@@ -31,6 +31,7 @@ import yaml
 
 from cnidra.state.layout import DEFAULT_STATE_ROOT
 from testbed import cluster as tb
+from testbed.crds import NAD_CRD
 from testbed.harness import ROOT, Cluster, DriverProcess
 from tests.testbed.conftest import cnidra_crds
 from tests.testbed.objects import env_image, pod_addresses
@@ -48,6 +49,9 @@ CHECKED = [
     "for i in " + " ".join(INTERFACES) + "; do test -e /sys/class/net/$i || exit 3; done; "
     "trap 'exit 0' TERM; sleep 3600 & wait",
 ]
+
+
+WHEREABOUTS_CONF = tb.ROOT / "whereabouts.conf"
 
 
 def peers() -> dict[str, Path]:
@@ -75,6 +79,17 @@ def multus(cluster: Cluster) -> Iterator[None]:
     shutil.copy2(built["multus"], bins[0])
     shutil.copy2(built["whereabouts"], bins[1])
     cache = tb.ROOT / "multus-cache"
+    # the primary network as one plugin's config: Multus v4.3.0 keeps a conflist delegate
+    # only as the fields every plugin has (LoadDelegateNetConfFromConfList marshals its
+    # NetConfList), and DELs with that, so the bridge's host-local, without its ranges,
+    # refuses the DEL and the pod never goes; a single config is kept as written
+    listed = json.loads((node.cni_conf / "10-testbed.conflist").read_text())
+    primary = tb.ROOT / "multus-primary.conf"
+    primary.write_text(
+        json.dumps(
+            {"cniVersion": listed["cniVersion"], "name": listed["name"], **listed["plugins"][0]}
+        )
+    )
     conf = node.cni_conf / "00-multus.conf"
     conf.write_text(
         json.dumps(
@@ -83,7 +98,7 @@ def multus(cluster: Cluster) -> Iterator[None]:
                 "name": "multus-cni-network",
                 "type": "multus",
                 "kubeconfig": str(tb.Paths.admin_kubeconfig),
-                "clusterNetwork": str(node.cni_conf / "10-testbed.conflist"),
+                "clusterNetwork": str(primary),
                 "binDir": str(tb.Paths.cni_bin),
                 "cniDir": str(cache),
                 "logFile": str(tb.Paths.logs / "multus.log"),
@@ -91,20 +106,30 @@ def multus(cluster: Cluster) -> Iterator[None]:
             }
         )
     )
-    crds = built["whereabouts"].parent / "crds"
-    cluster.kubectl("apply", "-f", str(crds))
+    WHEREABOUTS_CONF.write_text(
+        json.dumps(
+            {
+                "datastore": "kubernetes",
+                "kubernetes": {"kubeconfig": str(tb.Paths.admin_kubeconfig)},
+                "log_file": str(tb.Paths.logs / "whereabouts.log"),
+                "log_level": "debug",
+            }
+        )
+    )
+    cluster.apply(NAD_CRD)  # Multus' own CRD, and whereabouts'
+    cluster.kubectl("apply", "-f", str(built["whereabouts"].parent / "crds"))
+    served = "net-attach-def,ippools.whereabouts.cni.cncf.io"
     cluster.wait(
-        "whereabouts' CRDs to be served",
-        lambda: (
-            cluster.kubectl("get", "ippools.whereabouts.cni.cncf.io", "-A", check=False).returncode
-            == 0
-        ),
+        "the NAD and whereabouts CRDs to be served",
+        lambda: cluster.kubectl("get", served, "-A", check=False).returncode == 0,
         60,
     )
     try:
         yield
     finally:
         conf.unlink(missing_ok=True)
+        WHEREABOUTS_CONF.unlink(missing_ok=True)
+        primary.unlink(missing_ok=True)
         for path in bins:
             path.unlink(missing_ok=True)
         shutil.rmtree(cache, ignore_errors=True)
@@ -125,7 +150,9 @@ def nad(name: str, namespace: str, master: str, subnet: str) -> dict[str, Any]:
         "ipam": {
             "type": "whereabouts",
             "range": subnet,
-            "kubernetes": {"kubeconfig": str(tb.Paths.admin_kubeconfig)},
+            # whereabouts reads its datastore from a file of its own (its DaemonSet writes
+            # /etc/cni/net.d/whereabouts.d/whereabouts.conf), which the `multus` fixture writes
+            "configuration_path": str(WHEREABOUTS_CONF),
         },
     }
     return {
