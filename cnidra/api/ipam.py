@@ -510,7 +510,8 @@ def pool_from_object(obj: Mapping[str, Any]) -> Pool:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         message = str(first["msg"]).removeprefix("Value error, ")
-        raise PoolError(f"{POOL_KIND} {name} is invalid: spec.{loc}: {message}") from None
+        where = f"spec.{loc}: " if loc else "spec."  # the spec's own rules name their field
+        raise PoolError(f"{POOL_KIND} {name} is invalid: {where}{message}") from None
     return Pool(name, spec)
 
 
