@@ -132,12 +132,26 @@ class InClusterDriver:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.stopped_pid: int | None = None
+        # where the driver serves /healthz and /metrics: loopback by default, the node's
+        # address when the chart's metrics Service is on (`listen_on_node`)
+        self.host = "127.0.0.1"
 
     def health(self) -> dict[str, Any]:
-        return health_at(self.port)
+        return health_at(self.port, self.host)
 
     def metrics(self) -> str:
-        return metrics_at(self.port)
+        return metrics_at(self.port, self.host)
+
+    def listen_on_node(self, on: bool = True) -> None:
+        """With `metrics.service.enabled` the driver listens on its pod's (the node's)
+        address, for the Service, not on loopback."""
+        if not on:
+            self.host = "127.0.0.1"
+            return
+        self.host = self.cluster.kubectl(
+            "get", "node", tb.NODE, "-o",
+            "jsonpath={.status.addresses[?(@.type==\"InternalIP\")].address}",
+        ).stdout.strip()  # fmt: skip
 
     def container(self) -> tuple[str, int]:
         """The running driver container's id and its process's pid on the node."""

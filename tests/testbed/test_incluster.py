@@ -172,6 +172,7 @@ def upgrade_while_pods_come_and_go(
         cluster.kubectl("delete", "pod", "gone", "-n", ns, "--wait=false")
         start_pod(cluster, ns, "p2")
         upgrade.result()
+    driver.listen_on_node()  # the metrics Service's values: the node's address, not loopback
     driver.wait_ready()
     print(f"helm upgrade to a ready driver: {time.monotonic() - start:.1f} s")
     made = cluster.kubectl(
@@ -208,6 +209,7 @@ def reinstall_with_bundled_plugins(
     assert len(list((DEFAULT_STATE_ROOT / "sandboxes").glob("*.json"))) == 1
     # the image with the plugins, built and loaded beside the plain one by the `image` fixture
     release.install("cniPlugins.install=true", f"hostPaths.cniBin={node_plugins}")
+    driver.listen_on_node(False)  # the defaults again
     driver.wait_ready()
     installed = {p.name for p in node_plugins.iterdir()}
     assert {"macvlan", "host-local", "bridge", "tuning"} <= installed, installed
