@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,16 +103,18 @@ class Release:
             raise AssertionError(f"helm {' '.join(args[:2])} failed: {out.stderr}")
         return out
 
-    def install(self, *sets: str) -> None:
+    def install(self, *sets: str, values: Sequence[Path] = ()) -> None:
+        """`values`: values files over the test bed's (the chart's ci/ files, as
+        chart-testing installs with each)."""
+        extra = [a for v in values for a in ("-f", str(v))]
         # --take-ownership: other tests apply deploy/'s objects (the DeviceClass) themselves
         self.helm("install", RELEASE, str(ROOT / "charts" / "cnidra"), "--create-namespace",
-                  "-f", str(self.values_file), *(f"--set={s}" for s in sets), "--wait",
+                  "-f", str(self.values_file), *extra, *(f"--set={s}" for s in sets), "--wait",
                   "--timeout", "120s", "--take-ownership")  # fmt: skip
 
-    def upgrade(self, *sets: str, values: Path | None = None) -> None:
-        """`values`: a values file over the test bed's (one of the chart's ci/ files, as
-        chart-testing upgrades to it)."""
-        extra = ["-f", str(values)] if values is not None else []
+    def upgrade(self, *sets: str, values: Sequence[Path] = ()) -> None:
+        """`values`: as for `install` (chart-testing's `--upgrade` to another values set)."""
+        extra = [a for v in values for a in ("-f", str(v))]
         self.helm("upgrade", RELEASE, str(ROOT / "charts" / "cnidra"), "-f",
                   str(self.values_file), *extra, *(f"--set={s}" for s in sets), "--wait",
                   "--timeout", "120s")  # fmt: skip
