@@ -45,7 +45,8 @@ test: install lint cni-plugins
 
 # make test, with every e2e test that uses the `deployment` fixture run a second time against
 # the in-cluster driver (the chart's DaemonSet of `make image`'s image) and the `full` tests (a
-# second image build, to prove it reproducible): what CI runs nightly
+# second image build, to prove it reproducible; the chart with each ci/ values file): what CI
+# runs nightly
 test-full: install lint cni-plugins
 	CNIDRA_TEST_FULL=1 $(HALVES) --testbed -q -m testbed
 
