@@ -614,7 +614,7 @@ def test_the_numbers_the_doc_gives() -> None:
     slots = constant("cnidra/dra/prepare.py", "APISERVER_SLOTS")
     judges = constant("cnidra/dra/prepare.py", "JUDGE_SLOTS")
     budget = constant("cnidra/dra/prepare.py", "JUDGE_BUDGET_S")
-    share = constant("cnidra/nri/lifecycle.py", "ATTACH_SHARE")
+    share = constant("cnidra/nri/budget.py", "ATTACH_SHARE")
     assert isinstance(judges, int) and isinstance(budget, float) and isinstance(share, float)
     number = {v: k for k, v in WORDS.items()}[judges]
     assert f"at most {slots} at once" in DOC
