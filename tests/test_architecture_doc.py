@@ -500,8 +500,8 @@ def test_retries_serve_whom_the_doc_says() -> None:
 
 def test_the_status_writer_is_as_the_doc_says() -> None:
     assert constant("cnidra/api/constants.py", "DRIVER_NAME") + "/interfaces" in DOC
-    assert f"field manager `{constant('cnidra/status/writer.py', 'STATUS_MANAGER')}`" in DOC
-    assert f"field manager `{constant('cnidra/status/writer.py', 'FINALIZER_MANAGER')}`" in DOC
+    assert f"field manager `{constant('cnidra/status/claimstatus.py', 'STATUS_MANAGER')}`" in DOC
+    assert f"field manager `{constant('cnidra/status/claimstatus.py', 'FINALIZER_MANAGER')}`" in DOC
     from cnidra.kube.api import RefusedForGood, classify
 
     codes = tuple(c for c in range(400, 600) if issubclass(classify(c), RefusedForGood))
