@@ -71,6 +71,13 @@ def tables(cache: ClaimsAhead, reader: ReadAhead) -> list[object]:
     return [cache._entries, cache._uids, cache._newest, reader._read]
 
 
+def managed_fields(claim: Any) -> object:
+    """A kept claim's metadata.managedFields (the apiserver's record of who set which field,
+    which nothing in prepare reads): what of `held` they are."""
+    meta = claim.get("metadata") if isinstance(claim, dict) else None
+    return meta.get("managedFields", []) if isinstance(meta, dict) else []
+
+
 def kib_to_mib(kib: int) -> float:
     return round(kib / 1024, 2)
 
@@ -126,6 +133,7 @@ async def measure(kubeconfig: str, node: str, pods: int, seconds: float) -> dict
         gc.collect()
         read = proc_status()
         held = deep_size(tables(cache, reader))
+        managed = sum(deep_size(managed_fields(e.claim)) for e in cache._entries.values())
         rest_start = time.monotonic()
         await asyncio.sleep(seconds)
         rest_end = time.monotonic()
@@ -152,6 +160,7 @@ async def measure(kubeconfig: str, node: str, pods: int, seconds: float) -> dict
         "added_rssanon_mib": kib_to_mib(rest["RssAnon"] - before["RssAnon"]),
         "held_kib": round(held / 1024, 1),
         "held_bytes_per_claim": round(held / len(cache)) if len(cache) else None,
+        "managed_fields_kib": round(managed / 1024, 1),
         "startup_requests": dict(sorted(startup.items())),
         "rest_seconds": round(rest_end - rest_start, 1),
         "rest_requests_per_min": per_minute(sum(at_rest.values()), rest_end - rest_start),

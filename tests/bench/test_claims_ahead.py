@@ -33,6 +33,9 @@ async def test_the_tables_of_a_claim_kept() -> None:
     assert cache.put(claim)
     held = claims_ahead.deep_size(claims_ahead.tables(cache, reader))
     assert held - empty > 4000  # the claim itself is what a kept claim costs
+    assert claims_ahead.managed_fields(claim) == []
+    fields = [{"manager": "kube-scheduler", "fieldsV1": {"f:status": {}}}]
+    assert claims_ahead.managed_fields({"metadata": {"managedFields": fields}}) == fields
 
 
 async def test_the_log_counts_by_kind_and_time() -> None:
