@@ -4,7 +4,8 @@ dra-example-driver publishes its GPUs, and what each node's driver asks of the a
 (not a test: numbers; issue 28).
 
     python -m bench.fleet [--nodes 1000] [--pods 100] [--rate 10] [--rounds 2]
-                          [--sample 50] [--idle-seconds 300] [--timeout 3600] [--json]
+                          [--sample 50] [--idle-seconds 300] [--ahead-pods 100]
+                          [--ahead-elsewhere 3] [--timeout 3600] [--json]
 
 The test bed is a singleton (and may be busy), so this starts its own etcd, kube-apiserver
 (resource.k8s.io/v1 and the test bed's DRA feature gates) and kube-scheduler from the test bed's
@@ -23,11 +24,20 @@ else writes.
    installed. Sizes as etcd stores them (protobuf) and as a JSON client reads them.
 3. At rest: --sample nodes run the driver's apiserver-facing background work as `cnidra driver`
    wires it (the cluster feature probe; the publisher with its resync, CNINetwork watch and
-   pool counts; the IPAM reconciler), each with the driver's own client, started spread over
-   one resync period as a fleet's drivers are; every request is counted by an httpx event
-   hook, from 20 s after the last one started, for --idle-seconds. The synthetic links never
-   change, so the publisher's netlink monitor is left out (this machine's link events, from
-   the test bed's pods, are no fake node's).
+   pool counts; the IPAM reconciler; the claims read ahead on the node-scoped pod watch),
+   each with the driver's own client, started spread over one resync period as a fleet's
+   drivers are; every request is counted by an httpx event hook on both of the client's
+   connections (the requests' and the watches'), from 20 s after the last one started, for
+   --idle-seconds. The synthetic links never change, so the publisher's netlink monitor is
+   left out (this machine's link events, from the test bed's pods, are no fake node's).
+3b. Claims read ahead (issue 42; --ahead-pods 0 leaves it out): before step 3, --ahead-pods
+   pods are bound to the last node (spec.nodeName), each with a claim allocated on that node
+   and reserved for it as the scheduler leaves them, and --ahead-elsewhere pods with a claim
+   of their own are bound to every other node; beside step 3, bench.claims_ahead runs that
+   node's read-ahead as the driver wires it in a process of its own: its VmRSS and RssAnon
+   before and after the claims were read and after --idle-seconds at rest, the bytes its
+   tables hold, and its requests at start and a minute at rest. The pods and claims are
+   deleted before step 4.
 4. Scheduling: --pods pods, each pinned to a random node by nodeSelector with a claim of one
    device (cnidra: a link by CEL, ifName and cniMacvlan, one sub-interface), created at --rate
    a second; the time from each pod's create to its claim allocated and to its nodeName (watch
@@ -46,12 +56,16 @@ else writes.
 
 Prints a report on stderr; with --json the detail as one JSON line, then the last line:
 {"nodes", "slices", "slice_bytes_per_node", "idle_requests_per_node_per_min",
-"schedule_p50_ms", "schedule_p99_ms", "dra_example_schedule_p99_ms", "apiserver_rss_mib"}:
+"schedule_p50_ms", "schedule_p99_ms", "dra_example_schedule_p99_ms", "apiserver_rss_mib",
+"claims_ahead_vmrss_mib", "claims_ahead_added_rssanon_mib", "claims_ahead_requests_per_min"}:
 cnidra's slices and the bytes of a node's in etcd (protobuf), the sample's requests a node a
-minute at rest, pod create to claim allocated for cnidra and dra-example, and the apiserver's
-RSS with cnidra's fleet published and the sample running. A figure not measured is null.
+minute at rest, pod create to claim allocated for cnidra and dra-example, the apiserver's
+RSS with cnidra's fleet published and the sample running, and the claims-ahead driver's
+VmRSS at rest, the RssAnon its read-ahead added and its requests a minute at rest. A figure
+not measured is null.
 Takes about 8 minutes at 50 or 1,000 nodes on a quiet 2-core machine (--rounds 4: 9 and 10; 13
-at 1,000 beside a busy test bed). --memory instead: each fleet's apiserver memory alone on a
+at 1,000 beside a busy test bed); the claims ahead add about 1 minute at 1,000 nodes (9.2 in
+all, 2026-11-27). --memory instead: each fleet's apiserver memory alone on a
 fresh control plane (4 minutes at 1,000 nodes). Figures and what they mean: docs/performance.md."""
 
 from __future__ import annotations
