@@ -427,3 +427,55 @@ def test_pool_accounting_costs_nothing_at_rest_and_coalesces_allocations() -> No
     assert result["one_allocation_per_interval_requests_per_allocation"] == 2.0
     assert result["accountant_memory_bytes"] > 0
     assert "pool accounting: 5 pools, 20 nodes, 40 blocks" in fleet_pools.report(result)
+
+
+class PlacingClient:
+    """What place_claims_ahead sends: creates (a made pod gets a UID) and status applies."""
+
+    def __init__(self) -> None:
+        self.created: list[Any] = []
+        self.patched: list[tuple[Any, str, dict[str, Any], dict[str, Any]]] = []
+
+    async def create(self, obj: Any) -> Any:
+        self.created.append(obj)
+        if isinstance(obj, Pod) and obj.metadata:
+            obj.metadata.uid = f"uid-{obj.metadata.name}"
+        return obj
+
+    async def patch(self, kind: Any, name: str, body: dict[str, Any], **kwargs: Any) -> None:
+        self.patched.append((kind, name, body, kwargs))
+
+
+async def test_claims_ahead_are_placed_on_the_node_and_elsewhere() -> None:
+    client = PlacingClient()
+    nodes = [fleet.node_name(i) for i in range(4)]
+    placed = await fleet.place_claims_ahead(
+        client,  # type: ignore[arg-type]
+        nodes,
+        nodes[-1],
+        5,
+        2,
+    )
+    assert placed["pods_on_node"] == 5 and placed["pods_elsewhere"] == 6
+    pods = [o for o in client.created if isinstance(o, Pod)]
+    claims = [o for o in client.created if isinstance(o, ResourceClaim)]
+    assert len(pods) == len(claims) == 11
+    on_node = [p for p in pods if p.spec.nodeName == nodes[-1]]
+    assert len(on_node) == 5
+    assert {p.spec.nodeName for p in pods} == set(nodes)
+    assert all(p.metadata.labels[fleet.ROUND_LABEL] == fleet.AHEAD_TAG for p in pods)
+    # only the node's own claims are allocated and reserved, each for its pod's UID
+    assert len(client.patched) == 5
+    for kind, name, body, kwargs in client.patched:
+        assert kind is fleet.ResourceClaimStatus
+        assert body["status"]["reservedFor"] == [
+            {"resource": "pods", "name": name, "uid": f"uid-{name}"}
+        ]
+        assert kwargs["force"] and kwargs["namespace"] == fleet.NAMESPACE
+
+
+def test_claims_ahead_flags() -> None:
+    with pytest.raises(SystemExit):
+        fleet.main(["--ahead-pods", str(fleet.NODE_PODS + 1)])
+    with pytest.raises(SystemExit):
+        fleet.main(["--ahead-elsewhere", "-1"])
