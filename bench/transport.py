@@ -38,6 +38,9 @@ The transports:
 - `lightkube-h2-shared` (the stall check only): lightkube on HTTP/2 with the watches on the
   requests' connection, the design WatchingClient avoids.
 
+After the rounds, once a round, a fresh process with the driver's own imports
+(cnidra.agent.driver) imports aiohttp: what it would add to the driver's memory.
+
 Prints a table on stderr; with --json the detail as one JSON line, then the last line:
 {"cpu_ms": {transport: {"get_1", "get_10", "apply_1", "apply_10", "cold_10"}},
 "latency_ms": {transport: {"get_1_p50", ...}}, "rss_added_mib":
@@ -504,6 +507,40 @@ async def child(name: str, kubeconfig: str, requests: int) -> dict[str, Any]:
         await way.close()
 
 
+def driver_plus(library: str) -> dict[str, Any]:
+    """What importing `library` adds to a process that has the driver's own imports
+    (cnidra.agent.driver): VmRSS and RssAnon, in MiB (run in a fresh process: `--driver-plus`)."""
+    import importlib
+
+    importlib.import_module("cnidra.agent.driver")
+    before = proc_status()
+    importlib.import_module(library)
+    after = proc_status()
+    return {
+        "library": library,
+        "driver_vmrss_mib": round(before["VmRSS"] / 1024, 1),
+        "driver_rssanon_mib": round(before["RssAnon"] / 1024, 1),
+        "added_vmrss_mib": round((after["VmRSS"] - before["VmRSS"]) / 1024, 2),
+        "added_rssanon_mib": round((after["RssAnon"] - before["RssAnon"]) / 1024, 2),
+    }
+
+
+def run_driver_plus(library: str, timeout: float) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "bench.transport", "--driver-plus", library]
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=Path(__file__).parents[1],
+        check=False,
+    )
+    if done.returncode != 0 or not done.stdout.strip():
+        raise RuntimeError(f"--driver-plus {library} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 # ------------------------------------------------------------------ the parent
 
 
@@ -593,7 +630,9 @@ def parent(args: argparse.Namespace) -> dict[str, Any]:
                 )
     finally:
         plane.stop()
+    added = [run_driver_plus("aiohttp", args.child_timeout) for _ in range(args.rounds)]
     return {
+        "driver_plus_aiohttp": added,
         "requests": args.requests,
         "rounds": rounds,
         "versions": versions(),
@@ -617,10 +656,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--child-timeout", type=float, default=600.0, help="seconds, each")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", help=argparse.SUPPRESS)
+    parser.add_argument("--driver-plus", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.requests < CONCURRENT or args.requests % CONCURRENT:
         parser.error(f"--requests: a multiple of {CONCURRENT}")
+    if args.driver_plus:
+        print(json.dumps(driver_plus(args.driver_plus)))
+        return 0
     if args.child:
         print(json.dumps(asyncio.run(child(args.child, args.kubeconfig, args.requests))))
         return 0
@@ -629,6 +672,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--only: unknown {sorted(unknown)}")
     detail = parent(args)
     print(report(detail["summary"]), file=sys.stderr)
+    for added in detail["driver_plus_aiohttp"]:
+        print(
+            f"aiohttp imported beside the driver's imports ({added['driver_vmrss_mib']} MiB "
+            f"VmRSS): +{added['added_vmrss_mib']} MiB VmRSS, +{added['added_rssanon_mib']} MiB "
+            "RssAnon",
+            file=sys.stderr,
+        )
     if args.json:
         from bench.fleet import finite
 

@@ -277,3 +277,11 @@ async def test_failures_come_back_as_httpx2s(server: tuple[str, list[dict[str, A
             await closed.get(Namespace, "x")
     finally:
         await closed.close()
+
+
+def test_what_aiohttp_adds_to_the_drivers_imports() -> None:
+    """In a fresh process (here aiohttp is imported already)."""
+    got = transport.run_driver_plus("aiohttp", 120.0)
+    assert got["library"] == "aiohttp"
+    assert got["driver_vmrss_mib"] > 20
+    assert got["added_vmrss_mib"] > 0 and got["added_rssanon_mib"] > 0
