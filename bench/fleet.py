@@ -1562,7 +1562,6 @@ async def run(args: argparse.Namespace, plane: ControlPlane) -> dict[str, Any]: 
         detail["cnidra"]["etcd_bytes_per_node"] = round((etcd_cnidra - etcd_nodes) / len(nodes))
 
         sample = nodes[: min(len(nodes), args.sample)]
-        sampled = run_sample(plane, sample, cni_bin, args.seed, args.idle_seconds)
         if args.ahead_pods:
             placed = await place_claims_ahead(
                 client, nodes, nodes[-1], args.ahead_pods, args.ahead_elsewhere
@@ -1578,6 +1577,7 @@ async def run(args: argparse.Namespace, plane: ControlPlane) -> dict[str, Any]: 
             "counted"
             + (f"; beside it one driver's claims ahead on {nodes[-1]}" if args.ahead_pods else "")
         )
+        sampled = run_sample(plane, sample, cni_bin, args.seed, args.idle_seconds)
         if args.ahead_pods:
             detail["idle"], ahead = await asyncio.gather(
                 sampled, run_claims_ahead(plane, nodes[-1], args.ahead_pods, args.idle_seconds)
