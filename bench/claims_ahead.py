@@ -1,7 +1,9 @@
 """One node's claims read ahead, at rest (issue 42): the driver's read-ahead as `cnidra driver`
 wires it (cnidra.dra.ahead.ReadAhead on the node-scoped pod watch, cnidra.kube.pods.NodePods,
 reading with prepare's ClaimGetter into a ClaimsAhead, on the driver's own client), in a
-process of its own so that its memory is the driver's shape and not the benchmark's.
+process of its own so that its memory is the driver's shape and not the benchmark's. The
+claims are read and kept, not judged: the driver's judge (Preparer.warm) fills prepare's own
+verdict cache, which is not measured here.
 
     python -m bench.claims_ahead --kubeconfig FILE --node NAME --pods N [--seconds 300] [--json]
 
