@@ -109,12 +109,16 @@ class Log:
 
 def hook(client: Any, log: Log) -> None:
     """On both of the driver's connections: the requests' and the watches'."""
-    for lightkube_client in (client, client.watches):
-        lightkube_client._client._client.event_hooks["request"].append(log.record)
+    for lightkube_client in (client, getattr(client, "watches", None)):
+        if lightkube_client is not None:
+            lightkube_client._client._client.event_hooks["request"].append(log.record)
 
 
-async def measure(kubeconfig: str, node: str, pods: int, seconds: float) -> dict[str, Any]:
-    client = make_client(kubeconfig, 30.0)
+async def measure(
+    kubeconfig: str, node: str, pods: int, seconds: float, client: Any = None
+) -> dict[str, Any]:
+    """`client`: the driver's (make_client from `kubeconfig`) unless a test gives one."""
+    client = make_client(kubeconfig, 30.0) if client is None else client
     log = Log()
     hook(client, log)
     cache = ClaimsAhead()
