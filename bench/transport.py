@@ -33,6 +33,9 @@ The transports:
 - `lightkube-h1`: the same on httpx2's HTTP/1.1 keep-alive pool alone, watches included;
 - `lightkube-aiohttp`: the same lightkube and Api on httpx2, with aiohttp's connection pool as
   httpx2's transport (bench/aiohttp_transport.py): the switch that keeps every layer above;
+- `httpx2-h2`, `httpx2-h1`: httpx2's client alone, the JSON decoded to dicts, no lightkube:
+  requests on HTTP/2 and watches on HTTP/1.1 as the driver has them, or HTTP/1.1 alone (what
+  lightkube's own layer costs above httpx2);
 - `aiohttp`: aiohttp's client alone (HTTP/1.1 keep-alive), the JSON decoded to dicts, no
   lightkube (what replacing lightkube too would cost at best);
 - `lightkube-h2-shared` (the stall check only): lightkube on HTTP/2 with the watches on the
@@ -75,7 +78,14 @@ DRIVER = "transport.bench.example.com"
 POOL = "bench-pool"
 DEVICE = "dev0"
 IDLE_NODE = "no-such-node"  # the watches' node: no pod is ever bound to it
-TRANSPORTS = ("lightkube-h2", "lightkube-h1", "lightkube-aiohttp", "aiohttp")
+TRANSPORTS = (
+    "lightkube-h2",
+    "lightkube-h1",
+    "lightkube-aiohttp",
+    "httpx2-h2",
+    "httpx2-h1",
+    "aiohttp",
+)
 STALL_ONLY = ("lightkube-h2-shared",)
 OPS = ("get_1", "get_10", "apply_1", "apply_10", "cold_10")
 
@@ -377,9 +387,70 @@ class AiohttpWay:
         await self.session.close()
 
 
+class HttpxWay:
+    """httpx2's client alone, the JSON decoded to dicts, no lightkube: `http2` as the driver
+    has it (requests on one HTTP/2 connection, watches on an HTTP/1.1 client of their own) or
+    HTTP/1.1 keep-alive alone."""
+
+    def __init__(self, kubeconfig: str, http2: bool) -> None:
+        import httpx2
+
+        self.httpx2 = httpx2
+        server, ca, cert, key = _kubeconfig(kubeconfig)
+        context = ssl.create_default_context(cafile=ca)
+        context.load_cert_chain(cert, key)
+
+        def client(h2: bool) -> httpx2.AsyncClient:
+            return httpx2.AsyncClient(
+                base_url=server, verify=context, http2=h2, timeout=httpx2.Timeout(10.0)
+            )
+
+        self.requests = client(http2)
+        self.watches = client(False) if http2 else self.requests
+
+    def _path(self, name: str, status: bool = False) -> str:
+        path = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{name}"
+        return path + ("/status" if status else "")
+
+    async def first(self, name: str) -> None:
+        await self.get(name)
+
+    async def get(self, name: str) -> Any:
+        response = await self.requests.get(self._path(name))
+        response.raise_for_status()
+        return json.loads(response.content)
+
+    async def apply(self, name: str, body: Mapping[str, Any]) -> Any:
+        response = await self.requests.patch(
+            self._path(name, status=True),
+            params={"fieldManager": "bench", "force": "true"},
+            content=json.dumps(body),
+            headers={"Content-Type": "application/apply-patch+yaml"},
+        )
+        response.raise_for_status()
+        return json.loads(response.content)
+
+    async def watch(self) -> AsyncIterator[Any]:
+        params = {"watch": "true", "fieldSelector": f"spec.nodeName={IDLE_NODE}"}
+        timeout = self.httpx2.Timeout(10.0, read=None)
+        async with self.watches.stream(
+            "GET", "/api/v1/pods", params=params, timeout=timeout
+        ) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                yield json.loads(line)
+
+    async def close(self) -> None:
+        await self.requests.aclose()
+        if self.watches is not self.requests:
+            await self.watches.aclose()
+
+
 def make_way(name: str, kubeconfig: str) -> Any:
     if name == "aiohttp":
         return AiohttpWay(kubeconfig)
+    if name in ("httpx2-h2", "httpx2-h1"):
+        return HttpxWay(kubeconfig, http2=name == "httpx2-h2")
     mode = name.removeprefix("lightkube-")
     if mode not in ("h2", "h1", "aiohttp", "h2-shared"):
         raise SystemExit(f"--child: unknown transport {name!r}: one of {TRANSPORTS + STALL_ONLY}")

@@ -98,6 +98,7 @@ def test_the_flags() -> None:
         transport.main(["--only", "curl"])
     with pytest.raises(SystemExit):
         transport.make_way("curl", "/nonexistent")
+    assert {"lightkube-h2", "httpx2-h2", "httpx2-h1", "aiohttp"} <= set(transport.TRANSPORTS)
 
 
 async def test_timed_counts_only_after_the_warm_up() -> None:
