@@ -48,7 +48,7 @@ Prints a table on stderr; with --json the detail as one JSON line, then the last
 {"cpu_ms": {transport: {"get_1", "get_10", "apply_1", "apply_10", "cold_10"}},
 "latency_ms": {transport: {"get_1_p50", ...}}, "rss_added_mib":
 {transport: {"vmrss", "rssanon"}}, "stalls": {transport: count}}, medians over the rounds.
-About 2 minutes (2 rounds; --rounds 4: 3.5) on this project's 2-core machine. Figures:
+About 2 minutes (2 rounds; --rounds 4: 4.3) on this project's 2-core machine. Figures:
 docs/performance.md."""
 
 from __future__ import annotations
