@@ -134,10 +134,15 @@ class NodePolicy:
         policies: list[Policy] = [*self.tenant.values(), *self.admin.values()]
         return sorted(p.ref for p in policies if any(t.key == network for t in p.targets))
 
-    def applying(self, key: PodKey, network: str) -> list[str]:
-        """The policies that select the pod on `network` (refs)."""
+    def applying(
+        self, key: PodKey, network: str, labels: Mapping[str, str] | None = None
+    ) -> list[str]:
+        """The policies that select the pod on `network` (refs); `labels`: the pod's, when the
+        watch may not know it (an interface policy is not enforced on)."""
         facts = self.pods.get(key)
-        if facts is None:
+        if facts is not None:
+            labels = facts.labels
+        if labels is None:
             return []
         ns_labels = self.namespace_labels.get(key[0], {})
         out = []
@@ -146,9 +151,9 @@ class NodePolicy:
             if not any(t.key == network for t in policy.targets):
                 continue
             if isinstance(policy, MultiNetworkPolicy):
-                chosen = policy.selects(key[0], facts.labels)
+                chosen = policy.selects(key[0], labels)
             else:
-                chosen = policy.selects(ns_labels, facts.labels)
+                chosen = policy.selects(ns_labels, labels)
             if chosen:
                 out.append(policy.ref)
         return sorted(out)

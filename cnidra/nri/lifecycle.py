@@ -103,6 +103,7 @@ class PolicyHook(Protocol):
         labels: Mapping[str, str] | None,
         att: Attachment,
         deadline: Deadline | None,
+        result: Result | None = None,
     ) -> None: ...
 
     def attached(self, record: SandboxRecord) -> None: ...
@@ -645,10 +646,10 @@ class PodLifecycle:
         waits on netlink. A limit that cannot be applied fails the attachment (SetupFailed),
         so it is rolled back and no interface runs without the limit its claim reserved."""
 
-        async def shape(att: Attachment) -> None:
+        async def shape(att: Attachment, result: Result | None = None) -> None:
             await limit(att)
             if self.policy is not None and record is not None:
-                await self.policy.at_add(record, labels, att, deadline)
+                await self.policy.at_add(record, labels, att, deadline, result)
 
         async def limit(att: Attachment) -> None:
             if att.rate is None:

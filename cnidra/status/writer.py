@@ -32,6 +32,7 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,7 +52,13 @@ from cnidra.kube.api import (
 )
 from cnidra.kube.events import EventRecord, EventRecorder, Involved
 from cnidra.observe import metrics
-from cnidra.status.devices import NETWORK_STATUS_ANNOTATION, DeviceKey, DeviceStatus
+from cnidra.status.devices import (
+    NETWORK_STATUS_ANNOTATION,
+    DeviceKey,
+    DeviceStatus,
+    same_condition,
+    with_conditions,
+)
 from cnidra.util.aio import wait_set
 from cnidra.util.backoff import Backoff
 from cnidra.util.files import write_atomically
@@ -134,6 +141,8 @@ class StatusWriter:
         self.releases = releases
         self.normal_events = normal_events
         self._devices: dict[ObjectRef, dict[DeviceKey, DeviceStatus]] = {}
+        # conditions of other producers (network policy's), merged into the entries they name
+        self._conditions: dict[ObjectRef, dict[DeviceKey, dict[str, Mapping[str, Any]]]] = {}
         self._status_changed: set[ObjectRef] = set()  # claims whose status is to be written
         # what the apiserver has of a claim's entries, as written last (absent: not known)
         self._written: dict[ObjectRef, list[DeviceStatus]] = {}
@@ -165,13 +174,35 @@ class StatusWriter:
         self._status_changed.add(claim)
         self._mark(claim)
 
+    def device_condition(
+        self, claim: ObjectRef, key: DeviceKey, type_: str, condition: Mapping[str, Any] | None
+    ) -> None:
+        """A condition of `type_` on the entry `key` (None: none), kept apart from `put`'s and
+        merged into the entry when it is written, whichever of the two comes first; a
+        condition that says what the last one said keeps its transition time."""
+        held = self._conditions.setdefault(claim, {}).setdefault(key, {})
+        if condition is None:
+            if held.pop(type_, None) is None:
+                return
+        elif same_condition(held.get(type_), condition):
+            return
+        else:
+            held[type_] = condition
+        if claim in self._devices and key in self._devices[claim]:
+            self._status_changed.add(claim)
+            self._mark(claim)
+
     def drop(self, claim: ObjectRef, keys: list[DeviceKey], *, later: bool = False) -> None:
         """The entries' interfaces are gone. `later`: their sandbox is gone, so the claim is
         likely to be unprepared soon (`released`: nothing to write) or set up again by the
         pod's next sandbox: written after DROP_GRACE, unless something due sooner writes it."""
         devices = self._devices.get(claim, {})
+        conditions = self._conditions.get(claim, {})
         for key in keys:
             devices.pop(key, None)
+            conditions.pop(key, None)
+        if not conditions:
+            self._conditions.pop(claim, None)
         self._status_changed.add(claim)
         self._mark(claim, DROP_GRACE if later else 0.0)
 
@@ -192,6 +223,7 @@ class StatusWriter:
         if generated:
             self._status_changed.discard(claim)
             self._devices.pop(claim, None)
+            self._conditions.pop(claim, None)
             self._written.pop(claim, None)
             if self._finalizer.get(claim) == self._finalizer_written.get(claim, None):
                 self._claims.done(claim)
@@ -246,6 +278,14 @@ class StatusWriter:
         if type_ == "Normal" and not self.normal_events:
             return
         self._queue(EventRecord(_involved(pod, "Pod"), reason, message, type_))
+
+    def object_event(
+        self, about: Involved, reason: str, message: str, type_: str = "Warning"
+    ) -> None:
+        """An Event on any object (a network policy: cnidra.status.netpolicy)."""
+        if type_ == "Normal" and not self.normal_events:
+            return
+        self._queue(EventRecord(about, reason, message, type_))
 
     def claim_event(self, claim: ObjectRef, reason: str, message: str) -> None:
         """A Normal Event on a ResourceClaim (same queue, bounds and retries as pods')."""
@@ -341,7 +381,11 @@ class StatusWriter:
             return False
         wrote = False
         if claim in self._status_changed:
-            devices = list(self._devices.get(claim, {}).values())
+            extra = self._conditions.get(claim, {})
+            devices = [
+                with_conditions(d, list(extra.get(d.key, {}).values()))
+                for d in self._devices.get(claim, {}).values()
+            ]
             if self._written.get(claim) != devices:
                 await self._apply_status(claim, [d.entry() for d in devices])
                 wrote = True
