@@ -81,6 +81,10 @@ async def test_describe_shows_policies_counters_and_flags(tmp_path: Path) -> Non
     assert "policy network ns/blue: ns/web" in out
     assert "drop            5 packets" in out and "default-deny ingress (ns/web)" in out
     assert "NOT ENFORCED: a vhost-user socket" in out
+    # the interface enforced in the pod's namespace is flagged, the one not enforced is not
+    assert (
+        out.count("UNDOABLE: enforced in the pod's network namespace, where containers debug") == 1
+    )
     assert "containers debug are privileged or have CAP_NET_ADMIN" in out
     view, out, _ = await query(node, described, NftError("nft: no such table"), tmp_path)
     assert "counters could not be read: nft: no such table" in view.attachments[0].policy.error

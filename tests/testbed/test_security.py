@@ -573,6 +573,9 @@ def test_the_drivers_rbac_holds_exactly_what_its_code_calls(cluster: Cluster) ->
         ("watch", "namespaces"),
         ("list", "multi-networkpolicies.k8s.cni.cncf.io", "-A"),
         ("watch", "cniadminnetworkpolicies.cni.networking.x-k8s.io"),
+        # a policy's entry of this node in its status (an interface it cannot enforce)
+        ("patch", "multi-networkpolicies.k8s.cni.cncf.io", "--subresource=status", "-n", "any"),
+        ("patch", "cniadminnetworkpolicies.cni.networking.x-k8s.io", "--subresource=status"),
         # pool accounting: pools' counts, and the scheduler's FailedScheduling Events
         ("patch", "cniippools.cni.networking.x-k8s.io", "--subresource=status"),
         ("watch", "events", "-A"),
@@ -586,6 +589,7 @@ def test_the_drivers_rbac_holds_exactly_what_its_code_calls(cluster: Cluster) ->
         ("patch", "nodes"),
         ("patch", "namespaces"),
         ("create", "multi-networkpolicies.k8s.cni.cncf.io", "-n", "any"),
+        ("patch", "multi-networkpolicies.k8s.cni.cncf.io", "-n", "any"),
         ("patch", "pods", "--subresource=status", "-n", "any"),
         ("patch", "events", "-n", "any"),
         ("create", "deviceclasses.resource.k8s.io"),
