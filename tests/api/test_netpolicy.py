@@ -694,7 +694,10 @@ def test_validate_judges_policy_documents() -> None:
         "CNIAdminNetworkPolicy",
         "CNIAdminNetworkPolicy",
     ]
-    assert not reports[0].issues.items and not reports[2].issues.items
+    assert not reports[0].issues.errors and not reports[2].issues.items
+    # the tenancy rule: a CNINetwork the input does not hold is not judged, and says so
+    [unjudged] = reports[0].issues.warnings
+    assert unjudged.message.startswith("cninetwork:data: whether tenant-a may use it")
     assert [str(i.path) for i in reports[1].issues.errors] == ["spec.ingress[0].ports[0].port"]
     assert [str(i.path) for i in reports[3].issues.errors] == ["spec.priority"]
 
