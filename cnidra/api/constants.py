@@ -44,6 +44,7 @@ REASON_BANDWIDTH: Final = "RateLimitApplied"
 # policy can name and the driver enforces policy; True only where the pod cannot undo it
 CONDITION_POLICY: Final = "NetworkPolicyEnforced"
 REASON_POLICY_POD_NAMESPACE: Final = "InPodNamespace"  # True: a table in the pod's namespace
+REASON_POLICY_HOST_SIDE: Final = "OnHostSide"  # True: on the host's end of the pod's veth
 REASON_POLICY_UNDOABLE: Final = "UndoableByPod"  # False: the pod has CAP_NET_ADMIN
 REASON_POLICY_REFUSED: Final = "NotEnforceable"  # False: no kernel path to filter
 

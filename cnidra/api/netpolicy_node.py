@@ -29,6 +29,7 @@ NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
 # the key of a network-status entry that names its network as `policy-for` does
 POLICY_NETWORK_KEY = f"{DRIVER_NAME}/policy-for"
 TABLE_PREFIX = "cnidra_"
+HOST_TABLE_PREFIX = "cnidra_h"  # the host's tables (a pod's are cnidra_ and 12 hex: no clash)
 
 Policy = MultiNetworkPolicy | AdminNetworkPolicy
 Change = tuple[PodKey, str]  # a local pod, a network: that table changed
@@ -38,6 +39,13 @@ def table_name(network: str) -> str:
     """The nftables table of a network in a pod's namespace (a name nft takes whatever the
     network's key holds)."""
     return TABLE_PREFIX + hashlib.sha256(network.encode()).hexdigest()[:12]
+
+
+def host_table_name(network: str, host_ifname: str) -> str:
+    """The table of a pod's network enforced on the host's end of its veth (in the host's
+    namespace, one per host veth: `cnidra_h` and 12 hex of the network and the veth)."""
+    digest = hashlib.sha256(f"{network}\0{host_ifname}".encode()).hexdigest()[:12]
+    return f"{HOST_TABLE_PREFIX}{digest}"
 
 
 def named_ports(spec: Mapping[str, Any]) -> tuple[NamedPort, ...]:

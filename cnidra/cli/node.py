@@ -232,6 +232,11 @@ def policy_lines(a: api.Attachment, undoable_by: Sequence[str] = ()) -> list[str
     lines = [f"policy network {p.network}: " + (", ".join(p.policies) or "no policy selects it")]
     if p.not_enforced:
         lines.append(f"  NOT ENFORCED: {p.not_enforced}")
+    elif p.host_interface:
+        lines.append(
+            f"  enforced on the host's end of the pod's veth ({p.host_interface}), where the "
+            "pod cannot undo it"
+        )
     elif undoable_by:
         lines.append(
             f"  UNDOABLE: enforced in the pod's network namespace, where containers "

@@ -30,9 +30,11 @@ from typing import Any, Protocol
 from cnidra.api import netpolicy as model
 from cnidra.api.constants import CONDITION_POLICY, DRIVER_NAME
 from cnidra.api.netpolicy_node import (
+    HOST_TABLE_PREFIX,
     Change,
     NodePolicy,
     PodFacts,
+    host_table_name,
     pod_facts,
     table_name,
 )
@@ -44,6 +46,8 @@ from cnidra.api.netpolicy_rules import (
     UnenforceableInterface,
     compile_pod,
     enforcement,
+    host_interface,
+    host_side,
     undoes_pod_side,
 )
 from cnidra.api.netpolicy_state import PodKey
@@ -74,6 +78,8 @@ class Nft(Protocol):
     ) -> str: ...
 
     def remove(self, netns: str, table: str = ..., *, timeout: float) -> None: ...
+
+    def list_tables(self, netns: str, *, timeout: float) -> list[str]: ...
 
 
 class Events(Protocol):
@@ -136,6 +142,8 @@ class Local:
     # interface -> (its claim, its status.devices entry, its network): for the condition
     devices: dict[str, tuple[ObjectRef, DeviceKey, str]] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)  # as the runtime or the watch gave
+    # network -> the host's end of the pod's veth, where its table is (ptp); else the pod's
+    host: dict[str, str] = field(default_factory=dict)
 
 
 def device_key(att: Attachment) -> DeviceKey:
@@ -182,6 +190,7 @@ class PolicyEnforcer:
         conditions: Conditions | None = None,
         reports: Reports | None = None,
         node_name: str = "",
+        host_netns: str = "/proc/self/ns/net",
         datapath: Nft = nft,
         enabled: bool = True,
         settle: float = 0.05,
@@ -192,6 +201,9 @@ class PolicyEnforcer:
         self.conditions = conditions
         self.reports = reports
         self.node_name = node_name
+        self.host_netns = host_netns  # where host-side tables go (the driver's: the node's)
+        self.doomed: set[tuple[str, str]] = set()  # host tables to remove: (netns, table)
+        self.swept = False  # the host's tables left by an earlier run removed
         # every pod whose containers could delete a table in its namespace (few): by pod
         self.net_admin: dict[PodKey, tuple[str, ...]] = {}
         # the problems each policy was last reported with; the policies whose status holds an
@@ -302,7 +314,8 @@ class PolicyEnforcer:
             return
         local.undoable = who
         self._set_conditions(key)
-        if who and self.events is not None and self.node.local.get(key):
+        pod_side = [n for n in self.node.local.get(key, {}) if n not in local.host]
+        if who and self.events is not None and pod_side:
             self.events.event(
                 local.pod,
                 REASON_NOT_ENFORCED,
@@ -346,6 +359,9 @@ class PolicyEnforcer:
                     f"enforced on this interface: {how.refused}",
                 )
             return
+        host_if = host_interface(plugin, result.raw if result is not None else None)
+        if how.where == "host" and host_if:
+            local.host[network] = host_if
         known = self.node.pods.get(key)
         facts = PodFacts(
             key[0],
@@ -374,14 +390,34 @@ class PolicyEnforcer:
                 REASON_POLICY,
             )
         try:
-            await asyncio.to_thread(
-                self.datapath.apply, record.netns, ruleset, None, timeout=timeout
-            )
+            netns, ruleset = self._placed(local, network, ruleset)
+            await asyncio.to_thread(self.datapath.apply, netns, ruleset, None, timeout=timeout)
+        except UnenforceableInterface as exc:  # the host veth's name
+            self.node.remove_local(key, network)
+            raise SetupFailed(f"network policy on {att.if_name}: {exc}", REASON_POLICY) from exc
         except nft.NftError as exc:
             raise SetupFailed(
                 f"network policy on {att.if_name} could not be applied: {exc}", REASON_POLICY
             ) from exc
-        self.applied[(record.netns, ruleset.table)] = ruleset
+        self.applied[(netns, ruleset.table)] = ruleset
+
+    def _placed(self, local: Local, network: str, ruleset: Ruleset) -> tuple[str, Ruleset]:
+        """Where the table of `network` goes, and in what form: on the host's end of the pod's
+        veth (ptp), or in the pod's namespace as compiled."""
+        host_if = local.host.get(network)
+        if host_if is None:
+            return local.netns, ruleset
+        return self.host_netns, host_side(ruleset, host_if, host_table_name(network, host_if))
+
+    def where(self, key: PodKey, network: str) -> tuple[str, str] | None:
+        """(netns, table) of the pod's table of `network`; None: the pod is not local."""
+        local = self.local.get(key)
+        if local is None:
+            return None
+        host_if = local.host.get(network)
+        if host_if is not None:
+            return self.host_netns, host_table_name(network, host_if)
+        return local.netns, table_name(network)
 
     def attached(self, record: SandboxRecord) -> None:
         """The sandbox's ADDs are done: its addresses are known to the other pods' tables (the
@@ -427,15 +463,18 @@ class PolicyEnforcer:
             if not network or network in left:
                 continue
             self.node.remove_local(key, network)
-            table = table_name(network)
-            self.applied.pop((record.netns, table), None)
+            netns, table = record.netns, table_name(network)
+            host_if = local.host.pop(network, None) if local is not None else None
+            if host_if is not None:
+                netns, table = self.host_netns, host_table_name(network, host_if)
+            self.applied.pop((netns, table), None)
             if self.enabled:
                 try:
-                    await asyncio.to_thread(
-                        self.datapath.remove, record.netns, table, timeout=NFT_TIMEOUT
-                    )
+                    await asyncio.to_thread(self.datapath.remove, netns, table, timeout=NFT_TIMEOUT)
                 except nft.NftError as exc:
                     log.warning("pod %s: removing the policy table of %s: %s", key, network, exc)
+                    if host_if is not None:
+                        self.doomed.add((netns, table))  # tried again by the task
 
     def forget(self, record: SandboxRecord) -> None:
         """The sandbox is gone, and its tables with its namespace."""
@@ -443,7 +482,13 @@ class PolicyEnforcer:
         local = self.local.get(key)
         if local is None or local.sandbox_id != record.sandbox_id:
             return
-        if self.local.pop(key).unenforced:
+        gone = self.local.pop(key)
+        if gone.unenforced:
+            self._wake.set()
+        for network, host_if in gone.host.items():  # the host's tables outlive the pod
+            where = (self.host_netns, host_table_name(network, host_if))
+            self.applied.pop(where, None)
+            self.doomed.add(where)
             self._wake.set()
         self.node.remove_local(key)
         for applied in [k for k in self.applied if k[0] == record.netns]:
@@ -470,6 +515,9 @@ class PolicyEnforcer:
                 if how.where is None:
                     local.unenforced[att.if_name] = (att.policy_network, how.refused)
                     continue
+                host_if = host_interface(plugin, attached.result)
+                if how.where == "host" and host_if:
+                    local.host[att.policy_network] = host_if
                 facts = PodFacts(
                     key[0],
                     key[1],
@@ -497,7 +545,35 @@ class PolicyEnforcer:
             if not self.synced:
                 continue
             await self.apply_dirty()
+            await self.remove_doomed()
             self.report_problems()
+
+    async def remove_doomed(self) -> None:
+        """The host's tables of pods that went, and once after a start (`swept`) every host
+        table of cnidra's that no local interface has: a table the last run left behind when
+        its pod went while the driver was down. A failure is tried again at the next wake."""
+        if not self.swept and self.enabled:
+            wanted = {self.where(k, n) for k, nets in self.node.local.items() for n in nets}
+            try:
+                found = await asyncio.to_thread(
+                    self.datapath.list_tables, self.host_netns, timeout=NFT_TIMEOUT
+                )
+            except nft.NftError as exc:
+                log.warning("the host's policy tables could not be listed: %s", exc)
+            else:
+                self.swept = True
+                self.doomed |= {
+                    (self.host_netns, t)
+                    for t in found
+                    if t.startswith(HOST_TABLE_PREFIX) and (self.host_netns, t) not in wanted
+                }
+        for where in sorted(self.doomed):
+            try:
+                await asyncio.to_thread(self.datapath.remove, *where, timeout=NFT_TIMEOUT)
+            except nft.NftError as exc:
+                log.warning("removing the host's policy table %s: %s", where[1], exc)
+                continue
+            self.doomed.discard(where)
 
     async def apply_dirty(self) -> None:
         dirty, self.dirty = self.dirty, set()
@@ -507,12 +583,17 @@ class PolicyEnforcer:
             ruleset = self.node.ruleset(key, network)
             if local is None or ruleset is None:
                 continue
-            where = (local.netns, ruleset.table)
+            try:
+                netns, ruleset = self._placed(local, network, ruleset)
+            except UnenforceableInterface as exc:
+                log.warning("pod %s/%s: network policy on %s: %s", *key, network, exc)
+                continue
+            where = (netns, ruleset.table)
             started = time.perf_counter()
             try:
                 await asyncio.to_thread(
                     self.datapath.apply,
-                    local.netns,
+                    netns,
                     ruleset,
                     self.applied.get(where),
                     timeout=NFT_TIMEOUT,
@@ -541,7 +622,10 @@ class PolicyEnforcer:
             return
         for ifname, (claim, dkey, network) in local.devices.items():
             refused = local.unenforced.get(ifname, ("", ""))[1]
-            condition = policy_condition(ifname, network, refused, local.undoable)
+            host_if = local.host.get(network, "")
+            condition = policy_condition(
+                ifname, network, refused, () if host_if else local.undoable, host_if=host_if
+            )
             self.conditions.device_condition(claim, dkey, CONDITION_POLICY, condition)
 
     def problems(self) -> dict[PolicyRef, tuple[str, ...]]:
@@ -600,6 +684,11 @@ class PolicyEnforcer:
                 "table": table_name(network),
                 "policies": self.node.applying(key, network),
             }
+            host_if = local.host.get(network) if local is not None else None
+            if host_if is not None:  # on the host's end of its veth: counters read there
+                out[ifname]["table"] = host_table_name(network, host_if)
+                out[ifname]["netns"] = self.host_netns
+                out[ifname]["hostInterface"] = host_if
         if local is not None:
             for ifname, (network, why) in local.unenforced.items():
                 out[ifname] = {
@@ -607,21 +696,20 @@ class PolicyEnforcer:
                     "policies": self.node.policed(network),
                     "notEnforced": why,
                 }
-            if local.undoable:
+            if local.undoable and any(n not in local.host for n in self.node.local.get(key, {})):
                 out["undoableBy"] = list(local.undoable)
         return out
 
     def tables(self) -> list[tuple[PodKey, str, str, str]]:
         """(pod, network, netns, table) of every table applied here (metrics read them; safe
         to call from another thread: it copies what it reads)."""
+        applied = set(self.applied)
         out = []
-        for (netns, table), _ in list(self.applied.items()):
-            for key, local in list(self.local.items()):
-                if local.netns != netns:
-                    continue
-                for network in list(self.node.local.get(key, {})):
-                    if table_name(network) == table:
-                        out.append((key, network, netns, table))
+        for key in list(self.local):
+            for network in list(self.node.local.get(key, {})):
+                where = self.where(key, network)
+                if where is not None and where in applied:
+                    out.append((key, network, *where))
         return out
 
 

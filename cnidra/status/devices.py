@@ -18,6 +18,7 @@ from cnidra.api.constants import (
     DRIVER_NAME,
     REASON_BANDWIDTH,
     REASON_NOT_READY,
+    REASON_POLICY_HOST_SIDE,
     REASON_POLICY_POD_NAMESPACE,
     REASON_POLICY_REFUSED,
     REASON_POLICY_UNDOABLE,
@@ -130,17 +131,29 @@ def policy_condition(
     refused: str = "",
     undoable_by: Sequence[str] = (),
     now: datetime | None = None,
+    *,
+    host_if: str = "",
 ) -> dict[str, Any]:
     """The NetworkPolicyEnforced condition of an interface on a network policy can name
     (`network`, as `policy-for` names it): False with why when policy cannot be enforced on it
     (`refused`, the plugin type's reason) or when containers of its pod could delete the table
-    in its namespace (`undoable_by`); else True. The message names no policy, so a policy
-    change does not rewrite the claim's status."""
+    in its namespace (`undoable_by`); else True (`host_if`: on the host's end of its veth).
+    The message names no policy, so a policy change does not rewrite the claim's status."""
     if refused:
         return _condition(
             "False",
             REASON_POLICY_REFUSED,
             f"network policy for {network} cannot be enforced on {if_name}: {refused}",
+            now,
+            None,
+            CONDITION_POLICY,
+        )
+    if host_if:
+        return _condition(
+            "True",
+            REASON_POLICY_HOST_SIDE,
+            f"network policy for {network} is enforced for {if_name} on the host's end of its "
+            f"veth ({host_if}), where the pod cannot undo it",
             now,
             None,
             CONDITION_POLICY,
