@@ -1,7 +1,9 @@
 """Network policy compiled to nftables for one pod. Pure: no I/O (cnidra.datapath.netpolicy
 applies what this writes). docs/network-policy.md.
 
-One table per pod, `inet cnidra`, in the namespace where it is enforced. For each of the pod's
+One table per pod and network, `inet cnidra_<12 hex of the network>`
+(cnidra.api.netpolicy_node.table_name), in the namespace where it is enforced (`host_side`
+moves it to the host's end of a routed veth). For each of the pod's
 interfaces on a network with policy (numbered `if0`, `if1`, ... in the order given):
 
     chain input  (hook input)   iifname "net1" jump if0_in
