@@ -11,25 +11,47 @@ exec's own time, and then asserted once more (not a probe that passed during a c
 The claim of a's interface carries `NetworkPolicyEnforced` True, `InPodNamespace` (macvlan:
 the pod's namespace; no container of a has CAP_NET_ADMIN).
 
+A ptp network (`test_ptp_...`): its table is on the host's end of the pod's veth (the
+machine's namespace is node 1's: a cnidra-owned table named after the network and that veth,
+nothing else of the machine touched), so a pod that flushes its own namespace's nftables
+(done from the host here, as a pod with CAP_NET_ADMIN could) is still held; the claim says
+`OnHostSide`; the table goes with the pod.
+
 Not here (the netns tests prove them with traffic: tests/datapath/test_netpolicy.py,
 test_netpolicy_host.py): UDP (the test image's busybox nc has no UDP), namespace selectors
-(a claim network is one namespace's), ptp's host side, peers on node 2.
+(a claim network is one namespace's), peers on node 2.
 
 Only the test's own link (a host-only bridge) and 198.19.43.0/24 (inside 198.18.0.0/15)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import subprocess
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from cnidra.api.constants import CONDITION_POLICY, REASON_POLICY_POD_NAMESPACE
-from testbed.harness import Cluster
-from tests.testbed.conftest import Attached
-from tests.testbed.objects import apply, claiming_pod, claims_of, pod_addresses, ready
+from cnidra.api.constants import (
+    CONDITION_POLICY,
+    REASON_POLICY_HOST_SIDE,
+    REASON_POLICY_POD_NAMESPACE,
+)
+from cnidra.api.netpolicy_node import HOST_TABLE_PREFIX
+from testbed.harness import Cluster, DriverProcess
+from tests.testbed.conftest import Attached, slice_devices
+from tests.testbed.objects import (
+    DRIVER,
+    apply,
+    claiming_pod,
+    claims_of,
+    device_template,
+    pod_addresses,
+    ready,
+    select_link,
+)
+from tests.testbed.test_bandwidth import sandbox_netns
 
 pytestmark = pytest.mark.testbed
 
@@ -93,14 +115,14 @@ def rows(b: str) -> list[Row]:
     ]
 
 
-def tenant_policy(namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
+def tenant_policy(namespace: str, spec: dict[str, Any], network: str = "net") -> dict[str, Any]:
     return {
         "apiVersion": "k8s.cni.cncf.io/v1beta1",
         "kind": "MultiNetworkPolicy",
         "metadata": {
             "name": "db",
             "namespace": namespace,
-            "annotations": {"k8s.v1.cni.cncf.io/policy-for": f"claim:{namespace}/net"},
+            "annotations": {"k8s.v1.cni.cncf.io/policy-for": f"claim:{namespace}/{network}"},
         },
         "spec": spec,
     }
@@ -252,3 +274,131 @@ def test_the_policy_matrix_holds_through_a_driver_restart(
         cluster.kubectl(
             "delete", "cniadminnetworkpolicies", admin_name(ns), "--ignore-not-found", check=False
         )
+
+
+PTP_SUBNET = "198.19.46.0/24"
+PTP_CLASS = "ptp.test.cni.networking.x-k8s.io"
+
+
+def ptp_class() -> dict[str, Any]:
+    """An admin's class that lets claims define ptp networks addressed by cnidra's IPAM."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": PTP_CLASS},
+        "spec": {
+            "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}],
+            "config": [
+                {
+                    "opaque": {
+                        "driver": DRIVER,
+                        "parameters": {
+                            "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+                            "kind": "CNIPolicy",
+                            "claims": {"defineNetworks": True, "plugins": ["ptp", "cnidra"]},
+                        },
+                    }
+                }
+            ],
+        },
+    }
+
+
+@pytest.fixture
+def ptp_classed(cluster: Cluster, namespace: str) -> Iterator[str]:
+    cluster.apply(ptp_class())
+    cluster.kubectl(
+        "annotate", "namespace", namespace, f"cni.networking.x-k8s.io/device-classes={PTP_CLASS}"
+    )
+    yield PTP_CLASS
+    cluster.kubectl("delete", "deviceclass", PTP_CLASS, "--ignore-not-found", check=False)
+
+
+def host_tables() -> list[str]:
+    """cnidra's tables in the machine's namespace (node 1's), read only."""
+    out = subprocess.run(
+        ["nft", "list", "tables", "inet"], capture_output=True, text=True, check=True, timeout=10
+    ).stdout
+    return [line.split()[-1] for line in out.splitlines() if HOST_TABLE_PREFIX in line]
+
+
+def test_ptp_is_enforced_on_the_hosts_end_where_the_pod_cannot_undo_it(
+    cluster: Cluster,
+    namespace: str,
+    start_driver: Callable[..., DriverProcess],
+    parent: str,
+    ip_pools: Callable[..., str],
+    ptp_classed: str,
+) -> None:
+    ns = namespace
+    pool = ip_pools(PTP_SUBNET, ns, gateway="198.19.46.1")
+    driver = start_driver()
+    cluster.wait("the slice to carry the link", lambda: parent in slice_devices(cluster), 30)
+    config = {
+        "cniVersion": "1.1.0",
+        "name": "pnet",
+        "plugins": [{"type": "ptp", "ipam": {"type": "cnidra", "pool": pool}}],
+    }
+    net = device_template(
+        "pnet", ptp_classed, [("net", select_link(parent), {"ifName": "net1", "config": config})]
+    )
+    a = server("pnet")
+    b = claiming_pod("b", "pnet")
+    b["metadata"]["labels"] = {"app": "web"}
+    before = set(host_tables())
+    apply(cluster, ns, net, a, b)
+    for pod in ("a", "b"):
+        ready(cluster, ns, pod)
+    address = address_of(cluster, ns, "a")
+    made = Attached(ns, parent, pool, driver, "b", "pnet")
+    cluster.wait(
+        "a's claim to say its policy is on the host's side",
+        lambda: (
+            [(c["status"], c["reason"]) for c in policy_condition(cluster, ns, "a")]
+            == [("True", REASON_POLICY_HOST_SIDE)]
+        ),
+        30,
+    )
+    mine = set(host_tables()) - before
+    assert len(mine) == 2, mine  # a's and b's, on the host's ends of their veths
+    only_b = {"b": True}
+    settles_one(made, address, only_b, "b to reach a over ptp without a policy")
+    deny = {"podSelector": DB}
+    apply(cluster, ns, tenant_policy(ns, deny, "pnet"))
+    settles_one(made, address, {"b": False}, "the default deny on a's host veth to block b")
+    # what a pod with CAP_NET_ADMIN could do to its own namespace: nothing of this holds there
+    for pod in ("a", "b"):
+        subprocess.run(
+            ["nsenter", f"--net={sandbox_netns(cluster, ns, pod)}", "nft", "flush", "ruleset"],
+            check=True,
+            timeout=10,
+        )
+    assert probes_of(cluster, ns, address, ("b",)) == {"b": False}, LAST
+    cluster.kubectl("delete", "multi-networkpolicies", "-n", ns, "db")
+    settles_one(made, address, only_b, "b to reach a once the policy is gone")
+    # the pods go: their tables on the host go too
+    cluster.kubectl("delete", "pods", "-n", ns, "a", "b", "--timeout=90s", timeout=120)
+    cluster.wait("the host's tables of a and b to go", lambda: not set(host_tables()) & mine, 30)
+
+
+def probes_of(
+    cluster: Cluster, namespace: str, address: str, clients: Sequence[str]
+) -> dict[str, bool]:
+    return {c: reaches(cluster, namespace, c, address) for c in clients}
+
+
+def settles_one(made: Attached, address: str, expected: dict[str, bool], what: str) -> None:
+    cluster, namespace = made.driver.cluster, made.namespace
+    clients = tuple(expected)
+    try:
+        cluster.wait(
+            what, lambda: probes_of(cluster, namespace, address, clients) == expected, WITHIN
+        )
+    except AssertionError as exc:
+        log = [
+            line
+            for line in made.driver.log.read_text().splitlines()
+            if "policy" in line.lower() or "Traceback" in line
+        ]
+        raise AssertionError(f"{exc}; the last probes: {LAST}; log: {log[-20:]}") from None
+    assert probes_of(cluster, namespace, address, clients) == expected, (what, LAST)
