@@ -314,13 +314,19 @@ class PolicyEnforcer:
             return
         local.undoable = who
         self._set_conditions(key)
+        self._event_undoable(key, local)
+
+    def _event_undoable(self, key: PodKey, local: Local) -> None:
+        """The Warning Event of a pod whose containers could delete its tables, when some of
+        them are in its namespace."""
         pod_side = [n for n in self.node.local.get(key, {}) if n not in local.host]
-        if who and self.events is not None and pod_side:
+        if local.undoable and self.events is not None and pod_side:
             self.events.event(
                 local.pod,
                 REASON_NOT_ENFORCED,
-                f"containers {', '.join(who)} are privileged or have CAP_NET_ADMIN: they can "
-                "delete the network policy tables cnidra keeps in the pod's network namespace",
+                f"containers {', '.join(local.undoable)} are privileged or have CAP_NET_ADMIN: "
+                "they can delete the network policy tables cnidra keeps in the pod's network "
+                "namespace",
             )
 
     # ------------------------------------------------------------------ the hook path
@@ -342,7 +348,6 @@ class PolicyEnforcer:
         key = (record.pod.namespace, record.pod.name)
         local = self.local.setdefault(key, Local(record.netns, record.sandbox_id, record.pod))
         local.netns, local.sandbox_id = record.netns, record.sandbox_id
-        local.undoable = self.net_admin.get(key, local.undoable)
         if labels is not None:
             local.labels = dict(labels)
         local.devices[att.if_name] = (att.claim, device_key(att), network)
@@ -425,6 +430,11 @@ class PolicyEnforcer:
         if not self.enabled:
             return
         key = (record.pod.namespace, record.pod.name)
+        local = self.local.get(key)
+        seen = self.net_admin.get(key, ())  # the watch saw the pod before its sandbox
+        if local is not None and seen and seen != local.undoable:
+            local.undoable = seen
+            self._event_undoable(key, local)
         self._set_conditions(key)
         known = self.node.pods.get(key)
         networks: dict[str, tuple[str, ...]] = {}

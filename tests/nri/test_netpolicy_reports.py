@@ -87,6 +87,7 @@ async def test_a_pod_the_watch_saw_with_net_admin_is_flagged_at_attach(tmp_path:
     await node.hooks.run_pod_sandbox(pod("a"))
     assert condition(node)["reason"] == REASON_POLICY_UNDOABLE
     assert enforcer.describe(("ns", "a"))["undoableBy"] == ["c"]
+    assert [e[1] for e in node.status.events].count("NetworkPolicyNotEnforced") == 1
 
 
 async def test_a_device_bound_to_a_userspace_driver_is_not_enforced_and_says_so(
