@@ -545,6 +545,9 @@ def driver_devices(cluster: Cluster) -> set[str]:
 
 
 def test_the_drivers_rbac_holds_exactly_what_its_code_calls(cluster: Cluster) -> None:
+    # the CRDs' resources are known to `auth can-i` only once served (alone, this test ran
+    # before any other installed them, and every CRD row said no)
+    cluster.install_cnidra_api()
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac.yaml"))
     sa = "system:serviceaccount:cnidra-system:cnidra"
 
