@@ -17,6 +17,12 @@ nothing else of the machine touched), so a pod that flushes its own namespace's 
 (done from the host here, as a pod with CAP_NET_ADMIN could) is still held; the claim says
 `OnHostSide`; the table goes with the pod.
 
+A network no policy can be enforced on (`test_a_policy_...`: the tests' pass-through plugin,
+which gives the pod no kernel interface): the claim says `NotEnforceable`, the policy that
+selects the pod gets a Warning Event and node 1's entry in `status.nodes` (a real apiserver:
+the status subresource, the driver's RBAC, server-side apply per node), shown by `kubectl get`,
+and the entry goes with the pod.
+
 Not here (the netns tests prove them with traffic: tests/datapath/test_netpolicy.py,
 test_netpolicy_host.py): UDP (the test image's busybox nc has no UDP), namespace selectors
 (a claim network is one namespace's), peers on node 2.
@@ -40,13 +46,17 @@ from cnidra.api.constants import (
 )
 from cnidra.api.netpolicy_node import HOST_TABLE_PREFIX
 from testbed.harness import Cluster, DriverProcess
+from testbed.incluster import FAULT_PLUGINS
+from testbed.layout import NODE
 from tests.testbed.conftest import Attached, slice_devices
 from tests.testbed.objects import (
     DRIVER,
+    TEST_CLASS,
     apply,
     claiming_pod,
     claims_of,
     device_template,
+    plugins_class,
     pod_addresses,
     ready,
     select_link,
@@ -402,3 +412,56 @@ def settles_one(made: Attached, address: str, expected: dict[str, bool], what: s
         ]
         raise AssertionError(f"{exc}; the last probes: {LAST}; log: {log[-20:]}") from None
     assert probes_of(cluster, namespace, address, clients) == expected, (what, LAST)
+
+
+def test_a_policy_that_selects_an_interface_it_cannot_enforce_says_so(
+    cluster: Cluster,
+    namespace: str,
+    start_driver: Callable[..., DriverProcess],
+    parent: str,
+) -> None:
+    ns = namespace
+    cluster.apply(plugins_class())
+    cluster.kubectl(
+        "annotate", "namespace", ns, f"cni.networking.x-k8s.io/device-classes={TEST_CLASS}"
+    )
+    start_driver(cni_path=f"{cluster.env['CNIDRA_CNI_PATH']}:{FAULT_PLUGINS}")
+    cluster.wait("the slice to carry the link", lambda: parent in slice_devices(cluster), 30)
+    config = {"cniVersion": "1.1.0", "name": "fnet", "plugins": [{"type": "fault-del-fails"}]}
+    net = device_template(
+        "fnet", TEST_CLASS, [("net", select_link(parent), {"ifName": "net1", "config": config})]
+    )
+    a = claiming_pod("a", "fnet")
+    a["metadata"]["labels"] = {"app": "db"}
+    apply(cluster, ns, net, a, tenant_policy(ns, {"podSelector": DB}, "fnet"))
+    ready(cluster, ns, "a")
+    cluster.wait(
+        "a's claim to say policy cannot be enforced on its interface",
+        lambda: (
+            [(c["status"], c["reason"]) for c in policy_condition(cluster, ns, "a")]
+            == [("False", "NotEnforceable")]
+        ),
+        30,
+    )
+
+    def entries() -> list[dict[str, Any]]:
+        status = cluster.get("multi-networkpolicies", "db", ns).get("status") or {}
+        return list(status.get("nodes") or [])
+
+    cluster.wait("node 1's entry in the policy's status", lambda: len(entries()) == 1, 30)
+    [entry] = entries()
+    [condition] = entry["conditions"]
+    assert entry["node"] == NODE
+    assert (condition["type"], condition["status"], condition["reason"]) == (
+        "Enforced",
+        "False",
+        "NotEnforceable",
+    )
+    assert f"pod {ns}/a net1 (claim:{ns}/fnet)" in condition["message"], condition
+    listed = cluster.kubectl("get", "multi-networkpolicies", "-n", ns, "db").stdout
+    assert "NOT-ENFORCED-ON" in listed and NODE in listed, listed
+    reasons = [e["reason"] for e in cluster.events("db", ns)]
+    assert "NetworkPolicyNotEnforced" in reasons, reasons
+    # the pod goes: node 1 has nothing more to say, and its entry goes
+    cluster.kubectl("delete", "pod", "-n", ns, "a", "--timeout=90s", timeout=120)
+    cluster.wait("node 1's entry to go", lambda: entries() == [], 30)
