@@ -88,6 +88,9 @@ BENCHES: tuple[Bench, ...] = (
     Bench("pod_cpu", ("--json",), 900, 1, "", optional=True),
     # a claim's rate limit against the same traffic unshaped, in namespaces (about 17 s)
     Bench("shaping", ("--json",), 300, 0.3, ""),
+    # network policy: 1,000 policies and pods compiled; the largest table and a set update with
+    # nft; a change to enforcement through the agent for 20 local pods (about 40 s)
+    Bench("netpolicy", ("--nft", "--agent", "--json"), 900, 0.7, ""),
     # 3 rounds of 50 pods four ways; the peers' first build (about 3 min) comes on top
     Bench("pod_ready", ("--json",), 3600, 9, "test bed, peers"),
     # the prepare and memory half (the figures of the goals; pod_ready has the pods)

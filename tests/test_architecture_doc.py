@@ -32,6 +32,7 @@ WORDS = {
     "eight": 8,
     "nine": 9,
     "ten": 10,
+    "eleven": 11,
 }
 # names the doc cites that other projects define: containerd/nri's, uvicorn's
 EXTERNAL = {"Adaptation", "Config", "Server"}

@@ -68,6 +68,7 @@ from cnidra.state.layout import StateLayout
 from cnidra.state.migrate import migrate_legacy
 from cnidra.state.sandboxes import SandboxStore
 from cnidra.status.metadata import DeviceMetadata
+from cnidra.status.netpolicy import PolicyStatusWriter
 from cnidra.status.writer import StatusWriter
 from cnidra.util.memory import cap_malloc_arenas
 from cnidra.util.workers import start_workers
@@ -205,9 +206,7 @@ class Driver:
         self.journal = Journal(self.layout.journal)
         # before anything can DEL: records of cnidra 0.1 name networks in the shared directory
         migrate_legacy(self.layout, settings.legacy_cni_dir, self.sandboxes)
-        self.policy = PolicyEnforcer(
-            self.sandboxes, events=self.status, enabled=settings.network_policy
-        )
+        self.policy_status, self.policy = self._network_policy()
         metrics.POLICY_DROPS.source = lambda: read_drops(self.policy)
         self.lifecycle = PodLifecycle(
             self.checkpoint,
@@ -407,6 +406,7 @@ class Driver:
         if s.network_policy:
             self.policy.restore()  # the tables of the pods attached before a restart
             self.tasks.spawn("netpolicy", self.policy.run)
+            self.tasks.spawn("netpolicy-status", self.policy_status.run, critical=False)
             api = Api(self.client, s.api_timeout)
             self.tasks.spawn("netpolicy-watches", lambda: follow_all(api, self.policy))
         log.info(
@@ -417,6 +417,23 @@ class Driver:
             s.dra_socket,
             s.http_address,
         )
+
+    def _network_policy(self) -> tuple[PolicyStatusWriter, PolicyEnforcer]:
+        """The enforcer, and the writer of a policy's problems on this node (an Event and the
+        policy's status entry of this node); the claims' conditions go to the status writer."""
+        settings = self.settings
+        reports = PolicyStatusWriter(
+            Api(self.client, settings.api_timeout), settings.node_name, self.status.object_event
+        )
+        enforcer = PolicyEnforcer(
+            self.sandboxes,
+            events=self.status,
+            conditions=self.status,
+            reports=reports,
+            node_name=settings.node_name,
+            enabled=settings.network_policy,
+        )
+        return reports, enforcer
 
     async def _reconcile_ipam(self) -> None:
         await self.ipam_reconciler.run(

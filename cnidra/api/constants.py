@@ -40,6 +40,13 @@ REASON_NOT_READY: Final = "NetworkInterfaceNotReady"
 # the rate limit an attached interface is held to (issue 44): present only where one is
 CONDITION_BANDWIDTH: Final = "BandwidthLimited"
 REASON_BANDWIDTH: Final = "RateLimitApplied"
+# network policy on the interface (issue 43): present where the interface is on a network a
+# policy can name and the driver enforces policy; True only where the pod cannot undo it
+CONDITION_POLICY: Final = "NetworkPolicyEnforced"
+REASON_POLICY_POD_NAMESPACE: Final = "InPodNamespace"  # True: a table in the pod's namespace
+REASON_POLICY_HOST_SIDE: Final = "OnHostSide"  # True: on the host's end of the pod's veth
+REASON_POLICY_UNDOABLE: Final = "UndoableByPod"  # False: the pod has CAP_NET_ADMIN
+REASON_POLICY_REFUSED: Final = "NotEnforceable"  # False: no kernel path to filter
 
 # cnidra interfaces one pod may have: all are ADDed within one NRI hook, whose time is bounded.
 DEFAULT_MAX_ATTACHMENTS: Final = 8

@@ -28,6 +28,7 @@ from cnidra.api.ipam import (
     pod_ref_problem,
     pool_from_object,
 )
+from cnidra.api.issues import ROOT, Issues
 from cnidra.api.loading import LoadError, load_json, load_yaml
 from cnidra.api.multus import (
     NETWORKS_ANNOTATION,
@@ -38,6 +39,13 @@ from cnidra.api.multus import (
     pod_template,
 )
 from cnidra.api.netconf import to_conflist
+from cnidra.api.netpolicy import (
+    MNP_KIND,
+    POLICY_FOR_ANNOTATION,
+    TargetKind,
+    decode_policy,
+    decode_target,
+)
 from cnidra.api.plugin_schema import ifname_problem
 from cnidra.api.policy import SEGMENT_BLIND_IPAM, parent_links
 from cnidra.api.validate import validate_documents
@@ -147,6 +155,7 @@ class Inputs:
     workloads: list[dict[str, Any]] = field(default_factory=list)
     held: list[Held] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # whereabouts objects that could not be read
+    policies: list[dict[str, Any]] = field(default_factory=list)  # MultiNetworkPolicies
 
 
 WHEREABOUTS_GROUP = "whereabouts.cni.cncf.io"
@@ -175,9 +184,10 @@ def read_all(data: str | bytes, name: str = "input") -> Inputs:
     workloads = [d for d in docs if isinstance(d, dict) and d.get("kind") in WORKLOAD_KINDS]
     out.workloads = [w for w in workloads if NETWORKS_ANNOTATION in _annotations(w)]
     nads = [d for d in docs if isinstance(d, dict) and d.get("kind") == NAD_KIND]
+    out.policies = [d for d in docs if isinstance(d, dict) and d.get("kind") == MNP_KIND]
     if out.workloads or nads:
         out.sources = [_from_nad(nad, name) for nad in nads]
-    else:
+    elif not out.policies:
         out.sources = read_sources(data, name)
     return out
 
@@ -989,13 +999,33 @@ def convert(
     reference: bool = False,
     held: Sequence[Held] = (),
     policy: Sequence[Any] | None = None,
+    network_policies: Sequence[Mapping[str, Any]] = (),
 ) -> Conversion:
     """NADs (or a CNI file) into claims or templates; workloads with Multus' networks
     annotation into one template each plus the workload rewritten to claim it, each interface
     named as Multus named it. Everything emitted passes `policy` (DeviceClasses; default: the
     shipped class) as `cnidra validate --policy` judges it; a NAD or workload whose output
     would not is refused, naming each field. `held`: addresses whereabouts holds, excluded from
-    the pools made of whereabouts IPAM."""
+    the pools made of whereabouts IPAM. `network_policies`: MultiNetworkPolicies, carried
+    over (`carry_policies`) after what they apply to."""
+    out = Conversion()
+    _convert_networks(sources, workloads, kind, name, if_name, reference, held, policy, out)
+    copied = {} if reference and not workloads else copied_networks(sources)
+    carry_policies(network_policies, copied, out, referenced=reference and not workloads)
+    return out
+
+
+def _convert_networks(
+    sources: Sequence[Source],
+    workloads: Sequence[Mapping[str, Any]],
+    kind: OutputKind,
+    name: str | None,
+    if_name: str | None,
+    reference: bool,
+    held: Sequence[Held],
+    policy: Sequence[Any] | None,
+    out: Conversion,
+) -> None:
     if if_name is not None:
         problem = ifname_problem(if_name)
         if problem:
@@ -1011,13 +1041,12 @@ def convert(
                 "a pod claiming two of them would get two interfaces of that name; convert "
                 "each NAD on its own, or leave --if-name out (cnidra names them net1, net2, ...)"
             )
-    out = Conversion()
     classes = list(policy) if policy else [SHIPPED_CLASS]
     if workloads:
         nads = {f"{s.namespace or 'default'}/{s.name}": s for s in sources if s.from_nad}
         for workload in workloads:
             _convert_workload(workload, nads, out, held, classes)
-        return out
+        return
     for source in sources:
         what = describe(source)
         try:
@@ -1045,7 +1074,76 @@ def convert(
         _add_docs(out, extra)
         out.notes += notes
         out.docs.append(doc)
-    return out
+
+
+def copied_networks(sources: Sequence[Source]) -> dict[str, str]:
+    """Each NAD (`ns/name`) whose config a conversion copies into claims: the config's name,
+    which names the claims' network (`claim:<ns>/<config name>`, docs/network-policy.md)."""
+    return {
+        f"{s.namespace or 'default'}/{s.name}": str(s.config.get("name") or s.name)
+        for s in sources
+        if s.from_nad and s.name
+    }
+
+
+def carry_policies(
+    policies: Sequence[Mapping[str, Any]],
+    copied: Mapping[str, str],
+    out: Conversion,
+    *,
+    referenced: bool = False,
+) -> None:
+    """A Multus user's MultiNetworkPolicies, carried over: cnidra reads the same CRD and the
+    same `policy-for`, so each is printed as written, except that a NAD whose config the
+    conversion copied into claims (`copied`: the claims' interfaces are then on the claim's
+    network, `claim:<policy's namespace>/<config name>`) gets that network added beside it.
+    The NAD stays named: the policy keeps applying to the pods Multus still attaches during a
+    migration (Multus' and OVN-Kubernetes' readers of `policy-for` match no NAD by the added
+    name). A policy cnidra would not apply is not carried, with its errors."""
+    for doc in policies:
+        meta = doc.get("metadata") if isinstance(doc.get("metadata"), Mapping) else {}
+        assert isinstance(meta, Mapping)
+        label = f"MultiNetworkPolicy {meta.get('namespace') or 'default'}/{meta.get('name')}"
+        found, issues = decode_policy(doc)
+        if found is None:
+            errors = "; ".join(f"{e.path}: {e.message}" for e in issues.errors)
+            out.refused.append(f"{label}: cnidra would not apply it: {errors}")
+            continue
+        named = {t.key for t in found.targets}
+        added: list[str] = []
+        for target in found.targets:
+            config = copied.get(target.key) if target.kind is TargetKind.NAD else None
+            network = f"claim:{found.namespace}/{config}"
+            if config is None or network in named or network in added:
+                continue
+            if decode_target(network, found.namespace, ROOT, Issues()) is None:
+                out.notes.append(
+                    f"{label}: the claims copying {target} are on {network}, which policy-for "
+                    "cannot name (the config's name is no DNS subdomain): rename the config"
+                )
+                continue
+            added.append(network)
+        carried = copy.deepcopy(dict(doc))
+        if added:
+            annotations = carried["metadata"]["annotations"]
+            written = str(annotations[POLICY_FOR_ANNOTATION]).strip()
+            annotations[POLICY_FOR_ANNOTATION] = ", ".join([written, *added])
+            out.notes.append(
+                f"{label}: policy-for gets {', '.join(added)} beside the NADs it names: the "
+                "converted claims copy those NADs' configs, so their interfaces are on the "
+                "claim's network; the NADs stay, for the pods Multus still attaches"
+            )
+        else:
+            how = (
+                "the claims reference its NADs (--reference), so their interfaces are on them"
+                if referenced
+                else "cnidra reads MultiNetworkPolicy and policy-for as Multus does; an interface "
+                "is on a NAD when its claim references the NAD (convert --reference), and on "
+                "claim:<namespace>/<config name> when it copies the config: convert the policy "
+                "with those NADs or workloads to have that network added"
+            )
+            out.notes.append(f"{label}: carried over unchanged: {how}")
+        out.docs.append(carried)
 
 
 def policy_problems(docs: Sequence[Any], context: Sequence[Any]) -> list[str]:

@@ -1043,6 +1043,51 @@ _FREE = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 _RULES = {"type": "array", "maxItems": MAX_RULES, "items": _FREE}
 # kubectl's JSONPath for the annotation: its dots escaped
 _POLICY_FOR_PATH = ".metadata.annotations." + POLICY_FOR_ANNOTATION.replace(".", "\\.")
+# what the drivers report on a policy: one entry per node where it selects an interface it
+# cannot be enforced on (cnidra.status.netpolicy), each written by that node's driver alone
+_CONDITION = {
+    "type": "object",
+    "required": ["type", "status", "reason", "message", "lastTransitionTime"],
+    "properties": {
+        "type": {"type": "string", "maxLength": 316},
+        "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+        "reason": {"type": "string", "maxLength": 1024},
+        "message": {"type": "string", "maxLength": 32768},
+        "lastTransitionTime": {"type": "string", "format": "date-time"},
+        "observedGeneration": {"type": "integer", "minimum": 0},
+    },
+}
+_STATUS = {
+    "type": "object",
+    "description": "Written by cnidra's drivers (docs/network-policy.md), not by hand.",
+    "properties": {
+        "nodes": {
+            "type": "array",
+            "maxItems": 5000,
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["node"],
+            "items": {
+                "type": "object",
+                "required": ["node"],
+                "properties": {
+                    "node": {"type": "string", "maxLength": 253},
+                    "conditions": {
+                        "type": "array",
+                        "maxItems": 8,
+                        "x-kubernetes-list-type": "map",
+                        "x-kubernetes-list-map-keys": ["type"],
+                        "items": _CONDITION,
+                    },
+                },
+            },
+        }
+    },
+}
+_NOT_ENFORCED_ON = {
+    "name": "Not-Enforced-On",
+    "type": "string",
+    "jsonPath": ".status.nodes[*].node",
+}
 
 
 def crd() -> dict[str, Any]:
@@ -1084,10 +1129,12 @@ def crd() -> dict[str, Any]:
                                             "items": {"type": "string", "enum": list(POLICY_TYPES)},
                                         },
                                     },
-                                }
+                                },
+                                "status": _STATUS,
                             },
                         }
                     },
+                    "subresources": {"status": {}},
                     "additionalPrinterColumns": [
                         {
                             "name": "Networks",
@@ -1096,6 +1143,7 @@ def crd() -> dict[str, Any]:
                         },
                         {"name": "Pod-Selector", "type": "string", "jsonPath": ".spec.podSelector"},
                         {"name": "Policy-Types", "type": "string", "jsonPath": ".spec.policyTypes"},
+                        _NOT_ENFORCED_ON,
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],
                 }
@@ -1148,13 +1196,16 @@ def admin_crd() -> dict[str, Any]:
                                         "ingress": {**_RULES, "maxItems": MAX_ADMIN_RULES},
                                         "egress": {**_RULES, "maxItems": MAX_ADMIN_RULES},
                                     },
-                                }
+                                },
+                                "status": _STATUS,
                             },
                         }
                     },
+                    "subresources": {"status": {}},
                     "additionalPrinterColumns": [
                         {"name": "Priority", "type": "integer", "jsonPath": ".spec.priority"},
                         {"name": "Networks", "type": "string", "jsonPath": ".spec.networks"},
+                        _NOT_ENFORCED_ON,
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],
                 }

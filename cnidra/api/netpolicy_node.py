@@ -29,6 +29,7 @@ NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
 # the key of a network-status entry that names its network as `policy-for` does
 POLICY_NETWORK_KEY = f"{DRIVER_NAME}/policy-for"
 TABLE_PREFIX = "cnidra_"
+HOST_TABLE_PREFIX = "cnidra_h"  # the host's tables (a pod's are cnidra_ and 12 hex: no clash)
 
 Policy = MultiNetworkPolicy | AdminNetworkPolicy
 Change = tuple[PodKey, str]  # a local pod, a network: that table changed
@@ -38,6 +39,13 @@ def table_name(network: str) -> str:
     """The nftables table of a network in a pod's namespace (a name nft takes whatever the
     network's key holds)."""
     return TABLE_PREFIX + hashlib.sha256(network.encode()).hexdigest()[:12]
+
+
+def host_table_name(network: str, host_ifname: str) -> str:
+    """The table of a pod's network enforced on the host's end of its veth (in the host's
+    namespace, one per host veth: `cnidra_h` and 12 hex of the network and the veth)."""
+    digest = hashlib.sha256(f"{network}\0{host_ifname}".encode()).hexdigest()[:12]
+    return f"{HOST_TABLE_PREFIX}{digest}"
 
 
 def named_ports(spec: Mapping[str, Any]) -> tuple[NamedPort, ...]:
@@ -134,10 +142,15 @@ class NodePolicy:
         policies: list[Policy] = [*self.tenant.values(), *self.admin.values()]
         return sorted(p.ref for p in policies if any(t.key == network for t in p.targets))
 
-    def applying(self, key: PodKey, network: str) -> list[str]:
-        """The policies that select the pod on `network` (refs)."""
+    def applying(
+        self, key: PodKey, network: str, labels: Mapping[str, str] | None = None
+    ) -> list[str]:
+        """The policies that select the pod on `network` (refs); `labels`: the pod's, when the
+        watch may not know it (an interface policy is not enforced on)."""
         facts = self.pods.get(key)
-        if facts is None:
+        if facts is not None:
+            labels = facts.labels
+        if labels is None:
             return []
         ns_labels = self.namespace_labels.get(key[0], {})
         out = []
@@ -146,9 +159,9 @@ class NodePolicy:
             if not any(t.key == network for t in policy.targets):
                 continue
             if isinstance(policy, MultiNetworkPolicy):
-                chosen = policy.selects(key[0], facts.labels)
+                chosen = policy.selects(key[0], labels)
             else:
-                chosen = policy.selects(ns_labels, facts.labels)
+                chosen = policy.selects(ns_labels, labels)
             if chosen:
                 out.append(policy.ref)
         return sorted(out)

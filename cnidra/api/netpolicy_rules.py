@@ -1,7 +1,9 @@
 """Network policy compiled to nftables for one pod. Pure: no I/O (cnidra.datapath.netpolicy
 applies what this writes). docs/network-policy.md.
 
-One table per pod, `inet cnidra`, in the namespace where it is enforced. For each of the pod's
+One table per pod and network, `inet cnidra_<12 hex of the network>`
+(cnidra.api.netpolicy_node.table_name), in the namespace where it is enforced (`host_side`
+moves it to the host's end of a routed veth). For each of the pod's
 interfaces on a network with policy (numbered `if0`, `if1`, ... in the order given):
 
     chain input  (hook input)   iifname "net1" jump if0_in
@@ -272,6 +274,41 @@ class Ruleset:
         table = f"{FAMILY} {self.table}"
         lines = [f"delete set {table} {s.name}" for s in old.sets if s.name not in kept]
         return "\n".join(lines) + "\n" if lines else ""
+
+
+def _check_ifname(ifname: str) -> None:
+    if not ifname or any(c not in _COMMENT_SAFE or c == " " for c in ifname):
+        # the rule would name another interface (or none): refuse, never leave it open
+        raise UnenforceableInterface(
+            f"interface {ifname!r}: its name holds characters an nft rule cannot "
+            "match exactly (letters, digits and ._-/:()[],=@+ only)"
+        )
+
+
+def host_side(ruleset: Ruleset, host_ifname: str, table: str) -> Ruleset:
+    """A pod's table (one interface, as `compile_pod` writes it for the pod's namespace) moved
+    to the host's side of its routed veth (`host_ifname`, the ptp plugin's): the same chains
+    and sets, dispatched from the host's hooks. What reaches the pod leaves the host by the
+    veth (forward, or output from the host itself): its ingress; what the pod sends comes in
+    by it (forward, or input to the host): its egress. A pod cannot undo it: the table is not
+    in its namespace. UnenforceableInterface for a name nft cannot match exactly."""
+    _check_ifname(host_ifname)
+    ins = [r.split(" jump ", 1)[1] for c in ruleset.chains if c.hook == "input" for r in c.rules]
+    outs = [r.split(" jump ", 1)[1] for c in ruleset.chains if c.hook == "output" for r in c.rules]
+    if len(ins) != 1 or len(outs) != 1:
+        raise ValueError("host_side moves a table of one interface")
+    name = _quote(host_ifname)
+    base = (
+        Chain(
+            "forward",
+            (f"oifname {name} jump {ins[0]}", f"iifname {name} jump {outs[0]}"),
+            "forward",
+        ),
+        Chain("input", (f"iifname {name} jump {outs[0]}",), "input"),
+        Chain("output", (f"oifname {name} jump {ins[0]}",), "output"),
+    )
+    inner = tuple(c for c in ruleset.chains if c.hook is None)
+    return Ruleset(base + inner, ruleset.sets, table)
 
 
 def delete_script(table: str = TABLE) -> str:
@@ -558,12 +595,7 @@ def compile_pod(
     chains: list[Chain] = []
     for index, iface in enumerate(interfaces):
         prefix = f"if{index}"
-        if not iface.ifname or any(c not in _COMMENT_SAFE or c == " " for c in iface.ifname):
-            # the rule would name another interface (or none): refuse, never leave it open
-            raise UnenforceableInterface(
-                f"interface {iface.ifname!r}: its name holds characters an nft rule cannot "
-                "match exactly (letters, digits and ._-/:()[],=@+ only)"
-            )
+        _check_ifname(iface.ifname)
         name = _quote(iface.ifname)
         dispatch_in.append(f"iifname {name} jump {prefix}_in")
         dispatch_out.append(f"oifname {name} jump {prefix}_out")
@@ -585,6 +617,10 @@ def compile_pod(
 
 # ---------------------------------------------------------------- where it can be enforced
 
+HOST_SIDE = (
+    "enforced on the host's side of the pod's veth (the ptp plugin routes the pod's traffic "
+    "through it), where the pod cannot undo it"
+)
 POD_SIDE_CAVEAT = (
     "enforced in the pod's network namespace: holds only while the pod lacks CAP_NET_ADMIN "
     "(a pod with it can delete the table)"
@@ -601,13 +637,31 @@ REFUSED: Mapping[str, str] = {
 POD_NETDEV = frozenset(
     {"macvlan", "ipvlan", "vlan", "host-device", "bridge", "ptp", "sriov", "tap", "dummy"}
 )
+# plugin types whose pod interface is a veth the host routes (ptp): enforced on the host's end.
+# Not bridge: its ports' traffic is bridged, and filtering it statefully on the host needs the
+# bridge family's conntrack (CONFIG_NF_CONNTRACK_BRIDGE), which kernels may lack (the test bed's
+# does): a bridge's interfaces are enforced in the pod's namespace
+HOST_VETH = frozenset({"ptp"})
+
+
+def host_interface(plugin_type: str, result: Mapping[str, Any] | None) -> str | None:
+    """The host's end of a pod's veth as the plugin's CNI result lists it (an interface with no
+    sandbox): for a plugin enforced there (HOST_VETH), when the result names exactly one."""
+    if plugin_type not in HOST_VETH or not result:
+        return None
+    found = [
+        str(i["name"])
+        for i in result.get("interfaces") or []
+        if isinstance(i, Mapping) and i.get("name") and not i.get("sandbox")
+    ]
+    return found[0] if len(found) == 1 else None
 
 
 @dataclass(frozen=True)
 class Enforcement:
     """Where an interface's policy is enforced, or why it cannot be (`refused`)."""
 
-    where: str | None  # "pod": the pod's namespace; None: refused
+    where: str | None  # "pod": the pod's namespace; "host": the host's veth; None: refused
     caveat: str = ""
     refused: str = ""
 
@@ -623,6 +677,8 @@ def enforcement(plugin_type: str, *, kernel_netdev: bool = True) -> Enforcement:
             refused=f"the {plugin_type} device is bound to a userspace driver (vfio-pci, "
             "DPDK): no kernel interface carries its traffic",
         )
+    if plugin_type in HOST_VETH:
+        return Enforcement("host", caveat=HOST_SIDE)
     if plugin_type in POD_NETDEV:
         return Enforcement("pod", caveat=POD_SIDE_CAVEAT)
     return Enforcement(

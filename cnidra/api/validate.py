@@ -41,6 +41,7 @@ from cnidra.api.merge import ConfigEntry, Source, applicable, provenance
 from cnidra.api.naming import NamingError, Slot, assign_names, prefix_problem
 from cnidra.api.netconf import validate_network_config
 from cnidra.api.netpolicy import ADMIN_KIND, MNP_KIND, decode_admin_policy, decode_policy
+from cnidra.api.netpolicy_input import judge_policies
 from cnidra.api.networks import (
     NAD_KIND,
     NETWORK_KIND,
@@ -96,6 +97,8 @@ class DocumentReport:
     resolved: list[ResolvedRequest] = field(default_factory=list)
     # why the document is not cnidra's to judge (another driver's claim), when it is not
     skipped: str | None = None
+    # a network policy: the interfaces of the input's pods it selects (docs/network-policy.md)
+    selects: list[str] | None = None
 
 
 # ---------------------------------------------------------------- documents
@@ -127,7 +130,22 @@ def validate_documents(
             for i, doc in enumerate(docs)
         ]
     _name_pods_interfaces(docs, reports)
+    _judge_policies(docs, reports, catalog, namespace_labels)
     return reports
+
+
+def _judge_policies(
+    docs: Sequence[Any],
+    reports: Sequence[DocumentReport],
+    catalog: StaticCatalog,
+    namespace_labels: Mapping[str, str] | None,
+) -> None:
+    """Each policy's selection among the input's pods, and the tenancy rule on its networks
+    (cnidra.api.netpolicy_input)."""
+    judged = judge_policies(docs, [r.resolved for r in reports], catalog, namespace_labels)
+    for index, found in judged.items():
+        reports[index].selects = list(found.selects)
+        reports[index].issues.extend(found.issues.items)
 
 
 def _name_pods_interfaces(docs: Sequence[Any], reports: Sequence[DocumentReport]) -> None:
@@ -266,8 +284,8 @@ def validate_document(
             pool_from_object(doc)
         except PoolError as exc:
             issues.error(ROOT / "spec", str(exc))
-    elif kind in (MNP_KIND, ADMIN_KIND):  # network policy (docs/network-policy.md)
-        issues.extend((decode_policy if kind == MNP_KIND else decode_admin_policy)(doc)[1].items)
+    elif kind in (MNP_KIND, ADMIN_KIND) or (kind == "Namespace" and api_version == "v1"):
+        _validate_policy_side(doc, kind, issues)
     elif api_version == API_VERSION or kind in (KIND, LEGACY_KIND):
         model = parse_parameters(doc, ROOT, issues, complete=True)
         if model is not None:
@@ -321,11 +339,21 @@ def validate_document(
             ROOT / "kind",
             f"skipped: cnidra validates ResourceClaim, ResourceClaimTemplate, DeviceClass, "
             f"CNIConfig, {NETWORK_KIND}, {POOL_KIND}, {NAD_KIND}, {MNP_KIND}, {ADMIN_KIND}, "
-            "CNI conf files (type or "
+            "Namespace (its labels), CNI conf files (type or "
             "plugins) and the claims of a Pod (or a workload's pod template), not "
             + (describe(doc["kind"]) if "kind" in doc else "a document without kind"),
         )
     return report
+
+
+def _validate_policy_side(doc: Mapping[str, Any], kind: str, issues: Issues) -> None:
+    """Network policy's documents (docs/network-policy.md): a policy decoded, its errors at
+    their paths; a Namespace is only read, for its labels (what namespace selectors see,
+    cnidra.api.netpolicy_input)."""
+    if kind == MNP_KIND:
+        issues.extend(decode_policy(doc)[1].items)
+    elif kind == ADMIN_KIND:
+        issues.extend(decode_admin_policy(doc)[1].items)
 
 
 def _validate_network(doc: Mapping[str, Any], issues: Issues) -> None:

@@ -406,9 +406,11 @@ def convert(
     DaemonSets, Jobs and CronJobs that carry the k8s.v1.cni.cncf.io/networks annotation (a claim
     template each, the workload rewritten to use it; the NADs they use must be given beside
     them, and are copied in, adapted; whereabouts' IPPools and OverlappingRangeIPReservations
-    given too are excluded from the pools). Everything printed passes the shipped class's
-    policy (or --policy's). Notes on stderr say what changed and what could not be carried;
-    exit 1 when something could not be converted, 2 for unusable input."""
+    given too are excluded from the pools). MultiNetworkPolicies given are carried over (cnidra
+    reads them as Multus does; a NAD whose config the claims copy gets the claims' network added
+    to policy-for). Everything printed passes the shipped class's policy (or --policy's).
+    Notes on stderr say what changed and what could not be carried; exit 1 when something
+    could not be converted, 2 for unusable input."""
     from cnidra.api.convert import convert as convert_all
     from cnidra.api.convert import read_all
 
@@ -445,7 +447,15 @@ def convert(
         raise usage_error(f"--name names one object; {file} has {len(sources)} NADs")
     try:
         result = convert_all(
-            sources, workloads, kind, name, if_name, reference, found.held, classes or None
+            sources,
+            workloads,
+            kind,
+            name,
+            if_name,
+            reference,
+            found.held,
+            classes or None,
+            found.policies,
         )
     except ConvertError as exc:
         raise usage_error(f"{file}: {exc}") from None

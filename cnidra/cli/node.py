@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -181,7 +182,7 @@ def describe(
             out.print(f"    addresses {' '.join(a.ips) or '-'}, mac {a.mac or '-'}")
         for text in bandwidth_lines(a):
             out.print(f"    {text}")
-        for text in policy_lines(a):
+        for text in policy_lines(a, view.policy_undoable_by):
             out.print(f"    {text}")
         if output == "wide" and a.cni_result_json:
             out.print(f"    CNI result {a.cni_result_json}")
@@ -221,15 +222,26 @@ def bandwidth_lines(a: api.Attachment) -> list[str]:
     return lines
 
 
-def policy_lines(a: api.Attachment) -> list[str]:
+def policy_lines(a: api.Attachment, undoable_by: Sequence[str] = ()) -> list[str]:
     """The network policy of an interface: its network as policies name it, the policies that
-    select the pod there, each counted rule with its packets; nothing when none is known."""
+    select the pod there, each counted rule with its packets; nothing when none is known.
+    `undoable_by`: the pod's containers that could delete the table in its namespace."""
     if not a.HasField("policy"):
         return []
     p = a.policy
     lines = [f"policy network {p.network}: " + (", ".join(p.policies) or "no policy selects it")]
     if p.not_enforced:
         lines.append(f"  NOT ENFORCED: {p.not_enforced}")
+    elif p.host_interface:
+        lines.append(
+            f"  enforced on the host's end of the pod's veth ({p.host_interface}), where the "
+            "pod cannot undo it"
+        )
+    elif undoable_by:
+        lines.append(
+            f"  UNDOABLE: enforced in the pod's network namespace, where containers "
+            f"{', '.join(undoable_by)} (privileged or CAP_NET_ADMIN) can delete it"
+        )
     for rule in p.rules:
         lines.append(
             f"  {rule.verdict:<7}{rule.packets:>10} packets {rule.bytes:>12} bytes  {rule.comment}"

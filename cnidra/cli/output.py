@@ -95,7 +95,16 @@ def as_json(files: list[FileReport]) -> dict[str, Any]:
         for d in f.documents
         if d.skipped
     ]
-    return {"valid": not errors, "errors": errors, "warnings": warnings, "skipped": skipped}
+    selections = [
+        {"file": f.file, "document": d.index, "kind": d.kind, "name": d.name, "selects": d.selects}
+        for f in files
+        for d in f.documents
+        if d.selects is not None
+    ]
+    out = {"valid": not errors, "errors": errors, "warnings": warnings, "skipped": skipped}
+    if selections:  # network policies: the interfaces of the input each selects
+        out["selections"] = selections
+    return out
 
 
 def print_text(files: list[FileReport], console: Console, wide: bool = False) -> None:
@@ -109,6 +118,7 @@ def print_text(files: list[FileReport], console: Console, wide: bool = False) ->
                 continue
             if not d.issues.items:
                 console.print(f"[green]ok[/]     {label}")
+                print_selects(d, console)
                 if wide:
                     print_requests(d, console)
                 continue
@@ -123,8 +133,19 @@ def print_text(files: list[FileReport], console: Console, wide: bool = False) ->
                     f"  [yellow]warning[/] {escape(f'{issue.path}: {issue.message}')}",
                     highlight=False,
                 )
+            print_selects(d, console)
             if wide and not d.issues.errors:
                 print_requests(d, console)
+
+
+def print_selects(d: DocumentReport, console: Console) -> None:
+    """A network policy's selection among the input's pods (nothing for other documents)."""
+    if d.selects is None:
+        return
+    if not d.selects:
+        console.print("  selects no interface of the input's pods", highlight=False)
+    for line in d.selects:
+        console.print(f"  selects {line}", highlight=False, markup=False)
 
 
 def print_requests(d: DocumentReport, console: Console) -> None:

@@ -162,7 +162,7 @@ class SetupFailed(CNIRuntimeError):
 
 
 # what the caller runs on an attachment right after its ADD succeeded; SetupFailed fails it
-AfterAdd = Callable[[Attachment], Awaitable[None]]
+AfterAdd = Callable[[Attachment, Result | None], Awaitable[None]]
 
 
 class AttachFailed(CNIRuntimeError):
@@ -208,7 +208,7 @@ async def attach_all(
                 attachment.netconf, attachment.runtime_conf(container_id, netns), budget.add
             )
             if after_add is not None:
-                await after_add(attachment)
+                await after_add(attachment, outcome.result)
         except CNIRuntimeError as exc:
             outcome.result = None
             outcome.seconds = time.perf_counter() - started
@@ -244,7 +244,7 @@ async def _attach_concurrently(
                 budget.add,
             )
             if after_add is not None:
-                await after_add(outcome.attachment)
+                await after_add(outcome.attachment, outcome.result)
         except CNIRuntimeError as exc:
             outcome.result = None
             outcome.error = _reason(exc)

@@ -248,3 +248,16 @@ def exists(
     except NftError:
         return False
     return True
+
+
+def list_tables(
+    netns: str | PathLike[str], *, timeout: float = DEFAULT_TIMEOUT_SECONDS
+) -> list[str]:
+    """The names of the `inet` tables in the namespace (a sweep of cnidra's own after a
+    restart)."""
+    listing = run_nft(netns, ("-j", "list", "tables", FAMILY), "", timeout)
+    return [
+        str(item["table"]["name"])
+        for item in json.loads(listing).get("nftables", [])
+        if isinstance(item, dict) and isinstance(item.get("table"), dict)
+    ]

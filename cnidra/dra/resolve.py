@@ -20,8 +20,8 @@ from cnidra.api.ipam import cnidra_ipam
 from cnidra.api.issues import FieldPath, Issues
 from cnidra.api.merge import ConfigEntry, Source, applicable
 from cnidra.api.netconf import to_conflist
-from cnidra.api.netpolicy import interface_target
-from cnidra.api.networks import NAD_KIND, NETWORK_KIND, NamedNetwork, NetworkCatalog
+from cnidra.api.netpolicy_input import request_target
+from cnidra.api.networks import NamedNetwork, NetworkCatalog
 from cnidra.api.ownership import PrivateDirs, owned_network, owned_network_name
 from cnidra.api.policy import PARENT_FIELDS, admin_paths, bind_to_device, governing_policy
 from cnidra.api.refs import ObjectRef
@@ -155,28 +155,9 @@ def policy_network(
     resolved: ResolvedRequest, claim: ObjectRef, config_name: str, device_class: str | None
 ) -> str:
     """The network of the interface as a policy's `policy-for` names it
-    (docs/network-policy.md): the NAD or CNINetwork the request (or its class) references,
-    else the DeviceClass's own network, else the claim's (`claim:<ns>/<config name>`). A node
-    conf referenced by networkID is no kind `policy-for` names: it counts as its class's."""
-    network = resolved.network
-    nad: tuple[str, str] | None = None
-    cninetwork = None
-    if network is not None and network.reference.startswith(NAD_KIND + " "):
-        namespace, _, name = network.status_name.partition("/")
-        nad = (namespace, name)
-    elif network is not None and network.reference.startswith(NETWORK_KIND + " "):
-        cninetwork = network.status_name
-    claim_defined = any(
-        e.source is Source.CLAIM and "config" in e.parameters for e in resolved.entries
-    )
-    return interface_target(
-        claim_namespace=claim.namespace,
-        config_name=config_name,
-        attachment_definition=nad,
-        cninetwork=cninetwork,
-        device_class=device_class,
-        claim_defined=claim_defined,
-    ).key
+    (docs/network-policy.md; the one rule, cnidra.api.netpolicy_input.request_target, which
+    `cnidra validate` uses too)."""
+    return request_target(resolved, claim.namespace, config_name, device_class).key
 
 
 def link_speed_bps(node: NodeFacts | None, link: str | None) -> int | None:

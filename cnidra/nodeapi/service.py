@@ -113,12 +113,14 @@ class NodeNetworksService(api_grpc.NodeNetworksServicer):
             att.policy.network = str(entry.get("network", ""))
             att.policy.policies.extend(entry.get("policies") or [])
             att.policy.not_enforced = str(entry.get("notEnforced", ""))
+            att.policy.host_interface = str(entry.get("hostInterface", ""))
             table = entry.get("table")
-            if not table or self.policy_counters is None or not view.netns:
+            netns = str(entry.get("netns") or view.netns)  # the host's, for a host-side table
+            if not table or self.policy_counters is None or not netns:
                 continue
             try:
                 counted = await asyncio.wait_for(
-                    asyncio.to_thread(self.policy_counters, view.netns, table, LIMITS_TIMEOUT),
+                    asyncio.to_thread(self.policy_counters, netns, table, LIMITS_TIMEOUT),
                     LIMITS_TIMEOUT + 1.0,
                 )
             except TimeoutError:

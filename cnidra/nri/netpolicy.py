@@ -28,10 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cnidra.api import netpolicy as model
+from cnidra.api.constants import CONDITION_POLICY, DRIVER_NAME
 from cnidra.api.netpolicy_node import (
+    HOST_TABLE_PREFIX,
     Change,
     NodePolicy,
     PodFacts,
+    host_table_name,
     pod_facts,
     table_name,
 )
@@ -43,15 +46,20 @@ from cnidra.api.netpolicy_rules import (
     UnenforceableInterface,
     compile_pod,
     enforcement,
+    host_interface,
+    host_side,
     undoes_pod_side,
 )
 from cnidra.api.netpolicy_state import PodKey
+from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment, SetupFailed
 from cnidra.cni.invoke import Deadline
 from cnidra.cni.result import Result
 from cnidra.datapath import netpolicy as nft
 from cnidra.observe import metrics
 from cnidra.state.sandboxes import SandboxRecord, SandboxStore, State
+from cnidra.status.devices import DeviceKey, policy_condition
+from cnidra.status.netpolicy import PolicyRef, entry_of
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +79,27 @@ class Nft(Protocol):
 
     def remove(self, netns: str, table: str = ..., *, timeout: float) -> None: ...
 
+    def list_tables(self, netns: str, *, timeout: float) -> list[str]: ...
+
 
 class Events(Protocol):
     def event(self, pod: Any, reason: str, message: str, type_: str = "Warning") -> None: ...
+
+
+class Conditions(Protocol):
+    """Where the claims' NetworkPolicyEnforced conditions go (StatusWriter.device_condition:
+    queued, written off the hook path)."""
+
+    def device_condition(
+        self, claim: ObjectRef, key: DeviceKey, type_: str, condition: Mapping[str, Any] | None
+    ) -> None: ...
+
+
+class Reports(Protocol):
+    """Where a policy's problems on this node go (cnidra.status.netpolicy.PolicyStatusWriter:
+    an Event and the policy's status, written off the hook path)."""
+
+    def report(self, ref: PolicyRef, problems: Sequence[str], *, event: bool = True) -> None: ...
 
 
 def target_of(key: str) -> model.Target:
@@ -113,6 +139,30 @@ class Local:
     # interface -> (its network, why policy is not enforced on it)
     unenforced: dict[str, tuple[str, str]] = field(default_factory=dict)
     undoable: tuple[str, ...] = ()  # containers that could delete the tables
+    # interface -> (its claim, its status.devices entry, its network): for the condition
+    devices: dict[str, tuple[ObjectRef, DeviceKey, str]] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)  # as the runtime or the watch gave
+    # network -> the host's end of the pod's veth, where its table is (ptp); else the pod's
+    host: dict[str, str] = field(default_factory=dict)
+
+
+def device_key(att: Attachment) -> DeviceKey:
+    """The claim's status.devices entry of `att` (cnidra.nri.lifecycle.status_key)."""
+    return (DRIVER_NAME, att.pool, att.device, att.share_id or "")
+
+
+# plugin types whose device may be bound to a userspace driver (DPDK): then the plugin reports
+# no interface in the pod's namespace, and there is no kernel path to filter
+MAYBE_USERSPACE = frozenset({"sriov", "host-device"})
+
+
+def kernel_netdev(plugin: str, result: Result | None) -> bool:
+    """Whether the interface an ADD gave is a kernel netdev: for a plugin that can hand over a
+    device bound to vfio-pci (sriov-cni in DPDK mode returns an empty result; host-device with a
+    `pciBusID` of a vfio device moves no link), one its result lists in the sandbox."""
+    if plugin not in MAYBE_USERSPACE or result is None:
+        return True
+    return bool(result.sandbox_interfaces())
 
 
 def plugin_type(att: Attachment) -> str:
@@ -137,6 +187,10 @@ class PolicyEnforcer:
         store: SandboxStore,
         *,
         events: Events | None = None,
+        conditions: Conditions | None = None,
+        reports: Reports | None = None,
+        node_name: str = "",
+        host_netns: str = "/proc/self/ns/net",
         datapath: Nft = nft,
         enabled: bool = True,
         settle: float = 0.05,
@@ -144,6 +198,18 @@ class PolicyEnforcer:
     ) -> None:
         self.store = store
         self.events = events
+        self.conditions = conditions
+        self.reports = reports
+        self.node_name = node_name
+        self.host_netns = host_netns  # where host-side tables go (the driver's: the node's)
+        self.doomed: set[tuple[str, str]] = set()  # host tables to remove: (netns, table)
+        self.swept = False  # the host's tables left by an earlier run removed
+        # every pod whose containers could delete a table in its namespace (few): by pod
+        self.net_admin: dict[PodKey, tuple[str, ...]] = {}
+        # the problems each policy was last reported with; the policies whose status holds an
+        # entry of this node from before (cleared once synced, unless still true)
+        self.reported: dict[PolicyRef, tuple[str, ...]] = {}
+        self.stale: set[PolicyRef] = set()
         self.datapath = datapath
         self.enabled = enabled
         self.settle = settle
@@ -172,6 +238,8 @@ class PolicyEnforcer:
 
     def replace(self, kind: str, objects: Sequence[Mapping[str, Any]]) -> None:
         """A list of every object of `kind` (at start, and whenever a watch restarts)."""
+        if kind in ("MultiNetworkPolicy", "CNIAdminNetworkPolicy"):
+            self.stale |= {ref_of(kind, o) for o in objects if entry_of(o, self.node_name)}
         if kind == "MultiNetworkPolicy":
             decoded = [p for p in map(decode_tenant, objects) if p is not None]
             self._mark(self.node.replace_policies(decoded, admin=False))
@@ -184,8 +252,10 @@ class PolicyEnforcer:
         elif kind == "Pod":
             facts = [f for f in map(pod_facts, objects) if f is not None]
             self._mark(self.node.replace_pods(facts))
+            self.net_admin.clear()
             for obj in objects:
                 self._flag_undoable(obj)
+        self._wake.set()  # the problems reported on policies are looked at again
         first = kind not in self.synced_kinds
         self.synced_kinds.add(kind)
         if first and self.synced:  # every table written again from the policies
@@ -196,6 +266,11 @@ class PolicyEnforcer:
     def changed(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
         """One watch event (ADDED, MODIFIED, DELETED)."""
         deleted = event == "DELETED"
+        self._wake.set()  # the problems reported on policies are looked at again
+        if kind in ("MultiNetworkPolicy", "CNIAdminNetworkPolicy") and entry_of(
+            obj, self.node_name
+        ):
+            self.stale.add(ref_of(kind, obj))
         if kind == "MultiNetworkPolicy":
             ref = f"{namespace_of(obj)}/{name_of(obj)}"
             tenant = None if deleted else decode_tenant(obj)
@@ -216,26 +291,42 @@ class PolicyEnforcer:
             key = (namespace_of(obj), name_of(obj))
             if facts is None:
                 self._mark(self.node.remove_pod(key))
+                self.net_admin.pop(key, None)
             else:
                 self._mark(self.node.set_pod(facts))
                 self._flag_undoable(obj)
 
     def _flag_undoable(self, obj: Mapping[str, Any]) -> None:
-        """A local pod whose containers could delete its tables (privileged, NET_ADMIN): an
-        Event, once; `describe` shows it."""
-        local = self.local.get((namespace_of(obj), name_of(obj)))
+        """A pod whose containers could delete its tables (privileged, NET_ADMIN): kept (a pod
+        the watch sees before its sandbox is attached here); a local one gets an Event, once,
+        and its interfaces' condition says so; `describe` shows it."""
+        key = local_key(obj)
+        who = tuple(undoes_pod_side(obj.get("spec") or {}))
+        if who:
+            self.net_admin[key] = who
+        else:
+            self.net_admin.pop(key, None)
+        local = self.local.get(key)
         if local is None:
             return
-        who = tuple(undoes_pod_side(obj.get("spec") or {}))
+        local.labels = labels_of(obj)
         if who == local.undoable:
             return
         local.undoable = who
-        if who and self.events is not None and self.node.local.get(local_key(obj)):
+        self._set_conditions(key)
+        self._event_undoable(key, local)
+
+    def _event_undoable(self, key: PodKey, local: Local) -> None:
+        """The Warning Event of a pod whose containers could delete its tables, when some of
+        them are in its namespace."""
+        pod_side = [n for n in self.node.local.get(key, {}) if n not in local.host]
+        if local.undoable and self.events is not None and pod_side:
             self.events.event(
                 local.pod,
                 REASON_NOT_ENFORCED,
-                f"containers {', '.join(who)} are privileged or have CAP_NET_ADMIN: they can "
-                "delete the network policy tables cnidra keeps in the pod's network namespace",
+                f"containers {', '.join(local.undoable)} are privileged or have CAP_NET_ADMIN: "
+                "they can delete the network policy tables cnidra keeps in the pod's network "
+                "namespace",
             )
 
     # ------------------------------------------------------------------ the hook path
@@ -246,6 +337,7 @@ class PolicyEnforcer:
         labels: Mapping[str, str] | None,
         att: Attachment,
         deadline: Deadline | None,
+        result: Result | None = None,
     ) -> None:
         """Right after `att`'s ADD in the NRI hook: its network's table applied in the pod's
         namespace from what is in memory (a default deny when not synced yet). SetupFailed
@@ -256,9 +348,14 @@ class PolicyEnforcer:
         key = (record.pod.namespace, record.pod.name)
         local = self.local.setdefault(key, Local(record.netns, record.sandbox_id, record.pod))
         local.netns, local.sandbox_id = record.netns, record.sandbox_id
-        how = enforcement(plugin_type(att))
+        if labels is not None:
+            local.labels = dict(labels)
+        local.devices[att.if_name] = (att.claim, device_key(att), network)
+        plugin = plugin_type(att)
+        how = enforcement(plugin, kernel_netdev=kernel_netdev(plugin, result))
         if how.where is None:
             local.unenforced[att.if_name] = (network, how.refused)
+            self._wake.set()  # the policies that select it are told
             if self.node.policed(network) and self.events is not None:
                 self.events.event(
                     record.pod,
@@ -267,6 +364,9 @@ class PolicyEnforcer:
                     f"enforced on this interface: {how.refused}",
                 )
             return
+        host_if = host_interface(plugin, result.raw if result is not None else None)
+        if how.where == "host" and host_if:
+            local.host[network] = host_if
         known = self.node.pods.get(key)
         facts = PodFacts(
             key[0],
@@ -295,14 +395,34 @@ class PolicyEnforcer:
                 REASON_POLICY,
             )
         try:
-            await asyncio.to_thread(
-                self.datapath.apply, record.netns, ruleset, None, timeout=timeout
-            )
+            netns, ruleset = self._placed(local, network, ruleset)
+            await asyncio.to_thread(self.datapath.apply, netns, ruleset, None, timeout=timeout)
+        except UnenforceableInterface as exc:  # the host veth's name
+            self.node.remove_local(key, network)
+            raise SetupFailed(f"network policy on {att.if_name}: {exc}", REASON_POLICY) from exc
         except nft.NftError as exc:
             raise SetupFailed(
                 f"network policy on {att.if_name} could not be applied: {exc}", REASON_POLICY
             ) from exc
-        self.applied[(record.netns, ruleset.table)] = ruleset
+        self.applied[(netns, ruleset.table)] = ruleset
+
+    def _placed(self, local: Local, network: str, ruleset: Ruleset) -> tuple[str, Ruleset]:
+        """Where the table of `network` goes, and in what form: on the host's end of the pod's
+        veth (ptp), or in the pod's namespace as compiled."""
+        host_if = local.host.get(network)
+        if host_if is None:
+            return local.netns, ruleset
+        return self.host_netns, host_side(ruleset, host_if, host_table_name(network, host_if))
+
+    def where(self, key: PodKey, network: str) -> tuple[str, str] | None:
+        """(netns, table) of the pod's table of `network`; None: the pod is not local."""
+        local = self.local.get(key)
+        if local is None:
+            return None
+        host_if = local.host.get(network)
+        if host_if is not None:
+            return self.host_netns, host_table_name(network, host_if)
+        return local.netns, table_name(network)
 
     def attached(self, record: SandboxRecord) -> None:
         """The sandbox's ADDs are done: its addresses are known to the other pods' tables (the
@@ -310,6 +430,12 @@ class PolicyEnforcer:
         if not self.enabled:
             return
         key = (record.pod.namespace, record.pod.name)
+        local = self.local.get(key)
+        seen = self.net_admin.get(key, ())  # the watch saw the pod before its sandbox
+        if local is not None and seen and seen != local.undoable:
+            local.undoable = seen
+            self._event_undoable(key, local)
+        self._set_conditions(key)
         known = self.node.pods.get(key)
         networks: dict[str, tuple[str, ...]] = {}
         for attached in record.attachments:
@@ -336,20 +462,29 @@ class PolicyEnforcer:
             for a in record.attachments
             if a.attachment not in attachments and not a.pending
         }
+        local = self.local.get(key)
+        for att in attachments:
+            if local is not None:
+                local.devices.pop(att.if_name, None)
+                if local.unenforced.pop(att.if_name, None) is not None:
+                    self._wake.set()
         for att in attachments:
             network = att.policy_network
             if not network or network in left:
                 continue
             self.node.remove_local(key, network)
-            table = table_name(network)
-            self.applied.pop((record.netns, table), None)
+            netns, table = record.netns, table_name(network)
+            host_if = local.host.pop(network, None) if local is not None else None
+            if host_if is not None:
+                netns, table = self.host_netns, host_table_name(network, host_if)
+            self.applied.pop((netns, table), None)
             if self.enabled:
                 try:
-                    await asyncio.to_thread(
-                        self.datapath.remove, record.netns, table, timeout=NFT_TIMEOUT
-                    )
+                    await asyncio.to_thread(self.datapath.remove, netns, table, timeout=NFT_TIMEOUT)
                 except nft.NftError as exc:
                     log.warning("pod %s: removing the policy table of %s: %s", key, network, exc)
+                    if host_if is not None:
+                        self.doomed.add((netns, table))  # tried again by the task
 
     def forget(self, record: SandboxRecord) -> None:
         """The sandbox is gone, and its tables with its namespace."""
@@ -357,7 +492,14 @@ class PolicyEnforcer:
         local = self.local.get(key)
         if local is None or local.sandbox_id != record.sandbox_id:
             return
-        self.local.pop(key, None)
+        gone = self.local.pop(key)
+        if gone.unenforced:
+            self._wake.set()
+        for network, host_if in gone.host.items():  # the host's tables outlive the pod
+            where = (self.host_netns, host_table_name(network, host_if))
+            self.applied.pop(where, None)
+            self.doomed.add(where)
+            self._wake.set()
         self.node.remove_local(key)
         for applied in [k for k in self.applied if k[0] == record.netns]:
             del self.applied[applied]
@@ -371,13 +513,21 @@ class PolicyEnforcer:
             if record.state is not State.ADDED:
                 continue
             key = (record.pod.namespace, record.pod.name)
-            self.local[key] = Local(record.netns, record.sandbox_id, record.pod)
+            local = self.local[key] = Local(record.netns, record.sandbox_id, record.pod)
             for attached in record.attachments:
                 att = attached.attachment
                 if attached.pending or not att.policy_network:
                     continue
-                if enforcement(plugin_type(att)).where is None:
+                local.devices[att.if_name] = (att.claim, device_key(att), att.policy_network)
+                plugin = plugin_type(att)
+                result = Result(attached.result) if attached.result else None
+                how = enforcement(plugin, kernel_netdev=kernel_netdev(plugin, result))
+                if how.where is None:
+                    local.unenforced[att.if_name] = (att.policy_network, how.refused)
                     continue
+                host_if = host_interface(plugin, attached.result)
+                if how.where == "host" and host_if:
+                    local.host[att.policy_network] = host_if
                 facts = PodFacts(
                     key[0],
                     key[1],
@@ -390,6 +540,7 @@ class PolicyEnforcer:
                 except UnenforceableInterface as exc:
                     self.node.remove_local(key, att.policy_network)
                     log.warning("pod %s: %s", key, exc)
+            self._set_conditions(key)
 
     # ------------------------------------------------------------------ applying changes
 
@@ -404,6 +555,35 @@ class PolicyEnforcer:
             if not self.synced:
                 continue
             await self.apply_dirty()
+            await self.remove_doomed()
+            self.report_problems()
+
+    async def remove_doomed(self) -> None:
+        """The host's tables of pods that went, and once after a start (`swept`) every host
+        table of cnidra's that no local interface has: a table the last run left behind when
+        its pod went while the driver was down. A failure is tried again at the next wake."""
+        if not self.swept and self.enabled:
+            wanted = {self.where(k, n) for k, nets in self.node.local.items() for n in nets}
+            try:
+                found = await asyncio.to_thread(
+                    self.datapath.list_tables, self.host_netns, timeout=NFT_TIMEOUT
+                )
+            except nft.NftError as exc:
+                log.warning("the host's policy tables could not be listed: %s", exc)
+            else:
+                self.swept = True
+                self.doomed |= {
+                    (self.host_netns, t)
+                    for t in found
+                    if t.startswith(HOST_TABLE_PREFIX) and (self.host_netns, t) not in wanted
+                }
+        for where in sorted(self.doomed):
+            try:
+                await asyncio.to_thread(self.datapath.remove, *where, timeout=NFT_TIMEOUT)
+            except nft.NftError as exc:
+                log.warning("removing the host's policy table %s: %s", where[1], exc)
+                continue
+            self.doomed.discard(where)
 
     async def apply_dirty(self) -> None:
         dirty, self.dirty = self.dirty, set()
@@ -413,12 +593,17 @@ class PolicyEnforcer:
             ruleset = self.node.ruleset(key, network)
             if local is None or ruleset is None:
                 continue
-            where = (local.netns, ruleset.table)
+            try:
+                netns, ruleset = self._placed(local, network, ruleset)
+            except UnenforceableInterface as exc:
+                log.warning("pod %s/%s: network policy on %s: %s", *key, network, exc)
+                continue
+            where = (netns, ruleset.table)
             started = time.perf_counter()
             try:
                 await asyncio.to_thread(
                     self.datapath.apply,
-                    local.netns,
+                    netns,
                     ruleset,
                     self.applied.get(where),
                     timeout=NFT_TIMEOUT,
@@ -437,6 +622,66 @@ class PolicyEnforcer:
             loop = asyncio.get_running_loop()
             loop.call_later(1.0, self._mark, retry)
 
+    # ------------------------------------------------------------------ conditions, reports
+
+    def _set_conditions(self, key: PodKey) -> None:
+        """The NetworkPolicyEnforced condition of each of the pod's interfaces on a network
+        policy can name (queued: the status writer writes it off the hook path)."""
+        local = self.local.get(key)
+        if local is None or self.conditions is None or not self.enabled:
+            return
+        for ifname, (claim, dkey, network) in local.devices.items():
+            refused = local.unenforced.get(ifname, ("", ""))[1]
+            host_if = local.host.get(network, "")
+            condition = policy_condition(
+                ifname, network, refused, () if host_if else local.undoable, host_if=host_if
+            )
+            self.conditions.device_condition(claim, dkey, CONDITION_POLICY, condition)
+
+    def problems(self) -> dict[PolicyRef, tuple[str, ...]]:
+        """Each policy that selects an interface of this node where it cannot be enforced, with
+        one line per such interface."""
+        found: dict[PolicyRef, list[str]] = {}
+        for key, local in self.local.items():
+            for ifname, (network, why) in local.unenforced.items():
+                for ref in self.node.applying(key, network, local.labels):
+                    line = f"pod {key[0]}/{key[1]} {ifname} ({network}): {why}"
+                    found.setdefault(self._policy_ref(ref), []).append(line)
+        return {ref: tuple(sorted(lines)) for ref, lines in found.items()}
+
+    def _policy_ref(self, ref: str) -> PolicyRef:
+        if ref in self.node.tenant:
+            policy = self.node.tenant[ref]
+            return PolicyRef(model.MNP_KIND, policy.name, policy.namespace)
+        return PolicyRef(model.ADMIN_KIND, self.node.admin[ref].name)
+
+    def report_problems(self) -> None:
+        """Tell `reports` what changed of the policies' problems on this node (once synced):
+        an Event for a new one, and each policy's status entry of this node; an entry left by
+        an earlier run that no longer holds is removed."""
+        if self.reports is None or not self.synced:
+            return
+        now = self.problems()
+        for ref in sorted(set(self.reported) | set(now) | self.stale):
+            problems = now.get(ref, ())
+            if ref in self.reported and self.reported[ref] == problems and ref not in self.stale:
+                continue
+            if not problems and not self._known(ref):  # deleted: nothing to write on
+                self.reported.pop(ref, None)
+                self.stale.discard(ref)
+                continue
+            self.reports.report(ref, problems)
+            self.stale.discard(ref)
+            if problems:
+                self.reported[ref] = problems
+            else:
+                self.reported.pop(ref, None)
+
+    def _known(self, ref: PolicyRef) -> bool:
+        if ref.kind == model.MNP_KIND:
+            return f"{ref.namespace}/{ref.name}" in self.node.tenant
+        return f"admin/{ref.name}" in self.node.admin
+
     # ------------------------------------------------------------------ for describe, metrics
 
     def describe(self, key: PodKey) -> dict[str, Any]:
@@ -449,6 +694,11 @@ class PolicyEnforcer:
                 "table": table_name(network),
                 "policies": self.node.applying(key, network),
             }
+            host_if = local.host.get(network) if local is not None else None
+            if host_if is not None:  # on the host's end of its veth: counters read there
+                out[ifname]["table"] = host_table_name(network, host_if)
+                out[ifname]["netns"] = self.host_netns
+                out[ifname]["hostInterface"] = host_if
         if local is not None:
             for ifname, (network, why) in local.unenforced.items():
                 out[ifname] = {
@@ -456,21 +706,20 @@ class PolicyEnforcer:
                     "policies": self.node.policed(network),
                     "notEnforced": why,
                 }
-            if local.undoable:
+            if local.undoable and any(n not in local.host for n in self.node.local.get(key, {})):
                 out["undoableBy"] = list(local.undoable)
         return out
 
     def tables(self) -> list[tuple[PodKey, str, str, str]]:
         """(pod, network, netns, table) of every table applied here (metrics read them; safe
         to call from another thread: it copies what it reads)."""
+        applied = set(self.applied)
         out = []
-        for (netns, table), _ in list(self.applied.items()):
-            for key, local in list(self.local.items()):
-                if local.netns != netns:
-                    continue
-                for network in list(self.node.local.get(key, {})):
-                    if table_name(network) == table:
-                        out.append((key, network, netns, table))
+        for key in list(self.local):
+            for network in list(self.node.local.get(key, {})):
+                where = self.where(key, network)
+                if where is not None and where in applied:
+                    out.append((key, network, *where))
         return out
 
 
@@ -483,6 +732,13 @@ def name_of(obj: Mapping[str, Any]) -> str:
 
 def namespace_of(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("namespace", ""))
+
+
+def ref_of(kind: str, obj: Mapping[str, Any]) -> PolicyRef:
+    """The PolicyRef of a policy object of `kind`."""
+    if kind == "MultiNetworkPolicy":
+        return PolicyRef(kind, name_of(obj), namespace_of(obj))
+    return PolicyRef(kind, name_of(obj))
 
 
 def local_key(obj: Mapping[str, Any]) -> PodKey:

@@ -13,6 +13,7 @@ from typing import Protocol
 from cnidra.api.bandwidth import Rate
 from cnidra.cni.attach import AfterAdd, Attachment, SetupFailed
 from cnidra.cni.invoke import Deadline
+from cnidra.cni.result import Result
 from cnidra.datapath import shaping
 from cnidra.state import journal as events
 from cnidra.state.journal import Journal
@@ -46,6 +47,7 @@ class PolicyHook(Protocol):
         labels: Mapping[str, str] | None,
         att: Attachment,
         deadline: Deadline | None,
+        result: Result | None = None,
     ) -> None: ...
 
     def attached(self, record: SandboxRecord) -> None: ...
@@ -77,10 +79,10 @@ class InterfaceSetup:
         waits on netlink. A limit that cannot be applied fails the attachment (SetupFailed),
         so it is rolled back and no interface runs without the limit its claim reserved."""
 
-        async def shape(att: Attachment) -> None:
+        async def shape(att: Attachment, result: Result | None = None) -> None:
             await limit(att)
             if self.policy is not None and record is not None:
-                await self.policy.at_add(record, labels, att, deadline)
+                await self.policy.at_add(record, labels, att, deadline, result)
 
         async def limit(att: Attachment) -> None:
             if att.rate is None:

@@ -18,7 +18,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.refs import ObjectRef
 from cnidra.kube.api import Api, NotFound, RefusedForGood, ResourceClaim, ResourceClaimStatus
 from cnidra.observe import metrics
-from cnidra.status.devices import DeviceKey, DeviceStatus
+from cnidra.status.devices import DeviceKey, DeviceStatus, same_condition, with_conditions
 from cnidra.util.files import write_atomically
 from cnidra.util.workqueue import Lane
 
@@ -57,6 +57,8 @@ class ClaimStatusWriter:
         self.wake = wake
         self.releases = releases
         self.devices: dict[ObjectRef, dict[DeviceKey, DeviceStatus]] = {}
+        # conditions of other producers (network policy's), merged into the entries they name
+        self.conditions: dict[ObjectRef, dict[DeviceKey, dict[str, Mapping[str, Any]]]] = {}
         self.status_changed: set[ObjectRef] = set()  # claims whose status is to be written
         # what the apiserver has of a claim's entries, as written last (absent: not known)
         self.written: dict[ObjectRef, list[DeviceStatus]] = {}
@@ -71,13 +73,35 @@ class ClaimStatusWriter:
         self.status_changed.add(claim)
         self._mark(claim)
 
+    def device_condition(
+        self, claim: ObjectRef, key: DeviceKey, type_: str, condition: Mapping[str, Any] | None
+    ) -> None:
+        """A condition of `type_` on the entry `key` (None: none), kept apart from `put`'s and
+        merged into the entry when it is written, whichever of the two comes first; a
+        condition that says what the last one said keeps its transition time."""
+        held = self.conditions.setdefault(claim, {}).setdefault(key, {})
+        if condition is None:
+            if held.pop(type_, None) is None:
+                return
+        elif same_condition(held.get(type_), condition):
+            return
+        else:
+            held[type_] = condition
+        if claim in self.devices and key in self.devices[claim]:
+            self.status_changed.add(claim)
+            self._mark(claim)
+
     def drop(self, claim: ObjectRef, keys: list[DeviceKey], *, later: bool = False) -> None:
         """The entries' interfaces are gone. `later`: their sandbox is gone, so the claim is
         likely to be unprepared soon (`released`: nothing to write) or set up again by the
         pod's next sandbox: written after DROP_GRACE, unless something due sooner writes it."""
         devices = self.devices.get(claim, {})
+        conditions = self.conditions.get(claim, {})
         for key in keys:
             devices.pop(key, None)
+            conditions.pop(key, None)
+        if not conditions:
+            self.conditions.pop(claim, None)
         self.status_changed.add(claim)
         self._mark(claim, DROP_GRACE if later else 0.0)
 
@@ -98,6 +122,7 @@ class ClaimStatusWriter:
         if generated:
             self.status_changed.discard(claim)
             self.devices.pop(claim, None)
+            self.conditions.pop(claim, None)
             self.written.pop(claim, None)
             if self.finalizers.get(claim) == self.finalizers_written.get(claim, None):
                 self.lane.done(claim)
@@ -183,7 +208,11 @@ class ClaimStatusWriter:
             return False
         wrote = False
         if claim in self.status_changed:
-            devices = list(self.devices.get(claim, {}).values())
+            extra = self.conditions.get(claim, {})
+            devices = [
+                with_conditions(d, list(extra.get(d.key, {}).values()))
+                for d in self.devices.get(claim, {}).values()
+            ]
             if self.written.get(claim) != devices:
                 await self._apply_status(claim, [d.entry() for d in devices])
                 wrote = True

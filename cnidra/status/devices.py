@@ -6,17 +6,22 @@ from __future__ import annotations
 import ipaddress
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from cnidra.api.bandwidth import Rate, format_rate
 from cnidra.api.constants import (
     CONDITION_BANDWIDTH,
+    CONDITION_POLICY,
     CONDITION_READY,
     DRIVER_NAME,
     REASON_BANDWIDTH,
     REASON_NOT_READY,
+    REASON_POLICY_HOST_SIDE,
+    REASON_POLICY_POD_NAMESPACE,
+    REASON_POLICY_REFUSED,
+    REASON_POLICY_UNDOABLE,
     REASON_READY,
     STATUS_DATA_MAX_BYTES,
     STATUS_HARDWARE_ADDRESS_MAX,
@@ -118,6 +123,76 @@ def device_status_of(
     return DeviceStatus(
         att.pool, att.device, att.share_id or "", tuple(conditions), network_data, data
     )
+
+
+def policy_condition(
+    if_name: str,
+    network: str,
+    refused: str = "",
+    undoable_by: Sequence[str] = (),
+    now: datetime | None = None,
+    *,
+    host_if: str = "",
+) -> dict[str, Any]:
+    """The NetworkPolicyEnforced condition of an interface on a network policy can name
+    (`network`, as `policy-for` names it): False with why when policy cannot be enforced on it
+    (`refused`, the plugin type's reason) or when containers of its pod could delete the table
+    in its namespace (`undoable_by`); else True (`host_if`: on the host's end of its veth).
+    The message names no policy, so a policy change does not rewrite the claim's status."""
+    if refused:
+        return _condition(
+            "False",
+            REASON_POLICY_REFUSED,
+            f"network policy for {network} cannot be enforced on {if_name}: {refused}",
+            now,
+            None,
+            CONDITION_POLICY,
+        )
+    if host_if:
+        return _condition(
+            "True",
+            REASON_POLICY_HOST_SIDE,
+            f"network policy for {network} is enforced for {if_name} on the host's end of its "
+            f"veth ({host_if}), where the pod cannot undo it",
+            now,
+            None,
+            CONDITION_POLICY,
+        )
+    if undoable_by:
+        return _condition(
+            "False",
+            REASON_POLICY_UNDOABLE,
+            f"network policy for {network} is enforced on {if_name} in the pod's network "
+            f"namespace, where containers {', '.join(undoable_by)} (privileged or with "
+            "CAP_NET_ADMIN) can delete it",
+            now,
+            None,
+            CONDITION_POLICY,
+        )
+    return _condition(
+        "True",
+        REASON_POLICY_POD_NAMESPACE,
+        f"network policy for {network} is enforced on {if_name} in the pod's network namespace",
+        now,
+        None,
+        CONDITION_POLICY,
+    )
+
+
+def same_condition(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
+    """Whether two conditions say the same (their times aside)."""
+    if a is None or b is None:
+        return a is b
+    return all(a.get(k) == b.get(k) for k in ("type", "status", "reason", "message"))
+
+
+def with_conditions(status: DeviceStatus, extra: Sequence[Mapping[str, Any]]) -> DeviceStatus:
+    """`status` with `extra` conditions, each replacing one of its type."""
+    if not extra:
+        return status
+    types = {c["type"] for c in extra}
+    kept = tuple(c for c in status.conditions if c.get("type") not in types)
+    return replace(status, conditions=(*kept, *extra))
 
 
 def rate_message(if_name: str, rate: Rate) -> str:

@@ -57,6 +57,14 @@ class EventWriter:
         if self.normal_events:
             self._queue(EventRecord(involved(claim, "ResourceClaim"), reason, message, "Normal"))
 
+    def object_event(
+        self, about: Involved, reason: str, message: str, type_: str = "Warning"
+    ) -> None:
+        """An Event on any object (a network policy: cnidra.status.netpolicy)."""
+        if type_ == "Normal" and not self.normal_events:
+            return
+        self._queue(EventRecord(about, reason, message, type_))
+
     def node_event(self, node: str, reason: str, message: str, type_: str = "Normal") -> None:
         """An Event on the Node object (what `kubectl describe node` shows)."""
         self._queue(EventRecord(Involved("Node", node), reason, message, type_))

@@ -19,13 +19,13 @@ and the small writers' own notes."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from cnidra.api.refs import ObjectRef
 from cnidra.kube.api import Api, AsyncClient
-from cnidra.kube.events import EventRecorder
+from cnidra.kube.events import EventRecorder, Involved
 from cnidra.status.claimstatus import ClaimStatusWriter
 from cnidra.status.devices import NETWORK_STATUS_ANNOTATION, DeviceKey, DeviceStatus
 from cnidra.status.events import EventWriter
@@ -108,6 +108,11 @@ class StatusWriter:
     def put(self, claim: ObjectRef, status: DeviceStatus) -> None:
         self.claims.put(claim, status)
 
+    def device_condition(
+        self, claim: ObjectRef, key: DeviceKey, type_: str, condition: Mapping[str, Any] | None
+    ) -> None:
+        self.claims.device_condition(claim, key, type_, condition)
+
     def drop(self, claim: ObjectRef, keys: list[DeviceKey], *, later: bool = False) -> None:
         self.claims.drop(claim, keys, later=later)
 
@@ -125,6 +130,11 @@ class StatusWriter:
 
     def claim_event(self, claim: ObjectRef, reason: str, message: str) -> None:
         self.events.claim_event(claim, reason, message)
+
+    def object_event(
+        self, about: Involved, reason: str, message: str, type_: str = "Warning"
+    ) -> None:
+        self.events.object_event(about, reason, message, type_)
 
     def node_event(self, node: str, reason: str, message: str, type_: str = "Normal") -> None:
         self.events.node_event(node, reason, message, type_)

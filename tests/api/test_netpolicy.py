@@ -679,8 +679,14 @@ def test_the_chart_crds_are_the_ones_the_code_defines(make: Any, name: str) -> N
     path = ROOT_DIR / "charts" / "cnidra" / "crds" / f"{name}.yaml"
     assert yaml.safe_load(path.read_text()) == make()
     assert path.read_text() in (ROOT_DIR / "deploy" / "crds.yaml").read_text()
-    columns = {c["name"] for c in make()["spec"]["versions"][0]["additionalPrinterColumns"]}
+    version = make()["spec"]["versions"][0]
+    columns = {c["name"] for c in version["additionalPrinterColumns"]}
     assert "Networks" in columns and "Age" in columns
+    # the drivers' reports (cnidra.status.netpolicy): a status subresource, one entry a node
+    assert "Not-Enforced-On" in columns and version["subresources"] == {"status": {}}
+    nodes = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["nodes"]
+    assert nodes["x-kubernetes-list-type"] == "map"
+    assert nodes["x-kubernetes-list-map-keys"] == ["node"]
 
 
 def test_validate_judges_policy_documents() -> None:
@@ -694,7 +700,10 @@ def test_validate_judges_policy_documents() -> None:
         "CNIAdminNetworkPolicy",
         "CNIAdminNetworkPolicy",
     ]
-    assert not reports[0].issues.items and not reports[2].issues.items
+    assert not reports[0].issues.errors and not reports[2].issues.items
+    # the tenancy rule: a CNINetwork the input does not hold is not judged, and says so
+    [unjudged] = reports[0].issues.warnings
+    assert unjudged.message.startswith("cninetwork:data: whether tenant-a may use it")
     assert [str(i.path) for i in reports[1].issues.errors] == ["spec.ingress[0].ports[0].port"]
     assert [str(i.path) for i in reports[3].issues.errors] == ["spec.priority"]
 

@@ -28,6 +28,8 @@ from cnidra.api.netpolicy_rules import (
     compile_pod,
     delete_script,
     enforcement,
+    host_interface,
+    host_side,
     undoes_pod_side,
 )
 
@@ -323,3 +325,39 @@ def test_an_interface_name_nft_cannot_match_exactly_is_refused() -> None:
     for bad in ('net"1', "net\\1", "nét1", "net 1"):
         with pytest.raises(UnenforceableInterface, match="cannot match exactly"):
             compile_pod(DB, [PodInterface(bad, view(DB))], [])
+
+
+def test_a_routed_veths_table_moves_to_the_hosts_end() -> None:
+    pod = PodOnNetwork("tenant-a", "a", {"app": "db"}, ("198.18.44.1",))
+    view = NetworkView(NET, (pod,), {})
+    ruleset = compile_pod(pod, [PodInterface("net1", view)], [mnp({"podSelector": {}})])
+    moved = host_side(ruleset, "veth1234", "cnidra_hx")
+    base = {c.name: (c.hook, c.rules) for c in moved.chains if c.hook}
+    assert base == {
+        "forward": (
+            "forward",
+            ('oifname "veth1234" jump if0_in', 'iifname "veth1234" jump if0_out'),
+        ),
+        "input": ("input", ('iifname "veth1234" jump if0_out',)),
+        "output": ("output", ('oifname "veth1234" jump if0_in',)),
+    }
+    # the rest as compiled: the same chains and sets, in a table of the host's
+    assert [c for c in moved.chains if not c.hook] == [c for c in ruleset.chains if not c.hook]
+    assert moved.sets == ruleset.sets and moved.table == "cnidra_hx"
+    with pytest.raises(UnenforceableInterface):
+        host_side(ruleset, 'veth"x', "cnidra_hx")
+
+
+def test_ptp_is_enforced_on_the_hosts_end_bridge_in_the_pod() -> None:
+    assert enforcement("ptp").where == "host"
+    assert enforcement("bridge").where == "pod"  # no bridge conntrack assumed (docs)
+    result = {
+        "interfaces": [
+            {"name": "veth1234", "mac": "02:00:00:00:00:01"},
+            {"name": "net1", "sandbox": "/run/netns/x"},
+        ]
+    }
+    assert host_interface("ptp", result) == "veth1234"
+    assert host_interface("macvlan", result) is None
+    assert host_interface("ptp", {"interfaces": [{"name": "net1", "sandbox": "/x"}]}) is None
+    assert host_interface("ptp", None) is None

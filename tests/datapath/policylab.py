@@ -128,6 +128,7 @@ class Lab:
     pods: dict[str, Path]  # pod name -> its namespace
     addresses: dict[str, str]
     addresses6: dict[str, str]
+    host: Path | None = None  # the routed lab's "node": the host's ends of the pods' veths
 
     def probe(self, src: str, dst: str, proto: str, port: int) -> bool:
         """Whether a TCP connection (and an echo over it), or a UDP datagram and its echo, from
@@ -203,6 +204,52 @@ def lab(names: tuple[str, ...] = ("a", "b", "c")) -> Iterator[Lab]:
             stack.callback(srv.close)  # before its namespace goes
             srv.start()
         yield Lab(pods, addresses, addresses6)
+
+
+ROUTED = "198.18.44"  # the routed lab's pods
+GATEWAY = "198.18.45.1"  # on every host veth, as the ptp plugin puts it
+
+
+def host_veth(pod: str) -> str:
+    return f"h-{pod}"
+
+
+@contextlib.contextmanager
+def routed_lab(names: tuple[str, ...] = ("a", "b", "c")) -> Iterator[Lab]:
+    """`names` pods wired as the ptp plugin wires them: each `IFNAME` with ROUTED.<n>/32, a
+    veth whose other end (`host_veth`) is in a "node" namespace of this run that routes
+    between them (GATEWAY on each host end, a /32 route to each pod), echo servers in every
+    pod. IPv4 only."""
+    with contextlib.ExitStack() as stack:
+        host = stack.enter_context(netns.temporary("cnidra-np-host"))
+        subprocess.run(
+            ["ip", "netns", "exec", host.name, "sysctl", "-qw", "net.ipv4.ip_forward=1"],
+            check=True,
+            capture_output=True,
+            timeout=10,
+        )
+        ip(host, "link", "set", "lo", "up")
+        pods: dict[str, Path] = {}
+        addresses: dict[str, str] = {}
+        for n, name in enumerate(names, start=1):
+            ns = stack.enter_context(netns.temporary(f"cnidra-np-{name}"))
+            end = host_veth(name)
+            ip(host, "link", "add", end, "type", "veth", "peer", "name", IFNAME, "netns", ns.name)
+            address = f"{ROUTED}.{n}"
+            ip(host, "addr", "add", f"{GATEWAY}/32", "dev", end)
+            ip(host, "link", "set", end, "up")
+            ip(host, "route", "add", f"{address}/32", "dev", end)
+            ip(ns, "addr", "add", f"{address}/32", "dev", IFNAME)
+            ip(ns, "link", "set", IFNAME, "up")
+            ip(ns, "link", "set", "lo", "up")
+            ip(ns, "route", "add", f"{GATEWAY}/32", "dev", IFNAME)
+            ip(ns, "route", "add", f"{ROUTED}.0/24", "via", GATEWAY, "dev", IFNAME)
+            pods[name] = ns
+            addresses[name] = address
+            srv = Servers(ns)
+            stack.callback(srv.close)
+            srv.start()
+        yield Lab(pods, addresses, {}, host)
 
 
 SO_RCVBUFFORCE = 33  # Linux's; the socket module does not name it

@@ -20,7 +20,11 @@ from tests.test_cli_outputs import cli
 
 
 async def query(
-    node: Node, described: dict[str, object], counters: object, tmp_path: Path
+    node: Node,
+    described: dict[str, object],
+    counters: object,
+    tmp_path: Path,
+    where: tuple[str, str] = ("/run/netns/a-sandbox", "cnidra_x"),
 ) -> tuple[api.PodNetwork, str, list[bool]]:
     on_main: list[bool] = []
 
@@ -28,7 +32,7 @@ async def query(
         on_main.append(threading.current_thread() is threading.main_thread())
         if isinstance(counters, Exception):
             raise counters
-        assert netns == "/run/netns/a-sandbox" and table == "cnidra_x"
+        assert (netns, table) == where
         return counters  # type: ignore[return-value]
 
     socket = tmp_path / "node.sock"
@@ -81,6 +85,34 @@ async def test_describe_shows_policies_counters_and_flags(tmp_path: Path) -> Non
     assert "policy network ns/blue: ns/web" in out
     assert "drop            5 packets" in out and "default-deny ingress (ns/web)" in out
     assert "NOT ENFORCED: a vhost-user socket" in out
+    # the interface enforced in the pod's namespace is flagged, the one not enforced is not
+    assert (
+        out.count("UNDOABLE: enforced in the pod's network namespace, where containers debug") == 1
+    )
     assert "containers debug are privileged or have CAP_NET_ADMIN" in out
     view, out, _ = await query(node, described, NftError("nft: no such table"), tmp_path)
     assert "counters could not be read: nft: no such table" in view.attachments[0].policy.error
+
+
+async def test_describe_shows_a_host_side_table_and_reads_its_counters_there(
+    tmp_path: Path,
+) -> None:
+    node = Node.start(tmp_path)
+    prepare(node.checkpoint, "c", "a-uid", ("net1", network("blue", "ptp")))
+    await node.hooks.run_pod_sandbox(pod("a"))
+    described = {
+        "net1": {
+            "network": "ns/blue",
+            "table": "cnidra_h0123456789ab",
+            "netns": "/proc/self/ns/net",
+            "hostInterface": "veth1234",
+            "policies": ["ns/web"],
+        },
+    }
+    counted = [RuleCounter("if0_in", "default-deny ingress (ns/web)", "drop", 5, 500)]
+    where = ("/proc/self/ns/net", "cnidra_h0123456789ab")
+    view, out, _ = await query(node, described, counted, tmp_path, where)
+    assert view.attachments[0].policy.host_interface == "veth1234"
+    assert [r.packets for r in view.attachments[0].policy.rules] == [5]
+    assert "enforced on the host's end of the pod's veth (veth1234)" in out
+    assert "UNDOABLE" not in out

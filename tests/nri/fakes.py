@@ -56,6 +56,9 @@ class FakePlugins(PluginExec):
     failing: dict[str, str] = field(default_factory=dict)
     crash_at: tuple[str, int] | None = None
     timeout: float = 10.0
+    # plugin types whose ADD hands over a device bound to a userspace driver (DPDK): their
+    # result lists no interface and no address, as sriov-cni's in DPDK mode
+    userspace: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.cni_path = []
@@ -97,6 +100,8 @@ class FakePlugins(PluginExec):
             raise PluginError.create(plugin_type, invocation.command, 11, "it broke", "", b"")
         if invocation.command != "ADD":
             return None
+        if plugin_type in self.userspace:
+            return {"cniVersion": conf["cniVersion"]}
         return {
             "cniVersion": conf["cniVersion"],
             "interfaces": [{"name": invocation.if_name, "sandbox": invocation.netns}],
@@ -213,6 +218,8 @@ class RecordingStatus:
         self.seen: dict[ObjectRef, SeenAnnotations | None] = {}
         self.gone: list[ObjectRef] = []
         self.released_claims: list[tuple[ObjectRef, bool]] = []
+        # (claim, pool, device, share) -> condition type -> the condition
+        self.conditions: dict[tuple[ObjectRef, str, str, str], dict[str, Mapping[str, Any]]] = {}
 
     def put(self, claim: ObjectRef, status: DeviceStatus) -> None:
         self.entries.setdefault(claim, {})[status.key[1:]] = status.entry()
@@ -225,6 +232,19 @@ class RecordingStatus:
 
     def finalizer(self, claim: ObjectRef, present: bool) -> None:
         self.finalizers[claim] = present
+
+    def device_condition(
+        self,
+        claim: ObjectRef,
+        key: tuple[str, str, str, str],
+        type_: str,
+        condition: Mapping[str, Any] | None,
+    ) -> None:
+        held = self.conditions.setdefault((claim, *key[1:]), {})
+        if condition is None:
+            held.pop(type_, None)
+        else:
+            held[type_] = condition
 
     def event(self, pod: ObjectRef, reason: str, message: str, type_: str = "Warning") -> None:
         self.events.append((pod, reason, message))

@@ -54,6 +54,9 @@ class FakeNft:
     def counters(self, netns: str, table: str, *, timeout: float) -> list[RuleCounter]:
         return self.counted
 
+    def list_tables(self, netns: str, *, timeout: float) -> list[str]:
+        return sorted(t for n, t in self.tables if n == netns)
+
 
 def mnp(name: str, spec: Mapping[str, Any], network: str = NET) -> dict[str, Any]:
     return {

@@ -81,7 +81,7 @@ async def test_no_time_left_in_the_budget_fails_the_limit_without_trying(
     claim = prepare(node.checkpoint, "c", "a-uid", ("net1", network("c", "macvlan")), rate=LIMIT)
     shape = node.lifecycle.setup.after_add(NETNS, Deadline.after(0.0, "the pod's attach budget"))
     with pytest.raises(SetupFailed, match="the pod's attach budget of 0s ran out") as caught:
-        await shape(claim.devices[0])
+        await shape(claim.devices[0], None)
     assert caught.value.reason == "shaping" and shaper.calls == []
 
 

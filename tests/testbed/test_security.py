@@ -545,6 +545,9 @@ def driver_devices(cluster: Cluster) -> set[str]:
 
 
 def test_the_drivers_rbac_holds_exactly_what_its_code_calls(cluster: Cluster) -> None:
+    # the CRDs' resources are known to `auth can-i` only once served (alone, this test ran
+    # before any other installed them, and every CRD row said no)
+    cluster.install_cnidra_api()
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac.yaml"))
     sa = "system:serviceaccount:cnidra-system:cnidra"
 
@@ -573,6 +576,9 @@ def test_the_drivers_rbac_holds_exactly_what_its_code_calls(cluster: Cluster) ->
         ("watch", "namespaces"),
         ("list", "multi-networkpolicies.k8s.cni.cncf.io", "-A"),
         ("watch", "cniadminnetworkpolicies.cni.networking.x-k8s.io"),
+        # a policy's entry of this node in its status (an interface it cannot enforce)
+        ("patch", "multi-networkpolicies.k8s.cni.cncf.io", "--subresource=status", "-n", "any"),
+        ("patch", "cniadminnetworkpolicies.cni.networking.x-k8s.io", "--subresource=status"),
         # pool accounting: pools' counts, and the scheduler's FailedScheduling Events
         ("patch", "cniippools.cni.networking.x-k8s.io", "--subresource=status"),
         ("watch", "events", "-A"),
@@ -586,6 +592,7 @@ def test_the_drivers_rbac_holds_exactly_what_its_code_calls(cluster: Cluster) ->
         ("patch", "nodes"),
         ("patch", "namespaces"),
         ("create", "multi-networkpolicies.k8s.cni.cncf.io", "-n", "any"),
+        ("patch", "multi-networkpolicies.k8s.cni.cncf.io", "-n", "any"),
         ("patch", "pods", "--subresource=status", "-n", "any"),
         ("patch", "events", "-n", "any"),
         ("create", "deviceclasses.resource.k8s.io"),

@@ -1,0 +1,189 @@
+"""Network policy's reports on the policy objects (issue 43), written off the NRI hook's path:
+a policy that selects an interface on this node where it cannot be enforced (a plugin type with
+no kernel path, a device bound to a userspace driver) gets a Warning Event and an entry of this
+node in its `status.nodes`, with an `Enforced` condition False naming the interfaces and why.
+
+Each node writes only its own entry (`status.nodes` is a map keyed by `node`; server-side apply,
+one field manager per node, `cnidra-netpolicy-<node>`), as Gateway API's route status has one
+entry per controller: no node overwrites another's, and a node whose problems are gone applies
+an empty list, which removes its entry and only its entry. A node with nothing to report never
+writes: a policy enforced everywhere has no `status.nodes` at all.
+
+The producers (`report`) never block and never fail; one worker writes with a timeout per
+call and retries with backoff. A policy that is gone, or a CRD without the status subresource
+(Multus' own MultiNetworkPolicy CRD has none), answers 404: the Event is then all there is."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from cnidra.api.netpolicy import ADMIN_API_VERSION, MNP_API_VERSION, MNP_KIND
+from cnidra.kube.api import Api, RefusedForGood
+from cnidra.kube.events import Involved
+from cnidra.kube.netpolicy import CNIAdminNetworkPolicy, MultiNetworkPolicy
+from cnidra.util.aio import wait_set
+from cnidra.util.backoff import Backoff
+from cnidra.util.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+CONDITION_ENFORCED = "Enforced"
+REASON_NOT_ENFORCEABLE = "NotEnforceable"
+EVENT_NOT_ENFORCED = "NetworkPolicyNotEnforced"
+REQUEST_TIMEOUT = 10.0
+MESSAGE_MAX = 32768
+MAX_LISTED = 20  # interfaces named in one condition; beyond, counted
+
+
+@dataclass(frozen=True, order=True)
+class PolicyRef:
+    """A policy object: a tenant's MultiNetworkPolicy (namespaced) or an admin's
+    CNIAdminNetworkPolicy (cluster-scoped, namespace "")."""
+
+    kind: str
+    name: str
+    namespace: str = ""
+
+    @property
+    def involved(self) -> Involved:
+        version = MNP_API_VERSION if self.kind == MNP_KIND else ADMIN_API_VERSION
+        return Involved(self.kind, self.name, self.namespace, api_version=version)
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else f"admin/{self.name}"
+
+
+def node_entry(node: str, problems: Sequence[str], now: datetime | None = None) -> dict[str, Any]:
+    """This node's `status.nodes` entry for `problems` (one line per interface): its
+    `Enforced` condition, False, naming the interfaces (at most MAX_LISTED, then counted)."""
+    listed = list(problems[:MAX_LISTED])
+    if len(problems) > MAX_LISTED:
+        listed.append(f"and {len(problems) - MAX_LISTED} more")
+    message = "not enforced on " + "; ".join(listed)
+    if len(message) > MESSAGE_MAX:
+        message = message[: MESSAGE_MAX - 3] + "..."
+    stamp = (now or datetime.now(UTC)).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "node": node,
+        "conditions": [
+            {
+                "type": CONDITION_ENFORCED,
+                "status": "False",
+                "reason": REASON_NOT_ENFORCEABLE,
+                "message": message,
+                "lastTransitionTime": stamp,
+            }
+        ],
+    }
+
+
+def status_body(ref: PolicyRef, node: str, problems: Sequence[str]) -> dict[str, Any]:
+    """What this node applies to the policy's status subresource: its entry, or none (which
+    removes the entry it applied before)."""
+    metadata = {"name": ref.name, **({"namespace": ref.namespace} if ref.namespace else {})}
+    api_version = MNP_API_VERSION if ref.kind == MNP_KIND else ADMIN_API_VERSION
+    nodes = [node_entry(node, problems)] if problems else []
+    return {
+        "apiVersion": api_version,
+        "kind": ref.kind,
+        "metadata": metadata,
+        "status": {"nodes": nodes},
+    }
+
+
+def entry_of(obj: Any, node: str) -> bool:
+    """Whether a policy object (a dict) holds an entry of `node` in `status.nodes`."""
+    status = obj.get("status") if isinstance(obj, dict) else None
+    nodes = status.get("nodes") if isinstance(status, dict) else None
+    return isinstance(nodes, list) and any(
+        isinstance(n, dict) and n.get("node") == node for n in nodes
+    )
+
+
+class PolicyStatusWriter:
+    """Queues each policy's problems on this node and writes them (`run`, a supervised task).
+    `events`: where the Events go (the status writer's queue, `StatusWriter.object_event`)."""
+
+    def __init__(
+        self,
+        api: Api | None,
+        node: str,
+        events: Callable[[Involved, str, str], None] | None = None,
+    ) -> None:
+        self.api = api
+        self.node = node
+        self.events = events
+        self.manager = f"cnidra-netpolicy-{node}"
+        self.wanted: dict[PolicyRef, tuple[str, ...]] = {}
+        self.written: dict[PolicyRef, tuple[str, ...]] = {}
+        self.queue: WorkQueue[PolicyRef] = WorkQueue(lambda: Backoff(0.5, 30.0))
+        self._wake = asyncio.Event()
+
+    def report(self, ref: PolicyRef, problems: Sequence[str], *, event: bool = True) -> None:
+        """The policy's problems on this node now (empty: none). A problem not reported before
+        gets an Event (unless `event` is False)."""
+        problems = tuple(sorted(problems))
+        before = self.wanted.get(ref, ())
+        if problems == before and ref in self.wanted:
+            return
+        self.wanted[ref] = problems
+        new = [p for p in problems if p not in before]
+        if new and event and self.events is not None:
+            self.events(
+                ref.involved,
+                EVENT_NOT_ENFORCED,
+                f"policy {ref} selects interfaces on node {self.node} where it cannot be "
+                f"enforced: {'; '.join(new[:MAX_LISTED])}",
+            )
+        self.queue.add(ref)
+        self._wake.set()
+
+    def pending(self) -> int:
+        return len(self.queue)
+
+    async def write(self, ref: PolicyRef) -> None:
+        problems = self.wanted.get(ref, ())
+        if self.written.get(ref) == problems and ref in self.written:
+            return
+        if self.api is not None:
+            kind = MultiNetworkPolicy if ref.kind == MNP_KIND else CNIAdminNetworkPolicy
+            await self.api.apply(
+                kind.Status,
+                ref.name,
+                status_body(ref, self.node, problems),
+                namespace=ref.namespace or None,
+                field_manager=self.manager,
+                within=REQUEST_TIMEOUT,
+            )
+        self.written[ref] = problems
+        if not problems:  # nothing left to say about it here
+            self.wanted.pop(ref, None)
+            self.written.pop(ref, None)
+
+    async def run(self) -> None:
+        while True:
+            for ref in self.queue.due():
+                try:
+                    await self.write(ref)
+                except asyncio.CancelledError:
+                    raise
+                except RefusedForGood as exc:  # gone, or a CRD without status: the Event stays
+                    log.info("status of %s %s not written: %s", ref.kind, ref, exc)
+                    self.wanted.pop(ref, None)
+                    self.written.pop(ref, None)
+                except Exception as exc:
+                    delay = self.queue.retry(ref)
+                    log.warning(
+                        "status of %s %s not written (%s); retry in %.1fs", ref.kind, ref, exc,
+                        delay,
+                    )  # fmt: skip
+                    continue
+                self.queue.done(ref)
+            wait = self.queue.wait()
+            self._wake.clear()
+            await wait_set(self._wake, None if wait is None else max(0.05, wait))

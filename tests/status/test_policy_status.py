@@ -1,0 +1,137 @@
+"""Issue 43's writes off the hook path: the claim's NetworkPolicyEnforced condition merged into
+its status.devices entry whichever comes first, and a policy's problems on this node written as
+its status entry of this node (server-side apply, one field manager per node; an empty list
+removes the entry) with an Event for a new problem; a 404 (a policy gone, or a CRD without the
+status subresource) is dropped, a transient failure retried."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from lightkube.core.exceptions import ApiError
+from lightkube.models.meta_v1 import Status
+
+from cnidra.api.constants import CONDITION_POLICY, CONDITION_READY
+from cnidra.api.refs import ObjectRef
+from cnidra.kube.api import Api
+from cnidra.kube.events import Involved
+from cnidra.status.devices import DeviceStatus, policy_condition
+from cnidra.status.netpolicy import (
+    EVENT_NOT_ENFORCED,
+    PolicyRef,
+    PolicyStatusWriter,
+    entry_of,
+    status_body,
+)
+from cnidra.status.writer import StatusWriter
+from tests.status.test_network_status import running
+
+CLAIM = ObjectRef("ns", "c", "c-uid")
+READY = {"type": CONDITION_READY, "status": "True", "reason": "r", "message": "m"}
+DEVICE = DeviceStatus("node", "eth1", "", (READY,))
+
+
+class Patches:
+    """Records each patch; `failing`: what the next patches raise, in order."""
+
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+        self.failing: list[Exception] = []
+        self.called = asyncio.Event()
+
+    async def patch(self, kind: Any, name: str, body: dict[str, Any], **kwargs: Any) -> None:
+        self.called.set()
+        if self.failing:
+            raise self.failing.pop(0)
+        self.patches.append((name, body, kwargs))
+
+
+async def settled(check: Any) -> None:
+    """Until `check()` holds (at most 2 s)."""
+    for _ in range(200):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not settled within 2 s")
+
+
+async def test_the_condition_is_merged_into_the_entry_whichever_comes_first() -> None:
+    client = Patches()
+    writer = StatusWriter(client)  # type: ignore[arg-type]
+    condition = policy_condition("net1", "ns/blue")
+    async with running(writer):
+        writer.device_condition(CLAIM, DEVICE.key, CONDITION_POLICY, condition)
+        await asyncio.sleep(0.05)
+        assert client.patches == []  # no entry yet: nothing to write
+        writer.put(CLAIM, DEVICE)
+        await settled(lambda: len(client.patches) == 1)
+        [entry] = client.patches[0][1]["status"]["devices"]
+        assert [c["type"] for c in entry["conditions"]] == [CONDITION_READY, CONDITION_POLICY]
+        # the same condition again (a later time): not written again
+        writer.device_condition(CLAIM, DEVICE.key, CONDITION_POLICY, dict(condition))
+        await asyncio.sleep(0.05)
+        assert len(client.patches) == 1
+        # changed: written; the entry put again keeps it
+        undoable = policy_condition("net1", "ns/blue", undoable_by=["c"])
+        writer.device_condition(CLAIM, DEVICE.key, CONDITION_POLICY, undoable)
+        writer.put(CLAIM, DEVICE)
+        await settled(lambda: len(client.patches) == 2)
+        [entry] = client.patches[1][1]["status"]["devices"]
+        assert entry["conditions"][1]["status"] == "False"
+        # the entry dropped: its condition with it
+        writer.drop(CLAIM, [DEVICE.key])
+        await settled(lambda: len(client.patches) == 3)
+        assert client.patches[2][1]["status"]["devices"] == []
+        assert writer._conditions == {}
+
+
+def test_the_status_body_holds_this_nodes_entry_or_none() -> None:
+    ref = PolicyRef("MultiNetworkPolicy", "deny", "ns")
+    body = status_body(ref, "node-1", ["pod ns/a net1 (ns/blue): why"])
+    assert body["apiVersion"] == "k8s.cni.cncf.io/v1beta1"
+    assert body["metadata"] == {"name": "deny", "namespace": "ns"}
+    [entry] = body["status"]["nodes"]
+    [cond] = entry["conditions"]
+    assert entry["node"] == "node-1"
+    assert (cond["type"], cond["status"], cond["reason"]) == ("Enforced", "False", "NotEnforceable")
+    assert cond["message"] == "not enforced on pod ns/a net1 (ns/blue): why"
+    admin = status_body(PolicyRef("CNIAdminNetworkPolicy", "mgmt"), "node-1", [])
+    assert admin["metadata"] == {"name": "mgmt"} and admin["status"] == {"nodes": []}
+    many = status_body(ref, "n", [f"p{i}" for i in range(25)])
+    assert many["status"]["nodes"][0]["conditions"][0]["message"].endswith("and 5 more")
+    assert entry_of(body, "node-1") and not entry_of(body, "node-2") and not entry_of({}, "x")
+
+
+async def test_a_policys_problems_are_written_as_this_nodes_entry_with_an_event() -> None:
+    client = Patches()
+    events: list[tuple[Involved, str, str]] = []
+    writer = PolicyStatusWriter(
+        Api(client), "node-1", lambda about, reason, msg: events.append((about, reason, msg))
+    )
+    ref = PolicyRef("MultiNetworkPolicy", "deny", "ns")
+    task = asyncio.create_task(writer.run())
+    try:
+        writer.report(ref, ["pod ns/a net1 (ns/blue): why"])
+        await settled(lambda: len(client.patches) == 1)
+        name, _, kwargs = client.patches[0]
+        assert name == "deny" and kwargs["field_manager"] == "cnidra-netpolicy-node-1"
+        assert kwargs["namespace"] == "ns" and kwargs["force"] is True
+        [(about, reason, message)] = events
+        assert (about.kind, about.name, about.namespace) == ("MultiNetworkPolicy", "deny", "ns")
+        assert about.api_version == "k8s.cni.cncf.io/v1beta1"
+        assert reason == EVENT_NOT_ENFORCED and "node node-1" in message
+        # the same again: nothing; a transient failure: retried
+        writer.report(ref, ["pod ns/a net1 (ns/blue): why"])
+        client.failing = [ApiError(status=Status(code=503, message="busy"))]
+        writer.report(ref, [])
+        await settled(lambda: len(client.patches) == 2)
+        assert client.patches[1][1]["status"] == {"nodes": []}  # the entry removed
+        assert len(events) == 1 and writer.wanted == {} and writer.pending() == 0
+        # a policy whose CRD has no status subresource (404): dropped, the Event stays
+        client.failing = [ApiError(status=Status(code=404, message="not found"))]
+        writer.report(PolicyRef("CNIAdminNetworkPolicy", "mgmt"), ["x"])
+        await settled(lambda: writer.pending() == 0 and not client.failing)
+        assert len(events) == 2 and writer.wanted == {}
+    finally:
+        task.cancel()
