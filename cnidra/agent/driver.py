@@ -33,7 +33,6 @@ from cnidra.inventory.publisher import SlicePublisher
 from cnidra.inventory.slices import SliceSettings
 from cnidra.ipam.accounting import (
     LEASE_NAME,
-    LEASE_SECONDS,
     BlockLeaseWriter,
     PoolAccountant,
     run_while_leading,
@@ -424,12 +423,16 @@ class Driver:
     async def _account_pools(self) -> None:
         s = self.settings
 
+        lease = s.pool_accountant_lease_seconds
+
         async def lead() -> bool:
             return await self._kube_ipam.lead(
-                s.pool_accountant_namespace, LEASE_NAME, s.node_name, LEASE_SECONDS
+                s.pool_accountant_namespace, LEASE_NAME, s.node_name, lease
             )
 
-        await run_while_leading(self.pool_accountant.run, lead)
+        await run_while_leading(
+            self.pool_accountant.run, lead, renew_every=lease / 3, retry_every=lease
+        )
 
     async def stop(self) -> None:
         """Registration socket first (kubelet stops sending), then DRA, then the rest."""
