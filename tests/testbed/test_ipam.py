@@ -369,7 +369,7 @@ def test_the_pool_accountant_fails_over_to_the_other_node(
         return (cluster.get("cniippool", pool, None).get("status") or {}).get("size")
 
     first = cluster.wait("a driver to hold the Lease", lambda: holder() in drivers and holder(), 30)
-    before = ip_pools("198.18.142.0/29", ns)
+    before = ip_pools("198.18.143.0/28", ns)
     cluster.wait(f"{first} to count a new pool", lambda: counted(before), 30)
     [other] = [name for name in drivers if name != first]
     started = time.monotonic()
@@ -379,7 +379,7 @@ def test_the_pool_accountant_fails_over_to_the_other_node(
         took = time.monotonic() - started
         print(f"\nthe Lease moved from {first} to {other} {took:.1f} s after the kill")
         assert took <= 2.2 * lease + 3, f"took {took:.1f} s for a {lease:g} s Lease"
-        after = ip_pools("198.18.142.8/29", ns)
+        after = ip_pools("198.18.143.16/28", ns)
         cluster.wait(f"{other} to count a pool made after the kill", lambda: counted(after), 20)
     finally:
         drivers[first].start()
