@@ -42,6 +42,7 @@ from cnidra.ipam.reconcile import IPAMReconciler
 from cnidra.kube.api import Api
 from cnidra.kube.claims import ClaimGetter, NamespaceGetter
 from cnidra.kube.client import ClusterFeatures, dra_api_problem, make_client, probe_features
+from cnidra.kube.deviceclasses import follow_device_classes
 from cnidra.kube.ipam import KubeIPAM
 from cnidra.kube.netpolicy import follow_all
 from cnidra.kube.networks import NetworkReader, ServedNetworks
@@ -49,6 +50,7 @@ from cnidra.kube.pods import NodePods
 from cnidra.nodeapi.service import NodeNetworksService
 from cnidra.nodeapi.service import serve as serve_node_api
 from cnidra.nodeapi.views import NodeRecords
+from cnidra.nri.bandwidth import BandwidthKeeper
 from cnidra.nri.hooks import PodHooks
 from cnidra.nri.lifecycle import HookBudget, PlugError, PodLifecycle
 from cnidra.nri.netpolicy import PolicyEnforcer, read_drops
@@ -221,9 +223,8 @@ class Driver:
             hold_from_attach=settings.claim_finalizer == "on-attach",
             policy=self.policy if settings.network_policy else None,
         )
+        self.bandwidth = self._rate_limits()
         metrics.INTERFACES.source = self.lifecycle.interfaces
-        metrics.RATE_LIMITS.source = self.lifecycle.shaped_interfaces
-        metrics.RATE_LIMITS.read = read_limits
         self.reconciler = Reconciler(self.lifecycle, self.layout.write_problem)
         # fail closed: no claim is prepared (so no pod of it started) while the runtime cannot
         # tell cnidra about the pod's sandbox
@@ -399,6 +400,13 @@ class Driver:
         self.tasks.spawn("block-leases", lambda: self.block_leases.run(s.pool_status_seconds))
         if s.pool_accountant:
             self.tasks.spawn("pool-accountant", self._account_pools)
+        self.tasks.spawn("rate-limits", self.bandwidth.run)
+        classes = Api(self.client, s.api_timeout)
+        self.tasks.spawn(  # not critical: without it, the allocations' copies of the rules hold
+            "deviceclass-watch",
+            lambda: follow_device_classes(classes, self.bandwidth),
+            critical=False,
+        )
         if self.read_ahead is not None:  # not critical: without it, prepare GETs each claim
             self.tasks.spawn("claims-ahead", self.read_ahead.run, critical=False)
         if s.network_policy:
@@ -414,6 +422,15 @@ class Driver:
             s.dra_socket,
             s.http_address,
         )
+
+    def _rate_limits(self) -> BandwidthKeeper:
+        """Rate limits kept to the class's rules and, for Leftover, to the link's reservations
+        while pods run (cnidra.nri.bandwidth), under the hook's sandbox locks; their metrics."""
+        keeper = BandwidthKeeper(self.sandboxes, self.status, self.lifecycle.locks)
+        self.lifecycle.bandwidth = keeper
+        metrics.RATE_LIMITS.source = self.lifecycle.shaped_interfaces
+        metrics.RATE_LIMITS.read = read_limits
+        return keeper
 
     async def _reconcile_ipam(self) -> None:
         await self.ipam_reconciler.run(

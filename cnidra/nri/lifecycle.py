@@ -112,6 +112,17 @@ class PolicyHook(Protocol):
     def forget(self, record: SandboxRecord) -> None: ...
 
 
+class BandwidthHook(Protocol):
+    """The limits that depend on more than the attachment (cnidra.nri.bandwidth.
+    BandwidthKeeper): the limit an interface gets at its ADD, decided from what is in memory
+    (the class's rules as last watched, the other interfaces on its link), and word that
+    interfaces came or went, so the others' limits follow off the hook path."""
+
+    def limit_of(self, att: Attachment) -> Rate | None: ...
+
+    def changed(self) -> None: ...
+
+
 class AttachError(Exception):
     """Fails the RunPodSandbox hook, so the sandbox fails and kubelet retries."""
 
@@ -206,6 +217,7 @@ class PodLifecycle:
         hold_from_attach: bool = False,
         shaper: Shaper = shaping,
         policy: PolicyHook | None = None,
+        bandwidth: BandwidthHook | None = None,
     ) -> None:
         """`hold_from_attach`: a claim carries the detach finalizer from its first interface
         on (two more requests per claim), not only once a DEL of its interfaces failed.
@@ -228,6 +240,7 @@ class PodLifecycle:
         self.hold_from_attach = hold_from_attach
         self.shaper = shaper
         self.policy = policy
+        self.bandwidth = bandwidth
         # claims whose finalizer may be set: asked for by this process, or left by an earlier
         # one (any claim of a record on disk at start; its process may have held it)
         self.held: set[ObjectRef] = {c for r in store.all() for c in r.claims()}
@@ -322,8 +335,19 @@ class PodLifecycle:
             )
         return None
 
+    def _limited(self, att: Attachment) -> Attachment:
+        """`att` with the limit it gets now (the sandbox's record is in the store already:
+        an interface that shares its link's leftover counts itself)."""
+        if self.bandwidth is None:
+            return att
+        return replace(att, rate=self.bandwidth.limit_of(att))
+
+    def _bandwidth_changed(self) -> None:
+        if self.bandwidth is not None:
+            self.bandwidth.changed()
+
     async def _add(self, pod: nri.PodSandbox, record: SandboxRecord, behind_sandbox: bool) -> int:
-        attachments = [a.attachment for a in record.attachments]
+        attachments = [self._limited(a.attachment) for a in record.attachments]
         started = time.perf_counter()
         budget = self.budget.deadlines(behind_sandbox=behind_sandbox)
         try:
@@ -352,6 +376,7 @@ class PodLifecycle:
                 self.retry_detach(pod.id)
             else:
                 await self.store.remove(pod.id)
+            self._bandwidth_changed()
             self._report(failed.outcomes)
             message = f"pod {pod.namespace}/{pod.name}: {failed}"
             self.status.event(pod_ref(pod), REASON_ATTACH_FAILED, message)
@@ -368,6 +393,7 @@ class PodLifecycle:
         )
         added = record.with_state(State.ADDED, attachments=done)
         await self.store.put(added)
+        self._bandwidth_changed()
         if self.policy is not None:
             self.policy.attached(added)
         self._report(outcomes, pod_ref(pod))
@@ -525,6 +551,7 @@ class PodLifecycle:
                 raise PlugError(f"link {att.parent!r} now carries the node itself; refused")
             pending = Attached(att, None, pending=True)
             await self.store.put(replace(record, attachments=(*record.attachments, pending)))
+            att = self._limited(att)
             started = time.perf_counter()
             budget = self.budget.deadlines()
             try:
@@ -546,6 +573,7 @@ class PodLifecycle:
             done = Attached(att, outcome.result.to_json() if outcome.result else None)
             plugged = replace(record, attachments=(*record.attachments, done))
             await self.store.put(plugged)
+            self._bandwidth_changed()
             if self.policy is not None:
                 self.policy.attached(plugged)
             self._report([outcome], record.pod)
@@ -583,6 +611,7 @@ class PodLifecycle:
         await self._unshape(record, [a.attachment for a in going])
         rest = tuple(a for a in record.attachments if a not in going)
         await self.store.put(replace(record, attachments=rest))
+        self._bandwidth_changed()
         self._annotate(record.pod, rest)
         for ref in dict.fromkeys(a.attachment.claim for a in going):
             self.status.drop(
@@ -833,6 +862,7 @@ class PodLifecycle:
 
     async def _forget(self, record: SandboxRecord) -> None:
         await self.store.remove(record.sandbox_id)
+        self._bandwidth_changed()
         if self.policy is not None:
             self.policy.forget(record)
         self.removed.discard(record.sandbox_id)

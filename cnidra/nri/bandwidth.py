@@ -1,0 +1,237 @@
+"""The rate limits of running pods' interfaces kept to what they should be now, off the hook
+path: `BandwidthKeeper`.
+
+Prepare decides a limit from the allocation (cnidra.api.bandwidth.Terms: the grant, the link's
+speed, the class's rules) and the hook applies it; afterwards two things can change it:
+
+- **The class's rules.** A claim's grant cannot change while its pod runs: Kubernetes refuses
+  any change to a claim's `status.allocation` once set (`validateResourceClaimStatusUpdate` in
+  kubernetes/kubernetes pkg/apis/resource/validation/validation.go: "Updates to a populated
+  status.Allocation are not allowed"), and its spec is immutable too, so a claim's
+  `consumedCapacity` and the class config copied into its allocation stay as allocated. The
+  admin's DeviceClass can change: the keeper follows its CNIPolicy's `bandwidth`
+  (`whenUnreserved`, `burst`, `burstCeiling`) from a watch of DeviceClasses
+  (cnidra.kube.deviceclasses) and applies the new limit to every interface of the class.
+  A class deleted, or not seen yet, falls back to the rules its allocation copied; a class
+  whose CNIPolicy is invalid leaves its interfaces as they are.
+- **The reservations on a link**, for a claim that reserved nothing under `whenUnreserved:
+  Leftover`: such interfaces share evenly what the reservations of the interfaces on their
+  link (the allocated parent, on this node) leave of its speed, so unreserved pods never
+  crowd reserved ones. The hook applies the share of the moment (from the sandbox records,
+  in memory) and tells the keeper, which then gives every other interface on the link its
+  new share; a sandbox's interfaces going (detach) tell it too.
+
+The keeper runs when told (`changed`, `replace_classes`, `class_changed`) and every `period`
+seconds besides; each pass compares each attached interface's limit with what it should be
+and changes only those that differ, each under its sandbox's lock (the hook's), in a thread,
+bounded by a timeout (cnidra.datapath.shaping). A changed limit is written to the sandbox
+record (so a restarted driver and `cnidra node describe` see it) and to the claim's
+`BandwidthLimited` condition. A limit that cannot be applied is logged and tried again at the
+next pass; the interface keeps the limit it had."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from cnidra.api.bandwidth import BandwidthRules, Rate, Terms, leftover_share
+from cnidra.api.issues import Issues
+from cnidra.api.policy import class_bandwidth
+from cnidra.cni.attach import Attachment, Outcome
+from cnidra.cni.result import Result
+from cnidra.datapath import shaping
+from cnidra.nri.lifecycle import SHAPING_TIMEOUT, Shaper
+from cnidra.state.sandboxes import Attached, SandboxRecord, SandboxStore, State
+from cnidra.status.devices import device_status_of
+from cnidra.status.writer import StatusSink
+from cnidra.util.aio import wait_set
+from cnidra.util.locks import KeyedLocks
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PERIOD = 30.0
+
+
+class BandwidthKeeper:
+    def __init__(
+        self,
+        store: SandboxStore,
+        status: StatusSink,
+        locks: KeyedLocks,
+        *,
+        shaper: Shaper = shaping,
+        period: float = DEFAULT_PERIOD,
+        timeout: float = SHAPING_TIMEOUT,
+    ) -> None:
+        """`locks`: the sandboxes' locks the hook holds (PodLifecycle.locks), so the keeper
+        never changes an interface while the hook sets it up or takes it down."""
+        self.store = store
+        self.status = status
+        self.locks = locks
+        self.shaper = shaper
+        self.period = period
+        self.timeout = timeout
+        # DeviceClass name -> its CNIPolicy's bandwidth rules, as the watch last said
+        self.classes: dict[str, BandwidthRules] = {}
+        self.applied = 0  # limits changed on running interfaces, for tests and the journal
+        self._wake = asyncio.Event()
+
+    # ------------------------------------------------------------------ what the limit is
+
+    def rules_of(self, terms: Terms) -> BandwidthRules:
+        """The class's rules as the watch says, else as the allocation copied them."""
+        return self.classes.get(terms.device_class, terms.rules)
+
+    def limit_of(self, att: Attachment) -> Rate | None:
+        """What the interface of `att` should be held to now (the sandbox records say who
+        else is on its link). An attachment without terms (a record from before them) keeps
+        its rate."""
+        terms = att.bandwidth
+        if terms is None:
+            return att.rate
+        rules = self.rules_of(terms)
+        share = self.share_on(att.parent, terms.link) if terms.shares(rules) else None
+        return terms.decide(rules, share)
+
+    def share_on(self, parent: str, link: int | None) -> int | None:
+        """What each interface that reserved nothing under Leftover on `parent` gets now:
+        the link's speed less the grants of the interfaces on it, split among them. Every
+        recorded interface counts, being set up, plugged or taken down included."""
+        if not parent:
+            return None
+        reserved = sharers = 0
+        for record in self.store.all():
+            for attached in record.attachments:
+                att = attached.attachment
+                if att.parent != parent or att.bandwidth is None:
+                    continue
+                if att.bandwidth.granted is not None:
+                    reserved += att.bandwidth.granted
+                elif att.bandwidth.shares(self.rules_of(att.bandwidth)):
+                    sharers += 1
+        return leftover_share(link, reserved, sharers)
+
+    # ------------------------------------------------------------------ what tells it
+
+    def changed(self) -> None:
+        """Interfaces came or went: a pass soon."""
+        self._wake.set()
+
+    def replace_classes(self, objects: Sequence[Mapping[str, Any]]) -> None:
+        """A fresh LIST of DeviceClasses."""
+        seen: dict[str, BandwidthRules] = {}
+        for obj in objects:
+            name = str((obj.get("metadata") or {}).get("name") or "")
+            rules = self._rules(name, obj)
+            if rules is not None:
+                seen[name] = rules
+            elif name in self.classes:
+                seen[name] = self.classes[name]  # invalid now: as before
+        if seen != self.classes:
+            self.classes = seen
+            self._wake.set()
+
+    def class_changed(self, event: str, obj: Mapping[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        if not name:
+            return
+        if event == "DELETED":
+            if self.classes.pop(name, None) is not None:
+                self._wake.set()
+            return
+        rules = self._rules(name, obj)
+        if rules is not None and self.classes.get(name) != rules:
+            self.classes[name] = rules
+            self._wake.set()
+
+    @staticmethod
+    def _rules(name: str, obj: Mapping[str, Any]) -> BandwidthRules | None:
+        issues = Issues()
+        rules = class_bandwidth(obj, issues)
+        if rules is None:
+            log.warning(
+                "DeviceClass %s: its CNIPolicy is invalid (%s); its interfaces keep their "
+                "rate limits",
+                name,
+                "; ".join(str(i) for i in issues.errors) or "no reason given",
+            )
+        return rules
+
+    # ------------------------------------------------------------------ the passes
+
+    async def run(self) -> None:
+        """A pass when told, and every `period` seconds."""
+        while True:
+            await wait_set(self._wake, self.period)
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("a pass over the rate limits failed; the next one tries again")
+
+    async def reconcile(self) -> int:
+        """Every attached interface held to what it should be now; how many changed."""
+        changed = 0
+        for sandbox_id in [r.sandbox_id for r in self.store.all()]:
+            changed += await self._sandbox(sandbox_id)
+        self.applied += changed
+        return changed
+
+    async def _sandbox(self, sandbox_id: str) -> int:
+        async with self.locks.hold(sandbox_id):
+            record = self.store.get(sandbox_id)
+            if record is None or record.state is not State.ADDED:
+                return 0
+            attachments: list[Attached] = []
+            changed = 0
+            for attached in record.attachments:
+                now = await self._interface(record, attached)
+                changed += now is not attached
+                attachments.append(now)
+            if changed:
+                await self.store.put(replace(record, attachments=tuple(attachments)))
+            return changed
+
+    async def _interface(self, record: SandboxRecord, attached: Attached) -> Attached:
+        att = attached.attachment
+        if attached.pending or attached.result is None or att.bandwidth is None:
+            return attached
+        want = self.limit_of(att)
+        if want == att.rate:
+            return attached
+        try:
+            if want is None:
+                await asyncio.to_thread(
+                    self.shaper.remove, record.netns, att.if_name, timeout=self.timeout
+                )
+            else:
+                await asyncio.to_thread(
+                    self.shaper.apply, record.netns, att.if_name, want, timeout=self.timeout
+                )
+        except shaping.Gone:
+            return attached  # the sandbox is going; its detach follows
+        except shaping.ShapingError as exc:
+            log.warning(
+                "pod %s: rate limit of %s not changed to %s: %s",
+                record.pod,
+                att.if_name,
+                want or "none",
+                exc,
+            )
+            return attached
+        log.info(
+            "pod %s: %s now held to %s (was %s)",
+            record.pod,
+            att.if_name,
+            want or "no limit",
+            att.rate or "no limit",
+        )
+        now = replace(attached, attachment=replace(att, rate=want))
+        assert now.result is not None
+        self.status.put(att.claim, device_status_of(Outcome(now.attachment, Result(now.result))))
+        return now
