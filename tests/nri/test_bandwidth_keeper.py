@@ -1,0 +1,224 @@
+"""Issue 44 while pods run (cnidra.nri.bandwidth.BandwidthKeeper, with the hook as the driver
+wires it and a fake shaper): a DeviceClass's changed bandwidth rules reach its running pods'
+interfaces (the grant itself cannot change: Kubernetes refuses a change to a claim's
+allocation); under `whenUnreserved: Leftover` an unreserved interface gets, at its ADD and
+then as reservations on its link come and go, an even share of what they leave; a limit that
+cannot be changed is kept and tried again; records from before the terms are left alone."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from cnidra.api.bandwidth import DEFAULT_RULES, BandwidthRules, Rate, Terms
+from cnidra.api.constants import API_VERSION, CONDITION_BANDWIDTH, DRIVER_NAME
+from cnidra.nri.bandwidth import BandwidthKeeper
+from tests.nri.fakes import FakeShaper, Node, network, pod, prepare
+
+M = 10**6
+LINK = 1000 * M
+PARENT = "eth1"
+
+
+def rate(mbps: int, ceil: int | None = None) -> Rate:
+    return Rate(mbps * M, (ceil or mbps) * M)
+
+
+def rules(**fields: Any) -> BandwidthRules:
+    return BandwidthRules.model_validate(fields)
+
+
+def device_class(name: str, **bandwidth: Any) -> dict[str, Any]:
+    policy: dict[str, Any] = {"apiVersion": API_VERSION, "kind": "CNIPolicy"}
+    if bandwidth:
+        policy["bandwidth"] = bandwidth
+    return {
+        "metadata": {"name": name},
+        "spec": {"config": [{"opaque": {"driver": DRIVER_NAME, "parameters": policy}}]},
+    }
+
+
+def claimed(
+    node: Node,
+    name: str,
+    granted_mbps: int | None,
+    *,
+    klass: str = "gold",
+    class_rules: BandwidthRules = DEFAULT_RULES,
+    parent: str = PARENT,
+) -> None:
+    """A claim of pod `name` for one macvlan interface (net1) on `parent`."""
+    terms = Terms(None if granted_mbps is None else granted_mbps * M, LINK, class_rules, klass)
+    prepare(
+        node.checkpoint,
+        name,
+        f"{name}-uid",
+        ("net1", network(name, "macvlan")),
+        bandwidth=terms,
+        parent=parent,
+    )
+
+
+def keeper(node: Node) -> BandwidthKeeper:
+    assert node.keeper is not None
+    return node.keeper
+
+
+def held(shaper: FakeShaper, name: str) -> Rate | None:
+    return shaper.limits.get((f"/run/netns/{name}-sandbox", "net1"))
+
+
+def recorded(node: Node, name: str) -> Rate | None:
+    record = node.store.get(f"{name}-sandbox")
+    assert record is not None
+    [attached] = record.attachments
+    return attached.attachment.rate
+
+
+def condition(node: Node, name: str) -> str | None:
+    [entry] = next(v for c, v in node.status.entries.items() if c.name == name).values()
+    found = [c for c in entry["conditions"] if c["type"] == CONDITION_BANDWIDTH]
+    return found[0]["message"] if found else None
+
+
+async def start(node: Node, *names: str) -> None:
+    for name in names:
+        await node.hooks.run_pod_sandbox(pod(name))
+
+
+async def test_a_classes_changed_rules_reach_its_running_pods(tmp_path: Path) -> None:
+    shaper = FakeShaper()
+    node = Node.start(tmp_path, shaper=shaper, bandwidth=True)
+    claimed(node, "r", 400)  # reserved 400M; the class as allocated: no bursts
+    claimed(node, "u", None, klass="bronze", class_rules=rules(whenUnreserved="Unlimited"))
+    await start(node, "r", "u")
+    assert (held(shaper, "r"), held(shaper, "u")) == (rate(400), None)
+    k = keeper(node)
+    k.replace_classes([device_class("gold"), device_class("bronze", whenUnreserved="Unlimited")])
+    assert await k.reconcile() == 0  # as allocated: nothing to do
+
+    # the admin lets gold's claims burst, and holds bronze's unreserved ones to 50M
+    k.class_changed("MODIFIED", device_class("gold", burst="Allowed", burstCeiling="800M"))
+    k.class_changed("MODIFIED", device_class("bronze", whenUnreserved="50M"))
+    assert await k.reconcile() == 2
+    assert (held(shaper, "r"), held(shaper, "u")) == (rate(400, 800), rate(50))
+    assert (recorded(node, "r"), recorded(node, "u")) == (rate(400, 800), rate(50))
+    assert condition(node, "r") == (
+        "net1 is held to 400Mbit/s in each direction, bursting to 800Mbit/s while the link has room"
+    )
+    assert condition(node, "u") == "net1 is held to 50Mbit/s in each direction"
+
+    # bronze back to Unlimited: the limit goes; gold deleted: the allocation's copy again
+    k.class_changed("MODIFIED", device_class("bronze", whenUnreserved="Unlimited"))
+    k.class_changed("DELETED", device_class("gold"))
+    assert await k.reconcile() == 2
+    assert (held(shaper, "r"), held(shaper, "u")) == (rate(400), None)
+    assert condition(node, "u") is None
+    assert [c[0] for c in shaper.calls if c[1].endswith("u-sandbox")] == ["apply", "remove"]
+
+    # a restarted driver reads the limits the keeper wrote, and the hook of a new sandbox of
+    # the class applies the class's rules as last watched
+    k.class_changed("ADDED", device_class("gold", whenUnreserved="10M", burst="Allowed"))
+    await k.reconcile()
+    assert recorded(Node.start(tmp_path, bandwidth=True), "r") == rate(400, 1000)
+
+
+async def test_an_invalid_class_policy_leaves_the_limits_as_they_are(tmp_path: Path) -> None:
+    shaper = FakeShaper()
+    node = Node.start(tmp_path, shaper=shaper, bandwidth=True)
+    claimed(node, "r", 400)
+    await start(node, "r")
+    k = keeper(node)
+    k.class_changed("ADDED", device_class("gold", burst="Allowed"))
+    await k.reconcile()
+    k.class_changed("MODIFIED", device_class("gold", burst="Sometimes"))
+    assert k.classes["gold"] == rules(burst="Allowed")
+    assert await k.reconcile() == 0 and held(shaper, "r") == rate(400, 1000)
+    k.replace_classes([device_class("gold", whenUnreserved="fast")])  # a relist: the same
+    assert k.classes["gold"] == rules(burst="Allowed")
+
+
+async def test_unreserved_pods_share_what_the_reservations_on_their_link_leave(
+    tmp_path: Path,
+) -> None:
+    """1G link: u1 alone gets all of it; r reserves 400M, so u1 gets 600M; u2 comes, each
+    unreserved pod gets 300M; r goes, each gets 500M. A pod on another link is not counted.
+    The hook applies the share of the moment; the keeper gives the others theirs."""
+    shaper = FakeShaper()
+    node = Node.start(tmp_path, shaper=shaper, bandwidth=True)
+    for name, granted, parent in (
+        ("u1", None, PARENT),
+        ("r", 400, PARENT),
+        ("u2", None, PARENT),
+        ("far", 900, "eth2"),
+    ):
+        claimed(node, name, granted, parent=parent)
+    k = keeper(node)
+
+    await start(node, "u1")
+    assert held(shaper, "u1") == rate(1000)
+    assert condition(node, "u1") == "net1 is held to 1Gbit/s in each direction"
+    await start(node, "r", "far")
+    assert held(shaper, "r") == rate(400) and held(shaper, "u1") == rate(1000)
+    assert await k.reconcile() == 1
+    assert held(shaper, "u1") == rate(600)
+    await start(node, "u2")
+    assert held(shaper, "u2") == rate(300)  # at its ADD, u1 and r counted
+    await k.reconcile()
+    assert (held(shaper, "u1"), held(shaper, "u2")) == (rate(300), rate(300))
+    assert (
+        sum(shaper.limits[(f"/run/netns/{n}-sandbox", "net1")].ceil for n in ("r", "u1", "u2"))
+        <= LINK
+    )
+
+    await node.hooks.stop_pod_sandbox(pod("r"))
+    await node.hooks.remove_pod_sandbox(pod("r"))
+    await k.reconcile()
+    assert (held(shaper, "u1"), held(shaper, "u2")) == (rate(500), rate(500))
+    assert (recorded(node, "u1"), recorded(node, "u2")) == (rate(500), rate(500))
+    assert held(shaper, "far") == rate(900)  # its own link: untouched throughout
+
+
+async def test_a_limit_that_cannot_be_changed_is_kept_and_tried_again(tmp_path: Path) -> None:
+    shaper = FakeShaper()
+    node = Node.start(tmp_path, shaper=shaper, bandwidth=True)
+    claimed(node, "u", None)
+    claimed(node, "r", 400)
+    await start(node, "u", "r")
+    shaper.failing.add(("apply", "net1"))
+    k = keeper(node)
+    assert await k.reconcile() == 0
+    assert recorded(node, "u") == rate(1000)  # what the interface still holds
+    shaper.failing.clear()
+    assert await k.reconcile() == 1 and recorded(node, "u") == rate(600)
+
+
+async def test_a_record_from_before_the_terms_keeps_its_rate(tmp_path: Path) -> None:
+    shaper = FakeShaper()
+    node = Node.start(tmp_path, shaper=shaper, bandwidth=True)
+    prepare(node.checkpoint, "old", "old-uid", ("net1", network("old", "macvlan")), rate=rate(70))
+    await start(node, "old")
+    assert held(shaper, "old") == rate(70)
+    keeper(node).class_changed("ADDED", device_class("gold", whenUnreserved="5M"))
+    assert await keeper(node).reconcile() == 0 and held(shaper, "old") == rate(70)
+
+
+async def test_the_keeper_runs_when_told(tmp_path: Path) -> None:
+    shaper = FakeShaper()
+    node = Node.start(tmp_path, shaper=shaper, bandwidth=True)
+    claimed(node, "u", None)
+    claimed(node, "r", 400)
+    await start(node, "u")
+    k = keeper(node)
+    k.period = 3600.0  # only word wakes it
+    task = asyncio.create_task(k.run())
+    try:
+        await start(node, "r")  # the hook tells it
+        for _ in range(200):
+            if held(shaper, "u") == rate(600):
+                break
+            await asyncio.sleep(0.01)
+        assert held(shaper, "u") == rate(600)
+    finally:
+        task.cancel()
