@@ -8,12 +8,15 @@ cannot be changed is kept and tried again; records from before the terms are lef
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from cnidra.api.bandwidth import DEFAULT_RULES, BandwidthRules, Rate, Terms
+from cnidra.api.bandwidth import DEFAULT_RULES, BandwidthRules, Rate, Terms, leftover_share
 from cnidra.api.constants import API_VERSION, CONDITION_BANDWIDTH, DRIVER_NAME
-from cnidra.nri.bandwidth import BandwidthKeeper
+from cnidra.kube.api import Api
+from cnidra.kube.deviceclasses import follow_device_classes
+from cnidra.nri.bandwidth import DEFAULT_PERIOD, BandwidthKeeper
 from tests.nri.fakes import FakeShaper, Node, network, pod, prepare
 
 M = 10**6
@@ -222,3 +225,51 @@ async def test_the_keeper_runs_when_told(tmp_path: Path) -> None:
         assert held(shaper, "u") == rate(600)
     finally:
         task.cancel()
+
+
+class FakeClasses:
+    """The apiserver as follow_device_classes sees it: one LIST, then a watch that says what
+    it was given and then waits."""
+
+    def __init__(self, listed: list[dict[str, Any]], events: list[tuple[str, dict[str, Any]]]):
+        self.listed = listed
+        self.events = events
+
+    async def list(self, kind: Any, **_: Any) -> list[dict[str, Any]]:
+        assert kind.__name__ == "DeviceClass"
+        return self.listed
+
+    async def watch(self, kind: Any, **_: Any) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        for event in self.events:
+            yield event
+        await asyncio.Event().wait()
+
+
+async def test_the_classes_are_listed_then_watched_into_the_keeper(tmp_path: Path) -> None:
+    node = Node.start(tmp_path, bandwidth=True)
+    k = keeper(node)
+    assert k.period == DEFAULT_PERIOD == 30.0  # docs/configuration.md: "every 30 s"
+    api = FakeClasses(
+        [device_class("gold"), device_class("bronze", whenUnreserved="5M")],
+        [
+            ("MODIFIED", device_class("gold", burst="Allowed")),
+            ("DELETED", device_class("bronze")),
+        ],
+    )
+    task = asyncio.create_task(follow_device_classes(cast(Api, api), k))
+    try:
+        for _ in range(200):
+            if k.classes == {"gold": rules(burst="Allowed")}:
+                break
+            await asyncio.sleep(0.01)
+        assert k.classes == {"gold": rules(burst="Allowed")}
+    finally:
+        task.cancel()
+
+
+def test_the_documented_shares() -> None:
+    """docs/configuration.md, `Leftover`: a 10 Gbit/s link with 100M and 400M reserved holds
+    one unreserved pod to 9.5 Gbit/s, two to 4.75 each."""
+    link, reserved = 10_000 * M, 500 * M
+    assert leftover_share(link, reserved, 1) == 9_500 * M
+    assert leftover_share(link, reserved, 2) == 4_750 * M
