@@ -22,18 +22,20 @@ speed, the class's rules) and the hook applies it; afterwards two things can cha
   new share; a sandbox's interfaces going (detach) tell it too.
 
 The keeper runs when told (`changed`, `replace_classes`, `class_changed`) and every `period`
-seconds besides; each pass compares each attached interface's limit with what it should be
-and changes only those that differ, each under its sandbox's lock (the hook's), in a thread,
-bounded by a timeout (cnidra.datapath.shaping). A changed limit is written to the sandbox
-record (so a restarted driver and `cnidra node describe` see it) and to the claim's
-`BandwidthLimited` condition. A limit that cannot be applied is logged and tried again at the
-next pass; the interface keeps the limit it had."""
+seconds besides, once the DeviceClasses were listed (or a minute passed without); each pass
+compares each attached interface's limit with what it should be and changes only those that
+differ, each under its sandbox's lock (the hook's), in a thread, bounded by a timeout
+(cnidra.datapath.shaping). A changed limit is written to the sandbox record (so a restarted
+driver and `cnidra node describe` see it) and to the claim's `BandwidthLimited` condition. A
+limit that cannot be applied is logged and tried again at the next pass; the interface keeps
+the limit it had."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -53,6 +55,10 @@ from cnidra.util.locks import KeyedLocks
 log = logging.getLogger(__name__)
 
 DEFAULT_PERIOD = 30.0
+# a pass waits for the first LIST of DeviceClasses this long after the keeper starts: before
+# it, a restarted driver would take its interfaces back to the rules their allocations copied,
+# then forward again; past it (the classes cannot be listed), the allocations' copies hold
+SYNC_GRACE_SECONDS = 60.0
 
 
 class BandwidthKeeper:
@@ -65,6 +71,8 @@ class BandwidthKeeper:
         shaper: Shaper = shaping,
         period: float = DEFAULT_PERIOD,
         timeout: float = SHAPING_TIMEOUT,
+        sync_grace: float = SYNC_GRACE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`locks`: the sandboxes' locks the hook holds (PodLifecycle.locks), so the keeper
         never changes an interface while the hook sets it up or takes it down."""
@@ -77,6 +85,9 @@ class BandwidthKeeper:
         # DeviceClass name -> its CNIPolicy's bandwidth rules, as the watch last said
         self.classes: dict[str, BandwidthRules] = {}
         self.applied = 0  # limits changed on running interfaces, for tests and the journal
+        self.synced = False  # the DeviceClasses listed once
+        self.clock = clock
+        self._waits_until = clock() + sync_grace
         self._wake = asyncio.Event()
 
     # ------------------------------------------------------------------ what the limit is
@@ -130,8 +141,9 @@ class BandwidthKeeper:
                 seen[name] = rules
             elif name in self.classes:
                 seen[name] = self.classes[name]  # invalid now: as before
-        if seen != self.classes:
+        if seen != self.classes or not self.synced:
             self.classes = seen
+            self.synced = True
             self._wake.set()
 
     def class_changed(self, event: str, obj: Mapping[str, Any]) -> None:
@@ -175,7 +187,10 @@ class BandwidthKeeper:
                 log.exception("a pass over the rate limits failed; the next one tries again")
 
     async def reconcile(self) -> int:
-        """Every attached interface held to what it should be now; how many changed."""
+        """Every attached interface held to what it should be now; how many changed. Nothing
+        until the DeviceClasses were listed once, or SYNC_GRACE_SECONDS passed."""
+        if not self.synced and self.clock() < self._waits_until:
+            return 0
         changed = 0
         for sandbox_id in [r.sandbox_id for r in self.store.all()]:
             changed += await self._sandbox(sandbox_id)

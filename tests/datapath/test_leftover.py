@@ -118,6 +118,7 @@ async def test_an_unreserved_pod_takes_only_what_the_reservation_leaves(
 ) -> None:
     store = SandboxStore(StateLayout(tmp_path))
     keeper = BandwidthKeeper(store, RecordingStatus(), KeyedLocks())  # the real shaper
+    keeper.replace_classes([])  # the DeviceClass LIST: none yet
     await store.put(record("r", link.pods["r"], RESERVED))
     await store.put(record("u", link.pods["u"], None))
     assert await keeper.reconcile() == 2

@@ -303,6 +303,7 @@ class Node:
                 lifecycle.store, status, lifecycle.locks, shaper=lifecycle.shaper
             )
             lifecycle.bandwidth = keeper
+            keeper.replace_classes([])  # the DeviceClass LIST: none yet
         reconciler = Reconciler(lifecycle, layout.write_problem)
         hooks = PodHooks(lifecycle, reconciler, background=background)
         return cls(lifecycle, reconciler, hooks, plugins, status, gone, keeper)

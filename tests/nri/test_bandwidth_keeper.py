@@ -16,7 +16,7 @@ from cnidra.api.bandwidth import DEFAULT_RULES, BandwidthRules, Rate, Terms, lef
 from cnidra.api.constants import API_VERSION, CONDITION_BANDWIDTH, DRIVER_NAME
 from cnidra.kube.api import Api
 from cnidra.kube.deviceclasses import follow_device_classes
-from cnidra.nri.bandwidth import DEFAULT_PERIOD, BandwidthKeeper
+from cnidra.nri.bandwidth import DEFAULT_PERIOD, SYNC_GRACE_SECONDS, BandwidthKeeper
 from tests.nri.fakes import FakeShaper, Node, network, pod, prepare
 
 M = 10**6
@@ -265,6 +265,24 @@ async def test_the_classes_are_listed_then_watched_into_the_keeper(tmp_path: Pat
         assert k.classes == {"gold": rules(burst="Allowed")}
     finally:
         task.cancel()
+
+
+async def test_no_pass_before_the_classes_were_listed_or_a_grace(tmp_path: Path) -> None:
+    """A restarted driver does not take its interfaces back to the allocations' rules before
+    it has read the classes' (then forward again); without classes, after the grace, it
+    goes on with the allocations'."""
+    shaper = FakeShaper()
+    node = Node.start(tmp_path, shaper=shaper, bandwidth=True)
+    claimed(node, "u", None)
+    claimed(node, "r", 400)
+    await start(node, "u", "r")
+    now = [0.0]
+    fresh = BandwidthKeeper(
+        node.store, node.status, node.lifecycle.locks, shaper=shaper, clock=lambda: now[0]
+    )
+    assert await fresh.reconcile() == 0 and held(shaper, "u") == rate(1000)
+    now[0] = SYNC_GRACE_SECONDS + 1
+    assert await fresh.reconcile() == 1 and held(shaper, "u") == rate(600)
 
 
 def test_the_documented_shares() -> None:
