@@ -42,7 +42,10 @@ else writes.
    memory, one flush, the apiserver requests at rest and per allocation, the Lease), measured
    in-process on a counting fake cluster (bench/fleet_pools.py; seconds, no control plane).
    The sample nodes of the full run also run each node's block writer and the Lease loop, so
-   step 3's figures include them.
+   step 3's figures include them. With `--control-plane`, the same against this fleet's own
+   etcd and kube-apiserver: every node's block writer and one accountant, as the driver runs
+   them, their requests counted and the apiserver's CPU read (bench/fleet_pools_apiserver.py;
+   about 2 minutes at 1,000 nodes and 100 pools).
 
 Prints a report on stderr; with --json the detail as one JSON line, then the last line:
 {"nodes", "slices", "slice_bytes_per_node", "idle_requests_per_node_per_min",
