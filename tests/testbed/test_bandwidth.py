@@ -9,7 +9,9 @@ their pods and then into them, and each gets its reservation within 10 %. c gets
 class says of a claim that reserved nothing (the shipped class: `whenUnreserved` Leftover, the
 default, so what a and b leave of the link's 10 Gbit/s, 9.5 Gbit/s, which the driver keeps
 current as the pods come up, and TCP well above any reservation yet below that share; a class
-with a rate would be held to it, one with Unlimited to nothing).
+with a rate would be held to it, one with Unlimited to nothing). Then the admin changes the
+class while the pods run (unreserved claims held to 200M): c follows, a and b keep their
+grants, and the class is put back.
 
 The parent is a host-only bridge (the `test_link` fixture) with one port, a veth whose other
 end sits in a namespace of the test's own, the sink: the pods' peer for every flow, never
@@ -336,3 +338,33 @@ def test_two_pods_on_one_parent_each_get_their_reservation_at_once_in_both_direc
         assert tc.egress is not None and tc.ingress is not None
         for direction in (tc.egress, tc.ingress):
             assert direction.overlimits > 0 and direction.sent_bytes > 0, tc
+
+    class_change_is_followed(cluster, namespace, netnses)
+
+
+def class_change_is_followed(cluster: Cluster, namespace: str, netnses: dict[str, Path]) -> None:
+    """The admin changes the class while the pods run: its claims that reserved nothing are
+    now held to 200M; the driver follows (a claim's grant itself cannot change: a and b keep
+    theirs). The class is put back as it was."""
+    klass = cluster.get("deviceclass", DEFAULT_CLASS, namespace=None)
+    changed = json.loads(json.dumps(klass))
+    for config in changed["spec"]["config"]:
+        parameters = config["opaque"]["parameters"]
+        if config["opaque"]["driver"] == DRIVER and parameters["kind"] == "CNIPolicy":
+            rules = parameters.get("bandwidth") or {}
+            parameters["bandwidth"] = {**rules, "whenUnreserved": "200M"}
+    cluster.kubectl("replace", "-f", "-", input_=json.dumps(changed))
+    try:
+        said = [f"{IF_NAME} is held to 200Mbit/s in each direction"]
+        cluster.wait("c's claim to say 200M", partial(saying, cluster, namespace, "c", said), 30)
+        tc = shaping.read(netnses["c"], IF_NAME)
+        assert tc.egress is not None and tc.ingress is not None, tc
+        for direction in (tc.egress, tc.ingress):
+            assert (direction.rate, direction.ceil) == (200 * M, 200 * M), tc
+        for pod in ("a", "b"):  # the grants hold
+            tc = shaping.read(netnses[pod], IF_NAME)
+            assert tc.egress is not None and tc.egress.rate == RESERVED[pod], tc
+    finally:
+        restored = cluster.get("deviceclass", DEFAULT_CLASS, namespace=None)
+        restored["spec"] = klass["spec"]
+        cluster.kubectl("replace", "-f", "-", input_=json.dumps(restored))
