@@ -55,6 +55,8 @@ from cnidra.util.locks import KeyedLocks
 log = logging.getLogger(__name__)
 
 DEFAULT_PERIOD = 30.0
+# link -> (bit/s its interfaces reserved, how many of them share what is left)
+Tally = Mapping[str, tuple[int, int]]
 # a pass waits for the first LIST of DeviceClasses this long after the keeper starts: before
 # it, a restarted driver would take its interfaces back to the rules their allocations copied,
 # then forward again; past it (the classes cannot be listed), the allocations' copies hold
@@ -96,34 +98,39 @@ class BandwidthKeeper:
         """The class's rules as the watch says, else as the allocation copied them."""
         return self.classes.get(terms.device_class, terms.rules)
 
-    def limit_of(self, att: Attachment) -> Rate | None:
+    def limit_of(self, att: Attachment, tally: Tally | None = None) -> Rate | None:
         """What the interface of `att` should be held to now (the sandbox records say who
-        else is on its link). An attachment without terms (a record from before them) keeps
-        its rate."""
+        else is on its link; `tally`: what `tally` said of them, for a pass). An attachment
+        without terms (a record from before them) keeps its rate."""
         terms = att.bandwidth
         if terms is None:
             return att.rate
         rules = self.rules_of(terms)
-        share = self.share_on(att.parent, terms.link) if terms.shares(rules) else None
+        share = None
+        if terms.shares(rules) and att.parent:
+            reserved, sharers = (tally if tally is not None else self.tally()).get(
+                att.parent, (0, 0)
+            )
+            share = leftover_share(terms.link, reserved, sharers)
         return terms.decide(rules, share)
 
-    def share_on(self, parent: str, link: int | None) -> int | None:
-        """What each interface that reserved nothing under Leftover on `parent` gets now:
-        the link's speed less the grants of the interfaces on it, split among them. Every
-        recorded interface counts, being set up, plugged or taken down included."""
-        if not parent:
-            return None
-        reserved = sharers = 0
+    def tally(self) -> Tally:
+        """For each link, the grants of the interfaces on it and how many reserved nothing
+        under Leftover. Every recorded interface counts, being set up, plugged or taken down
+        included."""
+        found: dict[str, tuple[int, int]] = {}
         for record in self.store.all():
             for attached in record.attachments:
                 att = attached.attachment
-                if att.parent != parent or att.bandwidth is None:
+                if not att.parent or att.bandwidth is None:
                     continue
+                reserved, sharers = found.get(att.parent, (0, 0))
                 if att.bandwidth.granted is not None:
                     reserved += att.bandwidth.granted
                 elif att.bandwidth.shares(self.rules_of(att.bandwidth)):
                     sharers += 1
-        return leftover_share(link, reserved, sharers)
+                found[att.parent] = (reserved, sharers)
+        return found
 
     # ------------------------------------------------------------------ what tells it
 
@@ -192,12 +199,13 @@ class BandwidthKeeper:
         if not self.synced and self.clock() < self._waits_until:
             return 0
         changed = 0
+        tally = self.tally()  # a record added meanwhile tells the keeper: the next pass
         for sandbox_id in [r.sandbox_id for r in self.store.all()]:
-            changed += await self._sandbox(sandbox_id)
+            changed += await self._sandbox(sandbox_id, tally)
         self.applied += changed
         return changed
 
-    async def _sandbox(self, sandbox_id: str) -> int:
+    async def _sandbox(self, sandbox_id: str, tally: Tally) -> int:
         async with self.locks.hold(sandbox_id):
             record = self.store.get(sandbox_id)
             if record is None or record.state is not State.ADDED:
@@ -205,18 +213,18 @@ class BandwidthKeeper:
             attachments: list[Attached] = []
             changed = 0
             for attached in record.attachments:
-                now = await self._interface(record, attached)
+                now = await self._interface(record, attached, tally)
                 changed += now is not attached
                 attachments.append(now)
             if changed:
                 await self.store.put(replace(record, attachments=tuple(attachments)))
             return changed
 
-    async def _interface(self, record: SandboxRecord, attached: Attached) -> Attached:
+    async def _interface(self, record: SandboxRecord, attached: Attached, tally: Tally) -> Attached:
         att = attached.attachment
         if attached.pending or attached.result is None or att.bandwidth is None:
             return attached
-        want = self.limit_of(att)
+        want = self.limit_of(att, tally)
         if want == att.rate:
             return attached
         try:
