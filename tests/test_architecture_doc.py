@@ -455,9 +455,7 @@ def test_the_watches_are_cninetworks_the_nodes_pods_the_accountants_and_network_
         "a cluster-wide watch of CNINetworks, one of the two cluster-wide watches every driver "
         "holds besides network policy's" in DOC
     )
-    assert (
-        "DeviceClasses (`deviceclasses.py`: a LIST and a cluster-wide watch, the other" in DOC
-    )
+    assert "DeviceClasses (`deviceclasses.py`: a LIST and a cluster-wide watch, the other" in DOC
     # the pods' watch is the node's own: its field selector is the node's name
     assert 'fields = {"spec.nodeName": self.node}' in code("cnidra/kube/pods.py")
     assert "the node-scoped watch kubelet itself uses" in DOC
