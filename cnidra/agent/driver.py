@@ -197,9 +197,7 @@ class Driver:
             normal_events=settings.normal_events,
             node=settings.node_name,
         )
-        self.preparer.on_prepared = lambda claim: self.status.claim_event(
-            claim.ref, REASON_PREPARED, prepared_message(claim, settings.node_name)
-        )
+        self.preparer.on_prepared = self._prepared
         self.sandboxes = SandboxStore(self.layout)
         self.journal = Journal(self.layout.journal)
         # before anything can DEL: records of cnidra 0.1 name networks in the shared directory
@@ -423,11 +421,20 @@ class Driver:
             s.http_address,
         )
 
+    def _prepared(self, claim: PreparedClaim) -> None:
+        self.status.claim_event(
+            claim.ref, REASON_PREPARED, prepared_message(claim, self.settings.node_name)
+        )
+        self.bandwidth.changed()  # a grant counts from prepare on (cnidra.nri.bandwidth)
+
     def _rate_limits(self) -> BandwidthKeeper:
         """Rate limits kept to the class's rules and, for Leftover, to the link's reservations
         while pods run (cnidra.nri.bandwidth), under the hook's sandbox locks; their metrics."""
-        keeper = BandwidthKeeper(self.sandboxes, self.status, self.lifecycle.locks)
+        keeper = BandwidthKeeper(
+            self.sandboxes, self.status, self.lifecycle.locks, checkpoint=self.checkpoint
+        )
         self.lifecycle.bandwidth = keeper
+        self.preparer.on_unprepared = lambda _ref: keeper.changed()
         metrics.RATE_LIMITS.source = self.lifecycle.shaped_interfaces
         metrics.RATE_LIMITS.read = read_limits
         return keeper

@@ -17,9 +17,11 @@ speed, the class's rules) and the hook applies it; afterwards two things can cha
 - **The reservations on a link**, for a claim that reserved nothing under `whenUnreserved:
   Leftover`: such interfaces share evenly what the reservations of the interfaces on their
   link (the allocated parent, on this node) leave of its speed, so unreserved pods never
-  crowd reserved ones. The hook applies the share of the moment (from the sandbox records,
-  in memory) and tells the keeper, which then gives every other interface on the link its
-  new share; a sandbox's interfaces going (detach) tell it too.
+  crowd reserved ones. A grant counts from its claim's prepare on (the checkpoint), before its
+  pod's interface exists. The hook applies the share of the moment (from the sandbox records
+  and the checkpoint, in memory) and tells the keeper, which then gives every other interface
+  on the link its new share; a sandbox's interfaces going (detach), a claim prepared and one
+  unprepared tell it too.
 
 The keeper runs when told (`changed`, `replace_classes`, `class_changed`) and every `period`
 seconds besides, once the DeviceClasses were listed (or a minute passed without); each pass
@@ -46,6 +48,7 @@ from cnidra.cni.attach import Attachment, Outcome
 from cnidra.cni.result import Result
 from cnidra.datapath import shaping
 from cnidra.nri.lifecycle import SHAPING_TIMEOUT, Shaper
+from cnidra.state.checkpoint import Checkpoint
 from cnidra.state.sandboxes import Attached, SandboxRecord, SandboxStore, State
 from cnidra.status.devices import device_status_of
 from cnidra.status.writer import StatusSink
@@ -75,10 +78,14 @@ class BandwidthKeeper:
         timeout: float = SHAPING_TIMEOUT,
         sync_grace: float = SYNC_GRACE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        checkpoint: Checkpoint | None = None,
     ) -> None:
         """`locks`: the sandboxes' locks the hook holds (PodLifecycle.locks), so the keeper
-        never changes an interface while the hook sets it up or takes it down."""
+        never changes an interface while the hook sets it up or takes it down. `checkpoint`:
+        the prepared claims, whose grants count from prepare on (not only from their pod's
+        sandbox)."""
         self.store = store
+        self.checkpoint = checkpoint
         self.status = status
         self.locks = locks
         self.shaper = shaper
@@ -117,19 +124,32 @@ class BandwidthKeeper:
     def tally(self) -> Tally:
         """For each link, the grants of the interfaces on it and how many reserved nothing
         under Leftover. Every recorded interface counts, being set up, plugged or taken down
-        included."""
+        included, and every prepared claim's grant whose interface is not there yet (its pod
+        is about to start, or its on-demand network not plugged): reserved is reserved."""
         found: dict[str, tuple[int, int]] = {}
+        attached: set[tuple[str, str]] = set()
+
+        def count(att: Attachment) -> None:
+            if not att.parent or att.bandwidth is None:
+                return
+            reserved, sharers = found.get(att.parent, (0, 0))
+            if att.bandwidth.granted is not None:
+                reserved += att.bandwidth.granted
+            elif att.bandwidth.shares(self.rules_of(att.bandwidth)):
+                sharers += 1
+            found[att.parent] = (reserved, sharers)
+
         for record in self.store.all():
-            for attached in record.attachments:
-                att = attached.attachment
-                if not att.parent or att.bandwidth is None:
-                    continue
-                reserved, sharers = found.get(att.parent, (0, 0))
-                if att.bandwidth.granted is not None:
-                    reserved += att.bandwidth.granted
-                elif att.bandwidth.shares(self.rules_of(att.bandwidth)):
-                    sharers += 1
-                found[att.parent] = (reserved, sharers)
+            for one in record.attachments:
+                attached.add((one.attachment.claim.uid, one.attachment.request))
+                count(one.attachment)
+        for prepared in self.checkpoint.all() if self.checkpoint is not None else ():
+            for device in prepared.devices:
+                terms = device.bandwidth
+                if terms is None or terms.granted is None:
+                    continue  # a claim that reserved nothing needs no share before it runs
+                if (prepared.ref.uid, device.request) not in attached:
+                    count(device)
         return found
 
     # ------------------------------------------------------------------ what tells it

@@ -300,7 +300,11 @@ class Node:
         keeper = None
         if bandwidth:  # as the driver wires it (cnidra.agent.driver)
             keeper = BandwidthKeeper(
-                lifecycle.store, status, lifecycle.locks, shaper=lifecycle.shaper
+                lifecycle.store,
+                status,
+                lifecycle.locks,
+                shaper=lifecycle.shaper,
+                checkpoint=lifecycle.checkpoint,
             )
             lifecycle.bandwidth = keeper
             keeper.replace_classes([])  # the DeviceClass LIST: none yet

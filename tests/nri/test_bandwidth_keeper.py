@@ -145,27 +145,24 @@ async def test_an_invalid_class_policy_leaves_the_limits_as_they_are(tmp_path: P
 async def test_unreserved_pods_share_what_the_reservations_on_their_link_leave(
     tmp_path: Path,
 ) -> None:
-    """1G link: u1 alone gets all of it; r reserves 400M, so u1 gets 600M; u2 comes, each
-    unreserved pod gets 300M; r goes, each gets 500M. A pod on another link is not counted.
-    The hook applies the share of the moment; the keeper gives the others theirs."""
+    """1G link: u1 alone gets all of it; r reserves 400M, so u1 gets 600M, from r's prepare
+    on (before r's pod starts); u2 comes, each unreserved pod gets 300M; r goes, each gets
+    500M. A pod on another link is not counted. The hook applies the share of the moment;
+    the keeper gives the others theirs."""
     shaper = FakeShaper()
     node = Node.start(tmp_path, shaper=shaper, bandwidth=True)
-    for name, granted, parent in (
-        ("u1", None, PARENT),
-        ("r", 400, PARENT),
-        ("u2", None, PARENT),
-        ("far", 900, "eth2"),
-    ):
-        claimed(node, name, granted, parent=parent)
     k = keeper(node)
-
+    claimed(node, "u1", None)
     await start(node, "u1")
     assert held(shaper, "u1") == rate(1000)
     assert condition(node, "u1") == "net1 is held to 1Gbit/s in each direction"
-    await start(node, "r", "far")
-    assert held(shaper, "r") == rate(400) and held(shaper, "u1") == rate(1000)
+    claimed(node, "r", 400)  # prepared: its pod is about to start
+    claimed(node, "far", 900, parent="eth2")
     assert await k.reconcile() == 1
     assert held(shaper, "u1") == rate(600)
+    await start(node, "r", "far")
+    assert held(shaper, "r") == rate(400) and await k.reconcile() == 0  # counted once
+    claimed(node, "u2", None)
     await start(node, "u2")
     assert held(shaper, "u2") == rate(300)  # at its ADD, u1 and r counted
     await k.reconcile()
@@ -177,6 +174,8 @@ async def test_unreserved_pods_share_what_the_reservations_on_their_link_leave(
 
     await node.hooks.stop_pod_sandbox(pod("r"))
     await node.hooks.remove_pod_sandbox(pod("r"))
+    assert await k.reconcile() == 0  # reserved until kubelet unprepares the claim
+    await node.checkpoint.remove("r-uid")  # NodeUnprepareResources
     await k.reconcile()
     assert (held(shaper, "u1"), held(shaper, "u2")) == (rate(500), rate(500))
     assert (recorded(node, "u1"), recorded(node, "u2")) == (rate(500), rate(500))
@@ -187,8 +186,9 @@ async def test_a_limit_that_cannot_be_changed_is_kept_and_tried_again(tmp_path: 
     shaper = FakeShaper()
     node = Node.start(tmp_path, shaper=shaper, bandwidth=True)
     claimed(node, "u", None)
+    await start(node, "u")
     claimed(node, "r", 400)
-    await start(node, "u", "r")
+    await start(node, "r")
     shaper.failing.add(("apply", "net1"))
     k = keeper(node)
     assert await k.reconcile() == 0
@@ -211,12 +211,12 @@ async def test_the_keeper_runs_when_told(tmp_path: Path) -> None:
     shaper = FakeShaper()
     node = Node.start(tmp_path, shaper=shaper, bandwidth=True)
     claimed(node, "u", None)
-    claimed(node, "r", 400)
     await start(node, "u")
     k = keeper(node)
     k.period = 3600.0  # only word wakes it
     task = asyncio.create_task(k.run())
     try:
+        claimed(node, "r", 400)
         await start(node, "r")  # the hook tells it
         for _ in range(200):
             if held(shaper, "u") == rate(600):
@@ -274,11 +274,17 @@ async def test_no_pass_before_the_classes_were_listed_or_a_grace(tmp_path: Path)
     shaper = FakeShaper()
     node = Node.start(tmp_path, shaper=shaper, bandwidth=True)
     claimed(node, "u", None)
+    await start(node, "u")
     claimed(node, "r", 400)
-    await start(node, "u", "r")
+    await start(node, "r")
     now = [0.0]
     fresh = BandwidthKeeper(
-        node.store, node.status, node.lifecycle.locks, shaper=shaper, clock=lambda: now[0]
+        node.store,
+        node.status,
+        node.lifecycle.locks,
+        shaper=shaper,
+        clock=lambda: now[0],
+        checkpoint=node.checkpoint,
     )
     assert await fresh.reconcile() == 0 and held(shaper, "u") == rate(1000)
     now[0] = SYNC_GRACE_SECONDS + 1
