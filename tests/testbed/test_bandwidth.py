@@ -9,9 +9,10 @@ their pods and then into them, and each gets its reservation within 10 %. c gets
 class says of a claim that reserved nothing (the shipped class: `whenUnreserved` Leftover, the
 default, so what a and b leave of the link's 10 Gbit/s, 9.5 Gbit/s, which the driver keeps
 current as the pods come up, and TCP well above any reservation yet below that share; a class
-with a rate would be held to it, one with Unlimited to nothing). Then the admin changes the
-class while the pods run (unreserved claims held to 200M): c follows, a and b keep their
-grants, and the class is put back.
+with a rate would be held to it, one with Unlimited to nothing). A claim's grant cannot change
+(the apiserver refuses a patch of a's allocation as immutable); the admin's class can: changed
+while the pods run (unreserved claims held to 200M), c follows, a and b keep their grants, and
+the class is put back.
 
 The parent is a host-only bridge (the `test_link` fixture) with one port, a veth whose other
 end sits in a namespace of the test's own, the sink: the pods' peer for every flow, never
@@ -339,7 +340,25 @@ def test_two_pods_on_one_parent_each_get_their_reservation_at_once_in_both_direc
         for direction in (tc.egress, tc.ingress):
             assert direction.overlimits > 0 and direction.sent_bytes > 0, tc
 
+    grant_cannot_change(cluster, namespace)
     class_change_is_followed(cluster, namespace, netnses)
+
+
+def grant_cannot_change(cluster: Cluster, namespace: str) -> None:
+    """Kubernetes 1.37 refuses a change to a claim's allocation once set (so its grant is what
+    the pod keeps; docs/configuration.md, "While the pod runs"): a's grant, raised by a
+    patch of the status subresource, is refused as immutable."""
+    name = pod_claim(cluster, namespace, "a")["metadata"]["name"]
+    path = "/status/allocation/devices/results/0/consumedCapacity/bandwidth"
+    refused = cluster.kubectl(
+        "patch", "resourceclaim", name, "-n", namespace, "--subresource=status",
+        "--type=json", "-p", json.dumps([{"op": "replace", "path": path, "value": "900M"}]),
+        check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0, refused.stdout
+    assert "status.allocation" in refused.stderr and "immutable" in refused.stderr, refused.stderr
+    [result] = pod_claim(cluster, namespace, "a")["status"]["allocation"]["devices"]["results"]
+    assert parse_quantity(result["consumedCapacity"]["bandwidth"]) == RESERVED["a"]
 
 
 def class_change_is_followed(cluster: Cluster, namespace: str, netnses: dict[str, Path]) -> None:
