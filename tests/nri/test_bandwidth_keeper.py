@@ -293,7 +293,8 @@ async def test_no_pass_before_the_classes_were_listed_or_a_grace(tmp_path: Path)
 
 def test_the_documented_shares() -> None:
     """docs/configuration.md, `Leftover`: a 10 Gbit/s link with 100M and 400M reserved holds
-    one unreserved pod to 9.5 Gbit/s, two to 4.75 each."""
+    one unreserved pod to 9.5 Gbit/s, two to 4.75 each; two alone on it get 5G each."""
     link, reserved = 10_000 * M, 500 * M
     assert leftover_share(link, reserved, 1) == 9_500 * M
     assert leftover_share(link, reserved, 2) == 4_750 * M
+    assert leftover_share(link, 0, 2) == 5_000 * M  # two alone on the link: 5G each
