@@ -267,7 +267,9 @@ def enforced_rate(
 def decide(
     granted: int | None, rules: BandwidthRules, link_speed: int | None, share: int | None = None
 ) -> Rate | None:
-    """`enforced_rate` of a grant already in bits per second (None: nothing reserved)."""
+    """`enforced_rate` of a grant already in bits per second (None: nothing reserved).
+    `share` is also what a claim that reserved and may burst borrows at most: its even share
+    of what the link's grants leave (None: not known; it bursts to the ceiling alone)."""
     rate = granted
     if rate is None and rules.shares_leftover:
         return None if share is None else Rate(share, share)
@@ -282,6 +284,8 @@ def decide(
         ceiling = min(max(link_speed // 8 * 8, MIN_RATE_BPS), MAX_RATE_BPS)
     if ceiling is None:
         ceiling = MAX_RATE_BPS
+    if share is not None and granted is not None:  # bursts take only what nobody reserved
+        ceiling = min(ceiling, rate + share)
     return Rate(rate, max(rate, ceiling))
 
 
@@ -305,6 +309,18 @@ class Terms:
     def shares(self, rules: BandwidthRules | None = None) -> bool:
         """Whether the interface takes a share of what its link's reservations leave."""
         return self.granted is None and (self.rules if rules is None else rules).shares_leftover
+
+    def borrows(self, rules: BandwidthRules | None = None) -> bool:
+        """Whether the interface reserved and may burst: it borrows from what the link's
+        reservations leave, an even share of it beside those that reserved nothing."""
+        return (
+            self.granted is not None
+            and (self.rules if rules is None else rules).burst == BURST_ALLOWED
+        )
+
+    def takes(self, rules: BandwidthRules | None = None) -> bool:
+        """Whether the interface takes from what the link's reservations leave."""
+        return self.shares(rules) or self.borrows(rules)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -58,7 +58,7 @@ from cnidra.util.locks import KeyedLocks
 log = logging.getLogger(__name__)
 
 DEFAULT_PERIOD = 30.0
-# link -> (bit/s its interfaces reserved, how many of them share what is left)
+# link -> (bit/s its interfaces reserved, how many of them take from what is left)
 Tally = Mapping[str, tuple[int, int]]
 # a pass waits for the first LIST of DeviceClasses this long after the keeper starts: before
 # it, a restarted driver would take its interfaces back to the rules their allocations copied,
@@ -114,30 +114,31 @@ class BandwidthKeeper:
             return att.rate
         rules = self.rules_of(terms)
         share = None
-        if terms.shares(rules) and att.parent:
-            reserved, sharers = (tally if tally is not None else self.tally()).get(
+        if terms.takes(rules) and att.parent:
+            reserved, takers = (tally if tally is not None else self.tally()).get(
                 att.parent, (0, 0)
             )
-            share = leftover_share(terms.link, reserved, sharers)
+            share = leftover_share(terms.link, reserved, takers)
         return terms.decide(rules, share)
 
     def tally(self) -> Tally:
-        """For each link, the grants of the interfaces on it and how many reserved nothing
-        under Leftover. Every recorded interface counts, being set up, plugged or taken down
+        """For each link, the grants of the interfaces on it and how many take from what they
+        leave (those that reserved nothing under Leftover, and those that reserved and may
+        burst). Every recorded interface counts, being set up, plugged or taken down
         included, and every prepared claim's grant whose interface is not there yet (its pod
         is about to start, or its on-demand network not plugged): reserved is reserved."""
         found: dict[str, tuple[int, int]] = {}
         attached: set[tuple[str, str]] = set()
 
-        def count(att: Attachment) -> None:
+        def count(att: Attachment, running: bool = True) -> None:
             if not att.parent or att.bandwidth is None:
                 return
-            reserved, sharers = found.get(att.parent, (0, 0))
+            reserved, takers = found.get(att.parent, (0, 0))
             if att.bandwidth.granted is not None:
                 reserved += att.bandwidth.granted
-            elif att.bandwidth.shares(self.rules_of(att.bandwidth)):
-                sharers += 1
-            found[att.parent] = (reserved, sharers)
+            if running:  # one that is not there yet takes nothing
+                takers += att.bandwidth.takes(self.rules_of(att.bandwidth))
+            found[att.parent] = (reserved, takers)
 
         for record in self.store.all():
             for one in record.attachments:
@@ -149,7 +150,7 @@ class BandwidthKeeper:
                 if terms is None or terms.granted is None:
                     continue  # a claim that reserved nothing needs no share before it runs
                 if (prepared.ref.uid, device.request) not in attached:
-                    count(device)
+                    count(device, running=False)
         return found
 
     # ------------------------------------------------------------------ what tells it

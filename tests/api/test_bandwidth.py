@@ -404,3 +404,53 @@ def test_a_classes_rules_are_its_cnipolicys() -> None:
     two = Issues()
     assert class_bandwidth(device_class(policy, policy), two) is None
     assert "one CNIPolicy" in str(two.errors[0])
+
+
+def test_a_claim_that_may_burst_borrows_only_what_nobody_reserved() -> None:
+    burst = rules(burst="Allowed")
+    # its even share of what the link's grants leave caps its ceiling
+    assert enforced_rate({"bandwidth": "1G"}, burst, LINK, 2 * 10**9) == Rate(10**9, 3 * 10**9)
+    # a lower burstCeiling still holds; an unknown share leaves the ceiling alone
+    capped = rules(burst="Allowed", burstCeiling="2G")
+    assert enforced_rate({"bandwidth": "1G"}, capped, LINK, 5 * 10**9) == Rate(10**9, 2 * 10**9)
+    assert enforced_rate({"bandwidth": "1G"}, burst, LINK) == Rate(10**9, LINK)
+    # with bursts denied the share changes nothing
+    assert enforced_rate({"bandwidth": "1G"}, rules(), LINK, 10**9) == Rate(10**9, 10**9)
+    reserved = Terms(10**9, LINK, burst)
+    assert reserved.borrows() and reserved.takes() and not reserved.shares()
+    assert not Terms(10**9, LINK, rules()).takes()
+    assert Terms(None, LINK, DEFAULT_RULES).takes()
+    assert not Terms(None, LINK, rules(whenUnreserved="Unlimited", burst="Allowed")).takes()
+
+
+@given(
+    st.integers(10**6, 10**12),
+    st.lists(st.tuples(st.integers(1, 10**10), st.booleans()), max_size=6),
+    st.integers(0, 6),
+)
+def test_ceilings_and_grants_never_exceed_the_link(
+    link: int, reserved: list[tuple[int, bool]], unreserved: int
+) -> None:
+    """However many claims reserve (bursting or not) and reserve nothing on a link, the
+    ceilings of all of them add up to no more than the link, once there is room for every
+    taker's floor: nobody's reservation can be crowded."""
+    granted = sum(g for g, _ in reserved)
+    takers = unreserved + sum(1 for _, b in reserved if b)
+    share = leftover_share(link, granted, takers)
+    assert share is not None
+    ceilings = [
+        decided.ceil
+        for g, may_burst in reserved
+        if (
+            decided := enforced_rate(
+                {"bandwidth": str(g)},
+                rules(burst="Allowed" if may_burst else "Denied"),
+                link,
+                share,
+            )
+        )
+    ]
+    ceilings += [share] * unreserved
+    rounded = sum(((g + 7) // 8 * 8) - g for g, _ in reserved)  # tc's whole bytes a second
+    if link - granted >= max(takers, 1) * SHARE_FLOOR_BPS:
+        assert sum(ceilings) <= link + rounded

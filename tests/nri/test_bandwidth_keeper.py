@@ -182,6 +182,24 @@ async def test_unreserved_pods_share_what_the_reservations_on_their_link_leave(
     assert held(shaper, "far") == rate(900)  # its own link: untouched throughout
 
 
+async def test_a_reserved_pod_that_may_burst_borrows_only_what_nobody_reserved(
+    tmp_path: Path,
+) -> None:
+    """1G link: r reserved 400M and its class lets it burst; u reserved nothing. What r's
+    grant leaves, 600M, is shared by the two that take from it: u is held to 300M, r bursts
+    to 700M, so together they never exceed the link, and neither eats the other's."""
+    shaper = FakeShaper()
+    node = Node.start(tmp_path, shaper=shaper, bandwidth=True)
+    claimed(node, "r", 400, class_rules=rules(burst="Allowed"))
+    claimed(node, "u", None)
+    await start(node, "r", "u")
+    await keeper(node).reconcile()
+    assert (held(shaper, "r"), held(shaper, "u")) == (rate(400, 700), rate(300))
+    assert condition(node, "r") == (
+        "net1 is held to 400Mbit/s in each direction, bursting to 700Mbit/s while the link has room"
+    )
+
+
 async def test_a_limit_that_cannot_be_changed_is_kept_and_tried_again(tmp_path: Path) -> None:
     shaper = FakeShaper()
     node = Node.start(tmp_path, shaper=shaper, bandwidth=True)
