@@ -6,8 +6,10 @@ what r leaves, 100M; pushing at once, each gets its own, in both directions, and
 more than the link. When r's interface goes, the keeper gives u the whole link; when the
 class then holds unreserved claims to 50M, u follows it while it runs.
 
+A second test: a reserved pod that may burst borrows only its share of what the grants leave.
+
 Only the test's namespaces and links, 198.18.45.0/24. Each measurement is 2 s; the file takes
-about 12 s."""
+about 20 s."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cnidra.api.bandwidth import DEFAULT_RULES, Rate, Terms
+from cnidra.api.bandwidth import DEFAULT_RULES, BandwidthRules, Rate, Terms
 from cnidra.api.constants import API_VERSION, DRIVER_NAME
 from cnidra.api.refs import ObjectRef
 from cnidra.cni import netns
@@ -73,7 +75,9 @@ def link() -> Iterator[Link]:
         yield Link(pods, sink)
 
 
-def record(name: str, ns: Path, granted: int | None) -> SandboxRecord:
+def record(
+    name: str, ns: Path, granted: int | None, rules: BandwidthRules = DEFAULT_RULES
+) -> SandboxRecord:
     """What the hook leaves once the pod's interface is up: its claim's terms on the bridge."""
     ref = ObjectRef("ns", name, f"{name}-uid")
     att = Attachment(
@@ -84,7 +88,7 @@ def record(name: str, ns: Path, granted: int | None) -> SandboxRecord:
         "node",
         "br0",
         parent="br0",
-        bandwidth=Terms(granted, LINK, DEFAULT_RULES, "cni.networking.x-k8s.io"),
+        bandwidth=Terms(granted, LINK, rules, "cni.networking.x-k8s.io"),
     )
     result = {"cniVersion": "1.1.0", "interfaces": [{"name": IF_NAME, "sandbox": str(ns)}]}
     pod = ObjectRef("ns", name, f"{name}-pod")
@@ -174,3 +178,29 @@ async def test_an_unreserved_pod_takes_only_what_the_reservation_leaves(
     slow = at_once({"u": (link.pods["u"], link.sink, SINK_IP)})
     print(f"u after its class said 50M: out {slow['u'].mbps:.1f} Mbit/s")
     assert within(slow["u"].mbps, 50 * M), slow
+
+
+async def test_a_reserved_pod_that_may_burst_borrows_only_its_share_of_the_rest(
+    link: Link, tmp_path: Path
+) -> None:
+    """r reserved 100M and may burst, u reserved nothing, on the 300M link: the 200M r's grant
+    leaves is shared by the two, so r alone bursts to 200M (not the link's 300M), and at once
+    they take no more than the link."""
+    store = SandboxStore(StateLayout(tmp_path))
+    keeper = BandwidthKeeper(store, RecordingStatus(), KeyedLocks())
+    keeper.replace_classes([])
+    bursting = BandwidthRules.model_validate({"burst": "Allowed"})
+    await store.put(record("r", link.pods["r"], 100 * M, bursting))
+    await store.put(record("u", link.pods["u"], None))
+    assert await keeper.reconcile() == 2
+    egress = shaping.read(link.pods["r"], IF_NAME).egress
+    assert egress is not None and egress.limit == Rate(100 * M, 200 * M)
+    alone = at_once({"r": (link.pods["r"], link.sink, SINK_IP)})
+    both = at_once({n: (link.pods[n], link.sink, SINK_IP) for n in PODS})
+    print(
+        f"\nr reserved 100M and may burst, u nothing, on a 300M link: r alone "
+        f"{alone['r'].mbps:.1f}; at once r {both['r'].mbps:.1f} u {both['u'].mbps:.1f} Mbit/s"
+    )
+    assert within(alone["r"].mbps, 200 * M), alone
+    assert both["r"].mbps >= 0.9 * 100 and within(both["u"].mbps, 100 * M), both
+    assert both["r"].mbps + both["u"].mbps <= LINK / M, both
