@@ -51,8 +51,10 @@ from cnidra.nodeapi.service import NodeNetworksService
 from cnidra.nodeapi.service import serve as serve_node_api
 from cnidra.nodeapi.views import NodeRecords
 from cnidra.nri.bandwidth import BandwidthKeeper
+from cnidra.nri.budget import HookBudget
 from cnidra.nri.hooks import PodHooks
-from cnidra.nri.lifecycle import HookBudget, PlugError, PodLifecycle
+from cnidra.nri.hotplug import PlugError
+from cnidra.nri.lifecycle import PodLifecycle
 from cnidra.nri.netpolicy import PolicyEnforcer, read_drops
 from cnidra.nri.plugin import NRIPlugin
 from cnidra.nri.reconcile import Reconciler
@@ -222,7 +224,7 @@ class Driver:
             policy=self.policy if settings.network_policy else None,
         )
         self.bandwidth = self._rate_limits()
-        metrics.INTERFACES.source = self.lifecycle.interfaces
+        metrics.INTERFACES.source = self.lifecycle.reporting.interfaces
         self.reconciler = Reconciler(self.lifecycle, self.layout.write_problem)
         # fail closed: no claim is prepared (so no pod of it started) while the runtime cannot
         # tell cnidra about the pod's sandbox
@@ -243,7 +245,7 @@ class Driver:
         self.node_api = NodeNetworksService(
             self.node_records,
             self.journal,
-            self.lifecycle,
+            self.lifecycle.hotplug,
             refusals=(PlugError,),
             limits=read_limits,
             policy=self._describe_policy if settings.network_policy else None,
@@ -386,7 +388,7 @@ class Driver:
         self._servers = [node_server, dra_server, reg_server]
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.http.start()
-        self.lifecycle.restore_status()
+        self.lifecycle.reporting.restore()
         held = {claim for record in self.sandboxes.all() for claim in record.claims()}
         if released := self.status.restore_releases(held):
             log.info("releasing the finalizer of %d claim(s) a previous run left held", released)
@@ -433,9 +435,9 @@ class Driver:
         keeper = BandwidthKeeper(
             self.sandboxes, self.status, self.lifecycle.locks, checkpoint=self.checkpoint
         )
-        self.lifecycle.bandwidth = keeper
+        self.lifecycle.setup.bandwidth = keeper
         self.preparer.on_unprepared = lambda _ref: keeper.changed()
-        metrics.RATE_LIMITS.source = self.lifecycle.shaped_interfaces
+        metrics.RATE_LIMITS.source = self.lifecycle.reporting.shaped_interfaces
         metrics.RATE_LIMITS.read = read_limits
         return keeper
 

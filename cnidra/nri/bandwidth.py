@@ -47,7 +47,7 @@ from cnidra.api.policy import class_bandwidth
 from cnidra.cni.attach import Attachment, Outcome
 from cnidra.cni.result import Result
 from cnidra.datapath import shaping
-from cnidra.nri.lifecycle import SHAPING_TIMEOUT, Shaper
+from cnidra.nri.setup import SHAPING_TIMEOUT, Shaper
 from cnidra.state.checkpoint import Checkpoint
 from cnidra.state.sandboxes import Attached, SandboxRecord, SandboxStore, State
 from cnidra.status.devices import device_status_of

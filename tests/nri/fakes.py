@@ -303,10 +303,10 @@ class Node:
                 lifecycle.store,
                 status,
                 lifecycle.locks,
-                shaper=lifecycle.shaper,
+                shaper=lifecycle.setup.shaper,
                 checkpoint=lifecycle.checkpoint,
             )
-            lifecycle.bandwidth = keeper
+            lifecycle.setup.bandwidth = keeper
             keeper.replace_classes([])  # the DeviceClass LIST: none yet
         reconciler = Reconciler(lifecycle, layout.write_problem)
         hooks = PodHooks(lifecycle, reconciler, background=background)
