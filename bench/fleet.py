@@ -52,7 +52,10 @@ else writes.
    memory, one flush, the apiserver requests at rest and per allocation, the Lease), measured
    in-process on a counting fake cluster (bench/fleet_pools.py; seconds, no control plane).
    The sample nodes of the full run also run each node's block writer and the Lease loop, so
-   step 3's figures include them.
+   step 3's figures include them. With `--control-plane`, the same against this fleet's own
+   etcd and kube-apiserver: every node's block writer and one accountant, as the driver runs
+   them, their requests counted and the apiserver's CPU read (bench/fleet_pools_apiserver.py;
+   about 2 minutes at 1,000 nodes and 100 pools).
 
 Prints a report on stderr; with --json the detail as one JSON line, then the last line:
 {"nodes", "slices", "slice_bytes_per_node", "idle_requests_per_node_per_min",
@@ -1793,8 +1796,39 @@ def report(detail: Mapping[str, Any]) -> str:
 def pool_accounting_only(args: argparse.Namespace) -> int:
     from bench import fleet_pools
 
+    if args.control_plane:
+        return pool_accounting_on_apiserver(args)
     result = fleet_pools.measure(args.pools, args.nodes, seed=args.seed)
     print(fleet_pools.report(result), file=sys.stderr)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    return 0
+
+
+def pool_accounting_on_apiserver(args: argparse.Namespace) -> int:
+    """`--pool-accounting --control-plane`: the driver's pool accounting against the fleet's
+    own etcd and kube-apiserver (bench/fleet_pools_apiserver.py)."""
+    from bench import fleet_pools_apiserver
+
+    bins = Bins.locate()
+    if not (bins.k8s / "kube-apiserver").exists() or not (bins.etcd / "etcd").exists():
+        raise SystemExit(f"no built control plane in {bins.k8s} / {bins.etcd}: testbed/build.sh")
+    plane = ControlPlane(bins, args.keep_logs)
+    started = time.monotonic()
+    try:
+        plane.start()
+
+        async def bounded() -> dict[str, Any]:
+            async with asyncio.timeout(args.timeout):
+                return await fleet_pools_apiserver.run(
+                    plane, pools=args.pools, nodes=args.nodes, seed=args.seed
+                )
+
+        result = asyncio.run(bounded())
+    finally:
+        plane.stop()
+    result["total_s"] = round(time.monotonic() - started, 1)
+    print(fleet_pools_apiserver.report(result), file=sys.stderr)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     return 0
@@ -1841,6 +1875,11 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 - flags, th
         help="only pool accounting's cost, in-process, no control plane (bench/fleet_pools.py)",
     )
     parser.add_argument("--pools", type=int, default=100, help="with --pool-accounting")
+    parser.add_argument(
+        "--control-plane",
+        action="store_true",
+        help="with --pool-accounting: against the fleet's own etcd and kube-apiserver",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.pool_accounting:

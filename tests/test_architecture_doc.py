@@ -33,6 +33,8 @@ WORDS = {
     "nine": 9,
     "ten": 10,
     "eleven": 11,
+    "twelve": 12,
+    "thirteen": 13,
 }
 # names the doc cites that other projects define: containerd/nri's, uvicorn's
 EXTERNAL = {"Adaptation", "Config", "Server"}
@@ -447,12 +449,14 @@ def test_the_watches_are_cninetworks_the_nodes_pods_the_accountants_and_network_
         "CNIIPBlock": "cnidra/kube/ipam.py",
         "Event": "cnidra/kube/ipam.py",
         "resource": "cnidra/kube/netpolicy.py",
+        "DeviceClass": "cnidra/kube/deviceclasses.py",
     }
     assert re.search(r"CNINetwork = create_global_resource\(", code("cnidra/kube/networks.py"))
     assert (
-        "a cluster-wide watch of CNINetworks, the one cluster-wide watch every driver holds "
-        "besides network policy's" in DOC
+        "a cluster-wide watch of CNINetworks, one of the two cluster-wide watches every driver "
+        "holds besides network policy's" in DOC
     )
+    assert "DeviceClasses (`deviceclasses.py`: a LIST and a cluster-wide watch, the other" in DOC
     # the pods' watch is the node's own: its field selector is the node's name
     assert 'fields = {"spec.nodeName": self.node}' in code("cnidra/kube/pods.py")
     assert "the node-scoped watch kubelet itself uses" in DOC

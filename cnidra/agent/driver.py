@@ -33,7 +33,6 @@ from cnidra.inventory.publisher import SlicePublisher
 from cnidra.inventory.slices import SliceSettings
 from cnidra.ipam.accounting import (
     LEASE_NAME,
-    LEASE_SECONDS,
     BlockLeaseWriter,
     PoolAccountant,
     run_while_leading,
@@ -43,6 +42,7 @@ from cnidra.ipam.reconcile import IPAMReconciler
 from cnidra.kube.api import Api
 from cnidra.kube.claims import ClaimGetter, NamespaceGetter
 from cnidra.kube.client import ClusterFeatures, dra_api_problem, make_client, probe_features
+from cnidra.kube.deviceclasses import follow_device_classes
 from cnidra.kube.ipam import KubeIPAM
 from cnidra.kube.netpolicy import follow_all
 from cnidra.kube.networks import NetworkReader, ServedNetworks
@@ -50,6 +50,7 @@ from cnidra.kube.pods import NodePods
 from cnidra.nodeapi.service import NodeNetworksService
 from cnidra.nodeapi.service import serve as serve_node_api
 from cnidra.nodeapi.views import NodeRecords
+from cnidra.nri.bandwidth import BandwidthKeeper
 from cnidra.nri.budget import HookBudget
 from cnidra.nri.hooks import PodHooks
 from cnidra.nri.hotplug import PlugError
@@ -199,9 +200,7 @@ class Driver:
             normal_events=settings.normal_events,
             node=settings.node_name,
         )
-        self.preparer.on_prepared = lambda claim: self.status.claim_event(
-            claim.ref, REASON_PREPARED, prepared_message(claim, settings.node_name)
-        )
+        self.preparer.on_prepared = self._prepared
         self.sandboxes = SandboxStore(self.layout)
         self.journal = Journal(self.layout.journal)
         # before anything can DEL: records of cnidra 0.1 name networks in the shared directory
@@ -223,9 +222,8 @@ class Driver:
             hold_from_attach=settings.claim_finalizer == "on-attach",
             policy=self.policy if settings.network_policy else None,
         )
+        self.bandwidth = self._rate_limits()
         metrics.INTERFACES.source = self.lifecycle.reporting.interfaces
-        metrics.RATE_LIMITS.source = self.lifecycle.reporting.shaped_interfaces
-        metrics.RATE_LIMITS.read = read_limits
         self.reconciler = Reconciler(self.lifecycle, self.layout.write_problem)
         # fail closed: no claim is prepared (so no pod of it started) while the runtime cannot
         # tell cnidra about the pod's sandbox
@@ -401,6 +399,13 @@ class Driver:
         self.tasks.spawn("block-leases", lambda: self.block_leases.run(s.pool_status_seconds))
         if s.pool_accountant:
             self.tasks.spawn("pool-accountant", self._account_pools)
+        self.tasks.spawn("rate-limits", self.bandwidth.run)
+        classes = Api(self.client, s.api_timeout)
+        self.tasks.spawn(  # not critical: without it, the allocations' copies of the rules hold
+            "deviceclass-watch",
+            lambda: follow_device_classes(classes, self.bandwidth),
+            critical=False,
+        )
         if self.read_ahead is not None:  # not critical: without it, prepare GETs each claim
             self.tasks.spawn("claims-ahead", self.read_ahead.run, critical=False)
         if s.network_policy:
@@ -435,6 +440,24 @@ class Driver:
         )
         return reports, enforcer
 
+    def _prepared(self, claim: PreparedClaim) -> None:
+        self.status.claim_event(
+            claim.ref, REASON_PREPARED, prepared_message(claim, self.settings.node_name)
+        )
+        self.bandwidth.changed()  # a grant counts from prepare on (cnidra.nri.bandwidth)
+
+    def _rate_limits(self) -> BandwidthKeeper:
+        """Rate limits kept to the class's rules and, for Leftover, to the link's reservations
+        while pods run (cnidra.nri.bandwidth), under the hook's sandbox locks; their metrics."""
+        keeper = BandwidthKeeper(
+            self.sandboxes, self.status, self.lifecycle.locks, checkpoint=self.checkpoint
+        )
+        self.lifecycle.setup.bandwidth = keeper
+        self.preparer.on_unprepared = lambda _ref: keeper.changed()
+        metrics.RATE_LIMITS.source = self.lifecycle.reporting.shaped_interfaces
+        metrics.RATE_LIMITS.read = read_limits
+        return keeper
+
     async def _reconcile_ipam(self) -> None:
         await self.ipam_reconciler.run(
             self.settings.ipam_reconcile_seconds, self.settings.ipam_lost_node_passes
@@ -443,12 +466,16 @@ class Driver:
     async def _account_pools(self) -> None:
         s = self.settings
 
+        lease = s.pool_accountant_lease_seconds
+
         async def lead() -> bool:
             return await self._kube_ipam.lead(
-                s.pool_accountant_namespace, LEASE_NAME, s.node_name, LEASE_SECONDS
+                s.pool_accountant_namespace, LEASE_NAME, s.node_name, lease
             )
 
-        await run_while_leading(self.pool_accountant.run, lead)
+        await run_while_leading(
+            self.pool_accountant.run, lead, renew_every=lease / 3, retry_every=lease
+        )
 
     async def stop(self) -> None:
         """Registration socket first (kubelet stops sending), then DRA, then the rest."""

@@ -141,6 +141,13 @@ class DriverSettings:
     pool_accountant_namespace: str = setting(
         "default", "the namespace of the pool accountant's Lease (the chart: the release's)"
     )
+    pool_accountant_lease_seconds: float = setting(
+        60.0,
+        "how long the pool accountant's Lease lasts unrenewed: its holder renews it every third "
+        "of it, every other driver asks for it once per duration, so a dead accountant's work "
+        "is taken over within about twice this (docs/ipam.md)",
+        schema={"minimum": 3},
+    )
     pool_status_seconds: float = setting(
         5.0,
         "how often changed lease counts are written to blocks' and pools' status (batched)",

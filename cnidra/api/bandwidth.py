@@ -8,6 +8,11 @@ driver in both directions, never by tenant config; the DeviceClass's CNIPolicy d
 `bandwidth` (`BandwidthRules`), what a claim that reserved nothing gets and whether bursts
 above the reservation are allowed. `enforced_rate` is that decision; cnidra.datapath.shaping
 applies it.
+
+A claim that reserved nothing gets, by default (`whenUnreserved: Leftover`), an even share of
+what the link's reservations leave (`leftover_share`), so unreserved pods never crowd reserved
+ones; the share depends on the other interfaces on the link, so the node decides it again as
+they come and go (cnidra.nri.bandwidth), from the `Terms` kept with each attachment.
 """
 
 from __future__ import annotations
@@ -23,6 +28,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # the capacity a link device publishes its speed as (cnidra.inventory.slices)
 BANDWIDTH_CAPACITY = "bandwidth"
 UNLIMITED = "Unlimited"
+LEFTOVER = "Leftover"
+UNRESERVED_FORMS = f"{LEFTOVER!r}, {UNLIMITED!r} or a rate"
+# the least a claim that reserved nothing gets under Leftover, even on a link reserved whole:
+# its interface keeps working (what such claims together may then take from reservations is
+# this times their number)
+SHARE_FLOOR_BPS = 1_000_000
 BURST_ALLOWED = "Allowed"
 BURST_DENIED = "Denied"
 # tc counts rates in whole bytes per second: 8 bit/s is the least it can hold, and every rate
@@ -147,9 +158,10 @@ class BandwidthRules(BaseModel):
     above a reservation are allowed."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    # Unlimited, or a quantity (bits per second): the rate a claim that reserved no bandwidth
-    # is held to, as if it had reserved that much
-    when_unreserved: str | int = Field(UNLIMITED, alias="whenUnreserved")
+    # Leftover (the default): an even share of what the reservations on its link leave;
+    # Unlimited: no limit (such a claim can crowd reserved ones); or a quantity (bits per
+    # second): the rate a claim that reserved no bandwidth is held to, as if it had reserved it
+    when_unreserved: str | int = Field(LEFTOVER, alias="whenUnreserved")
     # Allowed: up to burstCeiling (or the link's speed) while the link has room; Denied: never
     # above the reservation
     burst: Literal["Allowed", "Denied"] = "Denied"
@@ -159,11 +171,11 @@ class BandwidthRules(BaseModel):
     @field_validator("when_unreserved")
     @classmethod
     def _unreserved(cls, value: str | int) -> str | int:
-        if value != UNLIMITED:
+        if value not in (UNLIMITED, LEFTOVER):
             try:
                 rate_bps(value, "whenUnreserved")
             except QuantityError as exc:
-                raise ValueError(f"{exc}; or {UNLIMITED!r}") from None
+                raise ValueError(f"{exc}; or {LEFTOVER!r} or {UNLIMITED!r}") from None
         return value
 
     @field_validator("burst_ceiling")
@@ -188,10 +200,18 @@ class BandwidthRules(BaseModel):
 
     @property
     def floor_bps(self) -> int | None:
-        """The rate of a claim that reserved nothing; None: unlimited."""
-        if self.when_unreserved == UNLIMITED:
+        """The fixed rate of a claim that reserved nothing; None: unlimited or a share."""
+        if self.when_unreserved in (UNLIMITED, LEFTOVER):
             return None
         return rate_bps(self.when_unreserved, "whenUnreserved")
+
+    @property
+    def shares_leftover(self) -> bool:
+        """A claim that reserved nothing gets a share of what the link's reservations leave."""
+        return self.when_unreserved == LEFTOVER
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
 
     @property
     def ceiling_bps(self) -> int | None:
@@ -212,10 +232,22 @@ def granted_bps(consumed_capacity: Mapping[str, Any] | None) -> int | None:
     return rate_bps(value, f"consumedCapacity.{BANDWIDTH_CAPACITY}")
 
 
+def leftover_share(link_bps: int | None, reserved_bps: int, sharers: int) -> int | None:
+    """What each of `sharers` interfaces that reserved nothing on one link gets under
+    `Leftover`: the link's speed less what the interfaces on it reserved, split evenly, in
+    whole bytes per second and at least SHARE_FLOOR_BPS. None where the link's speed is not
+    known (it publishes no `bandwidth`, so nothing on it is reserved: no limit)."""
+    if not link_bps or link_bps <= 0:
+        return None
+    left = max(link_bps - max(reserved_bps, 0), 0) // max(sharers, 1)
+    return min(max(left // 8 * 8, SHARE_FLOOR_BPS), MAX_RATE_BPS)
+
+
 def enforced_rate(
     granted_capacity: Mapping[str, Any] | None,
     policy: BandwidthRules | None,
     link_speed: int | None,
+    share: int | None = None,
 ) -> Rate | None:
     """The rate limit a device of a claim is held to, in both directions; None: none.
 
@@ -223,11 +255,24 @@ def enforced_rate(
     None or without `bandwidth`: nothing reserved), `policy` the class's CNIPolicy's
     `bandwidth` (None: the defaults, whenUnreserved Unlimited and burst Denied), `link_speed`
     the allocated link's speed in bits per second (None: not known). A claim that reserved
-    nothing gets the policy's whenUnreserved (Unlimited: no limit). Bursts, where allowed,
+    nothing gets the policy's whenUnreserved: Leftover, `share` (its `leftover_share`; None:
+    no limit), which it never bursts above (it is all the link has left); Unlimited, no limit;
+    a rate, that rate. Bursts, where allowed,
     reach the policy's burstCeiling, else the link's speed, else are not bounded by cnidra
     (MAX_RATE_BPS: the link itself bounds them). QuantityError for a grant that is no rate."""
     rules = policy or DEFAULT_RULES
-    rate = granted_bps(granted_capacity)
+    return decide(granted_bps(granted_capacity), rules, link_speed, share)
+
+
+def decide(
+    granted: int | None, rules: BandwidthRules, link_speed: int | None, share: int | None = None
+) -> Rate | None:
+    """`enforced_rate` of a grant already in bits per second (None: nothing reserved).
+    `share` is also what a claim that reserved and may burst borrows at most: its even share
+    of what the link's grants leave (None: not known; it bursts to the ceiling alone)."""
+    rate = granted
+    if rate is None and rules.shares_leftover:
+        return None if share is None else Rate(share, share)
     if rate is None:
         rate = rules.floor_bps
     if rate is None:
@@ -239,4 +284,73 @@ def enforced_rate(
         ceiling = min(max(link_speed // 8 * 8, MIN_RATE_BPS), MAX_RATE_BPS)
     if ceiling is None:
         ceiling = MAX_RATE_BPS
+    if share is not None and granted is not None:  # bursts take only what nobody reserved
+        ceiling = min(ceiling, rate + share)
     return Rate(rate, max(rate, ceiling))
+
+
+@dataclass(frozen=True)
+class Terms:
+    """What an interface's rate limit is decided from, kept with its attachment, so that the
+    node can decide it again while the pod runs: when the class's rules change, and, for a
+    claim that reserved nothing under Leftover, as reservations on its link come and go. The
+    grant itself cannot change: Kubernetes refuses any change to a claim's
+    `status.allocation` once set (cnidra.nri.bandwidth)."""
+
+    granted: int | None  # bit/s the allocation reserved; None: nothing
+    link: int | None  # the link's speed in bit/s as prepare read it; None: not known
+    rules: BandwidthRules  # the class's rules as the allocation copied them
+    device_class: str = ""  # the DeviceClass of the request, whose later rules the node follows
+
+    def decide(self, rules: BandwidthRules | None = None, share: int | None = None) -> Rate | None:
+        """The limit under `rules` (None: the allocation's) with `share` for Leftover."""
+        return decide(self.granted, self.rules if rules is None else rules, self.link, share)
+
+    def shares(self, rules: BandwidthRules | None = None) -> bool:
+        """Whether the interface takes a share of what its link's reservations leave."""
+        return self.granted is None and (self.rules if rules is None else rules).shares_leftover
+
+    def borrows(self, rules: BandwidthRules | None = None) -> bool:
+        """Whether the interface reserved and may burst: it borrows from what the link's
+        reservations leave, an even share of it beside those that reserved nothing."""
+        return (
+            self.granted is not None
+            and (self.rules if rules is None else rules).burst == BURST_ALLOWED
+        )
+
+    def takes(self, rules: BandwidthRules | None = None) -> bool:
+        """Whether the interface takes from what the link's reservations leave."""
+        return self.shares(rules) or self.borrows(rules)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "granted": self.granted,
+            "link": self.link,
+            "rules": self.rules.to_json(),
+            "deviceClass": self.device_class,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Terms | None:
+        """Checkpointed terms; None for null or absent (a record from before them: its rate
+        stays as prepared). ValueError naming the field for what is not terms."""
+        if data is None:
+            return None
+        if not isinstance(data, Mapping):
+            raise ValueError(f"bandwidth must be an object or null, got {data!r}")
+        numbers = {}
+        for name in ("granted", "link"):
+            value = data.get(name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value <= 0
+            ):
+                raise ValueError(f"bandwidth.{name} must be bits per second or null, got {value!r}")
+            numbers[name] = value
+        try:
+            rules = BandwidthRules.model_validate(data.get("rules") or {})
+        except ValueError as exc:
+            raise ValueError(f"bandwidth.rules: {exc}") from None
+        device_class = data.get("deviceClass") or ""
+        if not isinstance(device_class, str):
+            raise ValueError(f"bandwidth.deviceClass must be a name, got {device_class!r}")
+        return cls(numbers["granted"], numbers["link"], rules, device_class)

@@ -28,8 +28,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from cnidra.api.bandwidth import BandwidthRules
-from cnidra.api.constants import API_VERSION
+from cnidra.api.bandwidth import DEFAULT_RULES, BandwidthRules
+from cnidra.api.constants import API_VERSION, DRIVER_NAME
 from cnidra.api.issues import FieldPath, Issues, listing
 from cnidra.api.merge import ConfigEntry, Source
 from cnidra.api.tenant import Path, TenantNetwork, address_outside, decode_network, is_zero
@@ -254,6 +254,32 @@ class CNIPolicy(BaseModel):
 
 def is_policy(parameters: Any) -> bool:
     return isinstance(parameters, Mapping) and parameters.get("kind") == POLICY_KIND
+
+
+def class_bandwidth(device_class: Mapping[str, Any], issues: Issues) -> BandwidthRules | None:
+    """The `bandwidth` rules a DeviceClass (as the apiserver serves it) gives its claims: its
+    CNIPolicy's, the defaults when it carries none; None (the reasons in `issues`) when its
+    CNIPolicy is invalid or it carries more than one."""
+    spec = device_class.get("spec") if isinstance(device_class, Mapping) else None
+    configs = spec.get("config") if isinstance(spec, Mapping) else None
+    found: list[tuple[FieldPath, Mapping[str, Any]]] = []
+    for i, config in enumerate(configs if isinstance(configs, list) else []):
+        opaque = config.get("opaque") if isinstance(config, Mapping) else None
+        if not isinstance(opaque, Mapping) or opaque.get("driver") != DRIVER_NAME:
+            continue
+        parameters = opaque.get("parameters")
+        if isinstance(parameters, Mapping) and is_policy(parameters):
+            found.append((FieldPath(("spec", "config", i, "opaque", "parameters")), parameters))
+    if not found:
+        return DEFAULT_RULES
+    if len(found) > 1:
+        issues.error(found[1][0] / "kind", "a DeviceClass may carry one CNIPolicy")
+        return None
+    path, parameters = found[0]
+    policy = parse_policy(parameters, path, issues)
+    if policy is None:
+        return None
+    return policy.bandwidth or DEFAULT_RULES
 
 
 def parse_policy(

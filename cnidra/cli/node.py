@@ -205,7 +205,13 @@ def bandwidth_lines(a: api.Attachment) -> list[str]:
     what the limit dropped: nothing when it reserved none."""
     if not a.HasField("reserved"):
         return []
-    lines = [f"bandwidth reserved {_rate(a.reserved)} each way"]
+    held = {
+        "leftover": f"bandwidth reserved none; held to {_rate(a.reserved)} each way, its share "
+        "of what the link's reservations leave",
+        "class": f"bandwidth reserved none; held to {_rate(a.reserved)} each way, as its class "
+        "says of a claim that reserved nothing",
+    }
+    lines = [held.get(a.held_as, f"bandwidth reserved {_rate(a.reserved)} each way")]
     if not a.HasField("enforced"):
         return lines
     for name in ("egress", "ingress"):

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cnidra.api.bandwidth import Rate
+from cnidra.api.bandwidth import Rate, Terms
 from cnidra.api.naming import Slot
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.errors import (
@@ -65,6 +65,10 @@ class Attachment:
     # the rate limit cnidra holds the interface to in both directions (cnidra.api.bandwidth:
     # the claim's reserved bandwidth, or the class's CNIPolicy default); None: none
     rate: Rate | None = None
+    # what `rate` is decided from (the grant, the link's speed, the class's rules and name),
+    # so the node decides it again while the pod runs (cnidra.nri.bandwidth); None: a record
+    # from before them, whose rate stays as prepared
+    bandwidth: Terms | None = None
     # the network as a MultiNetworkPolicy's `policy-for` names it (cnidra.api.netpolicy
     # Target.key: `ns/nad`, `cninetwork:x`, `deviceclass:x`, `claim:ns/config`); "" unknown
     # (a record of a driver before it: no policy selects the interface by its network)

@@ -321,6 +321,7 @@ class Preparer:
         # told of each claim prepared anew (not of a kubelet's repeated call): the agent
         # makes it a Normal Event on the claim
         self.on_prepared: Callable[[PreparedClaim], None] = lambda claim: None
+        self.on_unprepared: Callable[[ObjectRef], None] = lambda ref: None
         # why the node cannot set up interfaces now (None: it can): then prepare refuses, and
         # kubelet asks again later, before the pod's sandbox exists
         self.unready: Callable[[], str | None] = lambda: None
@@ -606,6 +607,7 @@ class Preparer:
             known = self.checkpoint.get(ref.uid)
             if await self.checkpoint.remove(ref.uid):
                 log.info("unprepared claim %s (%s)", ref, ref.uid)
+                self.on_unprepared(ref)
             if self.ipam is not None:
                 await self.ipam.release_claim(ref.uid)
             if self.metadata is not None:

@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from cnidra.api.bandwidth import BANDWIDTH_CAPACITY, QuantityError, enforced_rate
+from cnidra.api.bandwidth import (
+    BANDWIDTH_CAPACITY,
+    DEFAULT_RULES,
+    QuantityError,
+    Terms,
+    granted_bps,
+)
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.hostside import NodeFacts, judge_host_side
 from cnidra.api.ipam import cnidra_ipam
@@ -87,10 +93,11 @@ def resolve_attachment(
     node_links = verdict.policy.node_links if verdict.policy else []
     rules = verdict.policy.claims if verdict.covered and verdict.policy else None
     try:
-        rate = enforced_rate(
-            granted,
-            verdict.policy.bandwidth if verdict.policy else None,
+        terms = Terms(
+            granted_bps(granted),
             link_speed_bps(node, device.link),
+            (verdict.policy.bandwidth if verdict.policy else None) or DEFAULT_RULES,
+            device_class or "",
         )
     except QuantityError as exc:
         at = (granted_where or where) / "consumedCapacity" / BANDWIDTH_CAPACITY
@@ -135,7 +142,8 @@ def resolve_attachment(
         tenant_pool=tenant_chose_pool(resolved, class_entries),
         pool_ranges=tuple(ranges) if ranges is not None else None,
         tenant_static=bool(static),
-        rate=rate,
+        rate=terms.decide(),  # a Leftover share is decided by the node (cnidra.nri.bandwidth)
+        bandwidth=terms,
         policy_network=policy_network(resolved, claim, attachment.network_label, device_class),
     )
 
@@ -143,7 +151,14 @@ def resolve_attachment(
 # What the class's CNIPolicy, through `resolve_attachment`, decides of an attachment beyond
 # its network: prepare checkpoints them; `cnidra try` runs its own names with these taken from
 # the same verdict (`bound_by`), so a field added here binds both
-POLICY_BOUND = ("node_link_allowed", "tenant_pool", "pool_ranges", "tenant_static", "rate")
+POLICY_BOUND = (
+    "node_link_allowed",
+    "tenant_pool",
+    "pool_ranges",
+    "tenant_static",
+    "rate",
+    "bandwidth",
+)
 
 
 def bound_by(attachment: Attachment, verdict: Attachment) -> Attachment:

@@ -132,6 +132,8 @@ def _attachment(attached: Attached, state: str) -> api.Attachment:
     if att.rate is not None:
         out.reserved.rate_bps = att.rate.rate
         out.reserved.ceil_bps = att.rate.ceil
+        if att.bandwidth is not None and att.bandwidth.granted is None:
+            out.held_as = "leftover" if att.bandwidth.rules.shares_leftover else "class"
     if attached.result is not None:
         out.cni_result_json = json.dumps(attached.result, sort_keys=True)
         try:

@@ -98,6 +98,7 @@ class HotPlug:
                 raise PlugError(f"link {att.parent!r} now carries the node itself; refused")
             pending = Attached(att, None, pending=True)
             await host.store.put(replace(record, attachments=(*record.attachments, pending)))
+            att = host.setup.limited(att)  # counted on its link from here on
             started = time.perf_counter()
             budget = host.budget.deadlines()
             try:
@@ -173,6 +174,7 @@ class HotPlug:
         await host.setup.undo(record, host.netns_for_del(record), [a.attachment for a in going])
         rest = replace(record, attachments=tuple(a for a in record.attachments if a not in going))
         await host.store.put(rest)
+        host.setup.interfaces_changed()
         host.reporting.unplugged(rest, going)
         return []
 

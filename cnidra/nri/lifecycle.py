@@ -225,7 +225,7 @@ class PodLifecycle:
         return None
 
     async def _add(self, pod: nri.PodSandbox, record: SandboxRecord, behind_sandbox: bool) -> int:
-        attachments = [a.attachment for a in record.attachments]
+        attachments = [self.setup.limited(a.attachment) for a in record.attachments]
         started = time.perf_counter()
         budget = self.budget.deadlines(behind_sandbox=behind_sandbox)
         try:
@@ -254,6 +254,7 @@ class PodLifecycle:
                 self.retry_detach(pod.id)
             else:
                 await self.store.remove(pod.id)
+            self.setup.interfaces_changed()
             self.reporting.outcomes(failed.outcomes)
             message = f"pod {pod.namespace}/{pod.name}: {failed}"
             self.reporting.attach_failed(pod_ref(pod), message)

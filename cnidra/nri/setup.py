@@ -1,13 +1,17 @@
 """What is set up on a pod's interface besides its plugins, right after its ADD and undone
 after its DEL: the rate limit its claim reserved (cnidra.datapath.shaping) and the network
 policy's table (through a PolicyHook). Each limit is applied in a thread, within what is left
-of the ADD's budget: the event loop never waits on netlink."""
+of the ADD's budget: the event loop never waits on netlink. A limit that depends on more than
+the attachment (a class's rules as last watched, a share of what its link's reservations
+leave) comes from a BandwidthHook (cnidra.nri.bandwidth.BandwidthKeeper), which is told when
+interfaces come and go."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from cnidra.api.bandwidth import Rate
@@ -57,15 +61,40 @@ class PolicyHook(Protocol):
     def forget(self, record: SandboxRecord) -> None: ...
 
 
+class BandwidthHook(Protocol):
+    """The limits that depend on more than the attachment (cnidra.nri.bandwidth.
+    BandwidthKeeper): the limit an interface gets at its ADD, decided from what is in memory
+    (the class's rules as last watched, the other interfaces on its link), and word that
+    interfaces came or went, so the others' limits follow off the hook path."""
+
+    def limit_of(self, att: Attachment) -> Rate | None: ...
+
+    def changed(self) -> None: ...
+
+
 class InterfaceSetup:
     """`shaper`: what holds an interface whose attachment has a `rate` to it, right after its
     ADD (a failure fails the attachment), and removes it after an unplug's DEL; `policy`:
-    network policy, None when it is off."""
+    network policy, None when it is off; `bandwidth` (set by the agent): the limits that
+    depend on more than the attachment, None: the rate prepare decided."""
 
     def __init__(self, shaper: Shaper, policy: PolicyHook | None, journal: Journal) -> None:
         self.shaper = shaper
         self.policy = policy
         self.journal = journal
+        self.bandwidth: BandwidthHook | None = None
+
+    def limited(self, att: Attachment) -> Attachment:
+        """`att` with the limit it gets now (its sandbox's record is in the store already: an
+        interface that shares its link's leftover counts itself)."""
+        if self.bandwidth is None:
+            return att
+        return replace(att, rate=self.bandwidth.limit_of(att))
+
+    def interfaces_changed(self) -> None:
+        """Interfaces came or went: the others' limits follow (off the hook path)."""
+        if self.bandwidth is not None:
+            self.bandwidth.changed()
 
     def after_add(
         self,
@@ -107,11 +136,13 @@ class InterfaceSetup:
         """The sandbox's record is `added` with these attachments (policy learns addresses)."""
         if self.policy is not None:
             self.policy.attached(record)
+        self.interfaces_changed()
 
     def forget(self, record: SandboxRecord) -> None:
         """The sandbox's record is gone."""
         if self.policy is not None:
             self.policy.forget(record)
+        self.interfaces_changed()
 
     async def undo(
         self, record: SandboxRecord, netns: str, attachments: Sequence[Attachment]

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cnidra.api.bandwidth import QuantityError, Rate
+from cnidra.api.bandwidth import QuantityError, Rate, Terms
 from cnidra.api.ownership import is_owned, owned_network, owned_network_name
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment
@@ -26,7 +26,9 @@ log = logging.getLogger(__name__)
 #    older record has none: `legacy_policy_network` derives what it can (a NAD's from its
 #    status name, a claim-defined network's from its owned name), else "" (no policy selects
 #    the interface by its network until its pod is prepared again).
-VERSION = 4
+# 5: an attachment carries what its rate is decided from (`bandwidth`: {granted, link, rules,
+#    deviceClass}, or null); an older record has none, and its rate stays as prepared.
+VERSION = 5
 
 
 def attachment_to_json(att: Attachment) -> dict[str, Any]:
@@ -49,6 +51,7 @@ def attachment_to_json(att: Attachment) -> dict[str, Any]:
         "status_name": att.status_name,
         "ipam_claim": att.ipam_claim,
         "rate": rate_to_json(att.rate),
+        "bandwidth": None if att.bandwidth is None else att.bandwidth.to_json(),
         "policy_network": att.policy_network,
     }
 
@@ -92,6 +95,7 @@ def attachment_from_json(data: Mapping[str, Any], claim: ObjectRef) -> Attachmen
         status_name=str(data.get("status_name") or ""),
         ipam_claim=data.get("ipam_claim"),
         rate=rate_from_json(data.get("rate")),
+        bandwidth=Terms.from_json(data.get("bandwidth")),
         policy_network=str(data["policy_network"] or "")
         if "policy_network" in data
         else legacy_policy_network(data, claim),

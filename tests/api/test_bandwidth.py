@@ -17,19 +17,25 @@ from hypothesis import strategies as st
 from lightkube.utils.quantity import parse_quantity as lightkube_quantity
 
 from cnidra.api.bandwidth import (
+    DEFAULT_RULES,
+    LEFTOVER,
     MAX_RATE_BPS,
     MIN_RATE_BPS,
+    SHARE_FLOOR_BPS,
     BandwidthRules,
     QuantityError,
     Rate,
+    Terms,
     enforced_rate,
     format_rate,
     granted_bps,
+    leftover_share,
     parse_quantity,
     rate_bps,
 )
+from cnidra.api.constants import API_VERSION, DRIVER_NAME
 from cnidra.api.issues import FieldPath, Issues
-from cnidra.api.policy import parse_policy
+from cnidra.api.policy import class_bandwidth, parse_policy
 from cnidra.api.validate import validate_documents
 from tests.api.test_policy import DEFAULT_CLASSES, MACVLAN, claim, network
 
@@ -198,12 +204,13 @@ def test_valid_bandwidth_rules(bandwidth: dict[str, Any]) -> None:
         (
             {"whenUnreserved": "fast"},
             "policy.bandwidth.whenUnreserved: whenUnreserved: 'fast' is not a quantity: a number "
-            "with an optional suffix (k, M, G, T, Ki, Mi, Gi, e6, ...); or 'Unlimited'",
+            "with an optional suffix (k, M, G, T, Ki, Mi, Gi, e6, ...); or 'Leftover' or "
+            "'Unlimited'",
         ),
         (
             {"whenUnreserved": "0"},
             "policy.bandwidth.whenUnreserved: whenUnreserved must be above 0 (bits per second, "
-            "e.g. 100M or 1G), got '0'; or 'Unlimited'",
+            "e.g. 100M or 1G), got '0'; or 'Leftover' or 'Unlimited'",
         ),
         (
             {"whenUnreserved": "unlimited"},
@@ -310,3 +317,140 @@ def test_the_documented_policy_is_valid_and_means_what_the_doc_says() -> None:
     found = rules(**policy["bandwidth"])
     assert enforced_rate(None, found, LINK) == Rate(10**8, 10**10)
     assert enforced_rate({"bandwidth": "1G"}, found, LINK) == Rate(10**9, 10**10)
+
+
+# ------------------------------------------------------------------ Leftover
+
+
+def test_leftover_is_the_default_and_shares_only_what_reservations_leave() -> None:
+    assert DEFAULT_RULES.when_unreserved == LEFTOVER and DEFAULT_RULES.shares_leftover
+    # the node says what is left (cnidra.nri.bandwidth); prepare alone cannot: no limit yet
+    assert enforced_rate(None, None, LINK) is None
+    share = leftover_share(LINK, 4 * 10**9, 2)  # 10G, 4G reserved, two unreserved
+    assert share == 3 * 10**9
+    assert enforced_rate(None, None, LINK, share) == Rate(share, share)
+    # an unreserved claim never bursts above its share, even where the class lets bursts
+    assert enforced_rate(None, rules(burst="Allowed"), LINK, share) == Rate(share, share)
+    # a reservation is held to its grant, whatever is left
+    assert enforced_rate({"bandwidth": "1G"}, None, LINK, share) == Rate(10**9, 10**9)
+    # Unlimited and a fixed rate ignore the share
+    assert enforced_rate(None, rules(whenUnreserved="Unlimited"), LINK, share) is None
+    assert enforced_rate(None, rules(whenUnreserved="1M"), LINK, share) == Rate(10**6, 10**6)
+
+
+def test_a_link_reserved_whole_leaves_the_floor_and_an_unknown_speed_no_limit() -> None:
+    assert leftover_share(LINK, LINK, 3) == SHARE_FLOOR_BPS
+    assert leftover_share(LINK, 2 * LINK, 1) == SHARE_FLOOR_BPS  # over-reserved: a slower link
+    assert leftover_share(None, 0, 1) is None
+    assert leftover_share(0, 0, 1) is None
+    assert leftover_share(LINK, 0, 0) == LINK  # asked for one about to come
+
+
+@given(
+    st.integers(1, 10**12),
+    st.lists(st.integers(1, 10**11), max_size=8),
+    st.integers(1, 50),
+)
+def test_shares_and_reservations_never_exceed_the_link(
+    link: int, grants: list[int], sharers: int
+) -> None:
+    reserved = sum(grants)
+    share = leftover_share(link, reserved, sharers)
+    assert share is not None
+    assert share % 8 == 0 and share >= SHARE_FLOOR_BPS
+    if link - reserved >= sharers * SHARE_FLOOR_BPS:  # room for every floor: the link holds
+        assert reserved + sharers * share <= link
+        assert link - reserved - sharers * share < sharers * 8 + sharers  # little is left over
+
+
+def test_terms_round_trip_and_bad_ones_are_named() -> None:
+    terms = Terms(10**9, LINK, rules(burst="Allowed", burstCeiling="2G"), "gold")
+    assert Terms.from_json(terms.to_json()) == terms
+    assert Terms.from_json(None) is None
+    unreserved = Terms(None, None, DEFAULT_RULES)
+    assert Terms.from_json(unreserved.to_json()) == unreserved
+    assert unreserved.shares() and not terms.shares()
+    assert terms.decide() == Rate(10**9, 2 * 10**9)
+    assert terms.decide(rules()) == Rate(10**9, 10**9)  # the class's rules now: Denied
+    for bad, field in (
+        ({"granted": "1G"}, "bandwidth.granted"),
+        ({"link": -1}, "bandwidth.link"),
+        ({"rules": {"burst": "Sometimes"}}, "bandwidth.rules"),
+        ({"deviceClass": 3}, "bandwidth.deviceClass"),
+        ([], "bandwidth must be an object"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(field)):
+            Terms.from_json(bad)
+
+
+def device_class(*configs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "gold"},
+        "spec": {"config": [{"opaque": {"driver": DRIVER_NAME, "parameters": c}} for c in configs]},
+    }
+
+
+def test_a_classes_rules_are_its_cnipolicys() -> None:
+    policy = {"apiVersion": API_VERSION, "kind": "CNIPolicy"}
+    issues = Issues()
+    assert class_bandwidth(device_class(), issues) == DEFAULT_RULES
+    assert class_bandwidth(device_class(policy), issues) == DEFAULT_RULES
+    given_rules = {**policy, "bandwidth": {"whenUnreserved": "10M"}}
+    assert class_bandwidth(device_class(given_rules), issues) == rules(whenUnreserved="10M")
+    assert not issues.errors
+    bad = {**policy, "bandwidth": {"whenUnreserved": "fast"}}
+    assert class_bandwidth(device_class(bad), issues) is None
+    assert any("bandwidth.whenUnreserved" in str(e.path) for e in issues.errors)
+    two = Issues()
+    assert class_bandwidth(device_class(policy, policy), two) is None
+    assert "one CNIPolicy" in str(two.errors[0])
+
+
+def test_a_claim_that_may_burst_borrows_only_what_nobody_reserved() -> None:
+    burst = rules(burst="Allowed")
+    # its even share of what the link's grants leave caps its ceiling
+    assert enforced_rate({"bandwidth": "1G"}, burst, LINK, 2 * 10**9) == Rate(10**9, 3 * 10**9)
+    # a lower burstCeiling still holds; an unknown share leaves the ceiling alone
+    capped = rules(burst="Allowed", burstCeiling="2G")
+    assert enforced_rate({"bandwidth": "1G"}, capped, LINK, 5 * 10**9) == Rate(10**9, 2 * 10**9)
+    assert enforced_rate({"bandwidth": "1G"}, burst, LINK) == Rate(10**9, LINK)
+    # with bursts denied the share changes nothing
+    assert enforced_rate({"bandwidth": "1G"}, rules(), LINK, 10**9) == Rate(10**9, 10**9)
+    reserved = Terms(10**9, LINK, burst)
+    assert reserved.borrows() and reserved.takes() and not reserved.shares()
+    assert not Terms(10**9, LINK, rules()).takes()
+    assert Terms(None, LINK, DEFAULT_RULES).takes()
+    assert not Terms(None, LINK, rules(whenUnreserved="Unlimited", burst="Allowed")).takes()
+
+
+@given(
+    st.integers(10**6, 10**12),
+    st.lists(st.tuples(st.integers(1, 10**10), st.booleans()), max_size=6),
+    st.integers(0, 6),
+)
+def test_ceilings_and_grants_never_exceed_the_link(
+    link: int, reserved: list[tuple[int, bool]], unreserved: int
+) -> None:
+    """However many claims reserve (bursting or not) and reserve nothing on a link, the
+    ceilings of all of them add up to no more than the link, once there is room for every
+    taker's floor: nobody's reservation can be crowded."""
+    granted = sum(g for g, _ in reserved)
+    takers = unreserved + sum(1 for _, b in reserved if b)
+    share = leftover_share(link, granted, takers)
+    assert share is not None
+    ceilings = [
+        decided.ceil
+        for g, may_burst in reserved
+        if (
+            decided := enforced_rate(
+                {"bandwidth": str(g)},
+                rules(burst="Allowed" if may_burst else "Denied"),
+                link,
+                share,
+            )
+        )
+    ]
+    ceilings += [share] * unreserved
+    rounded = sum(((g + 7) // 8 * 8) - g for g, _ in reserved)  # tc's whole bytes a second
+    if link - granted >= max(takers, 1) * SHARE_FLOOR_BPS:
+        assert sum(ceilings) <= link + rounded

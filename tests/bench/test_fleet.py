@@ -5,6 +5,7 @@ were."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from pathlib import Path
@@ -427,6 +428,49 @@ def test_pool_accounting_costs_nothing_at_rest_and_coalesces_allocations() -> No
     assert result["one_allocation_per_interval_requests_per_allocation"] == 2.0
     assert result["accountant_memory_bytes"] > 0
     assert "pool accounting: 5 pools, 20 nodes, 40 blocks" in fleet_pools.report(result)
+
+
+@pytest.mark.slow
+def test_pool_accounting_on_a_real_apiserver() -> None:
+    """`--pool-accounting --control-plane` at a small size, on the fleet's own etcd and
+    kube-apiserver (the test bed's build): nothing at rest, the FailedScheduling Events
+    ignored without a call, a burst written once per changed block and per pool, and every
+    pool's status following within an interval or so."""
+    from bench import fleet_pools_apiserver
+
+    bins = Bins.locate()
+    if not (bins.k8s / "kube-apiserver").exists():
+        pytest.skip("no built control plane (testbed/build.sh)")
+    plane = fleet.ControlPlane(bins)
+    try:
+        plane.start()
+        result = asyncio.run(
+            fleet_pools_apiserver.run(
+                plane,
+                pools=3,
+                nodes=10,
+                blocks_per_node=2,
+                allocations=30,
+                interval=0.5,
+                rest_seconds=1.0,
+                events=20,
+                singles=2,
+            )
+        )
+    finally:
+        plane.stop()
+    assert result["blocks"] == 20
+    assert result["startup"]["requests"]["APPLY cniippools/status"] == 3
+    rest = result["at_rest"]
+    assert rest["requests"] == {}
+    assert rest["events_ignored_by_the_accountant"] == rest["failed_scheduling_events"] == 20
+    burst = result["burst"]
+    assert burst["requests"]["APPLY cniipblocks/status"] == burst["blocks_written"] <= 20
+    assert burst["requests"]["APPLY cniippools/status"] <= 3
+    assert all(s < 5 for s in result["one_allocation"]["seconds_until_pool_status"])
+    assert "pool accounting on a real apiserver: 3 pools, 10 nodes, 20 blocks" in (
+        fleet_pools_apiserver.report(result)
+    )
 
 
 class PlacingClient:

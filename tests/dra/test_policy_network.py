@@ -78,7 +78,7 @@ def test_the_checkpoint_keeps_it_and_reads_records_of_before(tmp_path: Path) -> 
     layout = StateLayout(tmp_path)
     prepared = PreparedClaim(REF, ("pod-1",), (one(with_class(claim())),))
     data = prepared.to_json()
-    assert data["version"] == VERSION == 4
+    assert data["version"] == VERSION == 5
     assert PreparedClaim.from_json(data).devices[0].policy_network == "claim:ns/n"
     old = copy.deepcopy(data)
     old["version"] = 3

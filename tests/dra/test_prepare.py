@@ -574,3 +574,9 @@ async def test_a_claim_prepared_anew_is_told_once_for_its_event(tmp_path: Path) 
     message = prepared_message(told[0], "node-a")
     assert message.startswith("Prepared on node node-a: request ")
     assert " as " in message and " on " in message
+    # and an unprepare that removed it is told (the bandwidth keeper counts grants until then)
+    gone: list[ObjectRef] = []
+    preparer.on_unprepared = gone.append
+    await preparer.unprepare(ObjectRef("ns", "a", "u-a"))
+    await preparer.unprepare(ObjectRef("ns", "a", "u-a"))  # nothing left: not told again
+    assert [r.uid for r in gone] == ["u-a"]

@@ -15,7 +15,7 @@ import grpc
 
 from cnidra._proto.node.v1alpha1 import api_pb2 as api
 from cnidra._proto.node.v1alpha1 import api_pb2_grpc as api_grpc
-from cnidra.api.bandwidth import Rate
+from cnidra.api.bandwidth import DEFAULT_RULES, Rate, Terms
 from cnidra.datapath.shaping import Direction, NamespaceGone, Shaping
 from cnidra.nodeapi.service import NodeNetworksService, serve
 from cnidra.observe.interfaces import PodInterface
@@ -27,8 +27,8 @@ from tests.test_cli_outputs import cli
 LIMIT = Rate(100 * 10**6, 100 * 10**6)
 
 
-def direction(drops: int) -> Direction:
-    return Direction(LIMIT.rate, LIMIT.ceil, 125_000, 90, drops, 7, 0, 0)
+def direction(drops: int, limit: Rate = LIMIT) -> Direction:
+    return Direction(limit.rate, limit.ceil, 125_000, 90, drops, 7, 0, 0)
 
 
 class Reader:
@@ -54,7 +54,9 @@ async def shaped_pod(tmp_path: Path) -> Node:
     return node
 
 
-async def query(node: Node, reader: Reader, tmp_path: Path) -> tuple[api.PodNetwork, str]:
+async def query(
+    node: Node, reader: Reader, tmp_path: Path, pod_name: str = "a"
+) -> tuple[api.PodNetwork, str]:
     socket = tmp_path / "node.sock"
     service = NodeNetworksService(lambda: records(node), node.lifecycle.journal, limits=reader)
     server = await serve(service, socket)
@@ -62,10 +64,10 @@ async def query(node: Node, reader: Reader, tmp_path: Path) -> tuple[api.PodNetw
         async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
             client = api_grpc.NodeNetworksStub(channel)
             view = await client.QueryPodNetwork(
-                api.QueryPodNetworkRequest(namespace="ns", name="a")
+                api.QueryPodNetworkRequest(namespace="ns", name=pod_name)
             )
         described = await asyncio.to_thread(
-            cli, "node", "describe", "a", "-n", "ns", "--socket", str(socket)
+            cli, "node", "describe", pod_name, "-n", "ns", "--socket", str(socket)
         )
         assert described.exit_code == 0, described.output
         return view, str(described.output)
@@ -88,6 +90,33 @@ async def test_describe_shows_reserved_and_enforced_rates_and_drops(tmp_path: Pa
     assert "egress  enforced 100Mbit/s: 90 packets sent, 3 dropped, 7 overlimits" in described
     assert "ingress enforced 100Mbit/s: 90 packets sent, 0 dropped, 7 overlimits" in described
     assert described.count("bandwidth reserved") == 1
+
+
+async def test_describe_says_a_claim_that_reserved_nothing_holds_a_share(tmp_path: Path) -> None:
+    """Under whenUnreserved Leftover the interface's limit is no reservation: describe says
+    what it is (and the API: `held_as`)."""
+    node = Node.start(tmp_path, bandwidth=True)
+    link = 10**9
+    for claim, granted in (("open", None), ("fast", 400 * 10**6)):
+        prepare(
+            node.checkpoint,
+            claim,
+            f"{claim}-uid",
+            ("net1", network(claim, "macvlan")),
+            bandwidth=Terms(granted, link, DEFAULT_RULES, "gold"),
+            parent="eth1",
+        )
+    await node.hooks.run_pod_sandbox(pod("fast"))
+    await node.hooks.run_pod_sandbox(pod("open"))
+    share = Rate(600 * 10**6, 600 * 10**6)
+    reader = Reader({"net1": Shaping("net1", direction(0, share), direction(0, share), "x")})
+    view, described = await query(node, reader, tmp_path, pod_name="open")
+    [net1] = view.attachments
+    assert net1.held_as == "leftover" and net1.reserved.rate_bps == share.rate
+    assert (
+        "bandwidth reserved none; held to 600Mbit/s each way, its share of what the link's "
+        "reservations leave" in described
+    )
 
 
 async def test_a_limit_missing_or_unreadable_is_told_not_failed(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from cnidra._proto.nri.v1alpha1 import api_pb2 as nri
-from cnidra.api.bandwidth import Rate
+from cnidra.api.bandwidth import Rate, Terms
 from cnidra.api.ownership import owned_network, owned_network_name
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment
@@ -18,6 +18,7 @@ from cnidra.cni.errors import PluginError, PluginTimeout
 from cnidra.cni.invoke import Deadline, Invocation, PluginExec
 from cnidra.cni.runtime import CNIRuntime
 from cnidra.datapath.shaping import InterfaceNotFound, ShapingError
+from cnidra.nri.bandwidth import BandwidthKeeper
 from cnidra.nri.hooks import PodHooks
 from cnidra.nri.lifecycle import HookBudget, PodLifecycle, PolicyHook
 from cnidra.nri.reconcile import Reconciler
@@ -151,10 +152,13 @@ def prepare(
     on_demand: bool = False,
     rate: Rate | None = None,
     policy_network: str = "",
+    bandwidth: Terms | None = None,
+    parent: str = "",
 ) -> PreparedClaim:
     """Checkpoint a claim for one pod or several (a shared claim): devices are (ifName,
     network); `on_demand`: plugged through the node API, not at sandbox start; `rate`: the
-    rate limit every device is held to."""
+    rate limit every device is held to; `bandwidth`: what it is decided from (the rate is then
+    what prepare decides: `bandwidth.decide()`), on link `parent`."""
     ref = ObjectRef("ns", claim, f"{claim}-uid")
     prepared = PreparedClaim(
         ref,
@@ -169,8 +173,10 @@ def prepare(
                 f"dev{i}",
                 network_label=str(net["name"]).rsplit(".", 1)[-1],
                 on_demand=on_demand,
-                rate=rate,
+                rate=bandwidth.decide() if bandwidth is not None else rate,
                 policy_network=policy_network,
+                bandwidth=bandwidth,
+                parent=parent,
             )
             for i, (if_name, net) in enumerate(devices)
         ),
@@ -276,6 +282,7 @@ class Node:
     plugins: FakePlugins
     status: RecordingStatus
     gone: set[str]  # network namespaces that no longer exist
+    keeper: BandwidthKeeper | None = None  # with Node.start(bandwidth=True)
 
     @classmethod
     def start(
@@ -288,6 +295,7 @@ class Node:
         hold_from_attach: bool = False,
         shaper: FakeShaper | None = None,
         policy: PolicyHook | None = None,
+        bandwidth: bool = False,
     ) -> Node:
         """A fresh process over `root`: what is on disk is all it knows."""
         plugins = plugins or FakePlugins()
@@ -309,9 +317,20 @@ class Node:
             shaper=shaper if shaper is not None else FakeShaper(),
             policy=policy,
         )
+        keeper = None
+        if bandwidth:  # as the driver wires it (cnidra.agent.driver)
+            keeper = BandwidthKeeper(
+                lifecycle.store,
+                status,
+                lifecycle.locks,
+                shaper=lifecycle.setup.shaper,
+                checkpoint=lifecycle.checkpoint,
+            )
+            lifecycle.setup.bandwidth = keeper
+            keeper.replace_classes([])  # the DeviceClass LIST: none yet
         reconciler = Reconciler(lifecycle, layout.write_problem)
         hooks = PodHooks(lifecycle, reconciler, background=background)
-        return cls(lifecycle, reconciler, hooks, plugins, status, gone)
+        return cls(lifecycle, reconciler, hooks, plugins, status, gone, keeper)
 
     @property
     def store(self) -> SandboxStore:

@@ -6,8 +6,13 @@ through claims of the default class: `a` reserves 100M of the link's `bandwidth`
 directions (an HTB and an IFB of the pod's own, read back from the pod's namespace, and the
 claim's `BandwidthLimited` condition), and real TCP proves it: a and b push at once, out of
 their pods and then into them, and each gets its reservation within 10 %. c gets what the
-class says of a claim that reserved nothing (the shipped class: `whenUnreserved` Unlimited, so
-no limit, and TCP well above any reservation; a class with a rate would be held to it).
+class says of a claim that reserved nothing (the shipped class: `whenUnreserved` Leftover, the
+default, so what a and b leave of the link's 10 Gbit/s, 9.5 Gbit/s, which the driver keeps
+current as the pods come up, and TCP well above any reservation yet below that share; a class
+with a rate would be held to it, one with Unlimited to nothing). A claim's grant cannot change
+(the apiserver refuses a patch of a's allocation as immutable); the admin's class can: changed
+while the pods run (unreserved claims held to 200M), c follows, a and b keep their grants, and
+the class is put back.
 
 The parent is a host-only bridge (the `test_link` fixture) with one port, a veth whose other
 end sits in a namespace of the test's own, the sink: the pods' peer for every flow, never
@@ -44,6 +49,7 @@ from cnidra.api.bandwidth import (
     DEFAULT_RULES,
     BandwidthRules,
     format_rate,
+    leftover_share,
     parse_quantity,
 )
 from cnidra.api.constants import CONDITION_BANDWIDTH
@@ -145,6 +151,28 @@ def pod_claim(cluster: Cluster, namespace: str, pod: str) -> dict[str, Any]:
     status = cluster.get("pod", pod, namespace)["status"]
     [name] = [s["resourceClaimName"] for s in status["resourceClaimStatuses"]]
     return cluster.get("resourceclaim", name, namespace)
+
+
+def expected(rules: BandwidthRules, reserved: int | None) -> int | None:
+    """What a pod's interface is held to with all three up: its grant, else what the class
+    says of a claim that reserved nothing (Leftover: what a and b leave of the 10G link)."""
+    if reserved is not None:
+        return reserved
+    if rules.shares_leftover:
+        taken = sum(r for r in RESERVED.values() if r is not None)
+        sharers = sum(1 for r in RESERVED.values() if r is None)
+        return leftover_share(10_000 * M, taken, sharers)
+    return rules.floor_bps
+
+
+def saying(cluster: Cluster, namespace: str, pod: str, said: list[str]) -> dict[str, Any] | None:
+    """The pod's claim's entry once written Ready with `said` as its BandwidthLimited message
+    (none: no such condition), else None."""
+    entry = written(cluster, namespace, pod)
+    if entry is None:
+        return None
+    messages = [c["message"] for c in entry["conditions"] if c["type"] == CONDITION_BANDWIDTH]
+    return entry if messages == said else None
 
 
 def written(cluster: Cluster, namespace: str, pod: str) -> dict[str, Any] | None:
@@ -250,15 +278,18 @@ def test_two_pods_on_one_parent_each_get_their_reservation_at_once_in_both_direc
             assert granted is None or parse_quantity(granted) == 0, result
         else:
             assert parse_quantity(granted) == reserved, result
-        entry = cluster.wait(f"{pod}'s claim status", partial(written, cluster, namespace, pod), 30)
-        limited = [c for c in entry["conditions"] if c["type"] == CONDITION_BANDWIDTH]
-        held = reserved if reserved is not None else rules.floor_bps
-        if held is None:
-            assert not limited, entry["conditions"]
-        else:
-            assert [c["message"] for c in limited] == [
-                f"{IF_NAME} is held to {format_rate(held)}bit/s in each direction"
-            ]
+        held = expected(rules, reserved)
+        said = (
+            []
+            if held is None
+            else [f"{IF_NAME} is held to {format_rate(held)}bit/s in each direction"]
+        )
+        # (a share changes as the other pods come up: the driver's keeper follows, shortly)
+        entry = cluster.wait(
+            f"{pod}'s claim status to say {said}",
+            partial(saying, cluster, namespace, pod, said),
+            30,
+        )
         [addresses[pod]] = [ip.partition("/")[0] for ip in entry["networkData"]["ips"]]
         netnses[pod] = sandbox_netns(cluster, namespace, pod)
         tc = shaping.read(netnses[pod], IF_NAME)
@@ -287,10 +318,15 @@ def test_two_pods_on_one_parent_each_get_their_reservation_at_once_in_both_direc
                 f"{pod} reserved {format_rate(reserved)}bit/s and got "
                 f"{measured.mbps[pod]:.1f} Mbit/s {way} its pod beside the other: {measured}"
             )
-    floor = rules.floor_bps
+    floor = expected(rules, None)
     for way, measured in (("out of", c_out), ("into", c_into)):
         got = measured.mbps["c"]
-        if floor is None:
+        if floor is not None and rules.shares_leftover:  # CPU-bound below its share here
+            assert UNLIMITED_FLOOR_MBPS < got <= floor / M, (
+                f"c reserved nothing, the class shares what a and b leave, "
+                f"{format_rate(floor)}bit/s, and it got {got:.1f} Mbit/s {way} its pod: {measured}"
+            )
+        elif floor is None:
             assert got > UNLIMITED_FLOOR_MBPS, (
                 f"c reserved nothing, the class says {rules.when_unreserved}, and it got "
                 f"{got:.1f} Mbit/s {way} its pod: {measured}"
@@ -303,3 +339,52 @@ def test_two_pods_on_one_parent_each_get_their_reservation_at_once_in_both_direc
         assert tc.egress is not None and tc.ingress is not None
         for direction in (tc.egress, tc.ingress):
             assert direction.overlimits > 0 and direction.sent_bytes > 0, tc
+
+    grant_cannot_change(cluster, namespace)
+    class_change_is_followed(cluster, namespace, netnses)
+
+
+def grant_cannot_change(cluster: Cluster, namespace: str) -> None:
+    """Kubernetes 1.37 refuses a change to a claim's allocation once set (so its grant is what
+    the pod keeps; docs/configuration.md, "While the pod runs"): a's grant, raised by a
+    patch of the status subresource, is refused ("field cannot be modified once set")."""
+    name = pod_claim(cluster, namespace, "a")["metadata"]["name"]
+    path = "/status/allocation/devices/results/0/consumedCapacity/bandwidth"
+    refused = cluster.kubectl(
+        "patch", "resourceclaim", name, "-n", namespace, "--subresource=status",
+        "--type=json", "-p", json.dumps([{"op": "replace", "path": path, "value": "900M"}]),
+        check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0, refused.stdout
+    said = "status.allocation: Invalid value: null: field cannot be modified once set"
+    assert said in refused.stderr, refused.stderr
+    [result] = pod_claim(cluster, namespace, "a")["status"]["allocation"]["devices"]["results"]
+    assert parse_quantity(result["consumedCapacity"]["bandwidth"]) == RESERVED["a"]
+
+
+def class_change_is_followed(cluster: Cluster, namespace: str, netnses: dict[str, Path]) -> None:
+    """The admin changes the class while the pods run: its claims that reserved nothing are
+    now held to 200M; the driver follows (a claim's grant itself cannot change: a and b keep
+    theirs). The class is put back as it was."""
+    klass = cluster.get("deviceclass", DEFAULT_CLASS, namespace=None)
+    changed = json.loads(json.dumps(klass))
+    for config in changed["spec"]["config"]:
+        parameters = config["opaque"]["parameters"]
+        if config["opaque"]["driver"] == DRIVER and parameters["kind"] == "CNIPolicy":
+            rules = parameters.get("bandwidth") or {}
+            parameters["bandwidth"] = {**rules, "whenUnreserved": "200M"}
+    cluster.kubectl("replace", "-f", "-", input_=json.dumps(changed))
+    try:
+        said = [f"{IF_NAME} is held to 200Mbit/s in each direction"]
+        cluster.wait("c's claim to say 200M", partial(saying, cluster, namespace, "c", said), 30)
+        tc = shaping.read(netnses["c"], IF_NAME)
+        assert tc.egress is not None and tc.ingress is not None, tc
+        for direction in (tc.egress, tc.ingress):
+            assert (direction.rate, direction.ceil) == (200 * M, 200 * M), tc
+        for pod in ("a", "b"):  # the grants hold
+            tc = shaping.read(netnses[pod], IF_NAME)
+            assert tc.egress is not None and tc.egress.rate == RESERVED[pod], tc
+    finally:
+        restored = cluster.get("deviceclass", DEFAULT_CLASS, namespace=None)
+        restored["spec"] = klass["spec"]
+        cluster.kubectl("replace", "-f", "-", input_=json.dumps(restored))

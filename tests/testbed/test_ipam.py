@@ -18,13 +18,14 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
+from cnidra.ipam.accounting import LEASE_NAME
 from testbed import cluster as tb
 from testbed.harness import ROOT, Cluster, DriverProcess, read_checkpoint
 from tests.testbed.conftest import Drivers
@@ -42,6 +43,8 @@ RECONCILE = {
     "ipam_reconcile_seconds": "1",
     "ipam_grace_seconds": "5",
     "pool_status_seconds": "1",  # blocks' and pools' counts (the default, 5 s, also passes)
+    # the accountant's Lease (default 60 s): a killed accountant is replaced within seconds
+    "pool_accountant_lease_seconds": "6",
 }
 NODE2_SETTINGS = RECONCILE  # node2_driver's (conftest)
 
@@ -209,6 +212,59 @@ def network_device_of(cluster: Cluster, network: str, node: tb.Node) -> dict[str
     return device
 
 
+def lease_holder(cluster: Cluster) -> str:
+    """The driver (its node) holding the pool accountant's Lease; "" when there is none."""
+    found = cluster.kubectl(
+        "get", "lease", LEASE_NAME, "-n", "default", "-o",
+        "jsonpath={.spec.holderIdentity}", check=False,
+    )  # fmt: skip
+    return found.stdout.strip() if found.returncode == 0 else ""
+
+
+def test_the_pool_accountant_fails_over_to_the_other_node(
+    cluster: Cluster,
+    ns: str,
+    node1: DriverProcess,
+    node2: DriverProcess,
+    ip_pools: Callable[..., str],
+) -> None:
+    """The driver holding the accountant's Lease is killed (SIGKILL: no release); the other
+    node's driver takes the Lease once it lapsed, within the lease and one candidate's
+    interval (2 x 6 s here, with its jitter), and the pools' status goes on being written: a
+    pool made after the kill is counted by the new holder. It runs before the exhausted-pool
+    test below, which then sees the new holder name the pool in Events."""
+    lease = float(RECONCILE["pool_accountant_lease_seconds"])
+    drivers = {tb.NODE1.name: node1, tb.NODE2.name: node2}
+
+    def holder() -> str:
+        return lease_holder(cluster)
+
+    def counted(pool: str) -> object:
+        return (cluster.get("cniippool", pool, None).get("status") or {}).get("size")
+
+    first = cluster.wait("a driver to hold the Lease", lambda: holder() in drivers and holder(), 30)
+    before = ip_pools("198.18.143.0/28", ns)
+    cluster.wait(f"{first} to count a new pool", lambda: counted(before), 30)
+    [other] = [name for name in drivers if name != first]
+    started = time.monotonic()
+    drivers[first].stop(signal.SIGKILL)
+    try:
+        cluster.wait(f"{other} to take the Lease", lambda: holder() == other, 2.2 * lease + 10)
+        took = time.monotonic() - started
+        print(f"\nthe Lease moved from {first} to {other} {took:.1f} s after the kill")
+        assert took <= 2.2 * lease + 3, f"took {took:.1f} s for a {lease:g} s Lease"
+        after = ip_pools("198.18.143.16/28", ns)
+        cluster.wait(f"{other} to count a pool made after the kill", lambda: counted(after), 20)
+    finally:
+        drivers[first].start()
+        cluster.wait(
+            f"{first}'s NRI plugin to connect",
+            lambda: drivers[first].health().get("nriConnected"),
+            60,
+        )
+    assert holder() == other  # the restarted driver waits for its turn
+
+
 def test_an_exhausted_pool_keeps_the_pod_pending_naming_the_pool(
     cluster: Cluster, ns: str, network: str
 ) -> None:
@@ -268,6 +324,7 @@ def test_an_exhausted_pool_keeps_the_pod_pending_naming_the_pool(
     cluster.wait(
         "p3's Events to name the pool", lambda: any(said in m for m in exhausted("p3")), 30
     )
+    print(f"\nPoolExhausted named by the accountant on {lease_holder(cluster)}")
     statuses = cluster.get("pod", "p3", ns)["status"].get("resourceClaimStatuses") or []
     [claim] = [s["resourceClaimName"] for s in statuses if s.get("resourceClaimName")]
     cluster.wait(  # written right after the pod's
