@@ -40,6 +40,15 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if isinstance(meta, Mapping) else {}
 
 
+def _lean(claim: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The claim without `metadata.managedFields`, which prepare never reads (measured: 41 % of
+    a kept claim's 13.3 KB, bench.fleet)."""
+    meta = claim.get("metadata")
+    if not isinstance(meta, Mapping) or "managedFields" not in meta:
+        return claim
+    return {**claim, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
 def _str(value: object) -> str:
     return value if isinstance(value, str) else ""
 
@@ -100,9 +109,13 @@ class ClaimsAhead:
         if old is not None and old != uid:
             self._entries.pop(old, None)
         self._uids[(namespace, name)] = uid
-        self._entries[uid] = _Entry(uid, version, claim, self.clock() + self.ttl)
+        now = self.clock()
+        self._entries[uid] = _Entry(uid, version, _lean(claim), now + self.ttl)
         self._entries.move_to_end(uid)
-        while len(self._entries) > self.size:
+        # the oldest first: the expired ones, then any beyond the bound
+        while self._entries and (
+            len(self._entries) > self.size or next(iter(self._entries.values())).until <= now
+        ):
             _, dropped = self._entries.popitem(last=False)
             meta = _meta(dropped.claim)
             self._uids.pop((_str(meta.get("namespace")), _str(meta.get("name"))), None)
@@ -133,6 +146,10 @@ class ClaimsAhead:
             return None
         self.hits += 1
         metrics.CLAIMS_AHEAD.labels("hit").inc()
+        # used once: kubelet prepares a claim once (again after its own restart, which GETs)
+        self._entries.pop(ref.uid, None)
+        if self._uids.get((ref.namespace, ref.name)) == ref.uid:
+            del self._uids[(ref.namespace, ref.name)]
         return entry.claim
 
 

@@ -191,6 +191,37 @@ def test_the_cache_is_bounded() -> None:
     assert cache.ready(ObjectRef("ns", "c0", "u0")) is None
 
 
+def test_a_kept_claim_is_used_once_and_without_its_managed_fields() -> None:
+    """bench.fleet measured 13.3 KB a kept claim, 41 % of it managedFields, which prepare never
+    reads; kubelet prepares a claim once, so a hit frees its entry."""
+    cache = ClaimsAhead()
+    c = stored()
+    c["metadata"].update(uid="uid-1", managedFields=[{"manager": "kube-scheduler"}] * 20)
+    assert cache.put(c)
+    got = cache.ready(REF)
+    assert got is not None and "managedFields" not in got["metadata"]
+    assert got["metadata"]["resourceVersion"] == "7" and got["status"] == c["status"]
+    assert "managedFields" in c["metadata"]  # the caller's object untouched
+    assert len(cache) == 0 and not cache._uids
+    assert cache.ready(REF) is None  # a second prepare GETs
+
+
+def test_expired_claims_are_swept_when_others_are_kept() -> None:
+    """A pod whose claim was read but never prepared here (deleted first) does not hold its
+    entry until the bound pushes it out."""
+    now = [0.0]
+    cache = ClaimsAhead(ttl=1.0, clock=lambda: now[0])
+    for i in range(10):
+        c = stored()
+        c["metadata"].update(name=f"c{i}", uid=f"u{i}")
+        cache.put(c)
+    now[0] += 2.0
+    c = stored()
+    c["metadata"].update(name="fresh", uid="u-fresh")
+    cache.put(c)
+    assert len(cache) == 1 and set(cache._uids) == {("ns", "fresh")}
+
+
 async def test_pending_reads_are_bounded() -> None:
     gate = asyncio.Event()
 
