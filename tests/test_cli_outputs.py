@@ -81,3 +81,22 @@ async def test_node_commands_print_every_output(tmp_path: Path) -> None:
         assert "sandbox" in (await run("events", "-o", "wide")).splitlines()[0]
     finally:
         await server.stop(grace=None)
+
+
+def test_an_ipv6_address_is_printed_as_written_not_as_emoji(tmp_path: Path) -> None:
+    """rich turns `:b:` into an emoji unless told not to: `2001:db8:a:b::1` has one."""
+    pool = {
+        "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+        "kind": "CNIIPPool",
+        "metadata": {"name": "p"},
+        "spec": {
+            "ranges": [{"subnet": "2001:db8:c::/64"}],
+            "reservations": [{"address": "2001:db8:a:b::1", "pod": "ns/db-0"}],
+        },
+    }
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump(pool))
+    for args in (["validate", str(path)], ["validate", "-o", "wide", str(path)]):
+        result = cli(*args)
+        assert result.exit_code == 1, result.output
+        assert "2001:db8:a:b::1 is not in the pool's ranges" in result.output, result.output

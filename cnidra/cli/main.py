@@ -344,7 +344,7 @@ def validate(
     else:
         from rich.console import Console
 
-        print_text(reports, Console(soft_wrap=True), wide=output == "wide")
+        print_text(reports, Console(soft_wrap=True, emoji=False), wide=output == "wide")
     if missing:
         raise typer.Exit(EXIT_USAGE)
     raise typer.Exit(0 if result["valid"] else EXIT_INVALID)
