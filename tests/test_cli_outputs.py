@@ -100,3 +100,17 @@ def test_an_ipv6_address_is_printed_as_written_not_as_emoji(tmp_path: Path) -> N
         result = cli(*args)
         assert result.exit_code == 1, result.output
         assert "2001:db8:a:b::1 is not in the pool's ranges" in result.output, result.output
+
+
+def test_try_refuses_two_pods_claims_naming_one_interface(tmp_path: Path) -> None:
+    """A converted file's two workloads each name net1: try runs one pod's claims, so it says
+    so (before anything runs) instead of failing in the plugin."""
+    docs = [d for d in yaml.safe_load_all(Path(EXAMPLE).read_text()) if d]
+    [claim] = [d for d in docs if d["kind"] == "ResourceClaim"]
+    other = yaml.safe_load(yaml.safe_dump(claim))
+    other["metadata"]["name"] = "second"
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump_all([*docs, other]))
+    result = cli("try", str(path))
+    assert result.exit_code == 2, result.output
+    assert "both name interface" in result.output and "one workload's" in result.output
