@@ -81,3 +81,36 @@ async def test_node_commands_print_every_output(tmp_path: Path) -> None:
         assert "sandbox" in (await run("events", "-o", "wide")).splitlines()[0]
     finally:
         await server.stop(grace=None)
+
+
+def test_an_ipv6_address_is_printed_as_written_not_as_emoji(tmp_path: Path) -> None:
+    """rich turns `:b:` into an emoji unless told not to: `2001:db8:a:b::1` has one."""
+    pool = {
+        "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+        "kind": "CNIIPPool",
+        "metadata": {"name": "p"},
+        "spec": {
+            "ranges": [{"subnet": "2001:db8:c::/64"}],
+            "reservations": [{"address": "2001:db8:a:b::1", "pod": "ns/db-0"}],
+        },
+    }
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump(pool))
+    for args in (["validate", str(path)], ["validate", "-o", "wide", str(path)]):
+        result = cli(*args)
+        assert result.exit_code == 1, result.output
+        assert "2001:db8:a:b::1 is not in the pool's ranges" in result.output, result.output
+
+
+def test_try_refuses_two_pods_claims_naming_one_interface(tmp_path: Path) -> None:
+    """A converted file's two workloads each name net1: try runs one pod's claims, so it says
+    so (before anything runs) instead of failing in the plugin."""
+    docs = [d for d in yaml.safe_load_all(Path(EXAMPLE).read_text()) if d]
+    [claim] = [d for d in docs if d["kind"] == "ResourceClaim"]
+    other = yaml.safe_load(yaml.safe_dump(claim))
+    other["metadata"]["name"] = "second"
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump_all([*docs, other]))
+    result = cli("try", str(path))
+    assert result.exit_code == 2, result.output
+    assert "both name interface" in result.output and "one workload's" in result.output

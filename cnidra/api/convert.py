@@ -147,6 +147,9 @@ class Held:
     address: ipaddress.IPv4Address | ipaddress.IPv6Address
     pod: str
     source: str  # the whereabouts object that says so, for messages
+    # whereabouts' network_name the object belongs to ("" none), None when its name does not
+    # say (it then counts for any network whose range holds the address)
+    network: str | None = None
 
 
 @dataclass
@@ -231,6 +234,26 @@ def read_held(docs: Sequence[Any]) -> tuple[list[Held], list[str]]:
     return held, notes
 
 
+NO_POD = "no pod recorded"  # an allocation whose podref whereabouts did not write
+
+
+def _object_name_only(doc: Mapping[str, Any]) -> str:
+    meta = doc.get("metadata")
+    return str((meta if isinstance(meta, Mapping) else {}).get("name") or "")
+
+
+def _network_of(name: str, range_: str) -> str | None:
+    """The whereabouts network (`network_name`) an IPPool belongs to, from its name:
+    whereabouts names it after the range (`/` and `:` written `-`), after the network's name
+    and a `-` when it has one. None when the name says neither."""
+    normalized = range_.replace(":", "-").replace("/", "-")
+    if name == normalized:
+        return ""
+    if name.endswith(f"-{normalized}"):
+        return name[: -len(normalized) - 1]
+    return None
+
+
 def _object_name(doc: Mapping[str, Any]) -> str:
     meta = doc.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
@@ -255,6 +278,7 @@ def _pool_allocations(doc: Mapping[str, Any]) -> tuple[list[Held], str | None]:
         return [], f"{what}: spec.allocations is not a map of offsets; its addresses are not read"
     held: list[Held] = []
     bad: list[str] = []
+    network = _network_of(_object_name_only(doc), str(spec.get("range")))
     for offset, allocation in allocations.items():
         try:
             number = int(str(offset), 10)
@@ -266,7 +290,7 @@ def _pool_allocations(doc: Mapping[str, Any]) -> tuple[list[Held], str | None]:
             bad.append(str(offset))
             continue
         pod = allocation.get("podref") if isinstance(allocation, Mapping) else None
-        held.append(Held(address, str(pod or "?"), what))
+        held.append(Held(address, str(pod or NO_POD), what, network))
     problem = None
     if bad:
         problem = (
@@ -288,12 +312,13 @@ def _reservation(doc: Mapping[str, Any]) -> tuple[list[Held], str | None]:
     found: dict[Any, Held] = {}
     for start in cut:
         tail = name[start:]
+        network = name[: start - 1] if start else ""  # what comes before the address
         for text in (tail, tail.replace("-", ":")):
             try:
                 address = ipaddress.ip_address(text)
             except ValueError:
                 continue
-            found.setdefault(address, Held(address, str(pod or "?"), what))
+            found.setdefault(address, Held(address, str(pod or NO_POD), what, network))
     if not found:
         return [], f"{what}: its name is not an address, so what it reserves is not known"
     return list(found.values()), None
@@ -507,9 +532,11 @@ def adapt(
             notes.append(
                 f"{what}: whereabouts IPAM became CNIIPPool {pool['metadata']['name']} (emitted "
                 "above; apply it once, as the admin: pools are cluster-scoped) and "
-                '{"type": "cnidra"} IPAM'
+                f'{{"type": "cnidra", "pool": "{pool["metadata"]["name"]}"}} IPAM'
             )
-            notes.append(_reserve_held(pool, held, what))
+            notes += _dropped_whereabouts_fields(ipam, what)
+            network = str(ipam.get("network_name") or "")
+            notes.append(_reserve_held(pool, held, what, network))
         elif isinstance(ipam, dict) and ipam.get("type") == "host-local":
             pool, kept, pool_notes = _host_local_pool(ipam, source, what, served)
             extra.append(pool)
@@ -655,7 +682,25 @@ def _address_in(
     return address
 
 
-def _reserve_held(pool: dict[str, Any], held: Sequence[Held], what: str) -> str:
+# whereabouts IPAM fields a pool carries (or the note on network_name does)
+WHEREABOUTS_CARRIED = {
+    "type", "range", "range_start", "range_end", "exclude", "gateway", "ipRanges", "routes",
+    "dns", "network_name",
+}  # fmt: skip
+
+
+def _dropped_whereabouts_fields(ipam: Mapping[str, Any], what: str) -> list[str]:
+    dropped = sorted(k for k in ipam if k not in WHEREABOUTS_CARRIED)
+    if not dropped:
+        return []
+    return [
+        f"{what}: whereabouts {', '.join(dropped)} dropped: they configure whereabouts itself "
+        "(its datastore, kubeconfig, logs, overlapping ranges), which a CNIIPPool does not need "
+        "(the driver keeps the pool's state)"
+    ]
+
+
+def _reserve_held(pool: dict[str, Any], held: Sequence[Held], what: str, network: str = "") -> str:
     """The addresses whereabouts holds in a pool's ranges become the pool's reservations, each
     for the pod whereabouts gave it to (its podref, `namespace/name`): that pod gets it back
     under cnidra when it keeps its name (a StatefulSet's), and no other pod gets one while
@@ -665,9 +710,14 @@ def _reserve_held(pool: dict[str, Any], held: Sequence[Held], what: str) -> str:
     spec = pool["spec"]
     subnets = [ipaddress.ip_network(r["subnet"]) for r in spec["ranges"]]
     inside: dict[Any, Held] = {}
+    disputed: dict[Any, set[str]] = {}
     for h in held:
+        if h.network is not None and h.network != network:
+            continue  # another whereabouts network's (network_name), even in the same range
         if any(h.address.version == n.version and h.address in n for n in subnets):
-            inside.setdefault(h.address, h)
+            first = inside.setdefault(h.address, h)
+            if first.pod != h.pod:
+                disputed.setdefault(h.address, {first.pod}).add(h.pod)
     if not inside:
         if held:
             return (
@@ -687,10 +737,14 @@ def _reserve_held(pool: dict[str, Any], held: Sequence[Held], what: str) -> str:
     reservations: list[dict[str, str]] = []
     families: set[tuple[str, int]] = set()
     excluded: list[Held] = []
+    never: list[Held] = []
     for address, h in sorted(inside.items(), key=lambda kv: (kv[0].version, int(kv[0]))):
         if not checked.hands_out(address):
-            continue  # the gateway or excluded already: never handed out
-        if pod_ref_problem(h.pod) is None and (h.pod, address.version) not in families:
+            never.append(h)  # the gateway, excluded, a network or broadcast address
+            continue
+        if address in disputed:
+            excluded.append(h)
+        elif pod_ref_problem(h.pod) is None and (h.pod, address.version) not in families:
             families.add((h.pod, address.version))
             reservations.append({"address": str(address), "pod": h.pod})
         else:
@@ -705,21 +759,48 @@ def _reserve_held(pool: dict[str, Any], held: Sequence[Held], what: str) -> str:
             same = [n for n in [*networks, *extra] if n.version == version]
             merged += ipaddress.collapse_addresses(same)
         spec["exclude"] = [str(n) for n in merged]
-    shown = ", ".join(f"{r['address']} ({r['pod']})" for r in reservations[:10])
-    more = f" and {len(reservations) - 10} more" if len(reservations) > 10 else ""
-    parts = [
-        f"{what}: the {len(reservations)} address(es) whereabouts holds in CNIIPPool {name}'s "
-        f"ranges are reserved for the pods holding them (spec.reservations): {shown}{more}. A "
-        "pod that keeps its name under cnidra (a StatefulSet's) gets its address back; no "
-        "other pod gets one, so nothing is handed out twice while Multus' pods run beside "
-        "cnidra's. Once the Multus pods are gone, delete the reservations of pods that will "
-        "not come back under their names (a Deployment's)"
-    ]
-    if excluded:
-        listed = ", ".join(f"{h.address} ({h.pod})" for h in excluded[:10])
+    return _reserved_note(what, name, reservations, excluded, never, disputed)
+
+
+def _reserved_note(
+    what: str,
+    name: str,
+    reservations: Sequence[Mapping[str, str]],
+    excluded: Sequence[Held],
+    never: Sequence[Held],
+    disputed: Mapping[Any, set[str]],
+) -> str:
+    """What became of the addresses whereabouts holds in a pool's ranges, and to whom."""
+    parts = []
+    if reservations:
+        shown = ", ".join(f"{r['address']} ({r['pod']})" for r in reservations[:10])
+        more = f" and {len(reservations) - 10} more" if len(reservations) > 10 else ""
         parts.append(
-            f"{len(excluded)} held by no pod name cnidra can key (or a second address of one "
-            f"family for one pod) are in its exclude instead: {listed}"
+            f"{what}: the {len(reservations)} address(es) whereabouts holds in CNIIPPool "
+            f"{name}'s ranges are reserved for the pods holding them (spec.reservations): "
+            f"{shown}{more}. A pod that keeps its name under cnidra (a StatefulSet's) gets its "
+            "address back; no other pod gets one, so nothing is handed out twice while Multus' "
+            "pods run beside cnidra's. Once the Multus pods are gone, delete the reservations "
+            "of pods that will not come back under their names (a Deployment's)"
+        )
+    else:
+        parts.append(f"{what}: no address whereabouts holds can be reserved in CNIIPPool {name}")
+    if excluded:
+        listed = ", ".join(
+            f"{h.address} ({' and '.join(sorted(disputed.get(h.address, {h.pod})))})"
+            for h in excluded[:10]
+        )
+        parts.append(
+            f"{len(excluded)} are in its exclude instead, reserved for no one: held by no pod "
+            "name, by two pods at once in the objects given (an IPPool and an "
+            "OverlappingRangeIPReservation that disagree), or a second address of one family "
+            f"for one pod: {listed}; the pods holding them get new addresses under cnidra"
+        )
+    if never:
+        listed = ", ".join(f"{h.address} ({h.pod})" for h in never[:10])
+        parts.append(
+            f"{len(never)} the pool never hands out (its gateway, excluded, or a network or "
+            f"broadcast address), so their pods get new addresses under cnidra: {listed}"
         )
     return "; ".join(parts)
 

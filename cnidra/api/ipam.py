@@ -30,7 +30,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from cnidra.api.constants import API_GROUP, API_VERSION
 
@@ -55,6 +62,7 @@ CONDITION_IPS_ALLOCATED = "IPsAllocated"
 POOL_NAME_MAX = 200
 BLOCK_SIZE_DEFAULT = 16
 BLOCK_SIZE_MAX = 1024
+RESERVATIONS_MAX = 10_000
 _OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -123,13 +131,18 @@ class Route(BaseModel):
 def pod_ref_problem(ref: Any) -> str | None:
     """Why `ref` is not a pod's `namespace/name` (whereabouts' podref shape)."""
     if not isinstance(ref, str) or ref.count("/") != 1:
-        return f"{ref!r} is not namespace/name"
+        return f"{_shown(ref)} is not namespace/name"
     namespace, name = ref.split("/")
     if len(namespace) > 63 or not _NAMESPACE.match(namespace):
-        return f"{ref!r}: {namespace!r} is not a namespace name"
+        return f"{_shown(namespace)} is not a namespace name (lower-case, at most 63)"
     if len(name) > 253 or not _OBJECT_NAME.match(name):
-        return f"{ref!r}: {name!r} is not a pod name"
+        return f"{_shown(name)} is not a pod name (lower-case, at most 253)"
     return None
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-1]}"
 
 
 class Reservation(BaseModel):
@@ -140,12 +153,29 @@ class Reservation(BaseModel):
     address: Address
     pod: str
 
-    @model_validator(mode="after")
-    def _pod(self) -> Reservation:
-        problem = pod_ref_problem(self.pod)
+    @field_validator("address", mode="before")
+    @classmethod
+    def _address(cls, value: Any) -> Address:
+        """A string, as the CRD has it (YAML's 169082901 or true is no address), one IPv4 or
+        IPv6 address written plainly: no prefix, no zone (`%eth0` would make two spellings of
+        one address), no leading zeros."""
+        if not isinstance(value, str):
+            raise ValueError(f"{_shown(value)} is not a string holding an IPv4 or IPv6 address")
+        try:
+            address = ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{_shown(value)} is not an IPv4 or IPv6 address") from None
+        if isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None:
+            raise ValueError(f"{_shown(value)} has a zone (%...): write the address alone")
+        return address
+
+    @field_validator("pod", mode="before")
+    @classmethod
+    def _pod(cls, value: Any) -> str:
+        problem = pod_ref_problem(value)
         if problem:
-            raise ValueError(f"pod: {problem}")
-        return self
+            raise ValueError(problem)
+        return str(value)
 
 
 class PoolSpec(BaseModel):
@@ -156,7 +186,8 @@ class PoolSpec(BaseModel):
     block_size: int = Field(BLOCK_SIZE_DEFAULT, alias="blockSize", ge=1, le=BLOCK_SIZE_MAX)
     allow_persistent_ips: bool = Field(False, alias="allowPersistentIPs")
     namespaces: list[str] | None = None
-    reservations: list[Reservation] = Field(default_factory=list)
+    # a pool object stays well under etcd's 1.5 MiB with the most (the CRD's maxItems too)
+    reservations: list[Reservation] = Field(default_factory=list, max_length=RESERVATIONS_MAX)
 
     @model_validator(mode="after")
     def _shape(self) -> PoolSpec:
@@ -508,7 +539,8 @@ def pool_from_object(obj: Mapping[str, Any]) -> Pool:
         spec = PoolSpec.model_validate(obj.get("spec") or {})
     except ValidationError as exc:
         first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+        loc = loc.removeprefix(".")
         message = str(first["msg"]).removeprefix("Value error, ")
         where = f"spec.{loc}: " if loc else "spec."  # the spec's own rules name their field
         raise PoolError(f"{POOL_KIND} {name} is invalid: {where}{message}") from None
@@ -639,6 +671,7 @@ def pool_crd() -> dict[str, Any]:
             "namespaces": {"type": "array", "items": {"type": "string"}},
             "reservations": {
                 "type": "array",
+                "maxItems": RESERVATIONS_MAX,
                 "description": "Addresses pinned to pods by name (namespace/name): that pod "
                 "gets its address wherever it runs, no other pod ever does.",
                 "items": {

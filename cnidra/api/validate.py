@@ -335,15 +335,27 @@ def validate_document(
         report.kind = "conflist" if "plugins" in doc else "conf"
         validate_network_config(doc, ROOT, issues, complete=True)
     else:
+        _not_judged(doc, report, issues)
+    return report
+
+
+def _not_judged(doc: Mapping[str, Any], report: DocumentReport, issues: Issues) -> None:
+    """An object of another kind (an IPAMClaim, whereabouts' IPPool) is skipped, as another
+    driver's claims are; a document whose kind is missing or not a string is a warning."""
+    validated = (
+        f"cnidra validates ResourceClaim, ResourceClaimTemplate, DeviceClass, CNIConfig, "
+        f"{NETWORK_KIND}, {POOL_KIND}, {NAD_KIND}, {MNP_KIND}, {ADMIN_KIND}, Namespace (its "
+        "labels), CNI conf files (type or plugins) and the claims of a Pod (or a workload's pod "
+        "template)"
+    )
+    if isinstance(doc.get("kind"), str) and doc["kind"]:
+        report.skipped = f"not a kind cnidra judges ({validated})"
+    else:
         issues.warn(
             ROOT / "kind",
-            f"skipped: cnidra validates ResourceClaim, ResourceClaimTemplate, DeviceClass, "
-            f"CNIConfig, {NETWORK_KIND}, {POOL_KIND}, {NAD_KIND}, {MNP_KIND}, {ADMIN_KIND}, "
-            "Namespace (its labels), CNI conf files (type or "
-            "plugins) and the claims of a Pod (or a workload's pod template), not "
+            f"skipped: {validated}, not "
             + (describe(doc["kind"]) if "kind" in doc else "a document without kind"),
         )
-    return report
 
 
 def _validate_policy_side(doc: Mapping[str, Any], kind: str, issues: Issues) -> None:

@@ -9,6 +9,7 @@ import os
 import re
 import sys
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -344,7 +345,7 @@ def validate(
     else:
         from rich.console import Console
 
-        print_text(reports, Console(soft_wrap=True), wide=output == "wide")
+        print_text(reports, Console(soft_wrap=True, emoji=False), wide=output == "wide")
     if missing:
         raise typer.Exit(EXIT_USAGE)
     raise typer.Exit(0 if result["valid"] else EXIT_INVALID)
@@ -587,6 +588,9 @@ def try_(
                 else "no requests for driver cni.dra.networking.x-k8s.io"
             )
         )
+    clash = _one_pods_names(attachments)
+    if clash:
+        raise usage_error(f"{file}: {clash}")
     if os.geteuid() != 0 and not netns_path:
         raise usage_error(
             "cnidra try runs the plugins as the driver does, in network namespaces it creates, "
@@ -604,6 +608,22 @@ def try_(
     err.print(f"[bold]ADD[/] {len(attachments)} attachment(s) in {where}", highlight=False)
     outcome = execute(plan, [p for p in cni_path.split(":") if p], state_dir, timeout)
     raise typer.Exit(_told(outcome, output))
+
+
+def _one_pods_names(attachments: Sequence[Any]) -> str | None:
+    """try runs every claim of the input in one pod: two that name one interface are two
+    pods' (a converted file's two workloads), which it cannot run together."""
+    seen: dict[str, str] = {}
+    for att in attachments:
+        where = f"{att.claim.namespace}/{att.claim.name}"
+        other = seen.setdefault(att.if_name, where)
+        if other != where:
+            return (
+                f"claims {other} and {where} both name interface {att.if_name}: try runs one "
+                "pod's claims (one workload's), each interface name once; give it one "
+                "workload's claim template at a time"
+            )
+    return None
 
 
 def _told(outcome: Any, output: str) -> int:

@@ -36,7 +36,8 @@ class LazyConsole:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(**self.options)
+            # no emoji codes: an IPv6 address is full of them (`2001:db8:a:b::1` has `:b:`)
+            self._console = Console(**{"emoji": False, **self.options})
         return self._console
 
     def print(self, *objects: Any, **options: Any) -> None:

@@ -179,6 +179,10 @@ def pool_note(used: Mapping[str, Sequence[str]], pools: Mapping[str, Pool]) -> s
     caveats = []
     if any(len(n) > 1 for n in used.values()):
         caveats.append("networks sharing a pool each keep their own store, so may get one address")
+    if any(pools[p].spec.reservations for p in used):
+        caveats.append(
+            "the pool's reservations are left out, as for any pod but the ones they name"
+        )
     if any(r.gateway is None for p in used for r in pools[p].spec.ranges):
         caveats.append(
             "host-local takes a range's first address as its gateway where the pool names none"
@@ -242,11 +246,13 @@ def local_pool_ipam(
 def host_local_ipam(pool: Pool, ipam: Mapping[str, Any], where: str) -> dict[str, Any]:
     """host-local's IPAM config handing out what the pool hands out: one range set per
     address family (a pod gets one address of each, as from the pool), each the pool's range
-    (rangeStart to rangeEnd) with its exclusions cut out, the gateway (which host-local skips),
-    the pool's routes and then the network's own."""
+    (rangeStart to rangeEnd) with its exclusions and its reservations cut out (try's pod is
+    none of the pods they are reserved for), the gateway (which host-local skips), the pool's
+    routes and then the network's own."""
     range_sets = []
+    reserved = [ipaddress.ip_network(r.address) for r in pool.spec.reservations]
     for r in pool.spec.ranges:
-        excluded = [n for n in pool.spec.exclude if n.version == r.subnet.version]
+        excluded = [n for n in [*pool.spec.exclude, *reserved] if n.version == r.subnet.version]
         runs = _runs(int(r.first), int(r.last), excluded)
         if not runs:
             raise NoParent(

@@ -755,3 +755,55 @@ def test_what_the_apiserver_wrote_is_not_carried_into_the_output() -> None:
     [made] = [d for d in result.docs if d["kind"] == "Deployment"]
     assert "status" not in made
     assert made["metadata"] == {"name": "app", "namespace": "t", "annotations": {"team": "kept"}}
+
+
+def test_whereabouts_network_names_keep_two_networks_of_one_range_apart() -> None:
+    """whereabouts' network_name: two networks over one range, each its own IPPool
+    (`<network>-<range>`) and reservations (`<network>-<address>`): each pool reserves only its
+    network's."""
+    red = {"type": "whereabouts", "range": "198.18.76.0/24", "network_name": "red"}
+    blue = {"type": "whereabouts", "range": "198.18.76.0/24", "network_name": "blue"}
+    red_pool = ippool("198.18.76.0/24", {"5": {"podref": "t/red-0"}})
+    red_pool["metadata"]["name"] = "red-198.18.76.0-24"
+    blue_pool = ippool("198.18.76.0/24", {"5": {"podref": "t/blue-0"}})
+    blue_pool["metadata"]["name"] = "blue-198.18.76.0-24"
+    result = run(
+        nad("red", macvlan(red)),
+        nad("blue", macvlan(blue, master="eth2")),
+        deployment("red,blue"),
+        red_pool,
+        blue_pool,
+        reservation("blue-198.18.76.9", "t/blue-1"),
+    )
+    assert not result.refused, result.refused
+    pools = {d["metadata"]["name"]: d["spec"] for d in result.docs if d["kind"] == "CNIIPPool"}
+    assert pools["t-red"]["reservations"] == [{"address": "198.18.76.5", "pod": "t/red-0"}]
+    assert pools["t-blue"]["reservations"] == [
+        {"address": "198.18.76.5", "pod": "t/blue-0"},
+        {"address": "198.18.76.9", "pod": "t/blue-1"},
+    ]
+
+
+def test_what_cannot_be_reserved_is_said_with_its_pods() -> None:
+    wb = {
+        "type": "whereabouts",
+        "range": "198.18.77.0/24",
+        "gateway": "198.18.77.1",
+        "kubernetes": {"kubeconfig": "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"},
+        "log_file": "/tmp/whereabouts.log",
+    }
+    result = run(
+        nad("a", macvlan(wb)),
+        deployment("a"),
+        ippool("198.18.77.0/24", {"1": {"podref": "t/on-gw"}, "9": {"podref": "t/db-5"}}),
+        reservation("198.18.77.9", "t/db-0"),  # disagrees with the IPPool
+    )
+    assert not result.refused, result.refused
+    [pool] = [d for d in result.docs if d["kind"] == "CNIIPPool"]
+    assert "reservations" not in pool["spec"]
+    assert pool["spec"]["exclude"] == ["198.18.77.9/32"]
+    [said] = [n for n in result.notes if "whereabouts holds" in n or "can be reserved" in n]
+    assert "198.18.77.9 (t/db-0 and t/db-5)" in said, said
+    assert "198.18.77.1 (t/on-gw)" in said and "never hands out" in said, said
+    assert any("kubernetes, log_file dropped" in n for n in result.notes), result.notes
+    assert any('{"type": "cnidra", "pool": "t-a"}' in n for n in result.notes), result.notes

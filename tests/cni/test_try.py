@@ -217,6 +217,24 @@ def test_host_local_over_a_pool() -> None:
     assert ipam["type"] == "host-local" and "dataDir" not in ipam  # owned_network places it
 
 
+def test_try_never_hands_out_a_pools_reserved_address() -> None:
+    """A pool's reservations are cut out of host-local's ranges, and the note says so: try's
+    pod is none of the pods they name (issue 41: a converted workload tried locally must not
+    get db-0's address)."""
+    from cnidra.api.ipam import pool_from_object
+    from cnidra.cli.try_ import host_local_ipam, pool_note
+
+    pool = pool_from_object({"metadata": {"name": "p"}, "spec": {
+        "ranges": [{"subnet": "198.18.43.0/29"}], "blockSize": 8,
+        "reservations": [{"address": "198.18.43.1", "pod": "t/db-0"},
+                         {"address": "198.18.43.4", "pod": "t/db-1"}],
+    }})  # fmt: skip
+    ipam = host_local_ipam(pool, {"type": "cnidra", "pool": "p"}, "here")
+    runs = [(r["rangeStart"], r["rangeEnd"]) for r in ipam["ranges"][0]]
+    assert runs == [("198.18.43.2", "198.18.43.3"), ("198.18.43.5", "198.18.43.6")]
+    assert "reservations are left out" in pool_note({"p": ["data"]}, {"p": pool})
+
+
 def test_invalid_claim_is_refused_before_any_plugin_runs(
     cni_tools: CNITools, clean_machine: None
 ) -> None:

@@ -79,7 +79,7 @@ def test_ipv6_ranges_are_counted_not_walked() -> None:
         ({"ranges": []}, "spec.ranges: List should have at least 1 item"),
         (
             {"ranges": [{"subnet": "198.18.0.0/24", "gateway": "198.18.1.1"}]},
-            "spec.ranges.0: gateway 198.18.1.1 is not in subnet 198.18.0.0/24",
+            "spec.ranges[0]: gateway 198.18.1.1 is not in subnet 198.18.0.0/24",
         ),
         (
             {"ranges": [{"subnet": "198.18.0.0/24"}, {"subnet": "198.18.1.0/24"}]},
