@@ -45,7 +45,8 @@ test: install lint cni-plugins
 
 # make test, with every e2e test that uses the `deployment` fixture run a second time against
 # the in-cluster driver (the chart's DaemonSet of `make image`'s image) and the `full` tests (a
-# second image build, to prove it reproducible): what CI runs nightly
+# second image build, to prove it reproducible; the chart with each ci/ values file): what CI
+# runs nightly
 test-full: install lint cni-plugins
 	CNIDRA_TEST_FULL=1 $(HALVES) --testbed -q -m testbed
 
@@ -95,8 +96,8 @@ deploy:
 # a singleton), into docs/performance/bench-latest.json, then the README's tables between its
 # bench markers rendered from that file, with the machine and the date (bench/report.py). About
 # 50 minutes on this project's 2-core machine: the quick ones 5, pod_ready 9, driver_latency 4,
-# ipam 7, node_api 1, claims_scale 5, fleet at 1,000 nodes 15, and the peers' first build 3
-# (`python -m bench.run --list` prints the plan). A benchmark that fails or times out is a
+# ipam 7, node_api 1, claims_scale 5, transport 2, fleet at 1,000 nodes 15, and the peers' first
+# build 3 (`python -m bench.run --list` prints the plan). A benchmark that fails or times out is a
 # "not run" row and make's status 1, after the README is rendered.
 bench: install cni-plugins
 	@status=0; $(BIN)/python -m bench.run --command 'make bench' || status=$$?; \

@@ -4,7 +4,8 @@ dra-example-driver publishes its GPUs, and what each node's driver asks of the a
 (not a test: numbers; issue 28).
 
     python -m bench.fleet [--nodes 1000] [--pods 100] [--rate 10] [--rounds 2]
-                          [--sample 50] [--idle-seconds 300] [--timeout 3600] [--json]
+                          [--sample 50] [--idle-seconds 300] [--ahead-pods 100]
+                          [--ahead-elsewhere 3] [--timeout 3600] [--json]
 
 The test bed is a singleton (and may be busy), so this starts its own etcd, kube-apiserver
 (resource.k8s.io/v1 and the test bed's DRA feature gates) and kube-scheduler from the test bed's
@@ -23,11 +24,20 @@ else writes.
    installed. Sizes as etcd stores them (protobuf) and as a JSON client reads them.
 3. At rest: --sample nodes run the driver's apiserver-facing background work as `cnidra driver`
    wires it (the cluster feature probe; the publisher with its resync, CNINetwork watch and
-   pool counts; the IPAM reconciler), each with the driver's own client, started spread over
-   one resync period as a fleet's drivers are; every request is counted by an httpx event
-   hook, from 20 s after the last one started, for --idle-seconds. The synthetic links never
-   change, so the publisher's netlink monitor is left out (this machine's link events, from
-   the test bed's pods, are no fake node's).
+   pool counts; the IPAM reconciler; the claims read ahead on the node-scoped pod watch),
+   each with the driver's own client, started spread over one resync period as a fleet's
+   drivers are; every request is counted by an httpx event hook on both of the client's
+   connections (the requests' and the watches'), from 20 s after the last one started, for
+   --idle-seconds. The synthetic links never change, so the publisher's netlink monitor is
+   left out (this machine's link events, from the test bed's pods, are no fake node's).
+3b. Claims read ahead (issue 42; --ahead-pods 0 leaves it out): before step 3, --ahead-pods
+   pods are bound to the last node (spec.nodeName), each with a claim allocated on that node
+   and reserved for it as the scheduler leaves them, and --ahead-elsewhere pods with a claim
+   of their own are bound to every other node; beside step 3, bench.claims_ahead runs that
+   node's read-ahead as the driver wires it in a process of its own: its VmRSS and RssAnon
+   before and after the claims were read and after --idle-seconds at rest, the bytes its
+   tables hold, and its requests at start and a minute at rest. The pods and claims are
+   deleted before step 4.
 4. Scheduling: --pods pods, each pinned to a random node by nodeSelector with a claim of one
    device (cnidra: a link by CEL, ifName and cniMacvlan, one sub-interface), created at --rate
    a second; the time from each pod's create to its claim allocated and to its nodeName (watch
@@ -46,12 +56,16 @@ else writes.
 
 Prints a report on stderr; with --json the detail as one JSON line, then the last line:
 {"nodes", "slices", "slice_bytes_per_node", "idle_requests_per_node_per_min",
-"schedule_p50_ms", "schedule_p99_ms", "dra_example_schedule_p99_ms", "apiserver_rss_mib"}:
+"schedule_p50_ms", "schedule_p99_ms", "dra_example_schedule_p99_ms", "apiserver_rss_mib",
+"claims_ahead_vmrss_mib", "claims_ahead_added_rssanon_mib", "claims_ahead_requests_per_min"}:
 cnidra's slices and the bytes of a node's in etcd (protobuf), the sample's requests a node a
-minute at rest, pod create to claim allocated for cnidra and dra-example, and the apiserver's
-RSS with cnidra's fleet published and the sample running. A figure not measured is null.
+minute at rest, pod create to claim allocated for cnidra and dra-example, the apiserver's
+RSS with cnidra's fleet published and the sample running, and the claims-ahead driver's
+VmRSS at rest, the RssAnon its read-ahead added and its requests a minute at rest. A figure
+not measured is null.
 Takes about 8 minutes at 50 or 1,000 nodes on a quiet 2-core machine (--rounds 4: 9 and 10; 13
-at 1,000 beside a busy test bed). --memory instead: each fleet's apiserver memory alone on a
+at 1,000 beside a busy test bed); the claims ahead add about 1 minute at 1,000 nodes (9.2 in
+all, 2026-11-27). --memory instead: each fleet's apiserver memory alone on a
 fresh control plane (4 minutes at 1,000 nodes). Figures and what they mean: docs/performance.md."""
 
 from __future__ import annotations
@@ -89,13 +103,19 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
-from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
+from lightkube.resources.resource_v1 import (
+    DeviceClass,
+    ResourceClaim,
+    ResourceClaimStatus,
+    ResourceSlice,
+)
 from lightkube.types import PatchType
 
 from cnidra.agent.settings import DriverSettings
 from cnidra.api.constants import API_VERSION, DRIVER_NAME
 from cnidra.api.ipam import LABEL_POOL, pool_from_object
 from cnidra.api.networks import NamedNetwork
+from cnidra.dra.ahead import ClaimsAhead, ReadAhead
 from cnidra.inventory.links import Link, LinkFilter
 from cnidra.inventory.publisher import SlicePublisher
 from cnidra.inventory.slices import SliceSettings
@@ -108,9 +128,11 @@ from cnidra.ipam.accounting import (
 )
 from cnidra.ipam.allocator import Allocator
 from cnidra.ipam.reconcile import IPAMReconciler
+from cnidra.kube.claims import ClaimGetter
 from cnidra.kube.client import make_client, probe_features
 from cnidra.kube.ipam import CNIIPBlock, CNIIPPool, IPAMClaim, KubeIPAM
 from cnidra.kube.networks import CNINetwork, ServedNetworks
+from cnidra.kube.pods import NodePods
 from cnidra.observe import metrics
 from cnidra.state.ipam import IPAMState
 from cnidra.state.layout import StateLayout
@@ -123,6 +145,8 @@ GPUS = 8  # a node's devices in dra-example-driver's shape
 CNIDRA_CLASS = "cni.networking.x-k8s.io"
 FLEET_LABEL = "bench.cnidra/fleet"
 ROUND_LABEL = "bench.cnidra/round"
+AHEAD_TAG = "ahead"  # the claims-ahead pods' and claims' ROUND_LABEL
+NODE_PODS = 110  # kubelet's default maxPods: --ahead-pods at most
 NAMESPACE = "default"
 POOL = "fleet-pool"
 IN_FLIGHT = 32  # requests the bench has open at once when it builds the fleet
@@ -505,6 +529,44 @@ def pod_object(name: str, node: str, claim: str, tag: str) -> dict[str, Any]:
     }
 
 
+def bound_pod_object(name: str, node: str, claim: str, tag: str) -> dict[str, Any]:
+    """A pod already bound to `node` (spec.nodeName: what the scheduler's binding writes),
+    with the claim by name."""
+    pod = pod_object(name, node, claim, tag)
+    del pod["spec"]["nodeSelector"]
+    pod["spec"]["nodeName"] = node
+    return pod
+
+
+def reserved_status(claim: str, node: str, pod: str, pod_uid: str) -> dict[str, Any]:
+    """The claim's status as the scheduler leaves it for a pod bound to `node`: one of the
+    node's devices allocated to the request, and the pod in reservedFor."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim, "namespace": NAMESPACE},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "net", "driver": DRIVER_NAME, "pool": node, "device": "eth1"}
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node]}
+                            ]
+                        }
+                    ]
+                },
+            },
+            "reservedFor": [{"resource": "pods", "name": pod, "uid": pod_uid}],
+        },
+    }
+
+
 # ------------------------------------------------------------------ figures (pure)
 
 
@@ -614,6 +676,9 @@ SUMMARY_KEYS = (
     "schedule_p99_ms",
     "dra_example_schedule_p99_ms",
     "apiserver_rss_mib",
+    "claims_ahead_vmrss_mib",
+    "claims_ahead_added_rssanon_mib",
+    "claims_ahead_requests_per_min",
 )
 
 
@@ -629,8 +694,9 @@ def finite(value: Any) -> Any:
 
 
 def summary(detail: Mapping[str, Any]) -> dict[str, Any]:
-    """The last line: the issue's eight figures, from the run's detail (null: not measured)."""
+    """The last line: the issue's figures, from the run's detail (null: not measured)."""
     cnidra, example = detail["schedule"]["cnidra"], detail["schedule"]["dra_example"]
+    ahead = detail.get("claims_ahead") or {}
     line: dict[str, Any] = finite(
         {
             "nodes": detail["nodes"],
@@ -641,6 +707,9 @@ def summary(detail: Mapping[str, Any]) -> dict[str, Any]:
             "schedule_p99_ms": cnidra["allocated_p99_ms"],
             "dra_example_schedule_p99_ms": example["allocated_p99_ms"],
             "apiserver_rss_mib": detail["apiserver"]["rss_mib_cnidra_fleet"],
+            "claims_ahead_vmrss_mib": ahead.get("vmrss_mib", float("nan")),
+            "claims_ahead_added_rssanon_mib": ahead.get("added_rssanon_mib", float("nan")),
+            "claims_ahead_requests_per_min": ahead.get("rest_requests_per_min", float("nan")),
         }
     )
     return line
@@ -753,7 +822,8 @@ class ControlPlane:
         self.etcd_peer = f"127.0.0.1:{etcd_peer}"
         self.admin = self.work / "admin.kubeconfig"
 
-    def start(self) -> None:
+    def start(self, scheduler: bool = True) -> None:
+        """etcd, then the apiserver, then (`scheduler`) the scheduler, each waited for."""
         started = time.monotonic()
         make_pki(self.pki)
         kubeconfig(self.admin, "admin", self.pki, self.port)
@@ -769,6 +839,9 @@ class ControlPlane:
         )
         with self.http() as http:
             _wait("/readyz", lambda: http.get("/readyz").text == "ok", 180, api)
+        if not scheduler:
+            say(f"etcd and apiserver up in {time.monotonic() - started:.1f} s under {self.work}")
+            return
         sched = self._start(
             "kube-scheduler",
             [*scheduler_argv(self.bins, scheduler), f"--secure-port={self.scheduler_port}"],
@@ -1085,10 +1158,13 @@ def counted_client(
     kubeconfig_path: Path, log: RequestLog, node: str, timeout: float
 ) -> AsyncClient:
     """The driver's own client (cnidra.kube.client.make_client: HTTP/2, its timeouts) with a
-    hook on its HTTP transport that logs each request."""
+    hook on its HTTP transports that logs each request: the requests' connection and the
+    watches' (WatchingClient.watches), so a watch started again at rest is counted."""
     client = make_client(str(kubeconfig_path), timeout)
-    http: httpx2.AsyncClient = client._client._client  # lightkube's HTTP client
-    http.event_hooks["request"].append(log.hook(node))
+    for lightkube_client in (client, getattr(client, "watches", None)):
+        if lightkube_client is not None:
+            http: httpx2.AsyncClient = lightkube_client._client._client  # lightkube's HTTP client
+            http.event_hooks["request"].append(log.hook(node))
     return client
 
 
@@ -1137,6 +1213,10 @@ class SampleNode:
             )
 
         self.lead = lead
+        # claims read ahead (--read-claims-ahead, on by default): the node-scoped pod watch
+        self.read_ahead = ReadAhead(
+            NodePods(self.client, name).watch, ClaimGetter(self.client, timeout), ClaimsAhead()
+        )
         self.started: float | None = None
 
     async def run(self, delay: float) -> None:
@@ -1151,6 +1231,7 @@ class SampleNode:
             ),
             self.block_leases.run(self.settings.pool_status_seconds),
             run_while_leading(self.accountant.run, self.lead),
+            self.read_ahead.run(),
         )
 
 
@@ -1218,6 +1299,80 @@ async def run_sample(
         "apiserver_cpu_percent": round(100 * (cpu_end - cpu_start) / seconds, 1),
         "apiserver_cpu_s_warm_up": round(cpu_start - cpu_before, 2),
     }
+
+
+# ------------------------------------------------------------------ claims read ahead
+
+
+async def place_claims_ahead(
+    client: AsyncClient, nodes: Sequence[str], node: str, pods: int, elsewhere: int
+) -> dict[str, Any]:
+    """`pods` pods bound to `node`, each with a claim allocated and reserved for it as the
+    scheduler leaves it, and `elsewhere` pods bound to each other node, each with a claim of
+    its own (not allocated: only their own nodes would read them)."""
+    t = time.monotonic()
+    others = [
+        (f"ahead-e{i:05d}-{k}", where)
+        for i, where in enumerate(n for n in nodes if n != node)
+        for k in range(elsewhere)
+    ]
+
+    async def other(item: tuple[str, str]) -> None:
+        name, where = item
+        await client.create(from_dict(ResourceClaim, claim_object(name, DRIVER_NAME, AHEAD_TAG)))
+        await client.create(from_dict(Pod, bound_pod_object(name, where, name, AHEAD_TAG)))
+
+    await each(others, other)
+    elsewhere_s = time.monotonic() - t
+
+    async def mine(name: str) -> None:
+        await client.create(from_dict(ResourceClaim, claim_object(name, DRIVER_NAME, AHEAD_TAG)))
+        made = await client.create(from_dict(Pod, bound_pod_object(name, node, name, AHEAD_TAG)))
+        uid = str(made.metadata.uid if made.metadata else "")
+        await client.patch(
+            ResourceClaimStatus,
+            name,
+            reserved_status(name, node, name, uid),
+            namespace=NAMESPACE,
+            patch_type=PatchType.APPLY,
+            field_manager="bench-scheduler",
+            force=True,
+        )
+
+    await each([f"ahead-n{i:04d}" for i in range(pods)], mine)
+    return {
+        "node": node,
+        "pods_on_node": pods,
+        "pods_elsewhere": len(others),
+        "elsewhere_s": round(elsewhere_s, 1),
+        "total_s": round(time.monotonic() - t, 1),
+    }
+
+
+async def run_claims_ahead(
+    plane: ControlPlane, node: str, pods: int, seconds: float
+) -> dict[str, Any]:
+    """bench.claims_ahead on `node`, a process of its own (its memory the driver's shape)."""
+    argv = [sys.executable, "-m", "bench.claims_ahead", "--kubeconfig", str(plane.admin)]
+    argv += ["--node", node, "--pods", str(pods), "--seconds", str(seconds), "--json"]
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=REPO,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), seconds + 300)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise
+    if proc.returncode != 0 or not out.strip():
+        tail = err.decode(errors="replace")[-3000:]
+        raise RuntimeError(f"bench.claims_ahead failed ({proc.returncode}):\n{tail}")
+    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return result
 
 
 # ------------------------------------------------------------------ scheduling
@@ -1407,17 +1562,42 @@ async def run(args: argparse.Namespace, plane: ControlPlane) -> dict[str, Any]: 
         detail["cnidra"]["etcd_bytes_per_node"] = round((etcd_cnidra - etcd_nodes) / len(nodes))
 
         sample = nodes[: min(len(nodes), args.sample)]
+        if args.ahead_pods:
+            placed = await place_claims_ahead(
+                client, nodes, nodes[-1], args.ahead_pods, args.ahead_elsewhere
+            )
+            detail["timings_s"]["claims_ahead_pods"] = placed["total_s"]
+            say(
+                f"claims ahead: {args.ahead_pods} pods with claims bound to {nodes[-1]}, "
+                f"{placed['pods_elsewhere']} elsewhere, in {placed['total_s']} s"
+            )
         say(
             f"at rest: the driver's background work on {len(sample)} nodes, "
             f"starting over a resync period, then {WARM_UP:.0f} s and {args.idle_seconds:.0f} s "
             "counted"
+            + (f"; beside it one driver's claims ahead on {nodes[-1]}" if args.ahead_pods else "")
         )
-        detail["idle"] = await run_sample(plane, sample, cni_bin, args.seed, args.idle_seconds)
+        sampled = run_sample(plane, sample, cni_bin, args.seed, args.idle_seconds)
+        if args.ahead_pods:
+            detail["idle"], ahead = await asyncio.gather(
+                sampled, run_claims_ahead(plane, nodes[-1], args.ahead_pods, args.idle_seconds)
+            )
+            detail["claims_ahead"] = {**placed, **ahead}
+            say(
+                f"claims ahead: {ahead['claims_kept']} kept, VmRSS {ahead['vmrss_mib']} MiB "
+                f"(+{ahead['added_vmrss_mib']}), RssAnon {ahead['rssanon_mib']} MiB "
+                f"(+{ahead['added_rssanon_mib']}), {ahead['held_kib']} KiB held; at rest "
+                f"{ahead['rest_requests_per_min']} requests a minute"
+            )
+        else:
+            detail["idle"] = await sampled
         say(
             f"at rest: {detail['idle']['requests_per_node_per_min']} requests per node per "
             f"minute: {detail['idle']['by_kind_per_node_per_min']}"
         )
         memory("cnidra_fleet")
+        if args.ahead_pods:
+            await clean_round(client, AHEAD_TAG)
 
         results: dict[str, dict[str, list[float]]] = {
             "cnidra": {"allocated_ms": [], "bound_ms": []},
@@ -1589,6 +1769,16 @@ def report(detail: Mapping[str, Any]) -> str:
             f"{w['unscheduled']} unscheduled, scheduler {w['scheduler_cpu_ms_per_pod']} ms CPU "
             f"a pod; its own histograms (ms): {w['scheduler_own']}"
         )
+    ahead = detail.get("claims_ahead")
+    if ahead:
+        lines.append(
+            f"claims ahead on {ahead['node']} ({ahead['pods_on_node']} pods with claims there, "
+            f"{ahead['pods_elsewhere']} elsewhere): {ahead['claims_kept']} kept; VmRSS "
+            f"{ahead['vmrss_mib']} MiB (+{ahead['added_vmrss_mib']}), RssAnon "
+            f"{ahead['rssanon_mib']} MiB (+{ahead['added_rssanon_mib']}); the tables hold "
+            f"{ahead['held_kib']} KiB ({ahead['held_bytes_per_claim']} B a claim); at rest "
+            f"{ahead['rest_requests_per_min']} requests a minute {ahead['rest_by_kind']}"
+        )
     a = detail["apiserver"]
     lines.append(
         f"apiserver RSS (live heap) MiB: empty {a['rss_mib_empty']} ({a['heap_live_mib_empty']}), "
@@ -1625,6 +1815,18 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 - flags, th
     )
     parser.add_argument("--sample", type=int, default=50, help="nodes running the driver at rest")
     parser.add_argument("--idle-seconds", type=float, default=300.0)
+    parser.add_argument(
+        "--ahead-pods",
+        type=int,
+        default=100,
+        help="pods with claims bound to the node whose claims-ahead is measured (0: not)",
+    )
+    parser.add_argument(
+        "--ahead-elsewhere",
+        type=int,
+        default=3,
+        help="pods with a claim bound to each other node meanwhile",
+    )
     parser.add_argument("--seed", type=int, default=28)
     parser.add_argument("--timeout", type=float, default=3600.0, help="the whole run, seconds")
     parser.add_argument("--keep-logs", type=Path, help="copy the components' logs here")
@@ -1645,6 +1847,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 - flags, th
         return pool_accounting_only(args)
     if not 1 <= args.nodes <= MAX_NODES:
         parser.error(f"--nodes: 1 to {MAX_NODES} (a block of the pool {POOL_SUBNET} each)")
+    if not 0 <= args.ahead_pods <= NODE_PODS:
+        parser.error(f"--ahead-pods: 0 to {NODE_PODS} (kubelet's pods a node)")
+    if args.ahead_elsewhere < 0:
+        parser.error("--ahead-elsewhere: 0 or more")
     if max(args.pods, args.warmup_pods) > GPUS * args.nodes:
         parser.error(f"--pods: at most {GPUS} a node ({GPUS * args.nodes} for --nodes)")
 

@@ -98,6 +98,9 @@ BENCHES: tuple[Bench, ...] = (
     Bench("ipam", ("--rounds", "3", "--json"), 2400, 9.5, "test bed, whereabouts"),
     Bench("node_api", ("--json",), 900, 1, "test bed"),
     Bench("claims_scale", ("--json",), 1800, 2, "test bed"),
+    # the apiserver client's transports side by side, on an etcd and apiserver of its own from
+    # the test bed's build (bench.fleet's ControlPlane), 2 rounds
+    Bench("transport", ("--json",), 900, 2, "test bed's build", optional=True),
     # its own etcd, apiserver and scheduler from the test bed's build; its own --timeout 3600
     Bench("fleet", ("--nodes", "1000", "--json"), 4200, 9, "test bed's build", optional=True),
 )

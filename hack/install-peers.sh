@@ -5,8 +5,9 @@
 #   - dra-example-driver's kubelet plugin, a DRA driver that does nothing on the node: the
 #     floor of kubelet's and the scheduler's DRA cost
 #   - whereabouts, the cluster-wide IPAM plugin
-# `hack/install-peers.sh env` prints where they are. A peer that cannot be built is reported
-# by the benchmark with this script's error, never silently left out.
+# `hack/install-peers.sh env` prints where they are; `hack/install-peers.sh multus whereabouts`
+# builds only those (the Multus migration test on the test bed needs no more). A peer that
+# cannot be built is reported by the benchmark with this script's error, never silently left out.
 set -euo pipefail
 
 MULTUS_VERSION="${MULTUS_VERSION:-v4.3.0}"
@@ -24,6 +25,8 @@ env_lines() {
 }
 
 if [[ "${1:-}" == env ]]; then env_lines; exit 0; fi
+WANT=" ${*:-multus dra-example whereabouts} "
+wanted() { [[ "$WANT" == *" $1 "* ]]; }
 
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 
@@ -49,16 +52,16 @@ build() {  # build <dest-dir> <binary> <module> <version> <package> [replace...]
   rm -rf "$dest"; mv "$dest.tmp" "$dest"
 }
 
-build "$MULTUS_DIR" multus gopkg.in/k8snetworkplumbingwg/multus-cni.v4 "$MULTUS_VERSION" \
+wanted multus && build "$MULTUS_DIR" multus gopkg.in/k8snetworkplumbingwg/multus-cni.v4 "$MULTUS_VERSION" \
   gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus
-build "$DRA_EXAMPLE_DIR" dra-example-kubeletplugin sigs.k8s.io/dra-example-driver \
+wanted dra-example && build "$DRA_EXAMPLE_DIR" dra-example-kubeletplugin sigs.k8s.io/dra-example-driver \
   "$DRA_EXAMPLE_VERSION" sigs.k8s.io/dra-example-driver/cmd/dra-example-kubeletplugin
-build "$WHEREABOUTS_DIR" whereabouts github.com/k8snetworkplumbingwg/whereabouts \
+wanted whereabouts && build "$WHEREABOUTS_DIR" whereabouts github.com/k8snetworkplumbingwg/whereabouts \
   "$WHEREABOUTS_VERSION" github.com/k8snetworkplumbingwg/whereabouts/cmd \
   github.com/gogo/protobuf=github.com/gogo/protobuf@v1.3.2
 # whereabouts' CRDs (IPPool, OverlappingRangeIPReservation), as its release ships them, for
 # bench.ipam to install
-if [[ ! -f "$WHEREABOUTS_DIR/crds/.complete" ]]; then
+if wanted whereabouts && [[ ! -f "$WHEREABOUTS_DIR/crds/.complete" ]]; then
   src="$(go env GOMODCACHE)/github.com/k8snetworkplumbingwg/whereabouts@$WHEREABOUTS_VERSION"
   [[ -d "$src" ]] || (cd "$(mktemp -d)" && go mod download "github.com/k8snetworkplumbingwg/whereabouts@$WHEREABOUTS_VERSION")
   mkdir -p "$WHEREABOUTS_DIR/crds"

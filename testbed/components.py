@@ -124,6 +124,9 @@ def apiserver_argv(
         f"--feature-gates={feature_gates}",
         f"--runtime-config={RUNTIME_CONFIG}",
         "--endpoint-reconciler-type=none",
+        # webhooks reached at their Service's endpoints, not its cluster IP: the test bed runs
+        # no kube-proxy (the chart's webhook, in-cluster, under `make test-full`)
+        "--enable-aggregator-routing=true",
         "--profiling=false",
         "--v=1",
     ]

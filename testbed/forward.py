@@ -3,7 +3,7 @@
 namespace's loopback: the second node's kubelet, driver and host-network pods reach the
 apiserver at 127.0.0.1 as the first node's do, and nothing listens beyond loopback.
 
-    forward.py <netns name> <port>
+    forward.py <netns name, or a namespace file's path> <port>
 
 The listening socket is made inside the namespace (a socket keeps the namespace it was made
 in); every connection it accepts is relayed to 127.0.0.1:<port> here. Standard library only.
@@ -30,7 +30,7 @@ def setns(fd: int) -> None:
 
 def listener_in(netns: str, port: int) -> socket.socket:
     home = os.open("/proc/self/ns/net", os.O_RDONLY)
-    target = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+    target = os.open(netns if netns.startswith("/") else f"/run/netns/{netns}", os.O_RDONLY)
     try:
         setns(target)
         sock = socket.socket()

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,15 +103,20 @@ class Release:
             raise AssertionError(f"helm {' '.join(args[:2])} failed: {out.stderr}")
         return out
 
-    def install(self, *sets: str) -> None:
+    def install(self, *sets: str, values: Sequence[Path] = ()) -> None:
+        """`values`: values files over the test bed's (the chart's ci/ files, as
+        chart-testing installs with each)."""
+        extra = [a for v in values for a in ("-f", str(v))]
         # --take-ownership: other tests apply deploy/'s objects (the DeviceClass) themselves
         self.helm("install", RELEASE, str(ROOT / "charts" / "cnidra"), "--create-namespace",
-                  "-f", str(self.values_file), *(f"--set={s}" for s in sets), "--wait",
+                  "-f", str(self.values_file), *extra, *(f"--set={s}" for s in sets), "--wait",
                   "--timeout", "120s", "--take-ownership")  # fmt: skip
 
-    def upgrade(self, *sets: str) -> None:
+    def upgrade(self, *sets: str, values: Sequence[Path] = ()) -> None:
+        """`values`: as for `install` (chart-testing's `--upgrade` to another values set)."""
+        extra = [a for v in values for a in ("-f", str(v))]
         self.helm("upgrade", RELEASE, str(ROOT / "charts" / "cnidra"), "-f",
-                  str(self.values_file), *(f"--set={s}" for s in sets), "--wait",
+                  str(self.values_file), *extra, *(f"--set={s}" for s in sets), "--wait",
                   "--timeout", "120s")  # fmt: skip
 
     def uninstall(self) -> None:
@@ -129,12 +135,26 @@ class InClusterDriver:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.stopped_pid: int | None = None
+        # where the driver serves /healthz and /metrics: loopback by default, the node's
+        # address when the chart's metrics Service is on (`listen_on_node`)
+        self.host = "127.0.0.1"
 
     def health(self) -> dict[str, Any]:
-        return health_at(self.port)
+        return health_at(self.port, self.host)
 
     def metrics(self) -> str:
-        return metrics_at(self.port)
+        return metrics_at(self.port, self.host)
+
+    def listen_on_node(self, on: bool = True) -> None:
+        """With `metrics.service.enabled` the driver listens on its pod's (the node's)
+        address, for the Service, not on loopback."""
+        if not on:
+            self.host = "127.0.0.1"
+            return
+        self.host = self.cluster.kubectl(
+            "get", "node", tb.NODE, "-o",
+            "jsonpath={.status.addresses[?(@.type==\"InternalIP\")].address}",
+        ).stdout.strip()  # fmt: skip
 
     def container(self) -> tuple[str, int]:
         """The running driver container's id and its process's pid on the node."""

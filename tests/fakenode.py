@@ -227,9 +227,11 @@ class FakeNode:
         status = self.driver.status
         for _ in range(500):
             if (
-                not status._events
-                and not status._pod_networks
-                and not any(at == 0.0 for at in status._claims.due_times.values())
+                not status.events.pending()
+                and not status.pods.pending()
+                and not any(
+                    at == 0.0 for (kind, _), at in status.queue.due_times.items() if kind == "claim"
+                )
             ):
                 return
             await asyncio.sleep(0.01)  # seldom: each look is CPU the driver does not spend

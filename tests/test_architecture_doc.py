@@ -501,8 +501,8 @@ def test_retries_serve_whom_the_doc_says() -> None:
 
 def test_the_status_writer_is_as_the_doc_says() -> None:
     assert constant("cnidra/api/constants.py", "DRIVER_NAME") + "/interfaces" in DOC
-    assert f"field manager `{constant('cnidra/status/writer.py', 'STATUS_MANAGER')}`" in DOC
-    assert f"field manager `{constant('cnidra/status/writer.py', 'FINALIZER_MANAGER')}`" in DOC
+    assert f"field manager `{constant('cnidra/status/claimstatus.py', 'STATUS_MANAGER')}`" in DOC
+    assert f"field manager `{constant('cnidra/status/claimstatus.py', 'FINALIZER_MANAGER')}`" in DOC
     from cnidra.kube.api import RefusedForGood, classify
 
     codes = tuple(c for c in range(400, 600) if issubclass(classify(c), RefusedForGood))
@@ -615,7 +615,7 @@ def test_the_numbers_the_doc_gives() -> None:
     slots = constant("cnidra/dra/prepare.py", "APISERVER_SLOTS")
     judges = constant("cnidra/dra/prepare.py", "JUDGE_SLOTS")
     budget = constant("cnidra/dra/prepare.py", "JUDGE_BUDGET_S")
-    share = constant("cnidra/nri/lifecycle.py", "ATTACH_SHARE")
+    share = constant("cnidra/nri/budget.py", "ATTACH_SHARE")
     assert isinstance(judges, int) and isinstance(budget, float) and isinstance(share, float)
     number = {v: k for k, v in WORDS.items()}[judges]
     assert f"at most {slots} at once" in DOC

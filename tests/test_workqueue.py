@@ -3,8 +3,10 @@ key leaves behind when done."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from cnidra.util.backoff import Backoff
-from cnidra.util.workqueue import WorkQueue
+from cnidra.util.workqueue import Lane, WorkQueue
 
 
 def queue(now: list[float]) -> WorkQueue[str]:
@@ -51,3 +53,33 @@ def test_a_restarted_loop_paces_from_the_start_after_a_long_run() -> None:
     backoff = Backoff(5.0, 300.0, jitter=0.0)
     assert [backoff.after_run(1), backoff.after_run(1), backoff.after_run(1)] == [5, 10, 20]
     assert backoff.after_run(61) == 5.0
+
+
+def test_hurry_can_pick_the_keys_and_forget_restarts_a_keys_backoff() -> None:
+    now = [0.0]
+    q = queue(now)
+    q.add("a", after=30)
+    q.add("b", after=30)
+    q.hurry(lambda key: key == "a")
+    assert q.due() == ["a"]
+    assert [q.retry("a"), q.retry("a")] == [1.0, 2.0]
+    q.forget("a")  # went through in part: the next failure paces from the start
+    assert "a" in q and q.retry("a") == 1.0
+
+
+def test_lanes_share_one_queue_each_with_its_own_keys() -> None:
+    now = [0.0]
+    shared: WorkQueue[tuple[str, Hashable]] = WorkQueue(
+        lambda: Backoff(1.0, 4.0, jitter=0.0), clock=lambda: now[0]
+    )
+    claims: Lane[str] = Lane(shared, "claim")
+    pods: Lane[str] = Lane(shared, "pod")
+    claims.add("x")
+    pods.add("x", after=5)
+    assert claims.due() == ["x"] and pods.due() == [] and len(shared) == 2
+    assert "x" in claims and "x" in pods and len(claims) == len(pods) == 1
+    assert claims.retry("x") == 1.0 and shared.wait() == 1.0  # one wait for every lane
+    pods.hurry()
+    assert pods.due() == ["x"] and claims.due() == []  # claims' x waits out its backoff
+    claims.done("x")
+    assert len(claims) == 0 and len(pods) == 1

@@ -50,8 +50,10 @@ from cnidra.kube.pods import NodePods
 from cnidra.nodeapi.service import NodeNetworksService
 from cnidra.nodeapi.service import serve as serve_node_api
 from cnidra.nodeapi.views import NodeRecords
+from cnidra.nri.budget import HookBudget
 from cnidra.nri.hooks import PodHooks
-from cnidra.nri.lifecycle import HookBudget, PlugError, PodLifecycle
+from cnidra.nri.hotplug import PlugError
+from cnidra.nri.lifecycle import PodLifecycle
 from cnidra.nri.netpolicy import PolicyEnforcer, read_drops
 from cnidra.nri.plugin import NRIPlugin
 from cnidra.nri.reconcile import Reconciler
@@ -221,8 +223,8 @@ class Driver:
             hold_from_attach=settings.claim_finalizer == "on-attach",
             policy=self.policy if settings.network_policy else None,
         )
-        metrics.INTERFACES.source = self.lifecycle.interfaces
-        metrics.RATE_LIMITS.source = self.lifecycle.shaped_interfaces
+        metrics.INTERFACES.source = self.lifecycle.reporting.interfaces
+        metrics.RATE_LIMITS.source = self.lifecycle.reporting.shaped_interfaces
         metrics.RATE_LIMITS.read = read_limits
         self.reconciler = Reconciler(self.lifecycle, self.layout.write_problem)
         # fail closed: no claim is prepared (so no pod of it started) while the runtime cannot
@@ -244,7 +246,7 @@ class Driver:
         self.node_api = NodeNetworksService(
             self.node_records,
             self.journal,
-            self.lifecycle,
+            self.lifecycle.hotplug,
             refusals=(PlugError,),
             limits=read_limits,
             policy=self._describe_policy if settings.network_policy else None,
@@ -387,7 +389,7 @@ class Driver:
         self._servers = [node_server, dra_server, reg_server]
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.http.start()
-        self.lifecycle.restore_status()
+        self.lifecycle.reporting.restore()
         held = {claim for record in self.sandboxes.all() for claim in record.claims()}
         if released := self.status.restore_releases(held):
             log.info("releasing the finalizer of %d claim(s) a previous run left held", released)

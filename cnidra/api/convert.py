@@ -13,14 +13,21 @@ import ipaddress
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 import yaml
 
 from cnidra.api.constants import API_GROUP, API_VERSION, DEVICE_CLASS_NAME, DRIVER_NAME, KIND
-from cnidra.api.ipam import BLOCK_SIZE_DEFAULT, POOL_KIND, PoolError, Route, pool_from_object
+from cnidra.api.ipam import (
+    BLOCK_SIZE_DEFAULT,
+    POOL_KIND,
+    PoolError,
+    Route,
+    pod_ref_problem,
+    pool_from_object,
+)
 from cnidra.api.issues import ROOT, Issues
 from cnidra.api.loading import LoadError, load_json, load_yaml
 from cnidra.api.multus import (
@@ -471,8 +478,13 @@ def adapt(
     config = copy.deepcopy(source.config)
     notes: list[str] = []
     extra: list[dict[str, Any]] = []
+    persistent = config.pop("allowPersistentIPs", None) if "plugins" in config else None
     listed = config.get("plugins")
     plugins: list[Any] = listed if isinstance(listed, list) else [config]
+    if persistent is None:
+        for plugin in plugins:
+            if isinstance(plugin, dict) and "allowPersistentIPs" in plugin:
+                persistent = plugin.pop("allowPersistentIPs")
     refuse_devices(source)
     for plugin in plugins:
         if not isinstance(plugin, dict):
@@ -497,7 +509,7 @@ def adapt(
                 "above; apply it once, as the admin: pools are cluster-scoped) and "
                 '{"type": "cnidra"} IPAM'
             )
-            notes.append(_exclude_held(pool, held, what))
+            notes.append(_reserve_held(pool, held, what))
         elif isinstance(ipam, dict) and ipam.get("type") == "host-local":
             pool, kept, pool_notes = _host_local_pool(ipam, source, what, served)
             extra.append(pool)
@@ -519,7 +531,32 @@ def adapt(
                 "in use"
             )
             notes += pool_notes
+    notes += _persistent_ips(persistent, extra, what)
     return config, extra, notes
+
+
+def _persistent_ips(value: Any, pools: Sequence[dict[str, Any]], what: str) -> list[str]:
+    """OVN-Kubernetes' `allowPersistentIPs` in a NAD's config: IPAMClaims may hold the
+    network's addresses. It becomes the pool's `allowPersistentIPs`, which lets a claim's
+    `ipamClaimReference` (a selection element's `ipam-claim-reference`) keep them."""
+    if value is None:
+        return []
+    if value is not True:
+        return [f"{what}: allowPersistentIPs {value!r} dropped (only true asks for anything)"]
+    if not pools:
+        return [
+            f"{what}: allowPersistentIPs dropped: cnidra keeps addresses in IPAMClaims only "
+            "from a CNIIPPool (whereabouts or host-local IPAM becomes one; this NAD's IPAM "
+            "does not)"
+        ]
+    for pool in pools:
+        pool["spec"]["allowPersistentIPs"] = True
+    names = ", ".join(p["metadata"]["name"] for p in pools)
+    return [
+        f"{what}: allowPersistentIPs became CNIIPPool {names}'s allowPersistentIPs: a claim "
+        "whose CNIConfig names an IPAMClaim (ipamClaimReference, from a selection element's "
+        "ipam-claim-reference) keeps its addresses in it across pods and nodes (docs/ipam.md)"
+    ]
 
 
 def _whereabouts_pool(
@@ -618,12 +655,15 @@ def _address_in(
     return address
 
 
-def _exclude_held(pool: dict[str, Any], held: Sequence[Held], what: str) -> str:
-    """Excludes from a pool made of whereabouts IPAM the addresses whereabouts holds in its
-    ranges, so cnidra never hands out an address a Multus pod still has while both run side by
-    side; says which, and to whom."""
+def _reserve_held(pool: dict[str, Any], held: Sequence[Held], what: str) -> str:
+    """The addresses whereabouts holds in a pool's ranges become the pool's reservations, each
+    for the pod whereabouts gave it to (its podref, `namespace/name`): that pod gets it back
+    under cnidra when it keeps its name (a StatefulSet's), and no other pod gets one while
+    Multus' pods run beside cnidra's. An address whose holder is not a pod's name, or that a
+    pod holds twice in one family, is excluded instead. Says which, and to whom."""
     name = pool["metadata"]["name"]
-    subnets = [ipaddress.ip_network(r["subnet"]) for r in pool["spec"]["ranges"]]
+    spec = pool["spec"]
+    subnets = [ipaddress.ip_network(r["subnet"]) for r in spec["ranges"]]
     inside: dict[Any, Held] = {}
     for h in held:
         if any(h.address.version == n.version and h.address in n for n in subnets):
@@ -632,32 +672,56 @@ def _exclude_held(pool: dict[str, Any], held: Sequence[Held], what: str) -> str:
         if held:
             return (
                 f"{what}: none of the addresses the whereabouts objects given hold is in "
-                f"CNIIPPool {name}'s ranges; nothing excluded"
+                f"CNIIPPool {name}'s ranges; nothing reserved"
             )
         return (
             f"{what}: addresses whereabouts handed out are not known (give its IPPools and "
             "OverlappingRangeIPReservations beside the NADs: `kubectl get "
             "ippools.whereabouts.cni.cncf.io,overlappingrangeipreservations."
-            "whereabouts.cni.cncf.io -A -o yaml`), so they are not excluded from CNIIPPool "
-            f"{name}: cnidra may hand one out that a Multus pod still holds; move workloads in "
-            "a window, or convert again with them"
+            "whereabouts.cni.cncf.io -A -o yaml`), so CNIIPPool "
+            f"{name} neither reserves nor excludes them: cnidra may hand one out that a Multus "
+            "pod still holds, and a StatefulSet's pod gets a new address; move workloads in a "
+            "window, or convert again with them"
         )
-    networks = [ipaddress.ip_network(x) for x in pool["spec"].get("exclude") or []]
-    extra = [ipaddress.ip_network(a) for a in inside]
-    merged: list[Any] = []
-    for version in (4, 6):
-        same = [n for n in [*networks, *extra] if n.version == version]
-        merged += ipaddress.collapse_addresses(same)
-    pool["spec"]["exclude"] = [str(n) for n in merged]
-    shown = ", ".join(f"{h.address} ({h.pod})" for h in list(inside.values())[:10])
-    more = f" and {len(inside) - 10} more" if len(inside) > 10 else ""
-    return (
-        f"{what}: the {len(inside)} address(es) whereabouts holds in CNIIPPool {name}'s ranges "
-        f"are in its exclude, so cnidra never hands them out while Multus' pods run beside "
-        f"cnidra's: {shown}{more}. A pod moved to cnidra gets a new address from the pool, one "
-        "that keeps its name (a StatefulSet's) too; once the Multus pods are gone, take them "
-        "out of exclude (it may change; ranges may not)"
-    )
+    checked = pool_from_object(pool)
+    reservations: list[dict[str, str]] = []
+    families: set[tuple[str, int]] = set()
+    excluded: list[Held] = []
+    for address, h in sorted(inside.items(), key=lambda kv: (kv[0].version, int(kv[0]))):
+        if not checked.hands_out(address):
+            continue  # the gateway or excluded already: never handed out
+        if pod_ref_problem(h.pod) is None and (h.pod, address.version) not in families:
+            families.add((h.pod, address.version))
+            reservations.append({"address": str(address), "pod": h.pod})
+        else:
+            excluded.append(h)
+    if reservations:
+        spec["reservations"] = reservations
+    if excluded:
+        networks = [ipaddress.ip_network(x) for x in spec.get("exclude") or []]
+        extra = [ipaddress.ip_network(h.address) for h in excluded]
+        merged: list[Any] = []
+        for version in (4, 6):
+            same = [n for n in [*networks, *extra] if n.version == version]
+            merged += ipaddress.collapse_addresses(same)
+        spec["exclude"] = [str(n) for n in merged]
+    shown = ", ".join(f"{r['address']} ({r['pod']})" for r in reservations[:10])
+    more = f" and {len(reservations) - 10} more" if len(reservations) > 10 else ""
+    parts = [
+        f"{what}: the {len(reservations)} address(es) whereabouts holds in CNIIPPool {name}'s "
+        f"ranges are reserved for the pods holding them (spec.reservations): {shown}{more}. A "
+        "pod that keeps its name under cnidra (a StatefulSet's) gets its address back; no "
+        "other pod gets one, so nothing is handed out twice while Multus' pods run beside "
+        "cnidra's. Once the Multus pods are gone, delete the reservations of pods that will "
+        "not come back under their names (a Deployment's)"
+    ]
+    if excluded:
+        listed = ", ".join(f"{h.address} ({h.pod})" for h in excluded[:10])
+        parts.append(
+            f"{len(excluded)} held by no pod name cnidra can key (or a second address of one "
+            f"family for one pod) are in its exclude instead: {listed}"
+        )
+    return "; ".join(parts)
 
 
 def _checked_pool(source: Source, spec: dict[str, Any], what: str, ipam: str) -> dict[str, Any]:
@@ -1195,7 +1259,7 @@ def _convert_workload(
     kind, wname = str(workload.get("kind")), str(meta.get("name") or "workload")
     namespace = str(meta.get("namespace") or "default")
     what = f"{kind} {namespace}/{wname}"
-    rewritten = copy.deepcopy(dict(workload))
+    rewritten = _as_written(workload)
     template = pod_template(rewritten)
     assert template is not None
     annotations = template["metadata"]["annotations"]
@@ -1276,7 +1340,23 @@ def _networks(
         config, extra, nad_notes = adapt(nads[selection.reference], namespace, held)
         extras += extra
         notes += nad_notes
-        notes += _carry(selection, config, extra, f"{what}: network {selection.reference}")
+        element = f"{what}: network {selection.reference}"
+        carried = selection
+        reference = selection.extras.get("ipam-claim-reference")
+        if reference is not None and _persistent_pool(config, extra):
+            params["ipamClaimReference"] = reference
+            carried = replace(
+                selection,
+                extras={k: v for k, v in selection.extras.items() if k != "ipam-claim-reference"},
+            )
+            notes.append(
+                f"{element} asks ipam-claim-reference={reference!r}: carried as the CNIConfig's "
+                f"ipamClaimReference, so the pod keeps its addresses in IPAMClaim "
+                f"{namespace}/{reference} (docs/ipam.md); every pod made from the template names "
+                "that one IPAMClaim and gets its addresses (a VM's migration target should; "
+                "two replicas should not)"
+            )
+        notes += _carry(carried, config, extra, element)
         params["config"] = config
         parent = _parent(config)
         if parent:
@@ -1287,6 +1367,59 @@ def _networks(
             {"requests": [request], "opaque": {"driver": DRIVER_NAME, "parameters": params}}
         )
     return requests, configs, extras, notes
+
+
+# what the apiserver writes into an object, which `kubectl get -o yaml` prints and `kubectl
+# apply` refuses or misreads in a file (a stale resourceVersion is a conflict)
+SERVER_FIELDS = (
+    "resourceVersion",
+    "uid",
+    "creationTimestamp",
+    "generation",
+    "managedFields",
+    "selfLink",
+)
+SERVER_ANNOTATIONS = (
+    "kubectl.kubernetes.io/last-applied-configuration",
+    "deployment.kubernetes.io/revision",
+)
+
+
+def _as_written(workload: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a workload without what the apiserver wrote into it (its status, and the
+    metadata `kubectl get -o yaml` adds), so the output applies whether the input was a file
+    someone wrote or the cluster's own objects."""
+    out = copy.deepcopy(dict(workload))
+    out.pop("status", None)
+    meta = out.get("metadata")
+    if isinstance(meta, dict):
+        for key in SERVER_FIELDS:
+            meta.pop(key, None)
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict):
+            for key in SERVER_ANNOTATIONS:
+                annotations.pop(key, None)
+            if not annotations:
+                del meta["annotations"]
+    return out
+
+
+def _persistent_pool(config: Mapping[str, Any], extra: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the network's IPAM is a CNIIPPool convert made that allows persistent IPs."""
+    listed = config.get("plugins")
+    plugins = listed if isinstance(listed, list) else [config]
+    pools = {
+        d["metadata"]["name"]
+        for d in extra
+        if d.get("kind") == POOL_KIND and d["spec"].get("allowPersistentIPs") is True
+    }
+    return any(
+        isinstance(p, Mapping)
+        and isinstance(p.get("ipam"), Mapping)
+        and p["ipam"].get("type") == "cnidra"
+        and p["ipam"].get("pool") in pools
+        for p in plugins
+    )
 
 
 def _claim_name(spec: Mapping[str, Any]) -> str:

@@ -14,10 +14,15 @@ the objects). docs/ipam.md.
   `ipamClaimReference` keeps its addresses until it is deleted.
 - A tenant's own **static** addresses (`static_ipam_addresses`) are leased from the one pool
   whose range holds each, as if that pool had handed them out.
+- A pool's **reservations** pin an address to a pod by its name (`namespace/name`): that pod
+  gets it every time it starts (a StatefulSet's pod keeps it across restarts and nodes, as a
+  whereabouts allocation keyed by pod reference did; `cnidra convert` writes them from
+  whereabouts' objects), and no other pod, static address or IPAMClaim ever does.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import re
@@ -51,6 +56,7 @@ POOL_NAME_MAX = 200
 BLOCK_SIZE_DEFAULT = 16
 BLOCK_SIZE_MAX = 1024
 _OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -114,6 +120,34 @@ class Route(BaseModel):
     gw: Address | None = None
 
 
+def pod_ref_problem(ref: Any) -> str | None:
+    """Why `ref` is not a pod's `namespace/name` (whereabouts' podref shape)."""
+    if not isinstance(ref, str) or ref.count("/") != 1:
+        return f"{ref!r} is not namespace/name"
+    namespace, name = ref.split("/")
+    if len(namespace) > 63 or not _NAMESPACE.match(namespace):
+        return f"{ref!r}: {namespace!r} is not a namespace name"
+    if len(name) > 253 or not _OBJECT_NAME.match(name):
+        return f"{ref!r}: {name!r} is not a pod name"
+    return None
+
+
+class Reservation(BaseModel):
+    """An address pinned to a pod by name: that pod gets it wherever and whenever it runs, and
+    no one else ever does."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    address: Address
+    pod: str
+
+    @model_validator(mode="after")
+    def _pod(self) -> Reservation:
+        problem = pod_ref_problem(self.pod)
+        if problem:
+            raise ValueError(f"pod: {problem}")
+        return self
+
+
 class PoolSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     ranges: list[IPRange] = Field(min_length=1, max_length=2)
@@ -122,6 +156,7 @@ class PoolSpec(BaseModel):
     block_size: int = Field(BLOCK_SIZE_DEFAULT, alias="blockSize", ge=1, le=BLOCK_SIZE_MAX)
     allow_persistent_ips: bool = Field(False, alias="allowPersistentIPs")
     namespaces: list[str] | None = None
+    reservations: list[Reservation] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _shape(self) -> PoolSpec:
@@ -134,7 +169,38 @@ class PoolSpec(BaseModel):
                 raise ValueError(
                     f"blockSize: {self.block_size} addresses do not fit in subnet {r.subnet}"
                 )
+        self._check_reservations()
         return self
+
+    def _check_reservations(self) -> None:
+        """Each reserved address one the pool hands out, reserved once; a pod at most one
+        address of each family (one pass, sets: a pool may reserve thousands)."""
+        seen: dict[Address, str] = {}
+        families: set[tuple[str, int]] = set()
+        for i, res in enumerate(self.reservations):
+            at = f"reservations[{i}]"
+            address = res.address
+            r = next((r for r in self.ranges if r.subnet.version == address.version), None)
+            if r is None or not int(r.first) <= int(address) <= int(r.last):
+                raise ValueError(f"{at}.address: {address} is not in the pool's ranges")
+            if address == r.gateway or any(
+                n.version == address.version and address in n for n in self.exclude
+            ):
+                raise ValueError(
+                    f"{at}.address: {address} is the gateway or excluded; the pool never "
+                    "hands it out"
+                )
+            if address in seen:
+                raise ValueError(
+                    f"{at}.address: {address} is reserved twice ({seen[address]} and {res.pod})"
+                )
+            seen[address] = res.pod
+            if (res.pod, address.version) in families:
+                raise ValueError(
+                    f"{at}.pod: {res.pod} already has an IPv{address.version} address reserved; "
+                    "a pod gets one address of each family"
+                )
+            families.add((res.pod, address.version))
 
 
 @dataclass(frozen=True)
@@ -202,6 +268,25 @@ class Pool:
         return any(
             address.version == r.subnet.version and address in r.subnet for r in self.spec.ranges
         )
+
+    @functools.cached_property
+    def _reserved(self) -> dict[Address, str]:
+        return {r.address: r.pod for r in self.spec.reservations}
+
+    def reserved_for(self, address: Address) -> str | None:
+        """The pod (`namespace/name`) `address` is reserved for, if any."""
+        return self._reserved.get(address)
+
+    @functools.cached_property
+    def _by_pod(self) -> dict[str, list[Address]]:
+        out: dict[str, list[Address]] = {}
+        for r in self.spec.reservations:
+            out.setdefault(r.pod, []).append(r.address)
+        return out
+
+    def reservations_of(self, pod: str) -> list[Address]:
+        """The addresses reserved for the pod `namespace/name`, one per family at most."""
+        return list(self._by_pod.get(pod, ()))
 
     def hands_out(self, address: Address) -> bool:
         """Whether a pod may get `address` from this pool (`usable`): inside a range, not
@@ -425,7 +510,8 @@ def pool_from_object(obj: Mapping[str, Any]) -> Pool:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         message = str(first["msg"]).removeprefix("Value error, ")
-        raise PoolError(f"{POOL_KIND} {name} is invalid: spec.{loc}: {message}") from None
+        where = f"spec.{loc}: " if loc else "spec."  # the spec's own rules name their field
+        raise PoolError(f"{POOL_KIND} {name} is invalid: {where}{message}") from None
     return Pool(name, spec)
 
 
@@ -551,6 +637,19 @@ def pool_crd() -> dict[str, Any]:
             },
             "allowPersistentIPs": {"type": "boolean"},
             "namespaces": {"type": "array", "items": {"type": "string"}},
+            "reservations": {
+                "type": "array",
+                "description": "Addresses pinned to pods by name (namespace/name): that pod "
+                "gets its address wherever it runs, no other pod ever does.",
+                "items": {
+                    "type": "object",
+                    "required": ["address", "pod"],
+                    "properties": {
+                        "address": ip,
+                        "pod": {"type": "string", "maxLength": 317},
+                    },
+                },
+            },
         },
     }
     return _crd(

@@ -108,6 +108,12 @@ class IPAMCluster(Protocol):
         ...
 
 
+def _pod(namespace: str, pods: Sequence[str]) -> str:
+    """The claim's one pod as `namespace/name` (a reservation's key), or "" when it has
+    several or none."""
+    return f"{namespace}/{pods[0]}" if len(pods) == 1 else ""
+
+
 def _gave(what: str, address: Address, lease: Lease) -> str:
     return f"{what} holds {address}, which this node gave to {lease.holder or 'another owner'}"
 
@@ -170,7 +176,9 @@ class Allocator:
     async def _assign(self, prepared: PreparedClaim, pods: Sequence[str]) -> PreparedClaim:
         devices = []
         for attachment in prepared.devices:
-            static = await self._static(prepared, attachment) if attachment.tenant_static else []
+            static = (
+                await self._static(prepared, attachment, pods) if attachment.tenant_static else []
+            )
             uses = cnidra_ipam(attachment.network)
             if not uses:
                 devices.append(attachment)
@@ -194,7 +202,9 @@ class Allocator:
                 addresses = await self._persistent(pool, prepared.ref, attachment, pods)
             else:
                 owner = claim_owner(prepared.uid, attachment.request)
-                addresses = await self._allocate(pool, owner, f"claim {prepared.ref}", static)
+                holder = f"claim {prepared.ref}"
+                pinned = await self._reserved(pool, prepared.ref.namespace, pods, owner, holder)
+                addresses = await self._allocate(pool, owner, holder, static, pinned)
             network = with_static_ipam(attachment.network, pool, addresses)
             devices.append(replace(attachment, network=network))
         return replace(prepared, devices=tuple(devices))
@@ -251,10 +261,16 @@ class Allocator:
         return pools
 
     async def _allocate(
-        self, pool: Pool, owner: str, holder: str, static: Sequence[Address] = ()
+        self,
+        pool: Pool,
+        owner: str,
+        holder: str,
+        static: Sequence[Address] = (),
+        pinned: Sequence[Address] = (),
     ) -> list[Address]:
-        """One address of each of the pool's ranges for `owner` (the ones it has, if any; not
-        the tenant's `static` addresses the same owner leased for another plugin)."""
+        """One address of each of the pool's ranges for `owner`: the one reserved for its pod
+        (`pinned`, leased already), else the one it has, if any (not the tenant's `static`
+        addresses the same owner leased for another plugin), else a free one."""
         async with self._locks.hold(pool.name):
             held = {
                 ipaddress.ip_address(a.address)
@@ -263,6 +279,10 @@ class Allocator:
             } - set(static)
             addresses: list[Address] = []
             for index, r in enumerate(pool.spec.ranges):
+                reserved = [a for a in pinned if a.version == r.subnet.version]
+                if reserved:
+                    addresses.append(reserved[0])
+                    continue
                 mine = [a for a in held if a.version == r.subnet.version]
                 if mine:
                     addresses.append(min(mine))
@@ -274,15 +294,23 @@ class Allocator:
 
     async def _free_address(self, pool: Pool, range_index: int) -> tuple[Address, HeldBlock]:
         node = self.node_addresses()
+
+        def free(address: Address) -> bool:
+            return (
+                address not in node
+                and pool.reserved_for(address) is None
+                and not self.state.is_taken(pool.name, str(address))
+            )
+
         for held in self.state.held_blocks(pool.name, range_index):
             block = pool.block(range_index, held.index)
             for address in pool.usable(block):
-                if address not in node and not self.state.is_taken(pool.name, str(address)):
+                if free(address):
                     return address, held
         held = await self._reserve_block(pool, range_index)
         block = pool.block(range_index, held.index)
         for address in pool.usable(block):
-            if address not in node and not self.state.is_taken(pool.name, str(address)):
+            if free(address):
                 return address, held
         raise AllocationError(f"CNIIPPool {pool.name}: block {held.name} has no free address")
 
@@ -303,8 +331,10 @@ class Allocator:
         for step in range(len(indices)):
             index = indices.start + (start + step) % len(indices)
             block = pool.block(range_index, index)
-            if block.name in taken or next(pool.usable(block), None) is None:
-                continue
+            if block.name in taken or all(
+                pool.reserved_for(a) is not None for a in pool.usable(block)
+            ):
+                continue  # held, or nothing in it anyone but a reservation's pod may get
             try:
                 uid = await self.cluster.create_block(block, self.node)
             except Exception as exc:
@@ -407,6 +437,42 @@ class Allocator:
             )
         return out
 
+    # ------------------------------------------------------------------ reservations
+
+    async def _reserved(
+        self, pool: Pool, namespace: str, pods: Sequence[str], owner: str, holder: str
+    ) -> list[Address]:
+        """The addresses the pool reserves for the claim's pod (`spec.reservations`), leased
+        to the request: in this node's block or one no node holds (reserved now), or left to
+        the node holding the block, which never hands a reserved address to anyone else.
+        Refused, naming the holder, while another claim on this node still holds it."""
+        pod = _pod(namespace, pods)
+        if not pod:
+            return []  # a claim shared by several pods: no one pod's reservation applies
+        addresses = pool.reservations_of(pod)
+        for address in addresses:
+            what = f"CNIIPPool {pool.name} reserves {address} for pod {pod}"
+
+            def taken(lease: Lease, what: str = what) -> str:
+                return (
+                    f"{what}, but {lease.holder or 'another owner'} still holds it (leased on "
+                    f"node {self.node}); the pod gets it once that holder lets it go"
+                )
+
+            await self._lease_claimed(pool, address, owner, what, holder, taken)
+        if addresses:
+            log.info("%s: reserved %s", pod, ", ".join(map(str, addresses)))
+        return addresses
+
+    def _reserved_elsewhere(self, pool: Pool, address: Address, pod: str, what: str) -> None:
+        """Refuse an address reserved for another pod (a static address, an IPAMClaim's)."""
+        owner = pool.reserved_for(address)
+        if owner is not None and owner != pod:
+            raise AllocationError(
+                f"{what}: {address} is reserved for pod {owner} in CNIIPPool {pool.name} "
+                "(spec.reservations)"
+            )
+
     # ------------------------------------------------------------------ IPAMClaims
 
     async def _persistent(
@@ -437,6 +503,8 @@ class Allocator:
                 raise AllocationError(f"{what}: status.ips: {exc}") from None
             owner = ipamclaim_owner(claim.namespace, name, str(meta.get("uid")))
             if ips:
+                for ip in ips:
+                    self._reserved_elsewhere(pool, ip.ip, _pod(claim.namespace, pods), what)
                 return await self._claimed(pool, what, [i.ip for i in ips], owner)
             addresses = await self._allocate(pool, owner, f"IPAMClaim {claim.namespace}/{name}")
             cidrs = [str(pool.interface(a)) for a in addresses]
@@ -558,7 +626,9 @@ class Allocator:
 
     # ------------------------------------------------------------------ tenants' static IPAM
 
-    async def _static(self, prepared: PreparedClaim, attachment: Attachment) -> list[Address]:
+    async def _static(
+        self, prepared: PreparedClaim, attachment: Attachment, pods: Sequence[str] = ()
+    ) -> list[Address]:
         """The static addresses a tenant wrote for this request, each leased to the request
         (the owner a pool allocation has, so unprepare frees it) from the one CNIIPPool whose
         range holds it: a pool that serves the claim's namespace as a tenant's pool (its
@@ -599,6 +669,9 @@ class Allocator:
                     f"{what}: static address {text} is one CNIIPPool {pool.name} never hands "
                     "out (its gateway, an excluded address, or a subnet's network or broadcast)"
                 )
+            self._reserved_elsewhere(
+                pool, address, _pod(namespace, pods), f"{what}: static address"
+            )
 
             def taken(lease: Lease, text: str = text) -> str:
                 return (

@@ -32,7 +32,7 @@ class PodHooks:
         self._attaching: dict[str, asyncio.Task[None]] = {}  # sandbox id -> its ADDs
 
     def set_request_timeout(self, seconds: float) -> None:
-        self.lifecycle.set_request_timeout(seconds)
+        self.lifecycle.budget.set_request_timeout(seconds)
 
     async def run_pod_sandbox(self, pod: nri.PodSandbox) -> None:
         if not self.background or not self.lifecycle.checkpoint.for_pod(pod.uid):

@@ -2,7 +2,7 @@
 first CreateContainer), detach on StopPodSandbox/RemovePodSandbox, retry a failed detach.
 
 Nothing here talks to the apiserver: claims come from the checkpoint NodePrepareResources
-wrote, and status, events and finalizers go to a StatusSink that writes them later. The
+wrote, and what the node tells about them goes to a StatusSink that writes it later. The
 write-ahead sandbox record is the state machine:
 
     none --adding--> ADDING --ADDs ok--> ADDED --deleting--> DELETING --DELs ok--> none
@@ -11,8 +11,12 @@ write-ahead sandbox record is the state machine:
                        +--rollback failed, or cancelled --------+ (retried with backoff)
 
 Attachments of one pod are ADDed in a fixed order: claims by namespace/name, then each claim's
-devices in allocation order; DEL runs in the reverse order. Reconciling the records with the
-runtime (Synchronize, the sweeper, GC) is in `reconcile.py`."""
+devices in allocation order; DEL runs in the reverse order. The rest has rooms of its own:
+the hook budget (`budget.py`), what is set up on an interface besides its plugins (`setup.py`:
+rate limits, network policy), an attached sandbox changed one part at a time (`hotplug.py`),
+and the status, Events, annotation and finalizer projected from the outcomes and records
+(`reporting.py`). Reconciling the records with the runtime (Synchronize, the sweeper, GC) is
+in `reconcile.py`, through the methods below."""
 
 from __future__ import annotations
 
@@ -20,147 +24,48 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Protocol
+from collections.abc import Callable, Collection
 
 from cnidra._proto.nri.v1alpha1 import api_pb2 as nri
-from cnidra.api.bandwidth import Rate
-from cnidra.api.constants import DEFAULT_MAX_ATTACHMENTS, DRIVER_NAME
+from cnidra.api.constants import DEFAULT_MAX_ATTACHMENTS
 from cnidra.api.naming import NamingError, check_unique
 from cnidra.api.refs import ObjectRef
-from cnidra.cni.attach import (
-    AfterAdd,
-    AttachFailed,
-    Attachment,
-    Budget,
-    Outcome,
-    SetupFailed,
-    attach_all,
-    detach_all,
-)
+from cnidra.cni.attach import AttachFailed, attach_all, detach_all
 from cnidra.cni.invoke import Deadline
-from cnidra.cni.result import Result
 from cnidra.cni.runtime import CNIRuntime
 from cnidra.datapath import shaping
-from cnidra.observe import metrics
+from cnidra.nri.budget import HookBudget
+from cnidra.nri.hotplug import HotPlug, PlugError
+from cnidra.nri.reporting import Reporting, count_failure, observe_del
+from cnidra.nri.setup import SHAPING_TIMEOUT, InterfaceSetup, PolicyHook, Shaper
 from cnidra.observe.interfaces import PodInterface
 from cnidra.state import journal as events
 from cnidra.state.checkpoint import Checkpoint
 from cnidra.state.journal import Journal
 from cnidra.state.sandboxes import Attached, SandboxRecord, SandboxStore, State
-from cnidra.status.devices import (
-    NETWORK_STATUS_ANNOTATION,
-    DeviceKey,
-    device_status_of,
-    network_status,
-)
 from cnidra.status.metadata import DeviceMetadata
-from cnidra.status.writer import SeenAnnotations, StatusSink
+from cnidra.status.writer import StatusSink
 from cnidra.util.backoff import Backoff
 from cnidra.util.locks import Busy, KeyedLocks
 
 log = logging.getLogger(__name__)
 
-REASON_ATTACH_FAILED = "NetworkAttachFailed"
-# Normal events, as Multus writes them: what `kubectl describe pod` shows first
-REASON_ADDED = "AddedInterface"
-REASON_REMOVED = "RemovedInterface"
-REASON_DETACH_FAILED = "NetworkDetachFailed"
-# containerd's default NRI plugin_request_timeout; the runtime tells the real one in Configure.
-DEFAULT_REQUEST_TIMEOUT = 2.0
-# Of the runtime's hook timeout: ADDs may use 60 %, rollback DELs must be done by 90 %, so the
-# hook answers before containerd gives up on cnidra (it would start the sandbox without the
-# interfaces and drop the connection).
-ATTACH_SHARE = 0.6
-ANSWER_SHARE = 0.9
-# the most one rate limit's apply or removal may take (within a hook: what is left of its ADD
-# budget, if less)
-SHAPING_TIMEOUT = shaping.DEFAULT_TIMEOUT_SECONDS
-REASON_SHAPING = "shaping"  # the ATTACH_FAILURES reason of a rate limit that failed
-# all of a pod's ADDs behind its sandbox, unless --attach-budget says otherwise: the driver
-# passes its plugin timeout (--cni-timeout)
-DEFAULT_BEHIND_SANDBOX = 10.0
-
-
-class Shaper(Protocol):
-    """Rate limits on pod interfaces (cnidra.datapath.shaping; tests pass a fake). Both raise
-    shaping.ShapingError (Gone: the namespace or interface is not there)."""
-
-    def apply(self, netns: str, interface: str, limit: Rate, *, timeout: float) -> object: ...
-
-    def remove(self, netns: str, interface: str, *, timeout: float) -> bool: ...
-
-
-class PolicyHook(Protocol):
-    """Network policy at attach and detach (cnidra.nri.netpolicy.PolicyEnforcer): the
-    interface's table applied right after its ADD from what is in memory (SetupFailed fails
-    the attachment), the addresses told once the sandbox is set up, tables dropped."""
-
-    async def at_add(
-        self,
-        record: SandboxRecord,
-        labels: Mapping[str, str] | None,
-        att: Attachment,
-        deadline: Deadline | None,
-        result: Result | None = None,
-    ) -> None: ...
-
-    def attached(self, record: SandboxRecord) -> None: ...
-
-    async def detached(self, record: SandboxRecord, attachments: Sequence[Attachment]) -> None: ...
-
-    def forget(self, record: SandboxRecord) -> None: ...
+# the names callers take from here, the rooms' included
+__all__ = [
+    "SHAPING_TIMEOUT",
+    "AttachError",
+    "HookBudget",
+    "PlugError",
+    "PodLifecycle",
+    "PolicyHook",
+    "is_node_netns",
+    "netns_of",
+    "pod_ref",
+]
 
 
 class AttachError(Exception):
     """Fails the RunPodSandbox hook, so the sandbox fails and kubelet retries."""
-
-
-class PlugError(Exception):
-    """A node API plug or unplug that cannot be done, with why."""
-
-
-@dataclass
-class HookBudget:
-    """How long one hook may take. Inside a hook, `attach` 0 derives the ADD budget from the
-    runtime's request timeout, and a configured value above what fits is cut down to fit.
-    Behind the sandbox (the RunPodSandbox hook has answered; the pod's CreateContainer waits
-    for the ADDs, and fails and is tried again while they run) no hook's answer waits on the
-    ADDs: they get `attach` when set, else `behind` (the plugin timeout), so a node slowed
-    down by a burst or a restart does not kill ADDs that would have finished, only to do them
-    again at the next try."""
-
-    attach: float = 0.0
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
-    behind: float = DEFAULT_BEHIND_SANDBOX
-
-    @property
-    def answer_seconds(self) -> float:
-        return self.request_timeout * ANSWER_SHARE
-
-    @property
-    def attach_seconds(self) -> float:
-        fits = self.request_timeout * ATTACH_SHARE
-        return min(self.attach, self.answer_seconds) if self.attach > 0 else fits
-
-    @property
-    def behind_seconds(self) -> float:
-        return self.attach if self.attach > 0 else self.behind
-
-    def deadlines(self, *, behind_sandbox: bool = False) -> Budget:
-        if behind_sandbox:
-            return Budget(
-                add=Deadline.after(self.behind_seconds, "the pod's attach budget"),
-                rollback=Deadline.after(self.behind_seconds, "the pod's rollback budget"),
-            )
-        return Budget(
-            add=Deadline.after(self.attach_seconds, "the pod's attach budget"),
-            rollback=self.answer_by(),
-        )
-
-    def answer_by(self) -> Deadline:
-        return Deadline.after(self.answer_seconds, "the runtime's hook timeout")
 
 
 def netns_of(pod: nri.PodSandbox) -> str:
@@ -215,7 +120,6 @@ class PodLifecycle:
         self.checkpoint = checkpoint
         self.runtime = runtime
         self.store = store
-        self.status = status
         self.retry = retry
         self.netns_exists = netns_exists
         self.concurrent = concurrent
@@ -223,15 +127,18 @@ class PodLifecycle:
         self.max_attachments = max_attachments
         self.protected_links = protected_links
         self.node_netns = node_netns
-        self.metadata = metadata
         self.journal = journal or Journal(None)
-        self.network_status = network_status
-        self.hold_from_attach = hold_from_attach
-        self.shaper = shaper
-        self.policy = policy
-        # claims whose finalizer may be set: asked for by this process, or left by an earlier
-        # one (any claim of a record on disk at start; its process may have held it)
-        self.held: set[ObjectRef] = {c for r in store.all() for c in r.claims()}
+        # the rooms: what the node tells, what an interface holds besides its plugins, and
+        # an attached sandbox changed one part at a time
+        self.reporting = Reporting(
+            store,
+            status,
+            metadata=metadata,
+            network_status=network_status,
+            hold_from_attach=hold_from_attach,
+        )
+        self.setup = InterfaceSetup(shaper, policy, self.journal)
+        self.hotplug = HotPlug(self)
         self.locks = KeyedLocks()
         # detach retries in flight, by sandbox; each removes itself when it ends
         self.retries: dict[str, asyncio.Task[None]] = {}
@@ -242,6 +149,11 @@ class PodLifecycle:
         # attach may start for them, and their records are undone even when `added`; each is
         # dropped at its RemovePodSandbox, or at a Synchronize that no longer lists it
         self.stopped: set[str] = set()
+
+    @property
+    def held(self) -> set[ObjectRef]:
+        """Claims whose detach finalizer may be set (Reporting.held)."""
+        return self.reporting.held
 
     # ------------------------------------------------------------------ planning
 
@@ -254,17 +166,6 @@ class PodLifecycle:
             for device in claim.devices
         ]
 
-    def set_request_timeout(self, seconds: float) -> None:
-        """The runtime's hook timeout, from NRI's Configure."""
-        self.budget.request_timeout = seconds
-        if self.budget.attach > self.budget.answer_seconds:
-            log.warning(
-                "--attach-budget %.2fs does not fit the runtime's %.2fs hook timeout; using %.2fs",
-                self.budget.attach,
-                seconds,
-                self.budget.attach_seconds,
-            )
-
     # ------------------------------------------------------------------ attach
 
     async def attach(self, pod: nri.PodSandbox, *, behind_sandbox: bool = False) -> int:
@@ -276,8 +177,8 @@ class PodLifecycle:
         refusal = self._refusal(pod, planned)
         if refusal:
             for attached in planned:
-                _count_failure(attached.attachment, "refused")
-            self.status.event(pod_ref(pod), REASON_ATTACH_FAILED, refusal)
+                count_failure(attached.attachment, "refused")
+            self.reporting.attach_failed(pod_ref(pod), refusal)
             self.journal.record(events.ATTACH_FAILED, pod_ref(pod), pod.id, refusal)
             raise AttachError(refusal)
         netns = netns_of(pod)
@@ -335,7 +236,7 @@ class PodLifecycle:
                 record.netns,
                 concurrent=self.concurrent,
                 budget=budget,
-                after_add=self._shape_after_add(record.netns, budget.add, record, dict(pod.labels)),
+                after_add=self.setup.after_add(record.netns, budget.add, record, dict(pod.labels)),
             )
         except asyncio.CancelledError:
             # the runtime gave up on the hook, or the connection dropped: a background detach
@@ -343,19 +244,19 @@ class PodLifecycle:
             # the next Synchronize undoes)
             log.warning("attach of %s/%s cancelled; rolling back", pod.namespace, pod.name)
             for attachment in attachments:
-                _count_failure(attachment, "cancelled")
+                count_failure(attachment, "cancelled")
             self.retry_detach(pod.id, first_delay=0.0)
             raise
         except AttachFailed as failed:
-            _count_failure(failed.failed.attachment, failed.failed.reason or "runtime")
+            count_failure(failed.failed.attachment, failed.failed.reason or "runtime")
             if failed.cleanup_errors:
                 await self.store.put(record.with_state(State.DELETING))
                 self.retry_detach(pod.id)
             else:
                 await self.store.remove(pod.id)
-            self._report(failed.outcomes)
+            self.reporting.outcomes(failed.outcomes)
             message = f"pod {pod.namespace}/{pod.name}: {failed}"
-            self.status.event(pod_ref(pod), REASON_ATTACH_FAILED, message)
+            self.reporting.attach_failed(pod_ref(pod), message)
             self.journal.record(
                 events.ATTACH_FAILED,
                 pod_ref(pod),
@@ -369,10 +270,9 @@ class PodLifecycle:
         )
         added = record.with_state(State.ADDED, attachments=done)
         await self.store.put(added)
-        if self.policy is not None:
-            self.policy.attached(added)
-        self._report(outcomes, pod_ref(pod))
-        self._annotate(record.pod, done, pod)
+        self.setup.attached(added)
+        self.reporting.outcomes(outcomes, pod_ref(pod))
+        self.reporting.annotate(record.pod, done, pod)
         self.journal.record(
             events.ATTACHED,
             pod_ref(pod),
@@ -383,316 +283,8 @@ class PodLifecycle:
             (time.perf_counter() - started) * 1000,
             interfaces=[a.if_name for a in attachments],
         )
-        if self.hold_from_attach:  # else held once a DEL fails (see `_hold`)
-            for claim in record.claims():
-                self._hold(claim)
+        self.reporting.attached_claims(record.claims())  # else held once a DEL fails
         return len(done)
-
-    def _hold(self, claim: ObjectRef) -> None:
-        """Keep the claim until its interfaces are gone. While its pod exists Kubernetes keeps
-        it anyway: it stays allocated and reserved, kubelet reports the pod terminal (and so
-        lets it be deleted) only once NodeUnprepareResources succeeded, which refuses while
-        interfaces remain (kubelet_pods.go:1130, status_manager.go:1274, 1340, 1504 in 1.37),
-        and the claim controller deallocates and deletes a claim only after that. The
-        finalizer holds it beyond: a pod deleted by force, or a node lost."""
-        self.held.add(claim)
-        self.status.finalizer(claim, True)
-
-    def _release(self, claim: ObjectRef) -> None:
-        if claim in self.held:
-            self.held.discard(claim)
-            self.status.finalizer(claim, False)
-
-    def _report(self, outcomes: list[Outcome], pod: ObjectRef | None = None) -> None:
-        for outcome in outcomes:
-            if outcome.ready:
-                name = metrics.network_label(_network_of(outcome.attachment))
-                metrics.ATTACH_DURATION.labels(name).observe(outcome.seconds)
-            device = device_status_of(outcome)
-            self.status.put(outcome.attachment.claim, device)
-            if pod is not None and outcome.ready:
-                att = outcome.attachment
-                ips = ", ".join((device.network_data or {}).get("ips") or [])
-                self.status.event(
-                    pod,
-                    REASON_ADDED,
-                    f"Add {att.if_name} [{ips}] from {att.status_name or att.network_label} "
-                    f"(claim {att.claim.name}, request {att.request})",
-                    "Normal",
-                )
-            if self.metadata is not None and outcome.ready and device.network_data is not None:
-                att = outcome.attachment
-                try:  # local files, before the pod's containers start
-                    self.metadata.attached(
-                        att.claim, att.request, att.pool, att.device, device.network_data
-                    )
-                except OSError as exc:
-                    log.warning("device metadata of claim %s: %s", att.claim, exc)
-
-    def _annotate(
-        self, pod: ObjectRef, attached: Sequence[Attached], sandbox: nri.PodSandbox | None = None
-    ) -> None:
-        """The pod's network-status annotation (off the hook: the status writer sends it),
-        with the pod's annotations as the runtime gave them with the `sandbox`."""
-        if not self.network_status:
-            return
-        up = [(a.attachment, Result(a.result)) for a in attached if a.result and not a.pending]
-        seen = None
-        if sandbox is not None:
-            annotations = sandbox.annotations
-            seen = SeenAnnotations(
-                annotations.get(NETWORK_STATUS_ANNOTATION), bool(len(annotations))
-            )
-        self.status.pod_networks(pod, network_status(up), seen)
-
-    def interfaces(self) -> list[PodInterface]:
-        """Every interface attached now, for the per-interface telemetry."""
-        return [
-            PodInterface(
-                record.netns,
-                record.pod.namespace,
-                record.pod.name,
-                a.attachment.claim.name,
-                a.attachment.request,
-                a.attachment.if_name,
-            )
-            for record in self.store.all()
-            if record.state is State.ADDED
-            for a in record.attachments
-            if not a.pending and a.result is not None
-        ]
-
-    def shaped_interfaces(self) -> list[PodInterface]:
-        """The attached interfaces that have a rate limit, for its telemetry."""
-        shaped = {
-            (r.netns, a.attachment.if_name)
-            for r in self.store.all()
-            for a in r.attachments
-            if a.attachment.rate is not None
-        }
-        return [i for i in self.interfaces() if (i.netns, i.interface) in shaped]
-
-    def restore_status(self) -> None:
-        """After a restart: re-derive the status of every attachment that is set up."""
-        for record in self.store.all():
-            if record.state is not State.ADDED:
-                continue
-            self._annotate(record.pod, record.attachments)
-            for attached in record.attachments:
-                if attached.result is not None:
-                    outcome = Outcome(attached.attachment, Result(attached.result))
-                    self.status.put(attached.attachment.claim, device_status_of(outcome))
-
-    # ------------------------------------------------------------------ hot-plug
-
-    def on_demand(self, record: SandboxRecord, claim: str, request: str) -> Attachment:
-        """The pod's on-demand attachment of `claim` (its name, or the pod's name for it) and
-        `request`, from the checkpoint; PlugError when there is none."""
-        for prepared in self.checkpoint.for_pod(record.pod.uid):
-            if claim not in (prepared.ref.name, prepared.pod_claim_name):
-                continue
-            for device in prepared.devices:
-                if device.request == request and device.on_demand:
-                    return device.for_pod(record.pod, record.sandbox_id)
-        raise PlugError(
-            f"pod {record.pod} has no on-demand attachment for claim {claim!r} request "
-            f"{request!r} (a CNIConfig with attach: OnDemand, prepared for this pod)"
-        )
-
-    def _live_record(self, sandbox_id: str) -> SandboxRecord:
-        record = self.store.get(sandbox_id)
-        if record is None or record.state is not State.ADDED:
-            raise PlugError(f"sandbox {sandbox_id[:12]} has no attached record to plug into")
-        if self.node_netns(record.netns):
-            raise PlugError(f"sandbox {sandbox_id[:12]}'s network namespace is gone")
-        return record
-
-    def _netns_for_del(self, record: SandboxRecord) -> str:
-        """Where to DEL: never in the node's own namespace. A record reaching a sandbox through
-        its pause pid (`/proc/<pid>/ns/net`) would point there if the pause died and the pid
-        went to a host process; DEL then runs without a namespace (the plugins only release
-        what they hold, as for a sandbox whose namespace is gone)."""
-        return "" if self.node_netns(record.netns) else record.netns
-
-    async def plug(self, sandbox_id: str, claim: str, request: str) -> Attached:
-        """ADD an on-demand attachment to a running sandbox: the same checkpointed config,
-        write-ahead record, rollback, status, finalizer and metadata as at sandbox start."""
-        async with self.locks.hold(sandbox_id):
-            record = self._live_record(sandbox_id)
-            att = self.on_demand(record, claim, request)
-            if any(a.attachment.if_name == att.if_name for a in record.attachments):
-                raise PlugError(f"pod {record.pod} already has {att.if_name}")
-            if att.parent in self.protected_links() and not att.node_link_allowed:
-                raise PlugError(f"link {att.parent!r} now carries the node itself; refused")
-            pending = Attached(att, None, pending=True)
-            await self.store.put(replace(record, attachments=(*record.attachments, pending)))
-            started = time.perf_counter()
-            budget = self.budget.deadlines()
-            try:
-                [outcome] = await attach_all(
-                    self.runtime,
-                    [att],
-                    sandbox_id,
-                    record.netns,
-                    budget=budget,
-                    after_add=self._shape_after_add(record.netns, budget.add, record),
-                )
-            except AttachFailed as failed:
-                _count_failure(att, failed.failed.reason or "runtime")
-                if not failed.cleanup_errors:
-                    await self.store.put(record)
-                self._report(failed.outcomes)
-                self.journal.record(events.ATTACH_FAILED, record.pod, sandbox_id, str(failed))
-                raise PlugError(f"pod {record.pod}: {failed}") from None
-            done = Attached(att, outcome.result.to_json() if outcome.result else None)
-            plugged = replace(record, attachments=(*record.attachments, done))
-            await self.store.put(plugged)
-            if self.policy is not None:
-                self.policy.attached(plugged)
-            self._report([outcome], record.pod)
-            self._annotate(record.pod, (*record.attachments, done))
-            if self.hold_from_attach:
-                self._hold(att.claim)
-            self.journal.record(
-                events.ATTACHED,
-                record.pod,
-                sandbox_id,
-                f"plugged {att.if_name} ({att.network_label})",
-                (time.perf_counter() - started) * 1000,
-            )
-            return done
-
-    async def _detach_part(
-        self, sandbox_id: str, record: SandboxRecord, going: list[Attached]
-    ) -> list[str]:
-        """DEL some of a live sandbox's attachments (one claim's, or one unplugged network),
-        the others kept: marked pending on disk first (a crash is finished by the next
-        Synchronize), then DELed; once all went, their rate limits removed, the record kept
-        with the rest, the annotation and statuses updated and each claim no sandbox holds any
-        more released. The DELs' errors (the record keeps them pending)."""
-        marked = tuple(replace(a, pending=True) if a in going else a for a in record.attachments)
-        await self.store.put(replace(record, attachments=marked))
-        errors = await detach_all(
-            self.runtime,
-            [a.attachment for a in going],
-            sandbox_id,
-            self._netns_for_del(record),
-            on_done=_observe_del,
-        )
-        if errors:
-            return errors
-        await self._unshape(record, [a.attachment for a in going])
-        rest = tuple(a for a in record.attachments if a not in going)
-        await self.store.put(replace(record, attachments=rest))
-        self._annotate(record.pod, rest)
-        for ref in dict.fromkeys(a.attachment.claim for a in going):
-            self.status.drop(
-                ref, [status_key(a.attachment) for a in going if a.attachment.claim == ref]
-            )
-            if ref not in {c for r in self.store.all() for c in r.claims()}:
-                self._release(ref)
-        return []
-
-    async def unplug(self, sandbox_id: str, claim: str, request: str) -> None:
-        """DEL an on-demand attachment from a running sandbox; the others stay."""
-        async with self.locks.hold(sandbox_id):
-            record = self._live_record(sandbox_id)
-            att = self.on_demand(record, claim, request)
-            rest = tuple(a for a in record.attachments if a.attachment.if_name != att.if_name)
-            if len(rest) == len(record.attachments):
-                raise PlugError(f"pod {record.pod} has no {att.if_name} plugged")
-            going = [a for a in record.attachments if a.attachment.if_name == att.if_name]
-            errors = await self._detach_part(sandbox_id, record, going)
-            if errors:
-                self.journal.record(events.DETACH_FAILED, record.pod, sandbox_id, "; ".join(errors))
-                raise PlugError(f"pod {record.pod}: " + "; ".join(errors))
-            self.journal.record(events.DETACHED, record.pod, sandbox_id, f"unplugged {att.if_name}")
-            self.status.event(
-                record.pod, REASON_REMOVED, f"Removed {att.if_name} ({att.network_label})", "Normal"
-            )
-
-    async def finish_unplugs(self, record: SandboxRecord) -> None:
-        """A crash while plugging or unplugging left `pending` attachments in an attached
-        record: DEL them and keep the rest (called by Synchronize)."""
-        async with self.locks.hold(record.sandbox_id):
-            pending = [a for a in record.attachments if a.pending]
-            if not pending:
-                return
-            errors = await detach_all(
-                self.runtime,
-                [a.attachment for a in pending],
-                record.sandbox_id,
-                self._netns_for_del(record),
-                on_done=_observe_del,
-            )
-            if errors:
-                log.warning("undoing a half-done plug of %s: %s", record.pod, "; ".join(errors))
-                return
-            await self._unshape(record, [a.attachment for a in pending])
-            rest = tuple(a for a in record.attachments if not a.pending)
-            await self.store.put(replace(record, attachments=rest))
-
-    # ------------------------------------------------------------------ rate limits
-
-    def _shape_after_add(
-        self,
-        netns: str,
-        deadline: Deadline | None,
-        record: SandboxRecord | None = None,
-        labels: Mapping[str, str] | None = None,
-    ) -> AfterAdd:
-        """Hold each attachment that has a `rate` to it right after its ADD, within what is
-        left of the ADD budget (at most SHAPING_TIMEOUT), in a thread: the event loop never
-        waits on netlink. A limit that cannot be applied fails the attachment (SetupFailed),
-        so it is rolled back and no interface runs without the limit its claim reserved."""
-
-        async def shape(att: Attachment, result: Result | None = None) -> None:
-            await limit(att)
-            if self.policy is not None and record is not None:
-                await self.policy.at_add(record, labels, att, deadline, result)
-
-        async def limit(att: Attachment) -> None:
-            if att.rate is None:
-                return
-            timeout = SHAPING_TIMEOUT
-            if deadline is not None:
-                timeout = min(timeout, deadline.remaining())
-            what = f"rate limit {att.rate} on {att.if_name}"
-            if timeout <= 0:
-                why = deadline.describe() if deadline is not None else "no time"
-                raise SetupFailed(f"{what} could not be applied: {why} ran out", REASON_SHAPING)
-            try:
-                await asyncio.to_thread(
-                    self.shaper.apply, netns, att.if_name, att.rate, timeout=timeout
-                )
-            except shaping.ShapingError as exc:
-                raise SetupFailed(f"{what} could not be applied: {exc}", REASON_SHAPING) from exc
-
-        return shape
-
-    async def _unshape(self, record: SandboxRecord, attachments: Sequence[Attachment]) -> None:
-        if self.policy is not None:
-            await self.policy.detached(record, attachments)
-        await self._unlimit(record, attachments)
-
-    async def _unlimit(self, record: SandboxRecord, attachments: Sequence[Attachment]) -> None:
-        """Remove the rate limits of interfaces DELed from a live sandbox (its IFB stays in the
-        namespace otherwise); Gone is done. A failure is logged and journalled, not raised:
-        the interface is gone, what is left (an idle IFB) is replaced by the next apply."""
-        netns = self._netns_for_del(record)
-        for att in attachments:
-            if att.rate is None or not netns:
-                continue
-            try:
-                await asyncio.to_thread(
-                    self.shaper.remove, netns, att.if_name, timeout=SHAPING_TIMEOUT
-                )
-            except shaping.Gone:
-                continue
-            except shaping.ShapingError as exc:
-                message = f"removing the rate limit of {att.if_name}: {exc}"
-                log.warning("pod %s: %s", record.pod, message)
-                self.journal.record(events.DETACH_FAILED, record.pod, record.sandbox_id, message)
 
     # ------------------------------------------------------------------ detach
 
@@ -707,6 +299,16 @@ class PodLifecycle:
         if self.store.get(sandbox_id) is not None or sandbox_id in self.locks.busy():
             self.stopped.add(sandbox_id)
 
+    def runtime_lists(self, sandbox_ids: Collection[str]) -> None:
+        """Synchronize: the runtime has these sandboxes and forgot every other; a stopped
+        sandbox it no longer lists is forgotten too (its RemovePodSandbox may be lost)."""
+        self.stopped &= set(sandbox_ids)
+
+    def vanished(self, record: SandboxRecord) -> bool:
+        """The sandbox's network namespace is gone without a hook, and no detach of it is
+        retrying (the sweeper's question)."""
+        return not self.retrying(record.sandbox_id) and not self.netns_exists(record.netns)
+
     def _going(self, sandbox_id: str) -> bool:
         """The runtime stopped or removed the sandbox: it never runs again."""
         return sandbox_id in self.stopped or sandbox_id in self.removed
@@ -714,6 +316,16 @@ class PodLifecycle:
     def _undone_anyway(self, record: SandboxRecord) -> bool:
         """An `added` record is left alone unless its sandbox is going."""
         return record.state is not State.ADDED or self._going(record.sandbox_id)
+
+    def netns_for_del(self, record: SandboxRecord) -> str:
+        """Where to DEL: never in the node's own namespace. A record reaching a sandbox through
+        its pause pid (`/proc/<pid>/ns/net`) would point there if the pause died and the pid
+        went to a host process; DEL then runs without a namespace (the plugins only release
+        what they hold, as for a sandbox whose namespace is gone)."""
+        return "" if self.node_netns(record.netns) else record.netns
+
+    def in_node_netns(self, path: str) -> bool:
+        return self.node_netns(path)
 
     async def detach(
         self,
@@ -760,18 +372,18 @@ class PodLifecycle:
                 return True
             if self._undone_anyway(record) or len(going) == len(record.attachments):
                 return await self._detach_held(sandbox_id, None, None, False)
-            errors = await self._detach_part(sandbox_id, record, going)
+            errors = await self.hotplug.detach_part(sandbox_id, record, going)
             if errors:
                 message = "; ".join(errors)
                 log.warning("detach of claim %s from pod %s failed: %s", claim, record.pod, message)
                 self.journal.record(events.DETACH_FAILED, record.pod, sandbox_id, message)
-                self._hold(going[0].attachment.claim)
+                self.reporting.hold(going[0].attachment.claim)
                 return False
             names = ", ".join(
                 f"{a.attachment.if_name} ({a.attachment.network_label})" for a in going
             )
             self.journal.record(events.DETACHED, record.pod, sandbox_id, f"detached {names}")
-            self.status.event(record.pod, REASON_REMOVED, f"Removed {names}", "Normal")
+            self.reporting.removed(record.pod, [a.attachment for a in going])
             return True
 
     async def _detach_held(
@@ -794,18 +406,18 @@ class PodLifecycle:
             self.runtime,
             [a.attachment for a in record.attachments],
             sandbox_id,
-            self._netns_for_del(record),
+            self.netns_for_del(record),
             deadline,
-            on_done=_observe_del,
+            on_done=observe_del,
         )
         if errors and self._can_retry(record):
             message = f"pod {record.pod}: " + "; ".join(errors)
             log.warning("detach failed, will retry: %s", message)
             self.journal.record(events.DETACH_FAILED, record.pod, sandbox_id, "; ".join(errors))
             if pod is not None:
-                self.status.event(pod, REASON_DETACH_FAILED, message)
+                self.reporting.detach_failed(pod, message)
             for claim in record.claims():
-                self._hold(claim)
+                self.reporting.hold(claim)
             self.retry_detach(sandbox_id)
             return False
         if errors:
@@ -822,10 +434,7 @@ class PodLifecycle:
             "detached " + ", ".join(a.attachment.if_name for a in record.attachments),
         )
         if record.attachments and not errors:
-            names = ", ".join(
-                f"{a.attachment.if_name} ({a.attachment.network_label})" for a in record.attachments
-            )
-            self.status.event(record.pod, REASON_REMOVED, f"Removed {names}", "Normal")
+            self.reporting.removed(record.pod, [a.attachment for a in record.attachments])
         return True
 
     def _can_retry(self, record: SandboxRecord) -> bool:
@@ -834,19 +443,9 @@ class PodLifecycle:
 
     async def _forget(self, record: SandboxRecord) -> None:
         await self.store.remove(record.sandbox_id)
-        if self.policy is not None:
-            self.policy.forget(record)
+        self.setup.forget(record)
         self.removed.discard(record.sandbox_id)
-        if all(other.pod != record.pod for other in self.store.all()):  # no sandbox re-created
-            self.status.pod_gone(record.pod)
-        in_use = {claim for other in self.store.all() for claim in other.claims()}
-        for claim in record.claims():
-            keys = [
-                status_key(a.attachment) for a in record.attachments if a.attachment.claim == claim
-            ]
-            self.status.drop(claim, keys, later=True)  # the pod is likely going: see drop
-            if claim not in in_use:  # another sandbox (a shared claim) may still use it
-                self._release(claim)
+        self.reporting.forgotten(record)
 
     def retry_detach(self, sandbox_id: str, first_delay: float | None = None) -> None:
         if sandbox_id in self.retries:
@@ -876,23 +475,23 @@ class PodLifecycle:
                 log.exception("retrying the detach of sandbox %s", sandbox_id[:12])
             delay = backoff.next()
 
+    # ------------------------------------------------------------------ the rooms' faces
+    # (callers that hold the lifecycle as one face: the Reconciler, the tests)
 
-def status_key(att: Attachment) -> DeviceKey:
-    """The claim's status.devices entry of the attachment: driver, pool, device, shareID."""
-    return (DRIVER_NAME, att.pool, att.device, att.share_id or "")
+    async def plug(self, sandbox_id: str, claim: str, request: str) -> Attached:
+        return await self.hotplug.plug(sandbox_id, claim, request)
 
+    async def unplug(self, sandbox_id: str, claim: str, request: str) -> None:
+        await self.hotplug.unplug(sandbox_id, claim, request)
 
-def _network_of(att: Attachment) -> str:
-    return att.status_name or att.network_name
+    async def finish_unplugs(self, record: SandboxRecord) -> None:
+        await self.hotplug.finish_unplugs(record)
 
+    def released(self, claim: ObjectRef, generated: bool) -> None:
+        self.reporting.released(claim, generated)
 
-def _count_failure(att: Attachment, reason: str) -> None:
-    metrics.ATTACH_FAILURES.labels(metrics.network_label(_network_of(att)), reason).inc()
+    def interfaces(self) -> list[PodInterface]:
+        return self.reporting.interfaces()
 
-
-def _observe_del(att: Attachment, seconds: float, reason: str) -> None:
-    network = metrics.network_label(_network_of(att))
-    if reason:
-        metrics.DETACH_FAILURES.labels(network, reason).inc()
-    else:
-        metrics.DETACH_DURATION.labels(network).observe(seconds)
+    def restore_status(self) -> None:
+        self.reporting.restore()

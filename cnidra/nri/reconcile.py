@@ -7,23 +7,68 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from typing import Protocol
 
 from cnidra._proto.nri.v1alpha1 import api_pb2 as nri
 from cnidra.api.ownership import is_owned
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.errors import CNIRuntimeError
+from cnidra.cni.invoke import Deadline
+from cnidra.cni.runtime import CNIRuntime
 from cnidra.cni.types import GCAttachment, NetworkConfigList
-from cnidra.nri.lifecycle import AttachError, PodLifecycle, netns_of
+from cnidra.nri.lifecycle import AttachError, netns_of
 from cnidra.state import journal as events
-from cnidra.state.sandboxes import State
+from cnidra.state.checkpoint import Checkpoint
+from cnidra.state.journal import Journal
+from cnidra.state.sandboxes import Attached, SandboxRecord, SandboxStore, State
 
 log = logging.getLogger(__name__)
 
 
+class Sandboxes(Protocol):
+    """What the Reconciler asks of the pod lifecycle (`PodLifecycle`): the records, the
+    checkpoint, the runtime and the journal to read, and the state machine's transitions to
+    run. The Reconciler changes none of the lifecycle's fields itself."""
+
+    @property
+    def store(self) -> SandboxStore: ...
+    @property
+    def checkpoint(self) -> Checkpoint: ...
+    @property
+    def runtime(self) -> CNIRuntime: ...
+    @property
+    def journal(self) -> Journal: ...
+
+    def plan(self, pod: nri.PodSandbox) -> list[Attached]: ...
+
+    async def attach(self, pod: nri.PodSandbox, *, behind_sandbox: bool = False) -> int: ...
+
+    async def detach(
+        self,
+        sandbox_id: str,
+        pod: ObjectRef | None,
+        deadline: Deadline | None = None,
+        *,
+        unfinished_only: bool = False,
+    ) -> bool: ...
+
+    async def detach_claim(self, sandbox_id: str, claim: ObjectRef) -> bool: ...
+
+    async def finish_unplugs(self, record: SandboxRecord) -> None: ...
+
+    def runtime_lists(self, sandbox_ids: Collection[str]) -> None: ...
+
+    def forget_sandbox(self, sandbox_id: str) -> None: ...
+
+    def vanished(self, record: SandboxRecord) -> bool: ...
+
+    def released(self, claim: ObjectRef, generated: bool) -> None: ...
+
+
 class Reconciler:
     def __init__(
-        self, lifecycle: PodLifecycle, write_problem: Callable[[], str | None] = lambda: None
+        self, lifecycle: Sandboxes, write_problem: Callable[[], str | None] = lambda: None
     ) -> None:
         self.lifecycle = lifecycle
         self.write_problem = write_problem  # why the state root cannot be written, or None
@@ -36,7 +81,7 @@ class Reconciler:
         half-done; attach pods that started while cnidra was away; then GC."""
         life = self.lifecycle
         live = {p.id: p for p in pods}
-        life.stopped &= set(live)  # the runtime forgot the others: their Remove may be lost
+        life.runtime_lists(live)  # the runtime forgot the others: their Remove may be lost
         for record in life.store.all():
             pod = live.get(record.sandbox_id)
             if pod is None:
@@ -69,7 +114,7 @@ class Reconciler:
         life = self.lifecycle
         swept = 0
         for record in life.store.all():
-            if life.retrying(record.sandbox_id) or life.netns_exists(record.netns):
+            if not life.vanished(record):
                 continue
             life.forget_sandbox(record.sandbox_id)
             log.info(
@@ -152,4 +197,4 @@ class Reconciler:
             and prepared.pod_claim_name is not None
             and len(prepared.pod_uids) == 1
         )
-        self.lifecycle.status.released(prepared.ref if prepared else ref, generated)
+        self.lifecycle.released(prepared.ref if prepared else ref, generated)

@@ -383,14 +383,19 @@ def reservation(name: str, pod: str) -> dict[str, Any]:
     }
 
 
-def test_whereabouts_held_addresses_are_excluded_from_the_pool() -> None:
+def test_whereabouts_held_addresses_become_reservations_for_their_pods() -> None:
     wb = {"type": "whereabouts", "range": "198.18.70.0/24", "exclude": ["198.18.70.0/28"]}
     result = run(
         nad("a", macvlan(wb)),
         deployment("a"),
         ippool(
             "198.18.70.0/24",
-            {"20": {"id": "c1", "podref": "t/db-0"}, "21": {"id": "c2", "podref": "t/db-1"}},
+            {
+                "20": {"id": "c1", "podref": "t/db-0"},
+                "21": {"id": "c2", "podref": "t/db-1"},
+                "5": {"id": "c3", "podref": "t/old"},  # in the exclude: never handed out
+                "30": {"id": "c4", "podref": "?"},  # no pod name: excluded instead
+            },
         ),
         reservation("198.18.70.40", "t/web-x"),
         reservation("198.18.99.1", "t/elsewhere"),  # another range: not this pool's
@@ -398,10 +403,42 @@ def test_whereabouts_held_addresses_are_excluded_from_the_pool() -> None:
     assert not result.refused, result.refused
     pool = result.docs[0]
     assert pool["kind"] == "CNIIPPool"
-    assert pool["spec"]["exclude"] == ["198.18.70.0/28", "198.18.70.20/31", "198.18.70.40/32"]
+    assert pool["spec"]["reservations"] == [
+        {"address": "198.18.70.20", "pod": "t/db-0"},
+        {"address": "198.18.70.21", "pod": "t/db-1"},
+        {"address": "198.18.70.40", "pod": "t/web-x"},
+    ]
+    assert pool["spec"]["exclude"] == ["198.18.70.0/28", "198.18.70.30/32"]
     [said] = [n for n in result.notes if "whereabouts holds" in n]
     assert "198.18.70.20 (t/db-0)" in said and "StatefulSet" in said
+    assert "198.18.70.30 (?)" in said and "exclude instead" in said
     assert shipped_verdict(result.docs) == []
+
+
+async def test_a_converted_pool_gives_a_statefulset_pod_its_whereabouts_address(
+    tmp_path: Path,
+) -> None:
+    """The migration end to end in the allocator: the pool convert emits, as the apiserver
+    keeps it, gives db-0 the address whereabouts gave it and never gives web-x's to anyone."""
+    from tests.ipam.fakes import FakeApiserver, addresses_of, claim_using, node_allocator
+
+    result = run(
+        nad("a", macvlan({"type": "whereabouts", "range": "198.18.72.0/28"})),
+        deployment("a"),
+        ippool("198.18.72.0/28", {"3": {"podref": "t/db-0"}, "4": {"podref": "t/web-x"}}),
+    )
+    pool = result.docs[0]
+    api = FakeApiserver()
+    api.pool(pool["metadata"]["name"], pool["spec"])
+    node = node_allocator(api, tmp_path, "n1")
+    name = pool["metadata"]["name"]
+    got = await node.assign(claim_using(name, "u0", namespace="t"), ["db-0"])
+    assert addresses_of(got) == ["198.18.72.3/28"]
+    others = [
+        addresses_of(await node.assign(claim_using(name, f"u{i}", namespace="t"), [f"new-{i}"]))
+        for i in range(1, 6)
+    ]
+    assert ["198.18.72.4/28"] not in others and ["198.18.72.3/28"] not in others
 
 
 def test_whereabouts_ipv6_reservation_names_are_read() -> None:
@@ -657,3 +694,64 @@ def test_options_for_nads_are_refused_with_workloads(tmp_path: Path, args: tuple
     result = cli(tmp_path, nad("a", macvlan(POOLED)), deployment("a"), args=args)
     assert result.exit_code == 2 and result.stdout == ""
     assert args[0] in result.stderr
+
+
+# ------------------------------------------------------------------ persistent IPs
+
+
+def test_allow_persistent_ips_becomes_the_pools_and_the_reference_the_claims() -> None:
+    config = macvlan({"type": "whereabouts", "range": "198.18.73.0/24"}, allowPersistentIPs=True)
+    element = json.dumps([{"name": "a", "ipam-claim-reference": "vm-a.data"}])
+    result = run(nad("a", config), deployment(element))
+    assert not result.refused, result.refused
+    [pool] = [d for d in result.docs if d["kind"] == "CNIIPPool"]
+    assert pool["spec"]["allowPersistentIPs"] is True
+    [params] = params_of(result)
+    assert params["ipamClaimReference"] == "vm-a.data"
+    assert "allowPersistentIPs" not in json.dumps(params["config"])
+    assert any("IPAMClaim t/vm-a.data" in n for n in result.notes)
+    assert not any("ipam-claim-reference" in n and "not carried" in n for n in result.notes)
+    assert shipped_verdict(result.docs) == []
+
+
+def test_a_reference_without_persistent_ips_is_named_not_carried() -> None:
+    element = json.dumps([{"name": "a", "ipam-claim-reference": "vm-a.data"}])
+    result = run(
+        nad("a", macvlan({"type": "whereabouts", "range": "198.18.74.0/24"})), deployment(element)
+    )
+    assert not result.refused, result.refused
+    [params] = params_of(result)
+    assert "ipamClaimReference" not in params
+    assert any("ipam-claim-reference" in n and "not carried" in n for n in result.notes)
+
+
+def test_allow_persistent_ips_without_a_pool_is_named() -> None:
+    config = macvlan(
+        {"type": "static", "addresses": [{"address": "198.18.75.2/24"}]}, allowPersistentIPs=True
+    )
+    result = run(nad("a", config), deployment("a"))
+    assert any("allowPersistentIPs dropped" in n for n in result.notes)
+
+
+def test_what_the_apiserver_wrote_is_not_carried_into_the_output() -> None:
+    """`kubectl get deployment -o yaml` as the input (docs/migrating-from-multus.md): the
+    output applies over the running object (no stale resourceVersion, no status)."""
+    live = deployment("a")
+    live["metadata"].update(
+        resourceVersion="4711",
+        uid="0b1c",
+        generation=3,
+        creationTimestamp="2026-11-27T00:00:00Z",
+        managedFields=[{"manager": "kubectl"}],
+        annotations={
+            "deployment.kubernetes.io/revision": "3",
+            "kubectl.kubernetes.io/last-applied-configuration": "{}",
+            "team": "kept",
+        },
+    )
+    live["status"] = {"replicas": 1}
+    result = run(nad("a", macvlan(POOLED)), live)
+    assert not result.refused, result.refused
+    [made] = [d for d in result.docs if d["kind"] == "Deployment"]
+    assert "status" not in made
+    assert made["metadata"] == {"name": "app", "namespace": "t", "annotations": {"team": "kept"}}

@@ -20,6 +20,7 @@ from bench import fleet
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.networks import cninetwork
 from cnidra.api.validate import validate_documents
+from cnidra.dra import ahead
 from cnidra.inventory.slices import MAX_ATTRIBUTES, MAX_DEVICES_PER_SLICE
 from testbed import components
 from testbed.layout import APISERVER_PORT, ETCD_CLIENT, ETCD_PEER, Bins, Paths
@@ -168,6 +169,25 @@ def test_claims_and_pods() -> None:
     Pod.from_dict(pod)
 
 
+def test_claims_ahead_pods_are_what_the_read_ahead_reads() -> None:
+    """The pods bound to the measured node, with claims as the scheduler leaves them: the
+    read-ahead (cnidra.dra.ahead) reads each pod's claim and keeps it."""
+    pod = fleet.bound_pod_object("ahead-n0001", "fleet-00007", "ahead-n0001", fleet.AHEAD_TAG)
+    assert pod["spec"]["nodeName"] == "fleet-00007"
+    assert "nodeSelector" not in pod["spec"]
+    assert ahead.claim_names(pod) == ["ahead-n0001"]
+    Pod.from_dict(pod)
+    claim = fleet.claim_object("ahead-n0001", DRIVER_NAME, fleet.AHEAD_TAG)
+    status = fleet.reserved_status("ahead-n0001", "fleet-00007", "ahead-n0001", "uid-1")
+    result = status["status"]["allocation"]["devices"]["results"][0]
+    assert result["request"] == claim["spec"]["devices"]["requests"][0]["name"]
+    assert result["driver"] == DRIVER_NAME
+    with_status = {**claim, "status": status["status"]}
+    assert ahead._reserved_for(with_status, "uid-1")
+    assert not ahead._reserved_for(with_status, "uid-2")
+    ResourceClaim.from_dict(with_status)
+
+
 def test_nodes() -> None:
     obj = fleet.node_object("fleet-00002", fleet.node_ip(2), "2026-01-01T00:00:00Z")
     assert obj["metadata"]["labels"]["kubernetes.io/hostname"] == "fleet-00002"
@@ -254,6 +274,8 @@ def test_the_driver_client_gets_the_hook(tmp_path: Path) -> None:
     client = fleet.counted_client(config, fleet.RequestLog(), "n", 10.0)
     hooks = client._client._client.event_hooks["request"]
     assert len(hooks) == 1
+    # and the watches' own connection: a watch started again at rest is counted too
+    assert len(client.watches._client._client.event_hooks["request"]) == 1  # type: ignore[attr-defined]
 
 
 def detail() -> dict[str, Any]:
@@ -284,7 +306,21 @@ def test_the_last_line() -> None:
         "schedule_p99_ms",
         "dra_example_schedule_p99_ms",
         "apiserver_rss_mib",
+        "claims_ahead_vmrss_mib",
+        "claims_ahead_added_rssanon_mib",
+        "claims_ahead_requests_per_min",
     }
+    assert line["claims_ahead_vmrss_mib"] is None  # --ahead-pods 0: not measured
+    measured = detail()
+    measured["claims_ahead"] = {
+        "vmrss_mib": 40.2,
+        "added_rssanon_mib": 0.7,
+        "rest_requests_per_min": 0.0,
+    }
+    got = fleet.summary(measured)
+    assert got["claims_ahead_vmrss_mib"] == 40.2
+    assert got["claims_ahead_added_rssanon_mib"] == 0.7
+    assert got["claims_ahead_requests_per_min"] == 0.0
     assert line["schedule_p99_ms"] == 40.0 and line["dra_example_schedule_p99_ms"] == 30.0
     assert json.loads(json.dumps(line)) == line
 
@@ -391,3 +427,55 @@ def test_pool_accounting_costs_nothing_at_rest_and_coalesces_allocations() -> No
     assert result["one_allocation_per_interval_requests_per_allocation"] == 2.0
     assert result["accountant_memory_bytes"] > 0
     assert "pool accounting: 5 pools, 20 nodes, 40 blocks" in fleet_pools.report(result)
+
+
+class PlacingClient:
+    """What place_claims_ahead sends: creates (a made pod gets a UID) and status applies."""
+
+    def __init__(self) -> None:
+        self.created: list[Any] = []
+        self.patched: list[tuple[Any, str, dict[str, Any], dict[str, Any]]] = []
+
+    async def create(self, obj: Any) -> Any:
+        self.created.append(obj)
+        if isinstance(obj, Pod) and obj.metadata:
+            obj.metadata.uid = f"uid-{obj.metadata.name}"
+        return obj
+
+    async def patch(self, kind: Any, name: str, body: dict[str, Any], **kwargs: Any) -> None:
+        self.patched.append((kind, name, body, kwargs))
+
+
+async def test_claims_ahead_are_placed_on_the_node_and_elsewhere() -> None:
+    client = PlacingClient()
+    nodes = [fleet.node_name(i) for i in range(4)]
+    placed = await fleet.place_claims_ahead(
+        client,  # type: ignore[arg-type]
+        nodes,
+        nodes[-1],
+        5,
+        2,
+    )
+    assert placed["pods_on_node"] == 5 and placed["pods_elsewhere"] == 6
+    pods = [o for o in client.created if isinstance(o, Pod)]
+    claims = [o for o in client.created if isinstance(o, ResourceClaim)]
+    assert len(pods) == len(claims) == 11
+    on_node = [p for p in pods if p.spec.nodeName == nodes[-1]]
+    assert len(on_node) == 5
+    assert {p.spec.nodeName for p in pods} == set(nodes)
+    assert all(p.metadata.labels[fleet.ROUND_LABEL] == fleet.AHEAD_TAG for p in pods)
+    # only the node's own claims are allocated and reserved, each for its pod's UID
+    assert len(client.patched) == 5
+    for kind, name, body, kwargs in client.patched:
+        assert kind is fleet.ResourceClaimStatus
+        assert body["status"]["reservedFor"] == [
+            {"resource": "pods", "name": name, "uid": f"uid-{name}"}
+        ]
+        assert kwargs["force"] and kwargs["namespace"] == fleet.NAMESPACE
+
+
+def test_claims_ahead_flags() -> None:
+    with pytest.raises(SystemExit):
+        fleet.main(["--ahead-pods", str(fleet.NODE_PODS + 1)])
+    with pytest.raises(SystemExit):
+        fleet.main(["--ahead-elsewhere", "-1"])

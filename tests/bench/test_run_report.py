@@ -489,6 +489,9 @@ def test_the_plan() -> None:
         "webhook",
     ]
     assert "fleet" not in [b.name for b in run.select(None, "fleet", False)]
+    # the transports beside each other on their own control plane, not on the test bed
+    transport = run.BY_NAME["transport"]
+    assert not transport.quick and transport.present()
     with pytest.raises(SystemExit, match="unknown benchmark"):
         run.select("nope", None, False)
     assert all("--json" in b.args for b in run.BENCHES)

@@ -122,9 +122,9 @@ async def test_json_output_carries_the_rates(tmp_path: Path) -> None:
 
 async def test_the_collector_exports_each_shaped_interface_per_direction(tmp_path: Path) -> None:
     node = await shaped_pod(tmp_path)
-    assert [i.interface for i in node.lifecycle.shaped_interfaces()] == ["net1"]
+    assert [i.interface for i in node.lifecycle.reporting.shaped_interfaces()] == ["net1"]
     collector = RateLimitCollector()
-    collector.source = node.lifecycle.shaped_interfaces
+    collector.source = node.lifecycle.reporting.shaped_interfaces
     reader = Reader({"net1": Shaping("net1", direction(4), direction(2), "cnifb-x")})
     collector.read = reader
     families = {f.name: f for f in collector.collect()}

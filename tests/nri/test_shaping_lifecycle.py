@@ -79,7 +79,7 @@ async def test_no_time_left_in_the_budget_fails_the_limit_without_trying(
     shaper = FakeShaper()
     node = Node.start(tmp_path, shaper=shaper)
     claim = prepare(node.checkpoint, "c", "a-uid", ("net1", network("c", "macvlan")), rate=LIMIT)
-    shape = node.lifecycle._shape_after_add(NETNS, Deadline.after(0.0, "the pod's attach budget"))
+    shape = node.lifecycle.setup.after_add(NETNS, Deadline.after(0.0, "the pod's attach budget"))
     with pytest.raises(SetupFailed, match="the pod's attach budget of 0s ran out") as caught:
         await shape(claim.devices[0], None)
     assert caught.value.reason == "shaping" and shaper.calls == []

@@ -93,7 +93,7 @@ async def test_the_hook_path_shapes_a_veth_and_a_del_takes_it_away(
     assert net1.egress.limit == LIMIT and net1.ingress.limit == LIMIT
     assert "htb" in qdiscs(pod_netns, "net1")
     assert net1.ifb in links(pod_netns)
-    status = lifecycle.status
+    status = lifecycle.reporting.status
     assert isinstance(status, RecordingStatus)
     [entry] = status.entries[ObjectRef("ns", "fast", "fast-uid")].values()
     assert entry["conditions"][1]["message"] == "net1 is held to 20Mbit/s in each direction"

@@ -13,6 +13,7 @@ from lightkube.models.meta_v1 import ObjectMeta, Status
 from lightkube.resources.core_v1 import Event, Pod
 
 from cnidra.api.refs import ObjectRef
+from cnidra.status import events
 from cnidra.status import writer as module
 from cnidra.status.writer import NETWORK_STATUS_ANNOTATION, StatusWriter
 from tests.status.test_network_status import OURS, running
@@ -81,8 +82,8 @@ async def test_one_pod_failing_does_not_hold_up_the_others() -> None:
             await asyncio.sleep(0.02)
         assert api.entries("a") == [OURS] and api.entries("b") == [OURS]
         assert api.patched["forbidden"] == 1  # refused for good: dropped, not retried
-        assert pod("forbidden") not in writer._pod_networks
-        assert pod("stuck") in writer._pod_networks  # still retried, on its own backoff
+        assert pod("forbidden") not in writer.pods.networks
+        assert pod("stuck") in writer.pods.networks  # still retried, on its own backoff
         del api.failing["stuck"]
         await settle(writer)
     assert api.entries("stuck") == [OURS] and writer.pending() == 0
@@ -120,11 +121,11 @@ async def test_an_event_refused_for_good_does_not_block_the_next_and_the_queue_i
     async with running(writer):
         await settle(writer)
     assert api.events == ["AttachFailed", "Added"]
-    assert api.event_calls == 1 + module.EVENT_ATTEMPTS + 2  # Flaky: a bounded number of tries
-    for i in range(module.MAX_EVENTS + 50):  # the apiserver unreachable meanwhile
+    assert api.event_calls == 1 + events.EVENT_ATTEMPTS + 2  # Flaky: a bounded number of tries
+    for i in range(events.MAX_EVENTS + 50):  # the apiserver unreachable meanwhile
         writer.event(pod("a"), f"E{i}", "m")
-    assert len(writer._events) == module.MAX_EVENTS
-    assert writer._events[0].reason == "E50"  # the oldest gave way
+    assert len(writer.events.queue) == events.MAX_EVENTS
+    assert writer.events.queue[0].reason == "E50"  # the oldest gave way
 
 
 async def test_a_finalizer_refused_for_good_is_not_retried_forever() -> None:
@@ -221,8 +222,13 @@ async def test_what_the_writer_keeps_goes_with_the_pods() -> None:
         for i in range(200):
             writer.pod_networks(pod(f"p{i}"), [OURS])
         await settle(writer)
-        assert len(writer._written_interfaces) == 200  # needed while the pods run
+        assert len(writer.pods.written_interfaces) == 200  # needed while the pods run
         for i in range(200):
             writer.pod_gone(pod(f"p{i}"))
-    kept = (writer._written_interfaces, writer._pod_networks, writer._pods.backoffs, writer._pods)
+    kept = (
+        writer.pods.written_interfaces,
+        writer.pods.networks,
+        writer.queue.backoffs,
+        writer.queue,
+    )
     assert [len(k) for k in kept] == [0, 0, 0, 0] and writer.pending() == 0

@@ -83,7 +83,7 @@ async def test_the_condition_is_merged_into_the_entry_whichever_comes_first() ->
         writer.drop(CLAIM, [DEVICE.key])
         await settled(lambda: len(client.patches) == 3)
         assert client.patches[2][1]["status"]["devices"] == []
-        assert writer._conditions == {}
+        assert writer.claims.conditions == {}
 
 
 def test_the_status_body_holds_this_nodes_entry_or_none() -> None:

@@ -18,6 +18,7 @@ import pytest
 from cnidra._proto.dra.v1 import api_pb2 as dra
 from cnidra.api.refs import ObjectRef
 from cnidra.observe import metrics
+from cnidra.status import claimstatus
 from cnidra.status import writer as module
 from cnidra.status.devices import DeviceStatus
 from tests.fakenode import MULTUS_ENTRY, NAMESPACE, NETWORK_STATUS, FakeNode
@@ -216,7 +217,7 @@ async def test_a_removal_not_followed_by_a_release_is_written_after_the_grace(
 ) -> None:
     """A sandbox gone and none made again, the claim still prepared: its entries go after
     DROP_GRACE; a claim not made from a template is written at once when released."""
-    monkeypatch.setattr(module, "DROP_GRACE", 0.05)
+    monkeypatch.setattr(claimstatus, "DROP_GRACE", 0.05)
     api = FakeApiserver()
     node = FakeNode(tmp_path, api, fake_plugins=True, normal_events=False)
     async with node.running():
@@ -238,16 +239,18 @@ async def test_a_shared_claims_removal_is_written_when_it_is_released() -> None:
     claim = ObjectRef("ns", "shared", "uid-s")
     entry = DeviceStatus("node-1", "eth1", "", ())
     writer.put(claim, entry)
-    writer._claims.due_times[claim] = (
+    writer.queue.due_times["claim", claim] = (
         99.0  # as if written and due again then: only the removal waits
     )
     writer.drop(claim, [entry.key], later=True)
-    assert writer._claims.due_times[claim] == 99.0  # a removal never puts off what is due sooner
-    writer._claims.due_times[claim] = 1e12
+    assert (
+        writer.queue.due_times["claim", claim] == 99.0
+    )  # a removal never puts off what is due sooner
+    writer.queue.due_times["claim", claim] = 1e12
     writer.released(claim, generated=False)  # other pods may hold it: written now
-    assert writer._claims.due_times[claim] == 0.0
+    assert writer.queue.due_times["claim", claim] == 0.0
     writer.released(claim, generated=True)  # deallocated next: nothing to write, nor keep
-    assert claim not in writer._claims and claim not in writer._devices
+    assert claim not in writer.claims.lane and claim not in writer.claims.devices
 
 
 def test_an_unplugged_interfaces_entry_goes_at_once() -> None:
@@ -256,9 +259,9 @@ def test_an_unplugged_interfaces_entry_goes_at_once() -> None:
     claim = ObjectRef("ns", "c", "uid-c")
     entry = DeviceStatus("node-1", "eth1", "", ())
     writer.put(claim, entry)
-    writer._claims.due_times.clear()  # as if written
+    writer.queue.due_times.clear()  # as if written
     writer.drop(claim, [entry.key])
-    assert writer._claims.due_times[claim] == 0.0
+    assert writer.queue.due_times["claim", claim] == 0.0
 
 
 async def test_what_the_writer_keeps_goes_with_the_pods_and_their_claims(tmp_path: Path) -> None:
@@ -269,13 +272,16 @@ async def test_what_the_writer_keeps_goes_with_the_pods_and_their_claims(tmp_pat
             await node.pod(i, multus=i % 3 == 0)
     writer = node.driver.status
     kept = {
-        name: len(getattr(writer, name))
-        for name in (
-            "_devices", "_status_changed", "_written", "_finalizer", "_finalizer_written",
-            "_queued_at", "_pod_networks", "_seen", "_written_interfaces", "_events",
+        f"{part}.{name}": len(getattr(getattr(writer, part), name))
+        for part, names in (
+            ("claims", ("devices", "status_changed", "written", "finalizers",
+                        "finalizers_written", "queued_at")),
+            ("pods", ("networks", "seen", "written_interfaces")),
+            ("events", ("queue",)),
         )
+        for name in names
     }  # fmt: skip
-    for queue in ("_claims", "_pods"):  # queued keys and their backoffs
-        kept[queue] = len(getattr(writer, queue)) + len(getattr(writer, queue).backoffs)
+    # the one queue's keys and their backoffs
+    kept["queue"] = len(writer.queue) + len(writer.queue.backoffs)
     assert set(kept.values()) == {0}, kept
     assert not node.driver.lifecycle.held and not api.claims

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,9 +23,11 @@ from typing import Any
 import pytest
 
 from cnidra.state.layout import DEFAULT_STATE_ROOT
-from testbed.harness import Cluster
+from testbed import cluster as tb
+from testbed.harness import ROOT, Cluster
 from testbed.incluster import (
     IMAGE_ARCHIVE,
+    NAMESPACE,
     InClusterDriver,
     Release,
     build_image,
@@ -162,14 +166,31 @@ def upgrade_while_pods_come_and_go(
     start_pod(cluster, ns, "gone")
     ready(cluster, ns, "gone")
     start = time.monotonic()
+    # an upgrade to another of the chart's ci/ values sets, as chart-testing's `ct install
+    # --upgrade` does: the metrics Service and the dashboard come with it
+    metrics = ROOT / "charts" / "cnidra" / "ci" / "metrics-values.yaml"
     with ThreadPoolExecutor(1) as executor:
-        upgrade = executor.submit(release.upgrade, "driver.logLevel=debug")
+        upgrade = executor.submit(release.upgrade, "driver.logLevel=debug", values=[metrics])
         time.sleep(0.5)
         cluster.kubectl("delete", "pod", "gone", "-n", ns, "--wait=false")
         start_pod(cluster, ns, "p2")
         upgrade.result()
+    driver.listen_on_node()  # the metrics Service's values: the node's address, not loopback
     driver.wait_ready()
     print(f"helm upgrade to a ready driver: {time.monotonic() - start:.1f} s")
+    made = cluster.kubectl(
+        "get", "services,configmaps", "-n", NAMESPACE, "-l", "app.kubernetes.io/instance=cnidra",
+        "-o", "jsonpath={range .items[*]}{.kind}/{.metadata.name} {end}",
+    ).stdout.split()  # fmt: skip
+    assert "Service/cnidra-metrics" in made and "ConfigMap/cnidra-dashboard" in made, made
+    cluster.wait(
+        "the metrics Service's endpoint (the driver pod, port 9177)",
+        lambda: "9177" in cluster.kubectl(
+            "get", "endpointslices", "-n", NAMESPACE, "-l",
+            "kubernetes.io/service-name=cnidra-metrics", "-o", "jsonpath={..port}",
+        ).stdout,
+        30,
+    )  # fmt: skip
     assert net1(cluster, ns, "p1") == before
     ready(cluster, ns, "p2")
     cluster.wait("p2's interface", lambda: len(net1(cluster, ns, "p2")) == 1, 30)
@@ -191,6 +212,7 @@ def reinstall_with_bundled_plugins(
     assert len(list((DEFAULT_STATE_ROOT / "sandboxes").glob("*.json"))) == 1
     # the image with the plugins, built and loaded beside the plain one by the `image` fixture
     release.install("cniPlugins.install=true", f"hostPaths.cniBin={node_plugins}")
+    driver.listen_on_node(False)  # the defaults again
     driver.wait_ready()
     installed = {p.name for p in node_plugins.iterdir()}
     assert {"macvlan", "host-local", "bridge", "tuning"} <= installed, installed
@@ -236,3 +258,95 @@ def test_the_image_has_no_shell(image: str) -> None:
 def test_the_image_is_reproducible(image: str) -> None:
     """A second build of the same commit (make test-full: `make test` builds the image once)."""
     assert build_image() == image  # same commit, same digest
+
+
+@pytest.mark.full
+def test_the_chart_installs_upgrades_and_uninstalls_with_each_ci_values_file(
+    cluster: Cluster, image: str, tmp_path: Path, tenant_ns: str
+) -> None:
+    """chart-testing's `ct install --upgrade`, on the test bed: the chart installed with
+    ci/webhook-values.yaml (the webhook, its two replicas, PodDisruptionBudget and priority
+    class), the webhook judging a claim from its pod, upgraded to ci/metrics-values.yaml
+    as well, still judging, uninstalled with nothing of the release left."""
+    ci = ROOT / "charts" / "cnidra" / "ci"
+    release = Release(cluster, tmp_path / "values.yaml")
+    forwarders: list[subprocess.Popen[bytes]] = []
+    try:
+        release.install(values=[ci / "webhook-values.yaml"])
+        made = cluster.kubectl(
+            "get", "deployments,poddisruptionbudgets", "-n", NAMESPACE,
+            "-l", "app.kubernetes.io/instance=cnidra", "-o", "name",
+        ).stdout.split()  # fmt: skip
+        assert {
+            "deployment.apps/cnidra-webhook",
+            "poddisruptionbudget.policy/cnidra-webhook",
+        } <= set(made), made
+        priority = cluster.kubectl(
+            "get", "deployment", "cnidra-webhook", "-n", NAMESPACE,
+            "-o", "jsonpath={.spec.template.spec.priorityClassName}",
+        ).stdout  # fmt: skip
+        assert priority == "system-cluster-critical", priority
+        # the webhook's pods reach the apiserver at the test bed's loopback (apiServer.host),
+        # which a relay puts into each pod's network namespace
+        for netns in webhook_pod_netns(cluster):
+            relay = [sys.executable, str(ROOT / "testbed" / "forward.py"), netns]
+            forwarders.append(subprocess.Popen([*relay, str(tb.APISERVER_PORT)]))
+        judged(cluster, tenant_ns)
+        release.upgrade(
+            "driver.logLevel=debug", values=[ci / "webhook-values.yaml", ci / "metrics-values.yaml"]
+        )
+        judged(cluster, tenant_ns)
+        release.uninstall()
+        wait_gone(cluster)
+        left = cluster.kubectl(
+            "get", "all,poddisruptionbudgets,configmaps,secrets,serviceaccounts", "-n", NAMESPACE,
+            "-l", "app.kubernetes.io/instance=cnidra", "-o", "name",
+        ).stdout.split()  # fmt: skip
+        assert left == [], left
+        hooks = cluster.kubectl("get", "validatingwebhookconfigurations", "-o", "name").stdout
+        assert "cnidra" not in hooks, hooks
+    finally:
+        for proc in forwarders:
+            proc.terminate()
+            proc.wait(10)
+        if release.installed():
+            release.uninstall()
+        shutil.rmtree(DEFAULT_STATE_ROOT, ignore_errors=True)
+
+
+def webhook_pod_netns(cluster: Cluster) -> list[str]:
+    """The network namespaces of the webhook's running pods (their sandboxes')."""
+    ids = cluster.crictl(
+        "pods", "-q", "--state", "ready", "--namespace", NAMESPACE,
+        "--label", "app=cnidra-webhook",
+    ).stdout.split()  # fmt: skip
+    assert len(ids) == 2, ids
+    paths = []
+    for sandbox in ids:
+        info = json.loads(cluster.crictl("inspectp", sandbox).stdout)
+        [path] = [
+            n["path"]
+            for n in info["info"]["runtimeSpec"]["linux"]["namespaces"]
+            if n["type"] == "network"
+        ]
+        paths.append(path)
+    return paths
+
+
+def judged(cluster: Cluster, ns: str) -> None:
+    """The webhook refuses a claim template whose CNIConfig has a field no CNIConfig has,
+    naming it (the admission policies cannot: they do not decode the config), and admits one
+    without it."""
+    macvlan = {"cniVersion": "1.0.0", "name": "x", "plugins": [{"type": "macvlan"}]}
+    bad = template("judged", [("net", "tbnone", macvlan, "net1")])
+    bad["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["mtuu"] = 1500
+
+    def refused() -> str:
+        out = cluster.kubectl("apply", "-n", ns, "-f", "-", input_=json.dumps(bad), check=False)
+        return out.stderr if out.returncode != 0 and "webhook" in out.stderr else ""
+
+    said = cluster.wait("the webhook to refuse the claim template", refused, 60)
+    assert "mtuu" in said, said
+    good = template("judged", [("net", "tbnone", macvlan, "net1")])
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input_=json.dumps(good))
+    cluster.kubectl("delete", "resourceclaimtemplate", "judged", "-n", ns)
