@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 REASON_POLICY = "policy"  # the ATTACH_FAILURES reason of a table that could not be applied
 REASON_NOT_ENFORCED = "NetworkPolicyNotEnforced"
 NFT_TIMEOUT = nft.DEFAULT_TIMEOUT_SECONDS
+APPLY_CONCURRENCY = 4  # tables applied at once by the task (an nft process each)
 KINDS = ("MultiNetworkPolicy", "CNIAdminNetworkPolicy", "Namespace", "Pod")
 NOT_SYNCED = "cnidra-not-synced"
 
@@ -586,38 +587,47 @@ class PolicyEnforcer:
             self.doomed.discard(where)
 
     async def apply_dirty(self) -> None:
+        """Every table that changed, applied from what was applied last, at most
+        APPLY_CONCURRENCY at once (each an nft process in a thread; tables are independent, so
+        a change that touches every local pod's table, a peer moving, does not wait for them
+        one after the other). A failure is retried a second later."""
         dirty, self.dirty = self.dirty, set()
         retry: set[Change] = set()
-        for key, network in sorted(dirty):
+        gate = asyncio.Semaphore(APPLY_CONCURRENCY)
+
+        async def one(key: PodKey, network: str) -> None:
             local = self.local.get(key)
             ruleset = self.node.ruleset(key, network)
             if local is None or ruleset is None:
-                continue
+                return
             try:
                 netns, ruleset = self._placed(local, network, ruleset)
             except UnenforceableInterface as exc:
                 log.warning("pod %s/%s: network policy on %s: %s", *key, network, exc)
-                continue
+                return
             where = (netns, ruleset.table)
-            started = time.perf_counter()
-            try:
-                await asyncio.to_thread(
-                    self.datapath.apply,
-                    netns,
-                    ruleset,
-                    self.applied.get(where),
-                    timeout=NFT_TIMEOUT,
-                )
-            except nft.NamespaceGone:
-                continue
-            except nft.NftError as exc:
-                self.failures += 1
-                self.applied.pop(where, None)  # read back next time
-                log.warning("pod %s/%s: network policy on %s: %s", *key, network, exc)
-                retry.add((key, network))
-                continue
+            async with gate:
+                started = time.perf_counter()
+                try:
+                    await asyncio.to_thread(
+                        self.datapath.apply,
+                        netns,
+                        ruleset,
+                        self.applied.get(where),
+                        timeout=NFT_TIMEOUT,
+                    )
+                except nft.NamespaceGone:
+                    return
+                except nft.NftError as exc:
+                    self.failures += 1
+                    self.applied.pop(where, None)  # read back next time
+                    log.warning("pod %s/%s: network policy on %s: %s", *key, network, exc)
+                    retry.add((key, network))
+                    return
             self.applied[where] = ruleset
             metrics.POLICY_APPLY.observe(time.perf_counter() - started)
+
+        await asyncio.gather(*(one(key, network) for key, network in sorted(dirty)))
         if retry:
             loop = asyncio.get_running_loop()
             loop.call_later(1.0, self._mark, retry)

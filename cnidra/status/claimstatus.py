@@ -87,7 +87,7 @@ class ClaimStatusWriter:
             return
         else:
             held[type_] = condition
-        if claim in self.devices and key in self.devices[claim]:
+        if key in self.devices.get(claim, {}):
             self.status_changed.add(claim)
             self._mark(claim)
 

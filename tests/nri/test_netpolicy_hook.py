@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,14 +16,21 @@ from typing import Any
 
 import pytest
 
-from cnidra.api.netpolicy_node import POLICY_NETWORK_KEY, table_name
+from cnidra.api.netpolicy_node import POLICY_NETWORK_KEY, PodFacts, table_name
 from cnidra.api.netpolicy_rules import Ruleset
 from cnidra.datapath import netpolicy as nft
 from cnidra.datapath.netpolicy import RuleCounter
 from cnidra.kube import netpolicy as watches
 from cnidra.kube.api import Api
 from cnidra.nri.lifecycle import AttachError
-from cnidra.nri.netpolicy import KINDS, REASON_NOT_ENFORCED, PolicyEnforcer, read_drops
+from cnidra.nri.netpolicy import (
+    APPLY_CONCURRENCY,
+    KINDS,
+    REASON_NOT_ENFORCED,
+    Local,
+    PolicyEnforcer,
+    read_drops,
+)
 from tests.nri.fakes import Node, network, pod, prepare
 
 NET = "ns/blue"
@@ -342,3 +351,35 @@ async def test_an_interface_name_nft_cannot_match_is_refused_and_forgotten(tmp_p
         await node.hooks.run_pod_sandbox(pod("a"))
     assert enforcer.node.local == {} and datapath.tables == {}
     enforcer.changed("MultiNetworkPolicy", "ADDED", mnp("deny", {"podSelector": {}}))  # no raise
+
+
+async def test_a_changes_tables_are_applied_at_most_four_at_once(tmp_path: Path) -> None:
+    class Slow(FakeNft):
+        def __init__(self) -> None:
+            super().__init__()
+            self.now = 0
+            self.most = 0
+            self.lock = threading.Lock()
+
+        def apply(
+            self, netns: str, ruleset: Ruleset, previous: Ruleset | None = None, *, timeout: float
+        ) -> str:
+            with self.lock:
+                self.now += 1
+                self.most = max(self.most, self.now)
+            time.sleep(0.05)
+            with self.lock:
+                self.now -= 1
+            return super().apply(netns, ruleset, previous, timeout=timeout)
+
+    datapath = Slow()
+    enforcer = PolicyEnforcer(Node.start(tmp_path).store, datapath=datapath, settle=0.0)
+    for i in range(10):  # ten local pods, each on the network
+        enforcer.local[("ns", f"p{i}")] = Local(f"/run/netns/p{i}", f"sb{i}", None)
+    sync(enforcer)
+    for i in range(10):
+        enforcer.node.set_local(PodFacts("ns", f"p{i}", {}, (), {NET: ()}), NET, "net1")
+    enforcer.dirty = {(("ns", f"p{i}"), NET) for i in range(10)}
+    await enforcer.apply_dirty()
+    assert len(datapath.tables) == 10
+    assert 1 < datapath.most <= APPLY_CONCURRENCY
