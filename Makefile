@@ -41,7 +41,7 @@ check: install
 # failure stops the test bed's half (SIGINT: its fixtures still clean up)
 HALVES := $(BIN)/python hack/run-tests.py $(BIN)/pytest --unit -q $(PARALLEL) -m "not testbed"
 test: install lint cni-plugins
-	$(HALVES) --testbed -q -m "testbed and not full"
+	$(HALVES) --testbed -q -m "testbed and not full" --durations=15
 
 # make test, with every e2e test that uses the `deployment` fixture run a second time against
 # the in-cluster driver (the chart's DaemonSet of `make image`'s image) and the `full` tests (a

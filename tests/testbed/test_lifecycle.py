@@ -117,12 +117,18 @@ def test_the_seed_demo_for_real(
     status = cluster.wait("the claim status", ready_status, 30)
     assert (status["driver"], status["pool"], status["device"]) == (DRIVER, "testbed-node", parent)
     assert status["shareID"] == claim["status"]["allocation"]["devices"]["results"][0]["shareID"]
-    [cond] = status["conditions"]
+    # Ready, beside the conditions of network policy and shaping (their own tests)
+    [cond] = [c for c in status["conditions"] if c["type"] == "Ready"]
     assert (cond["type"], cond["status"], cond["reason"]) == (
         "Ready",
         "True",
         "NetworkInterfaceReady",
     )
+    assert {c["type"] for c in status["conditions"]} <= {
+        "Ready",
+        "NetworkPolicyEnforced",
+        "BandwidthLimited",
+    }, status["conditions"]
     net = status["networkData"]
     assert net["interfaceName"] == "net1"
     assert pod_addresses(cluster, namespace, "demo", "net1") == set(net["ips"])
