@@ -254,5 +254,10 @@ def test_on_a_cluster_without_the_optional_features_the_driver_leaves_them_out(
         ready(cluster, namespace, "p")
         assert pod_addresses(cluster, namespace, "p", "net1")
     finally:
+        # the pod goes while kubelet still watches this apiserver: after the restart below
+        # its reflector backs off (up to 30 s), and the fixture's deletion waited that out
+        cluster.kubectl(
+            "delete", "pods", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=90
+        )
         tb.stop("kube-apiserver")
         tb.start_apiserver(cluster.bins)
