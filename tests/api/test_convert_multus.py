@@ -807,3 +807,18 @@ def test_what_cannot_be_reserved_is_said_with_its_pods() -> None:
     assert "198.18.77.1 (t/on-gw)" in said and "never hands out" in said, said
     assert any("kubernetes, log_file dropped" in n for n in result.notes), result.notes
     assert any('{"type": "cnidra", "pool": "t-a"}' in n for n in result.notes), result.notes
+
+
+def test_one_nads_pool_serves_every_namespace_converted_with_it_in_one_run() -> None:
+    """docs/migrating-from-multus.md, "Differences to know": one run, one pool of the NAD's
+    name serving each namespace whose workloads use it."""
+    wb = {"type": "whereabouts", "range": "198.18.78.0/24"}
+    result = run(
+        nad("mgmt", macvlan(wb), namespace="infra"),
+        deployment("infra/mgmt", name="a", namespace="prod"),
+        deployment("mgmt", name="b", namespace="infra"),
+    )
+    assert not result.refused, result.refused
+    [pool] = [d for d in result.docs if d["kind"] == "CNIIPPool"]
+    assert pool["metadata"]["name"] == "infra-mgmt"
+    assert sorted(pool["spec"]["namespaces"]) == ["infra", "prod"]
