@@ -43,11 +43,12 @@ def env_image() -> str:
 TEST_CLASS = "testplugins.cni.networking.x-k8s.io"
 
 
-def plugins_class() -> dict[str, Any]:
+def admin_class(name: str, claims: dict[str, Any]) -> dict[str, Any]:
+    """An admin's DeviceClass for cnidra's devices whose CNIPolicy allows claims `claims`."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
-        "metadata": {"name": TEST_CLASS},
+        "metadata": {"name": name},
         "spec": {
             "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}],
             "config": [
@@ -57,24 +58,26 @@ def plugins_class() -> dict[str, Any]:
                         "parameters": {
                             "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
                             "kind": "CNIPolicy",
-                            "claims": {
-                                "defineNetworks": True,
-                                "plugins": [
-                                    "macvlan",
-                                    "cnidra",
-                                    "fault-del-fails",
-                                    "tb-sleepy",
-                                ],
-                                # the test plugins' own fields, opened by name (a claim may
-                                # set only fields cnidra knows unless the admin opens them)
-                                "pluginFields": {"fault-del-fails": ["failDelWhile"]},
-                            },
+                            "claims": claims,
                         },
                     }
                 }
             ],
         },
     }
+
+
+def plugins_class() -> dict[str, Any]:
+    return admin_class(
+        TEST_CLASS,
+        {
+            "defineNetworks": True,
+            "plugins": ["macvlan", "cnidra", "fault-del-fails", "tb-sleepy"],
+            # the test plugins' own fields, opened by name (a claim may set only fields cnidra
+            # knows unless the admin opens them)
+            "pluginFields": {"fault-del-fails": ["failDelWhile"]},
+        },
+    )
 
 
 def cni_config(name: str, parent: str, pool: str) -> dict[str, Any]:

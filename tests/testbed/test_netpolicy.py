@@ -50,8 +50,8 @@ from testbed.incluster import FAULT_PLUGINS
 from testbed.layout import NODE
 from tests.testbed.conftest import Attached, slice_devices
 from tests.testbed.objects import (
-    DRIVER,
     TEST_CLASS,
+    admin_class,
     apply,
     claiming_pod,
     claims_of,
@@ -292,26 +292,7 @@ PTP_CLASS = "ptp.test.cni.networking.x-k8s.io"
 
 def ptp_class() -> dict[str, Any]:
     """An admin's class that lets claims define ptp networks addressed by cnidra's IPAM."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": PTP_CLASS},
-        "spec": {
-            "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}],
-            "config": [
-                {
-                    "opaque": {
-                        "driver": DRIVER,
-                        "parameters": {
-                            "apiVersion": "cni.networking.x-k8s.io/v1alpha1",
-                            "kind": "CNIPolicy",
-                            "claims": {"defineNetworks": True, "plugins": ["ptp", "cnidra"]},
-                        },
-                    }
-                }
-            ],
-        },
-    }
+    return admin_class(PTP_CLASS, {"defineNetworks": True, "plugins": ["ptp", "cnidra"]})
 
 
 @pytest.fixture
