@@ -44,6 +44,7 @@ from testbed.components import (  # noqa: F401
     node2_down,
     node2_up,
     reboot,
+    restart_kubelets,
     share_netns_dir,
     start_apiserver,
     start_containerd,

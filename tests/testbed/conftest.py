@@ -48,6 +48,19 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         yield Cluster(bins, tb.env_dict())
 
 
+@pytest.fixture(autouse=True)
+def kubelets_reconnect_after_an_apiserver_restart(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test that restarted the apiserver (its pid changed), the kubelets are restarted
+    once the test's own teardown is done: otherwise the next test's pods wait out their
+    reflectors' backoff (tb.restart_kubelets). Set up first, so torn down last."""
+    before = tb.running("kube-apiserver")
+    yield
+    after = tb.running("kube-apiserver")
+    if before and after and after != before and "cluster" in request.fixturenames:
+        cluster: Cluster = request.getfixturevalue("cluster")
+        tb.restart_kubelets(cluster.bins)
+
+
 @pytest.fixture
 def namespace(cluster: Cluster) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:8]}"
