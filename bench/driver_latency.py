@@ -47,6 +47,7 @@ from testbed.harness import ROOT, Cluster, DriverProcess
 DRIVER = "cni.dra.networking.x-k8s.io"
 NODE = tb.NODE
 PREPARE_SUBNET = "198.18.32.0/19"  # --claims prepared at once: 8192 addresses
+AHEAD_SUBNET = "198.18.64.0/22"  # the claims read ahead: 1024 addresses
 READY_SUBNETS = [f"198.18.{100 + a}.0/24" for a in range(3)]  # the pods' attachments
 
 
@@ -75,14 +76,6 @@ def apply_many(bed: Cluster, docs: list[dict[str, Any]], namespace: str | None =
             input_="\n---\n".join(json.dumps(d) for d in docs[i : i + 200]),
             timeout=300,
         )
-
-
-def claim_gets(driver: DriverProcess) -> float:
-    return sum(
-        float(line.split()[-1])
-        for line in driver.metrics().splitlines()
-        if line.startswith("cnidra_claim_lookups_total")
-    )
 
 
 def fake_allocated_claims(
@@ -143,9 +136,16 @@ CLASS_CONFIGS = [
 ]
 
 
-def allocate(bed: Cluster, namespace: str, names: list[str], parent: str) -> None:
+def allocate(
+    bed: Cluster,
+    namespace: str,
+    names: list[str],
+    parent: str,
+    pod_uids: dict[str, str] | None = None,
+) -> None:
     """Write allocation and reservedFor as the scheduler would (two patches: the apiserver
-    drops reservedFor when it comes in the same patch as the allocation)."""
+    drops reservedFor when it comes in the same patch as the allocation). `pod_uids`: claim ->
+    the UID of its pod `pod-<claim>` (default: a pod that does not exist)."""
     from lightkube import Client
     from lightkube.config.kubeconfig import KubeConfig
     from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimStatus
@@ -186,7 +186,11 @@ def allocate(bed: Cluster, namespace: str, names: list[str], parent: str) -> Non
         reserved = {
             "status": {
                 "reservedFor": [
-                    {"resource": "pods", "name": f"pod-{name}", "uid": str(uuid.uuid4())}
+                    {
+                        "resource": "pods",
+                        "name": f"pod-{name}",
+                        "uid": (pod_uids or {}).get(name) or str(uuid.uuid4()),
+                    }
                 ]
             }
         }
@@ -196,49 +200,143 @@ def allocate(bed: Cluster, namespace: str, names: list[str], parent: str) -> Non
     client.close()
 
 
+def claim_refs(bed: Cluster, namespace: str, names: list[str]) -> list[dra.Claim]:
+    """The claims as kubelet names them in NodePrepareResources (namespace, name, UID)."""
+    items = json.loads(bed.kubectl("get", "resourceclaims", "-n", namespace, "-o", "json").stdout)[
+        "items"
+    ]
+    refs = {c["metadata"]["name"]: c["metadata"]["uid"] for c in items}
+    return [dra.Claim(namespace=namespace, name=n, uid=refs[n]) for n in names]
+
+
+def time_prepares(stub: dra_grpc.DRAPluginStub, calls: list[list[dra.Claim]]) -> list[float]:
+    """Each call's NodePrepareResources in milliseconds (every claim prepared without an
+    error), each followed by its NodeUnprepareResources (not timed)."""
+    times: list[float] = []
+    for batch in calls:
+        start = time.perf_counter()
+        reply = stub.NodePrepareResources(dra.NodePrepareResourcesRequest(claims=batch), timeout=60)
+        times.append((time.perf_counter() - start) * 1000)
+        errors = [reply.claims[c.uid].error for c in batch if reply.claims[c.uid].error]
+        assert not errors, errors[:3]
+        stub.NodeUnprepareResources(dra.NodeUnprepareResourcesRequest(claims=batch), timeout=60)
+    return times
+
+
 def prepare_latency(
     bed: Cluster, driver: DriverProcess, namespace: str, names: list[str], rounds: int
 ) -> dict[str, Any]:
-    uids = json.loads(bed.kubectl("get", "resourceclaims", "-n", namespace, "-o", "json").stdout)[
-        "items"
-    ]
-    refs = {c["metadata"]["name"]: c["metadata"]["uid"] for c in uids}
-    claims = [dra.Claim(namespace=namespace, name=n, uid=refs[n]) for n in names]
+    """Claims reserved for pods that do not exist, so never read ahead: each prepare GETs its
+    claims (the fallback path: a claim the pod watch did not see)."""
+    claims = claim_refs(bed, namespace, names)
     with grpc.insecure_channel(f"unix://{driver.dra_socket}") as channel:
         stub = dra_grpc.DRAPluginStub(channel)
-        stub.NodePrepareResources(dra.NodePrepareResourcesRequest(claims=claims[:100]), timeout=60)
-        stub.NodeUnprepareResources(
-            dra.NodeUnprepareResourcesRequest(claims=claims[:100]), timeout=60
-        )
-        one: list[float] = []
-        hundred: list[float] = []
-        for r in range(rounds):
-            claim = claims[r % len(claims)]
-            start = time.perf_counter()
-            reply = stub.NodePrepareResources(
-                dra.NodePrepareResourcesRequest(claims=[claim]), timeout=30
-            )
-            one.append((time.perf_counter() - start) * 1000)
-            assert not reply.claims[claim.uid].error, reply.claims[claim.uid].error
-            stub.NodeUnprepareResources(
-                dra.NodeUnprepareResourcesRequest(claims=[claim]), timeout=30
-            )
-        for _ in range(max(5, rounds // 3)):
-            batch = claims[:100]
-            start = time.perf_counter()
-            reply = stub.NodePrepareResources(
-                dra.NodePrepareResourcesRequest(claims=batch), timeout=60
-            )
-            hundred.append((time.perf_counter() - start) * 1000)
-            errors = [reply.claims[c.uid].error for c in batch if reply.claims[c.uid].error]
-            assert not errors, errors[:3]
-            stub.NodeUnprepareResources(dra.NodeUnprepareResourcesRequest(claims=batch), timeout=60)
+        time_prepares(stub, [claims[:100]])  # warm-up
+        one = time_prepares(stub, [[claims[r % len(claims)]] for r in range(rounds)])
+        hundred = time_prepares(stub, [claims[:100]] * max(5, rounds // 3))
         # finally prepare everything, to measure memory with all claims prepared
         for i in range(0, len(claims), 100):
             stub.NodePrepareResources(
                 dra.NodePrepareResourcesRequest(claims=claims[i : i + 100]), timeout=120
             )
     return {"prepare_1_claim_ms": summary(one), "prepare_100_claims_ms": summary(hundred)}
+
+
+def metric(driver: DriverProcess, name: str, labels: str = "") -> float:
+    """The sum of a counter's samples whose labels contain `labels` (`result="hit"`)."""
+    return sum(
+        float(line.split()[-1])
+        for line in driver.metrics().splitlines()
+        if line.startswith(name) and labels in line
+    )
+
+
+def unscheduled_pod(name: str, claim: str) -> dict[str, Any]:
+    """A pod with one claim that no scheduler takes (its `schedulerName` is no scheduler's):
+    the bench binds it itself, once its claim is allocated and reserved for it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": "cnidra-bench-nobody",
+            "resourceClaims": [{"name": "net", "resourceClaimName": claim}],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": tb.TEST_IMAGE,
+                    "command": ["sleep", "3600"],
+                    "resources": {"claims": [{"name": "net"}]},
+                }
+            ],
+        },
+    }
+
+
+def prepare_ahead(
+    bed: Cluster, driver: DriverProcess, parent: str, pools: list[str], rounds: int
+) -> dict[str, Any]:
+    """NodePrepareResources as a real pod gets it (issue 42: claims read before kubelet asks):
+    pods made for no scheduler, their claims allocated and reserved for them, then bound to
+    the node through the binding subresource as kube-scheduler binds; the driver's watch of
+    the node's pods reads each claim, and each prepare finds its claims read (each used once:
+    prepare drops a claim from the cache once used). Kubelet is stopped meanwhile so that it
+    does not prepare the pods itself (the driver's gRPC socket is called as kubelet calls it),
+    and started again after the pods are gone."""
+    ns = namespace(bed)
+    pool = make_pool(bed, pools, AHEAD_SUBNET, [ns])
+    batches = max(5, rounds // 12)
+    count = rounds + 100 * batches
+    claims = fake_allocated_claims(ns, count, parent, pool)
+    names = [c["metadata"]["name"] for c in claims]
+    apply_many(bed, [*claims, *(unscheduled_pod(f"pod-{n}", n) for n in names)], ns)
+    pods = json.loads(bed.kubectl("get", "pods", "-n", ns, "-o", "json").stdout)["items"]
+    uids = {p["metadata"]["name"].removeprefix("pod-"): p["metadata"]["uid"] for p in pods}
+    allocate(bed, ns, names, parent, uids)
+    refs = claim_refs(bed, ns, names)
+    kubelet = tb.NODE1.process("kubelet")
+    tb.stop(kubelet)
+    try:
+        reads = metric(driver, "cnidra_claim_lookups_total", 'result="ok"')
+        hits = metric(driver, "cnidra_claims_ahead_total", 'result="hit"')
+        bindings = [
+            {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": f"pod-{n}", "namespace": ns},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": NODE},
+            }
+            for n in names
+        ]
+        bound = time.monotonic()
+        bed.kubectl(
+            "create",
+            "-f",
+            "-",
+            input_=json.dumps({"apiVersion": "v1", "kind": "List", "items": bindings}),
+        )
+        bed.wait(
+            f"the driver to read the {count} claims ahead",
+            lambda: metric(driver, "cnidra_claim_lookups_total", 'result="ok"') >= reads + count,
+            120,
+        )
+        read_in = time.monotonic() - bound
+        with grpc.insecure_channel(f"unix://{driver.dra_socket}") as channel:
+            stub = dra_grpc.DRAPluginStub(channel)
+            one = time_prepares(stub, [[c] for c in refs[:rounds]])
+            hundred = time_prepares(
+                stub, [refs[rounds + 100 * b : rounds + 100 * (b + 1)] for b in range(batches)]
+            )
+        hit = metric(driver, "cnidra_claims_ahead_total", 'result="hit"') - hits
+    finally:
+        bed.kubectl("delete", "pods", "--all", "-n", ns, "--force", "--grace-period=0", check=False)
+        tb.start_kubelet(bed.bins)
+    bed.kubectl("delete", "namespace", ns, "--wait=false")
+    return {
+        "prepare_1_claim_read_ahead_ms": summary(one),
+        "prepare_100_claims_read_ahead_ms": summary(hundred),
+        "read_ahead": {"claims": count, "hits": hit, "all_read_s": round(read_in, 2)},
+    }
 
 
 def raw_cni_ms(plugins_dir: str, parent: str, attachments: int, rounds: int) -> dict[str, float]:
@@ -468,9 +566,10 @@ def prepare_and_memory(
         names = [c["metadata"]["name"] for c in claims]
         allocate(bed, ns, names, parent)
         with profiled(driver, args.profile, "cnidra-prepare"):
+            out.update(prepare_ahead(bed, driver, parent, pools, args.rounds))
             out.update(prepare_latency(bed, driver, ns, names, args.rounds))
         out[f"rss_{args.claims}_prepared_mib"] = round(driver.rss_kib() / 1024, 1)
-        out["claim_gets"] = claim_gets(driver)
+        out["claim_gets"] = metric(driver, "cnidra_claim_lookups_total")
     finally:
         tb.start_controllers(bed.bins)
     bed.kubectl("delete", "namespace", ns, "--wait=false")

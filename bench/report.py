@@ -282,9 +282,20 @@ def _prepare(run: Run, claims: int, goal_ms: float) -> Row:
         except Missing:
             note = ""
     r = run.result("driver_latency")
+    # a real pod's claims are read ahead (issue 42); a claim the pod watch did not see is GET
+    # at prepare: the goal is judged on the first, the second is shown beside it
+    ahead = key.replace("_ms", "_read_ahead_ms")
+    fallback = ""
+    if isinstance(r.get(ahead), dict):
+        fallback = (
+            f"; claims not read ahead (a GET each) p50 {ms(num(r, key, 'p50'))} / "
+            f"p99 {ms(num(r, key, 'p99'))} ms"
+        )
+        key = ahead
     p50 = num(r, key, "p50", bench="driver_latency")
     p99 = num(r, key, "p99", bench="driver_latency")
-    row.measured = f"p50 {ms(p50)} / p99 {ms(p99)} ms{note}"
+    read = "read ahead: " if fallback else ""
+    row.measured = f"{read}p50 {ms(p50)} / p99 {ms(p99)} ms{fallback}{note}"
     row.verdict = MET if p99 <= goal_ms else not_met(f"{ms(p99 - goal_ms)} ms")
     return row
 

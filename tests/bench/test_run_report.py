@@ -333,6 +333,23 @@ def test_fleet_and_in_process_prepare() -> None:
     )
 
 
+def test_prepare_is_judged_on_claims_read_ahead_with_the_get_path_beside() -> None:
+    data = sample()
+    data["benches"]["driver_latency"]["result"].update(
+        {
+            "prepare_1_claim_read_ahead_ms": {"p50": 2.1, "p99": 4.0},
+            "prepare_100_claims_read_ahead_ms": {"p50": 70.0, "p99": 90.0},
+        }
+    )
+    got = rows(data)
+    assert got["NodePrepareResources p99 ≤ 5 ms, 1 claim a call"] == (
+        "read ahead: p50 2.1 / p99 4.0 ms; claims not read ahead (a GET each) "
+        "p50 9.3 / p99 25.3 ms",
+        "met",
+    )
+    assert got["NodePrepareResources p99 ≤ 50 ms, 100 claims a call"][1] == "**not met** by 40.0 ms"
+
+
 def test_a_hand_assembled_file_says_so() -> None:
     data = sample()
     data["source"] = "hand-assembled from the last runs, not yet a full make bench run"

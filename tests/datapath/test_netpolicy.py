@@ -364,7 +364,11 @@ def test_a_policy_edit_never_opens_a_window() -> None:
                     conn.sendall(b"ping")
                     assert conn.recv(16) == b"ping"
             assert flow.sent > 300
-            assert flow.got[lab_.addresses["b"]] == flow.sent, (flow.got, flow.sent)
+            # every one of b's, but for those the kernel dropped outside nftables (a loaded
+            # machine's full queues: 1 of 1,272 was seen once during a clean-clone `make test`
+            # beside three other test runs); a policy's drop is never among those
+            lost = flow.sent - flow.got[lab_.addresses["b"]]
+            assert 0 <= lost <= flow.kernel_drops, (flow.got, flow.sent, flow.kernel_drops)
             assert flow.got[lab_.addresses["c"]] == 0, (flow.got, flow.sent)
             deny_all = compile_for(lab_, "a", [mnp({"podSelector": DB})], [])
             netpolicy.apply(lab_.pods["a"], deny_all, applied["a"])
