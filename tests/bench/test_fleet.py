@@ -466,7 +466,11 @@ def test_pool_accounting_on_a_real_apiserver() -> None:
     assert rest["events_ignored_by_the_accountant"] == rest["failed_scheduling_events"] == 20
     burst = result["burst"]
     assert burst["requests"]["APPLY cniipblocks/status"] == burst["blocks_written"] <= 20
-    assert burst["requests"]["APPLY cniippools/status"] <= 3
+    # coalesced: each pool written once per accountant tick that saw a change, and the writers'
+    # flush spans 1 + flush/interval ticks (two when it straddles one, more on a loaded machine:
+    # 6 writes were seen with the flush beside three other test runs), plus the tick after it
+    ticks = 2 + int(burst["writers_flush_s"] / 0.5)
+    assert burst["requests"]["APPLY cniippools/status"] <= 3 * ticks, burst
     assert all(s < 5 for s in result["one_allocation"]["seconds_until_pool_status"])
     assert "pool accounting on a real apiserver: 3 pools, 10 nodes, 20 blocks" in (
         fleet_pools_apiserver.report(result)
