@@ -3,6 +3,7 @@ accepted, each broken one refused with the message a person needs; and speed."""
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
 import time
@@ -90,13 +91,17 @@ def test_a_thousand_claims_validate_and_the_cost_grows_linearly() -> None:
 
 
 def test_validate_starts_quickly() -> None:
-    start = time.perf_counter()
+    """Judged on the CPU the command costs (its imports, mostly), not on its wall time, which a
+    loaded machine stretches (6.5 s was seen beside three other test runs, for under 1 s of
+    CPU)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(
         [sys.executable, "-m", "cnidra", "validate", str(ROOT / "examples" / "macvlan-claim.yaml")],
         check=True,
         capture_output=True,
         timeout=60,
     )
-    elapsed = time.perf_counter() - start
-    print(f"cnidra validate, one file: {elapsed * 1000:.0f} ms")
-    assert elapsed < 3.0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    print(f"cnidra validate, one file: {cpu * 1000:.0f} ms of CPU")
+    assert cpu < 3.0
