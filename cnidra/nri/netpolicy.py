@@ -336,7 +336,7 @@ class PolicyEnforcer:
             else:
                 self._mark(self.node.set_pod(facts))
                 self._flag_undoable(obj)
-            self._rejudge(nads_only=True)
+            self._rejudge(nads_only=True, namespace=key[0])
         elif kind == "CNINetwork":
             if deleted:
                 self.cninetworks.pop(name_of(obj), None)
@@ -425,12 +425,15 @@ class PolicyEnforcer:
             return set()
         return self.node.set_policy(policy)
 
-    def _rejudge(self, nads_only: bool = False) -> None:
+    def _rejudge(self, nads_only: bool = False, namespace: str | None = None) -> None:
         """The policies naming networks not of their namespace judged again (what the rule
         reads changed); `nads_only`: only those naming another namespace's NAD (the pods
-        changed, which says which NADs a namespace is on)."""
+        changed, which says which NADs a namespace is on), of `namespace` when given (the
+        namespace of the pod that changed: a pod event costs nothing for the others)."""
         for ref in sorted(self.foreign):
             policy = self.tenants[ref]
+            if namespace is not None and policy.namespace != namespace:
+                continue
             if nads_only and not any(
                 t.kind is model.TargetKind.NAD and t.namespace != policy.namespace
                 for t in policy.targets
@@ -520,7 +523,7 @@ class PolicyEnforcer:
         try:
             if self.synced:
                 changes = self.node.set_local(facts, network, att.if_name)
-                self._rejudge(nads_only=True)  # the pod's namespace is on this network now
+                self._rejudge(nads_only=True, namespace=key[0])  # its namespace is on it now
                 ruleset = self.node.ruleset(key, network)
                 self._mark(changes - {(key, network)})
             else:

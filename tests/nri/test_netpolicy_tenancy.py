@@ -276,3 +276,27 @@ def test_the_driver_applies_a_policy_exactly_when_validates_rule_admits_it(
     errors = model.tenancy_problems(decoded, found.access()).errors
     assert ("ns/p" in found.node.tenant) == (not errors)
     assert (BLUE in found.refused) == bool(errors)
+
+
+async def test_a_pod_attached_to_another_namespaces_nad_brings_its_policy_in_at_attach(
+    tmp_path: Path,
+) -> None:
+    """The first table of a pod on another namespace's NAD already holds its namespace's policy
+    for it: the attach itself says the namespace is on the NAD (no window before the watch)."""
+    from tests.nri.fakes import Node, network, pod, prepare
+    from tests.nri.test_netpolicy_hook import rules
+
+    datapath = FakeNft()
+    found = PolicyEnforcer(Node.start(tmp_path / "first").store, datapath=datapath, settle=0.0)
+    node = Node.start(tmp_path, policy=found)
+    found.store = node.store
+    shared = "shared/blue"
+    prepare(
+        node.checkpoint, "c", "a-uid", ("net1", network("blue", "macvlan")), policy_network=shared
+    )
+    sync(found, MultiNetworkPolicy=[mnp("p", {"podSelector": {}}, shared)])
+    assert found.node.tenant == {} and BLUE in found.refused
+    await node.hooks.run_pod_sandbox(pod("a"))
+    assert list(found.node.tenant) == ["ns/p"] and found.refused == {}
+    [table] = datapath.tables.values()
+    assert "default-deny ingress (ns/p)" in rules(table), rules(table)
