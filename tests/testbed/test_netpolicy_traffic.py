@@ -41,8 +41,9 @@ import pytest
 from testbed import cluster as tb
 from testbed.harness import Cluster, DriverProcess
 from tests.datapath.policylab import Lab, Servers, stream
+from tests.testbed.conftest import pool_leases
 from tests.testbed.objects import apply, device_template, env_image, pod, ready
-from tests.testbed.test_named_networks import DRIVER, NETWORK_CLASS, on_node
+from tests.testbed.test_named_networks import DRIVER, NETWORK_CLASS, devices_by_node, on_node
 from tests.testbed.test_netpolicy import policy_condition
 
 pytestmark = pytest.mark.testbed
@@ -386,8 +387,8 @@ def test_policy_on_a_bridge_across_two_nodes_and_namespaces_tcp_and_udp(
         cluster.wait(
             "both nodes to publish the network",
             lambda: (
-                cluster.kubectl("get", "resourceslices", "-o", "json").stdout.count(f'"{network}"')
-                >= 2
+                {n for n, net_ in devices_by_node(cluster) if net_ == network}
+                == {tb.NODE1.name, tb.NODE2.name}
             ),
             60,
         )
@@ -399,8 +400,11 @@ def test_policy_on_a_bridge_across_two_nodes_and_namespaces_tcp_and_udp(
             ready(cluster, namespaces[name], name)
             net.add(name)
         print(f"pods ready in {time.monotonic() - started:.1f}s")
-        conditions = policy_condition(cluster, ns, "a")
-        assert [c["status"] for c in conditions] == ["True"], conditions
+        cluster.wait(  # where a bridge's table is may change (host side): its reason not asserted
+            "a's claim to say its policy is enforced",
+            lambda: [c["status"] for c in policy_condition(cluster, ns, "a")] == ["True"],
+            30,
+        )
         for row in rows(lambda p: net.lab.addresses[p]):
             in_force(cluster, ns, network, admin, row)
             net.check(row.probes, row.what)
@@ -473,6 +477,12 @@ def address_changes(net: Net, ns: str, network: str) -> None:
     cluster = net.cluster
     old = net.lab.addresses["b"]
     cluster.kubectl("delete", "pod", "-n", ns, "b", "--timeout=60s", timeout=90)
+    node1 = net.drivers["b"]
+    cluster.wait(  # freed before f asks: whatever order the pool hands addresses out in
+        "b's address to be freed",
+        lambda: old not in {a.partition("/")[0] for a in pool_leases(node1.state_root)},
+        30,
+    )
     apply(cluster, ns, a_pod("f", "bnet", {"app": "other"}, tb.NODE1))
     ready(cluster, ns, "f")
     net.add("f")
