@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import signal
 import subprocess
 import time
 import uuid
@@ -215,12 +216,14 @@ def cni_network(name: str, bridge: str, pool: str, namespaces: list[str]) -> dic
     }
 
 
-def tenant_policy(namespace: str, network: str, spec: dict[str, Any]) -> dict[str, Any]:
+def tenant_policy(
+    namespace: str, network: str, spec: dict[str, Any], name: str = "db"
+) -> dict[str, Any]:
     return {
         "apiVersion": "k8s.cni.cncf.io/v1beta1",
         "kind": "MultiNetworkPolicy",
         "metadata": {
-            "name": "db",
+            "name": name,
             "namespace": namespace,
             "annotations": {"k8s.v1.cni.cncf.io/policy-for": f"cninetwork:{network}"},
         },
@@ -362,10 +365,10 @@ def test_policy_on_a_bridge_across_two_nodes_and_namespaces_tcp_and_udp(
     cluster: Cluster,
     namespace: str,
     ns2: str,
+    spanning_bridge: str,
     start_driver: Callable[..., DriverProcess],
     node2_driver: DriverProcess,
     ip_pools: Callable[..., str],
-    spanning_bridge: str,
 ) -> None:
     ns = namespace
     started = time.monotonic()
@@ -378,7 +381,12 @@ def test_policy_on_a_bridge_across_two_nodes_and_namespaces_tcp_and_udp(
     selector = f'device.attributes["{DRIVER}"].network == "{network}"'
     template = device_template("bnet", NETWORK_CLASS, [("data", selector, None)])
     where = {"a": tb.NODE1, "b": tb.NODE1, "c": tb.NODE2, "e": tb.NODE1}
-    labels = {"a": {"app": "db"}, "b": {"app": "web"}, "c": {"app": "web"}, "e": {"app": "web"}}
+    labels = {
+        "a": {"app": "db"},
+        "b": {"app": "web"},
+        "c": {"app": "web", "node": "two"},
+        "e": {"app": "web"},
+    }
     namespaces = {"a": ns, "b": ns, "c": ns, "e": ns2, "f": ns}
     drivers = {p: node1 if n == tb.NODE1 else node2_driver for p, n in where.items()}
     drivers["f"] = node1
@@ -415,6 +423,8 @@ def test_policy_on_a_bridge_across_two_nodes_and_namespaces_tcp_and_udp(
         print(f"edits done in {time.monotonic() - started:.1f}s")
         address_changes(net, ns, network)
         print(f"address change done in {time.monotonic() - started:.1f}s")
+        killed_and_restarted(net, ns, network, node2_driver)
+        print(f"node 2's driver killed and back in {time.monotonic() - started:.1f}s")
         refused_elsewhere(cluster, third, network)
         print(f"all done in {time.monotonic() - started:.1f}s")
     finally:
@@ -464,6 +474,7 @@ def edited_while_streaming(net: Net, ns: str, network: str) -> None:
             apply(cluster, ns, tenant_policy(ns, network, by_block if i % 2 == 0 else by_pod))
             time.sleep(0.5)
     b, e = (flow.got[net.lab.addresses[p]] for p in ("b", "e"))
+    print(f"streamed while edited: sent {flow.sent}, from b {b}, from e {e}")
     assert flow.sent > 1000, flow
     assert e == 0, f"e's datagrams got through during the edits: {e} of {flow.sent}"
     # b's all arrive but for what a loaded machine may drop (the kernel's own tests of
@@ -522,3 +533,33 @@ def refused_elsewhere(cluster: Cluster, third: str, network: str) -> None:
         assert f"pods of {third} may not use it" in condition["message"], condition
     reasons = [e["reason"] for e in cluster.events("db", third)]
     assert "NetworkPolicyNotApplied" in reasons, reasons
+
+
+def killed_and_restarted(net: Net, ns: str, network: str, node2: DriverProcess) -> None:
+    """A policy on c (node 2) holds while node 2's driver is killed (SIGKILL: the tables stay
+    in c's namespace), and after it starts again (read back once synced), which then follows
+    the next change."""
+    cluster = net.cluster
+    only_a = {
+        "podSelector": {"matchLabels": {"node": "two"}},
+        "ingress": [{"from": [{"podSelector": DB}], "ports": [{"protocol": "UDP", "port": 9000}]}],
+    }
+    held = (
+        ("a", "c", "udp", 9000, True),
+        ("b", "c", "udp", 9000, False),
+        ("a", "c", "tcp", 8080, False),
+        ("e", "c", "tcp", 8080, False),
+    )
+    apply(cluster, ns, tenant_policy(ns, network, only_a, "c"))
+    net.check(held, "c (node 2) to let in a on UDP 9000 alone")
+    node2.stop(signal.SIGKILL)
+    assert net.lab.probes([p[:4] for p in held]) == [p[4] for p in held], "driver killed"
+    node2.start()
+    cluster.wait(
+        "node 2's restarted driver to sync",
+        lambda: node2.health().get("networkPolicySynced") is True,
+        60,
+    )
+    net.check(held, "node 2's restarted driver to keep c's policy")
+    cluster.kubectl("delete", "multi-networkpolicies", "-n", ns, "c")
+    net.check((("b", "c", "udp", 9000, True),), "node 2's restarted driver to follow a change")
