@@ -15,7 +15,8 @@ TCP 8080 `http` and UDP 5353 `dns`), b (app=web, node 1), c (app=web, **node 2**
 and each probe's expected answer, asserted once the policy has settled and then again.
 Then: a policy edited while datagrams stream (no datagram of the denied pod ever arrives: no
 window opens), b's address changing (b deleted and made again while another pod holds its old
-address: the policy follows b, and the old address is not let in), and a tenant of a third
+address: the policy follows b, and the old address is not let in), a policy on c holding while
+node 2's driver is killed (SIGKILL) and after it is started again, and a tenant of a third
 namespace writing policy for the network it may not use (refused by both nodes' drivers: a
 Warning Event and each node's `NotApplied` entry in the policy's status).
 
