@@ -309,7 +309,11 @@ class PolicyEnforcer:
         first = kind not in self.synced_kinds
         self.synced_kinds.add(kind)
         if first and self.synced:  # every table written again from the policies
-            self._rejudge()  # what it read before every kind was listed was partial
+            # what the rule read before every kind was listed was partial: judged again,
+            # and a refusal that stands logged now
+            for tenant in self.tenants.values():
+                self.refused.pop(PolicyRef(model.MNP_KIND, tenant.name, tenant.namespace), None)
+            self._rejudge()
             self._mark(
                 (key, network) for key, networks in self.node.local.items() for network in networks
             )
@@ -403,7 +407,7 @@ class PolicyEnforcer:
 
     def _refusal(self, policy: model.MultiNetworkPolicy) -> str | None:
         """Why the tenancy rule refuses `policy` (None: it is applied), kept in `refused`; a
-        new answer is logged."""
+        new answer is logged once synced (before, the rule reads a partial cluster)."""
         ref = PolicyRef(model.MNP_KIND, policy.name, policy.namespace)
         why = None
         if policy.ref in self.foreign:
@@ -413,7 +417,8 @@ class PolicyEnforcer:
             self.refused.pop(ref, None)
         elif self.refused.get(ref) != why:
             self.refused[ref] = why
-            log.warning("MultiNetworkPolicy %s is not applied: %s", policy.ref, why)
+            if self.synced:
+                log.warning("MultiNetworkPolicy %s is not applied: %s", policy.ref, why)
         return why
 
     def _judged(self, policy: model.MultiNetworkPolicy) -> set[Change]:
