@@ -972,13 +972,10 @@ class NadsInUse(Mapping[str, frozenset[str]]):
         self.pods = pods
 
     def __getitem__(self, namespace: str) -> frozenset[str]:
-        return frozenset(
-            network
-            for (ns, _), facts in self.pods.items()
-            if ns == namespace
-            for network in facts.networks
-            if ":" not in network
-        )
+        pods = [facts for (ns, _), facts in self.pods.items() if ns == namespace]
+        if not pods:
+            raise KeyError(namespace)
+        return frozenset(n for facts in pods for n in facts.networks if ":" not in n)
 
     def __iter__(self) -> Iterator[str]:
         return iter({ns for ns, _ in self.pods})
