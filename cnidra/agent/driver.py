@@ -42,7 +42,7 @@ from cnidra.ipam.reconcile import IPAMReconciler
 from cnidra.kube.api import Api
 from cnidra.kube.claims import ClaimGetter, NamespaceGetter
 from cnidra.kube.client import ClusterFeatures, dra_api_problem, make_client, probe_features
-from cnidra.kube.deviceclasses import follow_device_classes
+from cnidra.kube.deviceclasses import Feeds, follow_device_classes
 from cnidra.kube.ipam import KubeIPAM
 from cnidra.kube.netpolicy import follow_all
 from cnidra.kube.networks import NetworkReader, ServedNetworks
@@ -401,10 +401,11 @@ class Driver:
             self.tasks.spawn("pool-accountant", self._account_pools)
         self.tasks.spawn("rate-limits", self.bandwidth.run)
         classes = Api(self.client, s.api_timeout)
-        self.tasks.spawn(  # not critical: without it, the allocations' copies of the rules hold
-            "deviceclass-watch",
-            lambda: follow_device_classes(classes, self.bandwidth),
-            critical=False,
+        # not critical: without it, the allocations' copies of the rules hold (and network
+        # policy, not synced, keeps its default deny)
+        feeds = Feeds(self.bandwidth, self.policy) if s.network_policy else self.bandwidth
+        self.tasks.spawn(
+            "deviceclass-watch", lambda: follow_device_classes(classes, feeds), critical=False
         )
         if self.read_ahead is not None:  # not critical: without it, prepare GETs each claim
             self.tasks.spawn("claims-ahead", self.read_ahead.run, critical=False)

@@ -1,6 +1,8 @@
 """DeviceClasses, listed and then watched cluster-wide, for the bandwidth rules of their
 CNIPolicies: the node follows a class's rules for the interfaces it runs while their pods run
-(cnidra.nri.bandwidth), since what the allocation copied of the class cannot change. A cluster
+(cnidra.nri.bandwidth), since what the allocation copied of the class cannot change; and for
+their namespace rules, which network policy's tenancy rule reads (cnidra.nri.netpolicy): one
+watch feeds both (`Feeds`). A cluster
 has few DeviceClasses and they change seldom: one watch a driver, whose events are rare.
 
 `follow_device_classes` is one loop: list (the whole set, `replace_classes`), watch
@@ -27,6 +29,21 @@ class ClassFeed(Protocol):
     def replace_classes(self, objects: Sequence[Mapping[str, Any]]) -> None: ...
 
     def class_changed(self, event: str, obj: Mapping[str, Any]) -> None: ...
+
+
+class Feeds:
+    """Several feeds of the one DeviceClass watch, each told every list and event."""
+
+    def __init__(self, *feeds: ClassFeed) -> None:
+        self.feeds = feeds
+
+    def replace_classes(self, objects: Sequence[Mapping[str, Any]]) -> None:
+        for feed in self.feeds:
+            feed.replace_classes(objects)
+
+    def class_changed(self, event: str, obj: Mapping[str, Any]) -> None:
+        for feed in self.feeds:
+            feed.class_changed(event, obj)
 
 
 async def follow_device_classes(

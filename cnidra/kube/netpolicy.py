@@ -1,6 +1,10 @@
 """What network policy needs from the apiserver, listed and then watched: MultiNetworkPolicies,
-CNIAdminNetworkPolicies, Namespaces (their labels) and Pods (their labels, named ports and the
-network-status annotation cnidra writes: the peers' addresses on each network). Each kind is a
+CNIAdminNetworkPolicies, Namespaces (their labels), Pods (their labels, named ports and the
+network-status annotation cnidra writes: the peers' addresses on each network) and CNINetworks
+(their namespace rules, for the tenancy rule; few, and seldom changed: the inventory's watch of
+them only says that something changed, so policy keeps its own). DeviceClasses, which the
+tenancy rule reads too, come from the one DeviceClass watch of the driver
+(cnidra.kube.deviceclasses). Each kind is a
 loop (`follow`; one supervised task runs them all, `follow_all`): list (the whole set,
 `replace`), watch (`changed`), and list again whenever the watch ends or fails, after the one
 backoff.
@@ -24,6 +28,7 @@ from lightkube.resources.core_v1 import Namespace, Pod
 from cnidra.api.constants import API_GROUP
 from cnidra.api.netpolicy import ADMIN_KIND, ADMIN_PLURAL, MNP_GROUP, MNP_KIND, MNP_PLURAL
 from cnidra.kube.api import Api
+from cnidra.kube.networks import CNINetwork
 from cnidra.util.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -35,6 +40,7 @@ RESOURCES: Mapping[str, tuple[Any, bool]] = {  # kind -> (resource, namespaced)
     "CNIAdminNetworkPolicy": (CNIAdminNetworkPolicy, False),
     "Namespace": (Namespace, False),
     "Pod": (Pod, True),
+    "CNINetwork": (CNINetwork, False),
 }
 LIST_TIMEOUT = 60.0
 

@@ -16,6 +16,12 @@ cluster holds (fed by the watches, cnidra.kube.netpolicy) and each pod's nftable
   tables are read back from the kernel and rewritten in place once synced.
 - **Gone**: a pod's tables go with its network namespace; an unplugged interface's table is
   deleted when no interface of its network is left in the pod.
+- **The tenancy rule**: a tenant's policy that names a network its namespace may not use is not
+  applied, judged by the one rule `cnidra validate` uses (cnidra.api.netpolicy.tenancy_problems
+  with a CatalogAccess), against the CNINetworks and DeviceClasses followed here, the
+  namespaces' labels, and the NADs each namespace's pods are on (`NadsInUse`); judged again when
+  any of those changes. It, and a policy that does not decode, gets a Warning Event and this
+  node's status entry saying why (`report_problems`).
 """
 
 from __future__ import annotations
@@ -23,12 +29,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cnidra.api import netpolicy as model
 from cnidra.api.constants import CONDITION_POLICY, DRIVER_NAME
+from cnidra.api.issues import ROOT
+from cnidra.api.netpolicy_input import class_policies
 from cnidra.api.netpolicy_node import (
     HOST_TABLE_PREFIX,
     Change,
@@ -51,6 +59,7 @@ from cnidra.api.netpolicy_rules import (
     undoes_pod_side,
 )
 from cnidra.api.netpolicy_state import PodKey
+from cnidra.api.networks import NamedNetwork, cninetwork
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment, SetupFailed
 from cnidra.cni.invoke import Deadline
@@ -59,7 +68,7 @@ from cnidra.datapath import netpolicy as nft
 from cnidra.observe import metrics
 from cnidra.state.sandboxes import SandboxRecord, SandboxStore, State
 from cnidra.status.devices import DeviceKey, policy_condition
-from cnidra.status.netpolicy import PolicyRef, entry_of
+from cnidra.status.netpolicy import NOT_APPLIED, PolicyRef, entry_of
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +76,15 @@ REASON_POLICY = "policy"  # the ATTACH_FAILURES reason of a table that could not
 REASON_NOT_ENFORCED = "NetworkPolicyNotEnforced"
 NFT_TIMEOUT = nft.DEFAULT_TIMEOUT_SECONDS
 APPLY_CONCURRENCY = 4  # tables applied at once by the task (an nft process each)
-KINDS = ("MultiNetworkPolicy", "CNIAdminNetworkPolicy", "Namespace", "Pod")
+# what is listed before the driver is synced: the last two for the tenancy rule alone
+KINDS = (
+    "MultiNetworkPolicy",
+    "CNIAdminNetworkPolicy",
+    "Namespace",
+    "Pod",
+    "CNINetwork",
+    "DeviceClass",
+)
 NOT_SYNCED = "cnidra-not-synced"
 
 
@@ -216,6 +233,14 @@ class PolicyEnforcer:
         self.settle = settle
         self.clock = clock
         self.node = NodePolicy()
+        # the tenancy rule: every tenant policy that decodes, applied or not, by ref; those
+        # naming a network not of their own namespace (judged again when what it reads
+        # changes); why each policy is not applied; what the rule reads of the cluster
+        self.tenants: dict[str, model.MultiNetworkPolicy] = {}
+        self.foreign: set[str] = set()
+        self.refused: dict[PolicyRef, str] = {}
+        self.cninetworks: dict[str, NamedNetwork | Unusable] = {}
+        self.device_classes: dict[str, Any] = {}  # name -> its CNIPolicy or None
         self.synced_kinds: set[str] = set()
         self.local: dict[PodKey, Local] = {}
         self.applied: dict[tuple[str, str], Ruleset] = {}  # (netns, table) -> last applied
@@ -242,24 +267,53 @@ class PolicyEnforcer:
         if kind in ("MultiNetworkPolicy", "CNIAdminNetworkPolicy"):
             self.stale |= {ref_of(kind, o) for o in objects if entry_of(o, self.node_name)}
         if kind == "MultiNetworkPolicy":
-            decoded = [p for p in map(decode_tenant, objects) if p is not None]
-            self._mark(self.node.replace_policies(decoded, admin=False))
+            self.tenants.clear()
+            self.foreign.clear()
+            self.refused = {r: w for r, w in self.refused.items() if r.kind != kind}
+            for obj in objects:
+                tenant, why = decode_tenant(obj)
+                if tenant is None:
+                    self.refused[ref_of(kind, obj)] = why
+                else:
+                    self._hold(tenant)
+            accepted = [p for p in self.tenants.values() if self._refusal(p) is None]
+            self._mark(self.node.replace_policies(accepted, admin=False))
         elif kind == "CNIAdminNetworkPolicy":
-            admins = [p for p in map(decode_admin, objects) if p is not None]
+            self.refused = {r: w for r, w in self.refused.items() if r.kind != kind}
+            admins = []
+            for obj in objects:
+                admin, why = decode_admin(obj)
+                if admin is None:
+                    self.refused[ref_of(kind, obj)] = why
+                else:
+                    admins.append(admin)
             self._mark(self.node.replace_policies(admins, admin=True))
         elif kind == "Namespace":
             labels = {name_of(o): labels_of(o) for o in objects}
             self._mark(self.node.replace_namespaces(labels))
+            self._rejudge()
         elif kind == "Pod":
             facts = [f for f in map(pod_facts, objects) if f is not None]
             self._mark(self.node.replace_pods(facts))
             self.net_admin.clear()
             for obj in objects:
                 self._flag_undoable(obj)
+            self._rejudge(nads_only=True)
+        elif kind == "CNINetwork":
+            self.cninetworks = {name_of(o): cninetwork_rules(o) for o in objects}
+            self._rejudge()
+        elif kind == "DeviceClass":
+            self.device_classes = class_policies([{**o, "kind": kind} for o in objects])
+            self._rejudge()
         self._wake.set()  # the problems reported on policies are looked at again
         first = kind not in self.synced_kinds
         self.synced_kinds.add(kind)
         if first and self.synced:  # every table written again from the policies
+            # what the rule read before every kind was listed was partial: judged again,
+            # and a refusal that stands logged now
+            for tenant in self.tenants.values():
+                self.refused.pop(PolicyRef(model.MNP_KIND, tenant.name, tenant.namespace), None)
+            self._rejudge()
             self._mark(
                 (key, network) for key, networks in self.node.local.items() for network in networks
             )
@@ -272,21 +326,11 @@ class PolicyEnforcer:
             obj, self.node_name
         ):
             self.stale.add(ref_of(kind, obj))
-        if kind == "MultiNetworkPolicy":
-            ref = f"{namespace_of(obj)}/{name_of(obj)}"
-            tenant = None if deleted else decode_tenant(obj)
-            if tenant is None:
-                self._mark(self.node.remove_policy(ref))
-            else:
-                self._mark(self.node.set_policy(tenant))
-        elif kind == "CNIAdminNetworkPolicy":
-            admin = None if deleted else decode_admin(obj)
-            if admin is None:
-                self._mark(self.node.remove_policy(f"admin/{name_of(obj)}"))
-            else:
-                self._mark(self.node.set_policy(admin))
+        if kind in ("MultiNetworkPolicy", "CNIAdminNetworkPolicy"):
+            self._policy_changed(kind, obj, deleted)
         elif kind == "Namespace":
             self._mark(self.node.set_namespace(name_of(obj), {} if deleted else labels_of(obj)))
+            self._rejudge()
         elif kind == "Pod":
             facts = None if deleted else pod_facts(obj)
             key = (namespace_of(obj), name_of(obj))
@@ -296,6 +340,111 @@ class PolicyEnforcer:
             else:
                 self._mark(self.node.set_pod(facts))
                 self._flag_undoable(obj)
+            self._rejudge(nads_only=True, namespace=key[0])
+        elif kind == "CNINetwork":
+            if deleted:
+                self.cninetworks.pop(name_of(obj), None)
+            else:
+                self.cninetworks[name_of(obj)] = cninetwork_rules(obj)
+            self._rejudge()
+        elif kind == "DeviceClass":
+            self.device_classes.pop(name_of(obj), None)
+            if not deleted:
+                self.device_classes.update(class_policies([{**obj, "kind": kind}]))
+            self._rejudge()
+
+    def _policy_changed(self, kind: str, obj: Mapping[str, Any], deleted: bool) -> None:
+        """A tenant's or an admin's policy came, changed or went."""
+        self.refused.pop(ref_of(kind, obj), None)
+        if kind == "MultiNetworkPolicy":
+            ref = f"{namespace_of(obj)}/{name_of(obj)}"
+            self.tenants.pop(ref, None)
+            self.foreign.discard(ref)
+            tenant, why = (None, "") if deleted else decode_tenant(obj)
+            if tenant is None:
+                if why:
+                    self.refused[ref_of(kind, obj)] = why
+                self._mark(self.node.remove_policy(ref))
+            else:
+                self._hold(tenant)
+                self._mark(self._judged(tenant))
+            return
+        admin, why = (None, "") if deleted else decode_admin(obj)
+        if admin is None:
+            if why:
+                self.refused[ref_of(kind, obj)] = why
+            self._mark(self.node.remove_policy(f"admin/{name_of(obj)}"))
+        else:
+            self._mark(self.node.set_policy(admin))
+
+    # DeviceClasses come from the driver's one watch of them (cnidra.kube.deviceclasses)
+
+    def replace_classes(self, objects: Sequence[Mapping[str, Any]]) -> None:
+        self.replace("DeviceClass", objects)
+
+    def class_changed(self, event: str, obj: Mapping[str, Any]) -> None:
+        self.changed("DeviceClass", event, obj)
+
+    # ------------------------------------------------------------------ the tenancy rule
+
+    def _hold(self, policy: model.MultiNetworkPolicy) -> None:
+        self.tenants[policy.ref] = policy
+        if any(
+            t.namespace != policy.namespace
+            or t.kind not in (model.TargetKind.NAD, model.TargetKind.CLAIM)
+            for t in policy.targets
+        ):
+            self.foreign.add(policy.ref)
+
+    def access(self) -> model.CatalogAccess:
+        """The tenancy rule's view of the cluster, as this driver follows it."""
+        return model.CatalogAccess(
+            self.cninetworks,
+            self.device_classes,
+            self.node.namespace_labels,
+            NadsInUse(self.node.pods),
+        )
+
+    def _refusal(self, policy: model.MultiNetworkPolicy) -> str | None:
+        """Why the tenancy rule refuses `policy` (None: it is applied), kept in `refused`; a
+        new answer is logged once synced (before, the rule reads a partial cluster)."""
+        ref = PolicyRef(model.MNP_KIND, policy.name, policy.namespace)
+        why = None
+        if policy.ref in self.foreign:
+            issues = model.tenancy_problems(policy, self.access())
+            why = "; ".join(e.message for e in issues.errors) or None
+        if why is None:
+            self.refused.pop(ref, None)
+        elif self.refused.get(ref) != why:
+            self.refused[ref] = why
+            if self.synced:
+                log.warning("MultiNetworkPolicy %s is not applied: %s", policy.ref, why)
+        return why
+
+    def _judged(self, policy: model.MultiNetworkPolicy) -> set[Change]:
+        """`policy` applied, or removed when the tenancy rule refuses it: the tables that
+        changed."""
+        if self._refusal(policy) is not None:
+            return self.node.remove_policy(policy.ref)
+        if self.node.tenant.get(policy.ref) == policy:
+            return set()
+        return self.node.set_policy(policy)
+
+    def _rejudge(self, nads_only: bool = False, namespace: str | None = None) -> None:
+        """The policies naming networks not of their namespace judged again (what the rule
+        reads changed); `nads_only`: only those naming another namespace's NAD (the pods
+        changed, which says which NADs a namespace is on), of `namespace` when given (the
+        namespace of the pod that changed: a pod event costs nothing for the others)."""
+        for ref in sorted(self.foreign):
+            policy = self.tenants[ref]
+            if namespace is not None and policy.namespace != namespace:
+                continue
+            if nads_only and not any(
+                t.kind is model.TargetKind.NAD and t.namespace != policy.namespace
+                for t in policy.targets
+            ):
+                continue
+            self._mark(self._judged(policy))
 
     def _flag_undoable(self, obj: Mapping[str, Any]) -> None:
         """A pod whose containers could delete its tables (privileged, NET_ADMIN): kept (a pod
@@ -379,6 +528,7 @@ class PolicyEnforcer:
         try:
             if self.synced:
                 changes = self.node.set_local(facts, network, att.if_name)
+                self._rejudge(nads_only=True, namespace=key[0])  # its namespace is on it now
                 ruleset = self.node.ruleset(key, network)
                 self._mark(changes - {(key, network)})
             else:
@@ -672,6 +822,8 @@ class PolicyEnforcer:
         if self.reports is None or not self.synced:
             return
         now = self.problems()
+        for ref, why in self.refused.items():
+            now[ref] = (NOT_APPLIED + why, *now.get(ref, ()))
         for ref in sorted(set(self.reported) | set(now) | self.stale):
             problems = now.get(ref, ())
             if ref in self.reported and self.reported[ref] == problems and ref not in self.stale:
@@ -688,6 +840,8 @@ class PolicyEnforcer:
                 self.reported.pop(ref, None)
 
     def _known(self, ref: PolicyRef) -> bool:
+        if ref in self.refused:
+            return True
         if ref.kind == model.MNP_KIND:
             return f"{ref.namespace}/{ref.name}" in self.node.tenant
         return f"admin/{ref.name}" in self.node.admin
@@ -760,31 +914,74 @@ def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in labels.items()}
 
 
-def decode_tenant(obj: Mapping[str, Any]) -> model.MultiNetworkPolicy | None:
+def decode_tenant(obj: Mapping[str, Any]) -> tuple[model.MultiNetworkPolicy | None, str]:
+    """The tenant's policy, or None and why it does not decode (the tenancy rule is judged
+    apart: its answer changes with the cluster)."""
     policy, issues = model.decode_policy(obj, default_namespace=namespace_of(obj) or "default")
-    if policy is not None:  # the tenancy rule: never another namespace's claim network
-        issues = model.tenancy_problems(policy, None)
-        if issues.errors:
-            policy = None
-    if policy is None:
-        log.warning(
-            "MultiNetworkPolicy %s/%s is not applied: %s",
-            namespace_of(obj),
-            name_of(obj),
-            "; ".join(str(e) for e in issues.errors),
-        )
-    return policy
+    if policy is not None:
+        return policy, ""
+    why = "; ".join(str(e) for e in issues.errors)
+    log.warning("MultiNetworkPolicy %s/%s is not applied: %s", namespace_of(obj), name_of(obj), why)
+    return None, why
 
 
-def decode_admin(obj: Mapping[str, Any]) -> model.AdminNetworkPolicy | None:
+def decode_admin(obj: Mapping[str, Any]) -> tuple[model.AdminNetworkPolicy | None, str]:
+    """The admin's policy, or None and why it does not decode."""
     policy, issues = model.decode_admin_policy(obj)
-    if policy is None:
-        log.warning(
-            "CNIAdminNetworkPolicy %s is not applied: %s",
-            name_of(obj),
-            "; ".join(str(e) for e in issues.errors),
-        )
-    return policy
+    if policy is not None:
+        return policy, ""
+    why = "; ".join(str(e) for e in issues.errors)
+    log.warning("CNIAdminNetworkPolicy %s is not applied: %s", name_of(obj), why)
+    return None, why
+
+
+@dataclass(frozen=True)
+class Unusable:
+    """A CNINetwork that does not parse: the tenancy rule lets no namespace name it."""
+
+    message: str
+
+    def admits(self, namespace: str, labels: Mapping[str, str] | None) -> str | None:
+        return self.message
+
+
+def cninetwork_rules(obj: Mapping[str, Any]) -> NamedNetwork | Unusable:
+    """A CNINetwork as the tenancy rule reads it: its namespace rules. A `networkID`'s conf is
+    on each node's disk and has no say in who may use it: a stand-in of the CNINetwork's type
+    is parsed in its place, so the rule never waits on a file."""
+    spec = obj.get("spec")
+    conf = None
+    if isinstance(spec, Mapping) and spec.get("networkID") is not None:
+        kind = spec.get("type")
+        plugins = [{"type": kind}] if isinstance(kind, str) else []
+        conf = NamedNetwork("node conf", {"plugins": plugins}, ROOT, trusted=True)
+    found = cninetwork(obj, conf)
+    return found if isinstance(found, NamedNetwork) else Unusable(found.message)
+
+
+class NadsInUse(Mapping[str, frozenset[str]]):
+    """Per namespace, the NADs its pods' interfaces are on (the network-status annotations the
+    pod watch brings, and this node's attachments): the other namespaces' NADs the tenancy rule
+    lets its policies name. Read from the pods policy follows anyway rather than from every
+    claim (a second cluster-wide watch): a tenant's policy selects its own namespace's pods only,
+    so one naming another namespace's NAD has nothing to select until a pod of its namespace
+    is on it, which is when it is applied; the local pod's attachment counts before its first
+    table is written."""
+
+    def __init__(self, pods: Mapping[PodKey, PodFacts]) -> None:
+        self.pods = pods
+
+    def __getitem__(self, namespace: str) -> frozenset[str]:
+        pods = [facts for (ns, _), facts in self.pods.items() if ns == namespace]
+        if not pods:
+            raise KeyError(namespace)
+        return frozenset(n for facts in pods for n in facts.networks if ":" not in n)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({ns for ns, _ in self.pods})
+
+    def __len__(self) -> int:
+        return len({ns for ns, _ in self.pods})
 
 
 def policy_of(comment: str) -> str:

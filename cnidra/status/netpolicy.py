@@ -1,7 +1,11 @@
 """Network policy's reports on the policy objects (issue 43), written off the NRI hook's path:
 a policy that selects an interface on this node where it cannot be enforced (a plugin type with
 no kernel path, a device bound to a userspace driver) gets a Warning Event and an entry of this
-node in its `status.nodes`, with an `Enforced` condition False naming the interfaces and why.
+node in its `status.nodes`, with an `Enforced` condition False naming the interfaces and why. A
+policy the driver does not apply at all (it does not decode, or a tenant's names a network its
+namespace may not use: the tenancy rule) is reported the same way, its problem a line starting
+with `NOT_APPLIED`: the condition's reason is then `NotApplied` and the Event's
+`NetworkPolicyNotApplied`, so the two cases are told apart without a second channel.
 
 Each node writes only its own entry (`status.nodes` is a map keyed by `node`; server-side apply,
 one field manager per node, `cnidra-netpolicy-<node>`), as Gateway API's route status has one
@@ -34,7 +38,10 @@ log = logging.getLogger(__name__)
 
 CONDITION_ENFORCED = "Enforced"
 REASON_NOT_ENFORCEABLE = "NotEnforceable"
+REASON_NOT_APPLIED = "NotApplied"
 EVENT_NOT_ENFORCED = "NetworkPolicyNotEnforced"
+EVENT_NOT_APPLIED = "NetworkPolicyNotApplied"
+NOT_APPLIED = "not applied: "  # a problem line of a policy the driver refused
 REQUEST_TIMEOUT = 10.0
 MESSAGE_MAX = 32768
 MAX_LISTED = 20  # interfaces named in one condition; beyond, counted
@@ -60,11 +67,14 @@ class PolicyRef:
 
 def node_entry(node: str, problems: Sequence[str], now: datetime | None = None) -> dict[str, Any]:
     """This node's `status.nodes` entry for `problems` (one line per interface): its
-    `Enforced` condition, False, naming the interfaces (at most MAX_LISTED, then counted)."""
+    `Enforced` condition, False, naming the interfaces (at most MAX_LISTED, then counted); or,
+    for a policy not applied (its lines start with NOT_APPLIED), saying why."""
+    refused = [p for p in problems if p.startswith(NOT_APPLIED)]
+    problems = [p for p in problems if not p.startswith(NOT_APPLIED)]
     listed = list(problems[:MAX_LISTED])
     if len(problems) > MAX_LISTED:
         listed.append(f"and {len(problems) - MAX_LISTED} more")
-    message = "not enforced on " + "; ".join(listed)
+    message = "; ".join(refused) or "not enforced on " + "; ".join(listed)
     if len(message) > MESSAGE_MAX:
         message = message[: MESSAGE_MAX - 3] + "..."
     stamp = (now or datetime.now(UTC)).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -74,7 +84,7 @@ def node_entry(node: str, problems: Sequence[str], now: datetime | None = None) 
             {
                 "type": CONDITION_ENFORCED,
                 "status": "False",
-                "reason": REASON_NOT_ENFORCEABLE,
+                "reason": REASON_NOT_APPLIED if refused else REASON_NOT_ENFORCEABLE,
                 "message": message,
                 "lastTransitionTime": stamp,
             }
@@ -133,6 +143,15 @@ class PolicyStatusWriter:
             return
         self.wanted[ref] = problems
         new = [p for p in problems if p not in before]
+        refused = [p for p in new if p.startswith(NOT_APPLIED)]
+        if refused and event and self.events is not None:
+            self.events(
+                ref.involved,
+                EVENT_NOT_APPLIED,
+                f"policy {ref} is not applied on node {self.node}: "
+                + "; ".join(p.removeprefix(NOT_APPLIED) for p in refused),
+            )
+        new = [p for p in new if not p.startswith(NOT_APPLIED)]
         if new and event and self.events is not None:
             self.events(
                 ref.involved,

@@ -23,9 +23,9 @@ selects the pod gets a Warning Event and node 1's entry in `status.nodes` (a rea
 the status subresource, the driver's RBAC, server-side apply per node), shown by `kubectl get`,
 and the entry goes with the pod.
 
-Not here (the netns tests prove them with traffic: tests/datapath/test_netpolicy.py,
-test_netpolicy_host.py): UDP (the test image's busybox nc has no UDP), namespace selectors
-(a claim network is one namespace's), peers on node 2.
+Not here: UDP (the test image's busybox nc has none), namespace selectors (a claim network is
+one namespace's), peers on node 2, a bridge, an edit under traffic, an address change, the
+tenancy rule: tests/testbed/test_netpolicy_traffic.py, probing from inside the pods' namespaces.
 
 Only the test's own link (a host-only bridge) and 198.19.43.0/24 (inside 198.18.0.0/15)."""
 
