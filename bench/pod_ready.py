@@ -1,4 +1,4 @@
-"""Pod creation to Ready, the same pods four ways in one run, alternating round by round (not a
+"""Pod creation to Ready, the same pods five ways in one run, alternating round by round (not a
 test: numbers).
 
     python -m bench.pod_ready [--pods 50] [--rounds 3] [--json]
@@ -8,6 +8,9 @@ dra_example  pods with a ResourceClaim served by dra-example-driver's kubelet pl
              driver that does nothing on the node: kubelet's and the scheduler's DRA cost alone
 multus       pods with a macvlan + host-local network through Multus (thin plugin, a
              NetworkAttachmentDefinition, the pod annotation): what users run today
+multus_thick the same NAD and pods through Multus thick, the deployment Multus' docs now
+             recommend: multus-daemon as a host process for its turn (MultusThick: how it is
+             configured and given credentials), multus-shim the runtime's CNI plugin
 cnidra       the same macvlan through cnidra (a ResourceClaimTemplate), addressed by
              cnidra's cluster IPAM: prepare takes the address from a CNIIPPool of
              198.18.161.0/24 made for the run and hands the plugins the static IPAM plugin
@@ -24,14 +27,24 @@ until its status queue is empty): `cpu_ms_per_pod` (its process's user + system 
 cnidra_apiserver_requests_total), with `apiserver_requests_per_pod_by_kind` ("verb resource":
 which of them are the pods', which the slice publisher's), in the JSON's "cnidra"; the pool's
 GET (kept 10 s) and a block's LIST and CREATE per 16 addresses are among them now. The raw CNI
-time is the macvlan + host-local ADD exec'd directly. The last line is one JSON object.
-`CNIDRA_ATTACH_BEHIND_SANDBOX=false` in the environment measures the ADDs inside the sandbox
-hook instead.
+time is the macvlan + host-local ADD exec'd directly.
+
+Every way's node CPU per pod, over its rounds (`node_cpu_ms_per_pod`, beyond the `none` way's;
+by part, the baseline not taken off, in `node_cpu_ms_per_pod_by_part`): containerd with the
+plugins it execs and reaps (Multus thin, multus-shim, the primary network's plugin), its shims
+(sampled while they live), kubelet, and the way's own daemon with the plugins it execs (cnidra's
+driver, multus-daemon, dra-example-driver's plugin); not the pods' own processes. The control
+plane's (apiserver, etcd, scheduler, controller-manager: other machines in a real cluster) is
+beside, in `control_plane_cpu_ms_per_pod`. bench/node_cpu.py says exactly what is counted.
+
+The last line is one JSON object. `CNIDRA_ATTACH_BEHIND_SANDBOX=false` in the environment
+measures the ADDs inside the sandbox hook instead.
 
 Needs the test bed (`make test`'s cache) and the peers (hack/install-peers.sh, which `make
-bench` runs): about 4 minutes per round at 50 pods on 2 cores, plus the peers' first build
-(about 3 minutes). Only one driver serves each way's pods: cnidra's runs only during its turn,
-Multus is the runtime's CNI config only during its turn.
+bench` runs): about 5 minutes per round at 50 pods on 2 cores, plus the peers' first build
+(about 4 minutes). Only one driver serves each way's pods: cnidra's runs only during its turn,
+multus-daemon only during its; Multus (thin, or thick's shim) is the runtime's CNI config only
+during its turn.
 """
 
 from __future__ import annotations
