@@ -259,6 +259,7 @@ def multus_installed(binary: str, work: Path) -> Iterator[None]:
 
 
 # in-cluster credentials, where client-go's rest.InClusterConfig reads them (fixed paths)
+PRIMARY = tb.Paths.cni_conf / "10-testbed.conflist"
 SERVICE_ACCOUNT_DIR = Path("/run/secrets/kubernetes.io/serviceaccount")
 MARKER = ".cnidra-bench"
 
@@ -268,10 +269,15 @@ class MultusThick:
     DaemonSet runs), and `multus-shim` as the runtime's CNI config (a conf file sorting before
     the test bed's primary, which it delegates to).
 
-    The daemon reads its config file (socketDir, the CNI conf and bin dirs, the conf file it
-    installs: cmd/multus-daemon, pkg/server/types.go's ControllerNetConf, and the keys that
-    override each request's Multus config), watches the node's pods (MULTUS_NODE_NAME) and the
-    NADs, and execs the delegates itself. Its only way to the apiserver outside
+    The daemon reads one config file (cmd/multus-daemon; pkg/server/types.go's
+    ControllerNetConf: socketDir, logging; pkg/server/config's MultusConf: the conf it writes;
+    and every key of it overrides each request's Multus config: binDir, cniDir, confDir). As
+    its DaemonSet does, it runs with multusConfigFile "auto": it writes 00-multus.conf (type
+    multus-shim, clusterNetwork the primary's file, daemonSocketDir) into the CNI conf dir, from
+    the primary named by multusMasterCNI, and removes it when it stops. (v4.3.0's daemon given a
+    file of its own instead copies it and exits at once: its main waits only on the "auto"
+    config manager.) It watches the node's pods (MULTUS_NODE_NAME) and the NADs, and execs the
+    delegates itself. Its only way to the apiserver outside
     perNodeCertificate (a CSR flow) is client-go's in-cluster config: KUBERNETES_SERVICE_HOST
     and _PORT, and a token and CA under /run/secrets/kubernetes.io/serviceaccount. A pod's
     service account is what it runs as on a cluster, so the run makes one (bound to
@@ -306,31 +312,19 @@ class MultusThick:
     @contextmanager
     def installed(self) -> Iterator[subprocess.Popen[bytes]]:
         """The daemon running and the shim the runtime's CNI config, for one turn."""
-        primary = json.loads((tb.Paths.cni_conf / "10-testbed.conflist").read_text())
         sockets = self.work / "run"
         sockets.mkdir(exist_ok=True)
-        # the shim's conf: the daemon installs it in the CNI conf dir (its multusConfigFile,
-        # when not "auto", is copied there at start)
-        staged = self.work / "00-bench-multus-thick.conf"
-        staged.write_text(
-            json.dumps(
-                {
-                    "cniVersion": "1.0.0",
-                    "name": "multus-cni-network",
-                    "type": "multus-shim",
-                    "daemonSocketDir": str(sockets),
-                    "delegates": [primary],
-                }
-            )
-        )
         config = self.work / "daemon-config.json"
         config.write_text(
             json.dumps(
                 {
                     "cniVersion": "1.0.0",
                     "socketDir": str(sockets),
+                    "daemonSocketDir": str(sockets),  # the shim's, in the conf it writes
+                    "multusConfigFile": "auto",
+                    "multusAutoconfigDir": str(tb.Paths.cni_conf),
+                    "multusMasterCNI": PRIMARY.name,
                     "cniConfigDir": str(tb.Paths.cni_conf),
-                    "multusConfigFile": str(staged),
                     "confDir": str(tb.Paths.cni_conf),
                     "cniDir": str(self.work / "cache"),
                     "binDir": str(self.bins.cni_plugins),
@@ -339,7 +333,7 @@ class MultusThick:
                 }
             )
         )
-        installed = tb.Paths.cni_conf / staged.name
+        installed = tb.Paths.cni_conf / "00-multus.conf"
         plugin = tb.Paths.cni_bin / "multus-shim"
         self._credentials()
         shutil.copy2(self.shim, plugin)
