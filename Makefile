@@ -95,9 +95,9 @@ deploy:
 # every benchmark, one at a time (bench/run.py: the quick ones, then the ones on the test bed,
 # a singleton), into docs/performance/bench-latest.json, then the README's tables between its
 # bench markers rendered from that file, with the machine and the date (bench/report.py). About
-# 50 minutes on this project's 2-core machine: the quick ones 5, pod_ready 9, driver_latency 4,
-# ipam 7, node_api 1, claims_scale 5, transport 2, fleet at 1,000 nodes 15, and the peers' first
-# build 3 (`python -m bench.run --list` prints the plan). A benchmark that fails or times out is a
+# 52 minutes on this project's 2-core machine: the quick ones 5, pod_ready 11 (five ways),
+# driver_latency 4, ipam 7, node_api 1, claims_scale 5, transport 2, fleet at 1,000 nodes 15, and
+# the peers' first build 4 (`python -m bench.run --list` prints the plan). A benchmark that fails or times out is a
 # "not run" row and make's status 1, after the README is rendered.
 bench: install cni-plugins
 	@status=0; $(BIN)/python -m bench.run --command 'make bench' || status=$$?; \

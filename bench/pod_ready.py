@@ -1,4 +1,4 @@
-"""Pod creation to Ready, the same pods four ways in one run, alternating round by round (not a
+"""Pod creation to Ready, the same pods five ways in one run, alternating round by round (not a
 test: numbers).
 
     python -m bench.pod_ready [--pods 50] [--rounds 3] [--json]
@@ -8,6 +8,9 @@ dra_example  pods with a ResourceClaim served by dra-example-driver's kubelet pl
              driver that does nothing on the node: kubelet's and the scheduler's DRA cost alone
 multus       pods with a macvlan + host-local network through Multus (thin plugin, a
              NetworkAttachmentDefinition, the pod annotation): what users run today
+multus_thick the same NAD and pods through Multus thick, the deployment Multus' docs now
+             recommend: multus-daemon as a host process for its turn (MultusThick: how it is
+             configured and given credentials), multus-shim the runtime's CNI plugin
 cnidra       the same macvlan through cnidra (a ResourceClaimTemplate), addressed by
              cnidra's cluster IPAM: prepare takes the address from a CNIIPPool of
              198.18.161.0/24 made for the run and hands the plugins the static IPAM plugin
@@ -24,14 +27,24 @@ until its status queue is empty): `cpu_ms_per_pod` (its process's user + system 
 cnidra_apiserver_requests_total), with `apiserver_requests_per_pod_by_kind` ("verb resource":
 which of them are the pods', which the slice publisher's), in the JSON's "cnidra"; the pool's
 GET (kept 10 s) and a block's LIST and CREATE per 16 addresses are among them now. The raw CNI
-time is the macvlan + host-local ADD exec'd directly. The last line is one JSON object.
-`CNIDRA_ATTACH_BEHIND_SANDBOX=false` in the environment measures the ADDs inside the sandbox
-hook instead.
+time is the macvlan + host-local ADD exec'd directly.
+
+Every way's node CPU per pod, over its rounds (`node_cpu_ms_per_pod`, beyond the `none` way's;
+by part, the baseline not taken off, in `node_cpu_ms_per_pod_by_part`): containerd with the
+plugins it execs and reaps (Multus thin, multus-shim, the primary network's plugin), its shims
+(sampled while they live), kubelet, and the way's own daemon with the plugins it execs (cnidra's
+driver, multus-daemon, dra-example-driver's plugin); not the pods' own processes. The control
+plane's (apiserver, etcd, scheduler, controller-manager: other machines in a real cluster) is
+beside, in `control_plane_cpu_ms_per_pod`. bench/node_cpu.py says exactly what is counted.
+
+The last line is one JSON object. `CNIDRA_ATTACH_BEHIND_SANDBOX=false` in the environment
+measures the ADDs inside the sandbox hook instead.
 
 Needs the test bed (`make test`'s cache) and the peers (hack/install-peers.sh, which `make
-bench` runs): about 4 minutes per round at 50 pods on 2 cores, plus the peers' first build
-(about 3 minutes). Only one driver serves each way's pods: cnidra's runs only during its turn,
-Multus is the runtime's CNI config only during its turn.
+bench` runs): about 5 minutes per round at 50 pods on 2 cores, plus the peers' first build
+(about 4 minutes). Only one driver serves each way's pods: cnidra's runs only during its turn,
+multus-daemon only during its; Multus (thin, or thick's shim) is the runtime's CNI config only
+during its turn.
 """
 
 from __future__ import annotations
@@ -48,7 +61,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +71,7 @@ from lightkube.resources.core_v1 import Pod
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.driver_latency import pct, raw_cni_ms
+from bench.node_cpu import CONTROL_PLANE, NODE_PARTS, Ledger, ShimLedger, Window
 from bench.pools import cnidra_ipam, delete_pool, in_namespace, pool_name, pool_object
 from bench.profile import profiled
 from cnidra.cni import netns
@@ -68,8 +82,13 @@ from testbed.harness import ROOT, Cluster, DriverProcess
 
 DRIVER = "cni.dra.networking.x-k8s.io"
 EXAMPLE_DRIVER = "gpu.example.com"
-WAYS = ("none", "dra_example", "multus", "cnidra")
-SUBNETS = {"multus": "198.18.160.0/24", "cnidra": "198.18.161.0/24"}
+WAYS = ("none", "dra_example", "multus", "multus_thick", "cnidra")
+MULTUS_WAYS = ("multus", "multus_thick")  # the same NAD, the same pod annotation
+SUBNETS = {
+    "multus": "198.18.160.0/24",
+    "multus_thick": "198.18.160.0/24",
+    "cnidra": "198.18.161.0/24",
+}
 
 
 def peers() -> dict[str, str]:
@@ -80,6 +99,8 @@ def peers() -> dict[str, str]:
     found = dict(line.removeprefix("export ").split("=", 1) for line in out.splitlines())
     return {
         "multus": found["CNIDRA_PEER_MULTUS"],
+        "multus_shim": found["CNIDRA_PEER_MULTUS_SHIM"],
+        "multus_daemon": found["CNIDRA_PEER_MULTUS_DAEMON"],
         "dra_example": found["CNIDRA_PEER_DRA_EXAMPLE"],
     }
 
@@ -115,7 +136,7 @@ def pod(name: str, way: str, tag: str, namespace: str) -> dict[str, Any]:
         template = way.replace("_", "-")
         spec["resourceClaims"] = [{"name": "dev", "resourceClaimTemplateName": template}]
         container["resources"] = {"claims": [{"name": "dev"}]}
-    if way == "multus":
+    if way in MULTUS_WAYS:
         meta["annotations"] = {"k8s.v1.cni.cncf.io/networks": f"{namespace}/bench-macvlan"}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
@@ -235,6 +256,139 @@ def multus_installed(binary: str, work: Path) -> Iterator[None]:
         path.unlink(missing_ok=True)
         time.sleep(2)
         plugin.unlink(missing_ok=True)
+
+
+# in-cluster credentials, where client-go's rest.InClusterConfig reads them (fixed paths)
+PRIMARY = tb.Paths.cni_conf / "10-testbed.conflist"
+SERVICE_ACCOUNT_DIR = Path("/run/secrets/kubernetes.io/serviceaccount")
+MARKER = ".cnidra-bench"
+
+
+class MultusThick:
+    """Multus thick as a host process of the test bed's node: `multus-daemon` (what Multus's
+    DaemonSet runs), and `multus-shim` as the runtime's CNI config (a conf file sorting before
+    the test bed's primary, which it delegates to).
+
+    The daemon reads one config file (cmd/multus-daemon; pkg/server/types.go's
+    ControllerNetConf: socketDir, logging; pkg/server/config's MultusConf: the conf it writes;
+    and every key of it overrides each request's Multus config: binDir, cniDir, confDir). As
+    its DaemonSet does, it runs with multusConfigFile "auto": it writes 00-multus.conf (type
+    multus-shim, clusterNetwork the primary's file, daemonSocketDir) into the CNI conf dir, from
+    the primary named by multusMasterCNI, and removes it when it stops. (v4.3.0's daemon given a
+    file of its own instead copies it and exits at once: its main waits only on the "auto"
+    config manager.) It watches the node's pods (MULTUS_NODE_NAME) and the NADs, and execs the
+    delegates itself. Its only way to the apiserver outside
+    perNodeCertificate (a CSR flow) is client-go's in-cluster config: KUBERNETES_SERVICE_HOST
+    and _PORT, and a token and CA under /run/secrets/kubernetes.io/serviceaccount. A pod's
+    service account is what it runs as on a cluster, so the run makes one (bound to
+    cluster-admin) and writes its token there for the daemon's turn; the directory is refused
+    if someone else's is there, and removed after. A mount namespace of its own would keep it
+    off the host, but pods' network namespaces are mounts containerd makes after the daemon
+    starts, and the host's mounts do not propagate (private), so the daemon would not see
+    them."""
+
+    def __init__(self, shim: str, daemon: str, work: Path, bins: tb.Bins) -> None:
+        self.shim, self.daemon, self.bins = shim, daemon, bins
+        self.work = work / "multus-thick"
+        self.log = self.work / "daemon.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.token = ""
+
+    def prepare(self, bed: Cluster, namespace: str) -> None:
+        """Its service account's token (once a run)."""
+        self.work.mkdir(exist_ok=True)
+        bed.kubectl("create", "serviceaccount", "multus", "-n", namespace)
+        bed.kubectl(
+            "create", "clusterrolebinding", f"{namespace}-multus", "--clusterrole=cluster-admin",
+            f"--serviceaccount={namespace}:multus",
+        )  # fmt: skip
+        self.token = bed.kubectl(
+            "create", "token", "multus", "-n", namespace, "--duration=6h"
+        ).stdout.strip()
+
+    def cleanup(self, bed: Cluster, namespace: str) -> None:
+        bed.kubectl("delete", "clusterrolebinding", f"{namespace}-multus", check=False)
+
+    @contextmanager
+    def installed(self) -> Iterator[subprocess.Popen[bytes]]:
+        """The daemon running and the shim the runtime's CNI config, for one turn."""
+        sockets = self.work / "run"
+        sockets.mkdir(exist_ok=True)
+        config = self.work / "daemon-config.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "cniVersion": "1.0.0",
+                    "socketDir": str(sockets),
+                    "daemonSocketDir": str(sockets),  # the shim's, in the conf it writes
+                    "multusConfigFile": "auto",
+                    "multusAutoconfigDir": str(tb.Paths.cni_conf),
+                    "multusMasterCNI": PRIMARY.name,
+                    "cniConfigDir": str(tb.Paths.cni_conf),
+                    "confDir": str(tb.Paths.cni_conf),
+                    "cniDir": str(self.work / "cache"),
+                    "binDir": str(self.bins.cni_plugins),
+                    "logFile": str(self.work / "multus.log"),
+                    "logLevel": "error",
+                }
+            )
+        )
+        installed = tb.Paths.cni_conf / "00-multus.conf"
+        plugin = tb.Paths.cni_bin / "multus-shim"
+        self._credentials()
+        shutil.copy2(self.shim, plugin)
+        env = {
+            **os.environ,
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(tb.APISERVER_PORT),
+            "MULTUS_NODE_NAME": tb.NODE,
+            # containerd's CNI path, which the thin plugin gets from containerd
+            "CNI_PATH": f"{tb.Paths.cni_bin}:{self.bins.cni_plugins}",
+        }
+        try:
+            with open(self.log, "ab") as out:
+                self.proc = subprocess.Popen(
+                    [self.daemon, f"-config={config}"],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            deadline = time.monotonic() + 60
+            while not ((sockets / "multus.sock").exists() and installed.exists()):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    tail = self.log.read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"multus-daemon did not start:\n{tail}")
+                time.sleep(0.2)
+            time.sleep(2)  # containerd reloads its CNI config on a file change
+            yield self.proc
+        finally:
+            installed.unlink(missing_ok=True)
+            time.sleep(2)
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            plugin.unlink(missing_ok=True)
+            self._no_credentials()
+
+    def _credentials(self) -> None:
+        top = SERVICE_ACCOUNT_DIR.parents[1]  # /run/secrets
+        if top.exists() and not (top / MARKER).exists():
+            raise RuntimeError(f"{top} exists and is not this benchmark's: not overwritten")
+        SERVICE_ACCOUNT_DIR.mkdir(parents=True, exist_ok=True)
+        (top / MARKER).touch()
+        (SERVICE_ACCOUNT_DIR / "token").write_text(self.token)
+        shutil.copy2(tb.Paths.pki / "ca.crt", SERVICE_ACCOUNT_DIR / "ca.crt")
+        (SERVICE_ACCOUNT_DIR / "namespace").write_text("default")
+
+    def _no_credentials(self) -> None:
+        top = SERVICE_ACCOUNT_DIR.parents[1]
+        if (top / MARKER).exists():
+            shutil.rmtree(top, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -479,6 +633,8 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
     driver_cpu: list[float] = []  # CPU seconds of cnidra's driver per burst (with its deletes)
     cost = DriverCost()  # over its whole rounds: the single pod and the burst, with deletes
     hooks: dict[str, list[float]] = {"burst": [], "single": []}
+    node_cpu, plane_cpu = Ledger(), Ledger()  # every way's, over its rounds
+    lingering: dict[str, int] = {}  # the way's shims still running when its rounds ended
     parent = f"bpr{uuid.uuid4().hex[:4]}"
     pool = pool_name("pod_ready")
     with tb.session() as bins, tempfile.TemporaryDirectory() as tmp:
@@ -519,6 +675,10 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
         )
         example = ExampleDriver(found["dra_example"], work / "dra-example.log")
         example.start(bed)
+        thick = MultusThick(found["multus_shim"], found["multus_daemon"], work, bins)
+        thick.prepare(bed, namespace)
+        shims = ShimLedger(tb._our_shims)
+        shims.start()
         try:
             for round_ in range(args.rounds):
                 for way in WAYS:
@@ -526,18 +686,30 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                     driver: DriverProcess | None = None
                     if way == "cnidra":
                         driver = start_cnidra(bed, work / f"cnidra-{round_}", parent)
-                    ctx = multus_installed(found["multus"], work) if way == "multus" else _nothing()
+                    ctx: AbstractContextManager[Any] = _nothing()
+                    if way == "multus":
+                        ctx = multus_installed(found["multus"], work)
+                    elif way == "multus_thick":
+                        ctx = thick.installed()
                     if driver is not None:
                         round_cpu, round_requests = cpu_seconds(driver), driver.metrics()
                     with ctx:
+                        daemon = {"cnidra": driver, "dra_example": example, "multus_thick": thick}
+                        node = Window(node_pids(daemon.get(way)))
+                        plane = Window({name: tb.running(name) for name in CONTROL_PLANE})
+                        shims.owner = way
                         single[way] += burst(bed, client, namespace, way, 1, f"{tag}s")
                         cpu = cpu_seconds(driver)
                         with profiled(driver, args.profile, f"cnidra-{args.pods}-pods-{tag}"):
                             samples[way] += burst(bed, client, namespace, way, args.pods, tag)
                         if driver is not None:
                             driver_cpu.append(cpu_seconds(driver) - cpu)
+                            settled(driver)
+                        node_cpu.add(way, node.end(), args.pods + 1)
+                        plane_cpu.add(way, plane.end(), args.pods + 1)
+                        shims.owner = None
+                        lingering[way] = lingering.get(way, 0) + shims.alive(way)
                     if driver is not None:
-                        settled(driver)
                         cost.add(
                             cpu_seconds(driver) - round_cpu,
                             requests_by_kind(round_requests),
@@ -558,8 +730,14 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                             f"(1 pod {single[way][-1]:.2f} s)",
                             flush=True,
                         )
+            # the shims of the last ways' pods, until they are gone (60 s at most)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and any(shims.alive(w) for w in WAYS):
+                time.sleep(0.5)
         finally:
+            shims.stop()
             example.stop()
+            thick.cleanup(bed, namespace)
             bed.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
             delete_pool(bed, pool)
             subprocess.run(["ip", "link", "del", parent], check=False, capture_output=True)
@@ -580,10 +758,31 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
         if v
     }
     result["cnidra_driver_cpu_s_per_burst"] = round(sum(driver_cpu) / len(driver_cpu), 2)
+    for way, seconds in shims.charged().items():
+        node_cpu.add(way, {"shims": seconds}, 0)
+    on_node = node_cpu.per_pod(NODE_PARTS)
+    # the node's whole CPU per pod beyond the `none` way's (bench/node_cpu.py: what is in it)
+    result["node_cpu_ms_per_pod"] = on_node["ms_per_pod"]
+    result["node_cpu_ms_per_pod_by_part"] = on_node["by_part"]
+    result["node_shims_alive_after_rounds"] = lingering
+    elsewhere = plane_cpu.per_pod(CONTROL_PLANE)
+    result["control_plane_cpu_ms_per_pod"] = elsewhere["ms_per_pod"]
+    result["control_plane_cpu_ms_per_pod_by_part"] = elsewhere["by_part"]
     result["seconds"] = round(time.monotonic() - started)
     if not args.json:
         print(json.dumps(result, indent=2))
     print(json.dumps(result))
+
+
+def node_pids(daemon: DriverProcess | ExampleDriver | MultusThick | None) -> dict[str, int | None]:
+    """The node's processes whose CPU a way's rounds are charged: containerd, kubelet and the
+    way's own daemon (with the plugins it execs and reaps)."""
+    proc = daemon.proc if daemon is not None else None
+    return {
+        "containerd": tb.running("containerd"),
+        "kubelet": tb.running("kubelet"),
+        "daemon": proc.pid if proc is not None else None,
+    }
 
 
 def cpu_seconds(driver: DriverProcess | None) -> float:

@@ -2,6 +2,9 @@
 # Builds the peers cnidra is benchmarked against from the Go module proxy into a versioned
 # cache, idempotently (`make bench` only; `make test` never needs them):
 #   - Multus (thin plugin), what users run today for secondary networks
+#   - Multus thick: its shim (the runtime's CNI plugin, which only forwards the call over a
+#     unix socket) and its daemon (which reads the pod and its NADs and execs the delegates),
+#     the deployment Multus' own docs now recommend
 #   - dra-example-driver's kubelet plugin, a DRA driver that does nothing on the node: the
 #     floor of kubelet's and the scheduler's DRA cost
 #   - whereabouts, the cluster-wide IPAM plugin
@@ -15,17 +18,21 @@ DRA_EXAMPLE_VERSION="${DRA_EXAMPLE_VERSION:-v0.4.0}"
 WHEREABOUTS_VERSION="${WHEREABOUTS_VERSION:-v0.9.4}"
 CACHE="${CNIDRA_CACHE:-$HOME/.cache/cnidra}"
 MULTUS_DIR="$CACHE/multus-$MULTUS_VERSION"
+MULTUS_SHIM_DIR="$CACHE/multus-shim-$MULTUS_VERSION"
+MULTUS_DAEMON_DIR="$CACHE/multus-daemon-$MULTUS_VERSION"
 DRA_EXAMPLE_DIR="$CACHE/dra-example-driver-$DRA_EXAMPLE_VERSION"
 WHEREABOUTS_DIR="$CACHE/whereabouts-$WHEREABOUTS_VERSION"
 
 env_lines() {
   echo "export CNIDRA_PEER_MULTUS=$MULTUS_DIR/multus"
+  echo "export CNIDRA_PEER_MULTUS_SHIM=$MULTUS_SHIM_DIR/multus-shim"
+  echo "export CNIDRA_PEER_MULTUS_DAEMON=$MULTUS_DAEMON_DIR/multus-daemon"
   echo "export CNIDRA_PEER_DRA_EXAMPLE=$DRA_EXAMPLE_DIR/dra-example-kubeletplugin"
   echo "export CNIDRA_PEER_WHEREABOUTS=$WHEREABOUTS_DIR/whereabouts"
 }
 
 if [[ "${1:-}" == env ]]; then env_lines; exit 0; fi
-WANT=" ${*:-multus dra-example whereabouts} "
+WANT=" ${*:-multus multus-thick dra-example whereabouts} "
 wanted() { [[ "$WANT" == *" $1 "* ]]; }
 
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
@@ -54,6 +61,11 @@ build() {  # build <dest-dir> <binary> <module> <version> <package> [replace...]
 
 wanted multus && build "$MULTUS_DIR" multus gopkg.in/k8snetworkplumbingwg/multus-cni.v4 "$MULTUS_VERSION" \
   gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus
+# thick: two binaries of the same module and version, a directory each (a directory is one build)
+wanted multus-thick && build "$MULTUS_SHIM_DIR" multus-shim gopkg.in/k8snetworkplumbingwg/multus-cni.v4 \
+  "$MULTUS_VERSION" gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-shim
+wanted multus-thick && build "$MULTUS_DAEMON_DIR" multus-daemon gopkg.in/k8snetworkplumbingwg/multus-cni.v4 \
+  "$MULTUS_VERSION" gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-daemon
 wanted dra-example && build "$DRA_EXAMPLE_DIR" dra-example-kubeletplugin sigs.k8s.io/dra-example-driver \
   "$DRA_EXAMPLE_VERSION" sigs.k8s.io/dra-example-driver/cmd/dra-example-kubeletplugin
 wanted whereabouts && build "$WHEREABOUTS_DIR" whereabouts github.com/k8snetworkplumbingwg/whereabouts \
