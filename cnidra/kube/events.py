@@ -77,7 +77,7 @@ class EventRecorder:
         """The Event as the apiserver takes it (its empty fields left out, as a typed
         client's serializer leaves them)."""
         about = record.about
-        at = record.at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        at = record.at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # RFC 3339
         involved = {
             "kind": about.kind,
             "apiVersion": about.api_version or API_VERSIONS.get(about.kind, "v1"),
