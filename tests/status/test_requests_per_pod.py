@@ -1,5 +1,5 @@
 """What one pod costs the apiserver (issue 28), counted on the driver itself (tests/fakenode.py:
-every part wired as `cnidra driver` wires it, its real lightkube client against the in-memory
+every part wired as `cnidra driver` wires it, its real aiohttp client against the in-memory
 apiserver of tests/kube/fakeapi.py): a pod with one cnidra interface from a
 ResourceClaimTemplate, created and deleted, is the claim's GET (prepare), one status write
 (status.devices), one pod patch (the network-status annotation), and the three Normal Events
