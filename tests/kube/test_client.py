@@ -3,10 +3,9 @@ serve resource.k8s.io/v1, and no verdict (start, retry later) when it cannot be 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator
 from typing import Any
-
-import copy
 
 import pytest
 

@@ -1,5 +1,5 @@
-"""cnidra.kube.ipam against a fake client (the session's methods, on dicts): what the apiserver's answers mean, and
-which are asked again (transient answers, to the calls that may be repeated)."""
+"""cnidra.kube.ipam against a fake client (the session's methods, on dicts): what the
+apiserver's answers mean, and which are asked again (transient answers, to the calls that may be repeated)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
+
 from cnidra.api.ipam import IPAMCLAIM_FINALIZER, Block
 from cnidra.ipam.allocator import IPAMCluster
 from cnidra.kube.api import Node, RefusedForGood, Transient
-from cnidra.kube.session import ApiStatus
 from cnidra.kube.ipam import CNIIPBlock, CNIIPPool, IPAMClaim, KubeIPAM, _block_object
+from cnidra.kube.session import ApiStatus
 
 BLOCK = Block("data", 0, 1, ipaddress.ip_network("198.18.130.16/28"))
 

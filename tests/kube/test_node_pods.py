@@ -8,7 +8,6 @@ import asyncio
 import json
 from pathlib import Path
 from typing import Any
-
 from urllib.parse import parse_qs
 
 import pytest

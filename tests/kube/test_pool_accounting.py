@@ -1,15 +1,14 @@
-"""The apiserver side of pool accounting against a fake client (the session's methods, on dicts): counts go to the
-status subresource by server-side apply under their own field managers, the scheduler's Events
+"""The apiserver side of pool accounting against a fake client (the session's methods, on
+dicts): counts go to the status subresource by server-side apply under their own field managers, the scheduler's Events
 are watched by field selector, a network's pool comes from the driver's published devices, and
 the accountant's Lease is taken, renewed, kept from others and taken over once lapsed."""
 
 from __future__ import annotations
 
+import copy
 import datetime
 from collections.abc import AsyncIterator
 from typing import Any
-
-import copy
 
 from cnidra.kube.api import Lease, ResourceSlice
 from cnidra.kube.ipam import ACCOUNTANT_MANAGER, CNIIPBlock, CNIIPPool, KubeIPAM

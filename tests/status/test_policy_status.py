@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-
 from cnidra.api.constants import CONDITION_POLICY, CONDITION_READY
 from cnidra.api.refs import ObjectRef
 from cnidra.kube.api import Api
-from cnidra.kube.session import ApiStatus
 from cnidra.kube.events import Involved
+from cnidra.kube.session import ApiStatus
 from cnidra.status.devices import DeviceStatus, policy_condition
 from cnidra.status.netpolicy import (
     EVENT_NOT_ENFORCED,
