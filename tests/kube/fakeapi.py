@@ -1,7 +1,8 @@
 """An apiserver in memory, served by an `aiohttp.web` application on 127.0.0.1 (an ephemeral
 port, in a thread of its own with its own loop), for the driver's real client
-(cnidra.kube.session's aiohttp session, counted as the driver counts): ResourceClaims, Pods
-and Events with the semantics the driver relies on, each cited from Kubernetes 1.37's source where it matters:
+(cnidra.kube.session's aiohttp session, counted as the driver counts): ResourceClaims, Pods and
+Events with the semantics the driver relies on, each cited from Kubernetes 1.37's source where
+it matters:
 
 - a claim's status subresource keeps the object's metadata (finalizers included:
   `ResetObjectMetaForStatus`, apimachinery pkg/apis/meta/v1/helpers.go:265-276, called by the

@@ -1,5 +1,6 @@
 """cnidra.kube.ipam against a fake client (the session's methods, on dicts): what the
-apiserver's answers mean, and which are asked again (transient answers, to the calls that may be repeated)."""
+apiserver's answers mean, and which are asked again (transient answers, to the calls that may be
+repeated)."""
 
 from __future__ import annotations
 

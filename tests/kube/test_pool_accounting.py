@@ -1,7 +1,8 @@
 """The apiserver side of pool accounting against a fake client (the session's methods, on
-dicts): counts go to the status subresource by server-side apply under their own field managers, the scheduler's Events
-are watched by field selector, a network's pool comes from the driver's published devices, and
-the accountant's Lease is taken, renewed, kept from others and taken over once lapsed."""
+dicts): counts go to the status subresource by server-side apply under their own field managers,
+the scheduler's Events are watched by field selector, a network's pool comes from the driver's
+published devices, and the accountant's Lease is taken, renewed, kept from others and taken over
+once lapsed."""
 
 from __future__ import annotations
 
