@@ -77,6 +77,11 @@ class Resource:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
+    def typed(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """`body` with its apiVersion and kind (the kind's, when it names none): a create or
+        an apply without them is refused."""
+        return {"apiVersion": self.api_version, "kind": self.kind, **body}
+
     def path(self, namespace: str | None, name: str | None = None) -> str:
         """The URL path of the collection (`name` None) or of one object, in `namespace`
         (None or "*" for a namespaced kind: every namespace)."""
@@ -379,7 +384,7 @@ class AsyncClient:
         path = kind.path(self._namespace(kind, namespace))
         if kind.subresource:
             path += f"/{kind.subresource}"
-        return await self.request("POST", path, params=params, body=dict(body))
+        return await self.request("POST", path, params=params, body=kind.typed(body))
 
     async def delete(
         self,
@@ -409,6 +414,7 @@ class AsyncClient:
             params["fieldManager"] = field_manager or self.field_manager
             if force:
                 params["force"] = "true"
+            body = kind.typed(body)  # an apply names what it applies
         elif field_manager is not None:
             params["fieldManager"] = field_manager
         return await self.request(
