@@ -254,7 +254,8 @@ async def test_the_drivers_client_on_aiohttp(server: tuple[str, list[dict[str, A
     applied = next(s for s in seen if s["method"] == "PATCH")
     assert applied["type"] == "application/apply-patch+yaml"
     assert applied["query"] == {"fieldManager": "cnidra", "force": "true"}
-    assert applied["body"] == {"metadata": {"labels": {"a": "b"}}}
+    labels = {"metadata": {"labels": {"a": "b"}}}
+    assert applied["body"] == {"apiVersion": "v1", "kind": "Namespace", **labels}
     assert any(s["query"].get("watch") == "true" for s in seen)
 
 
