@@ -20,11 +20,13 @@ import http.client
 import json
 import os
 import ssl
+import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -136,7 +138,11 @@ class KubeConfig:
     token: str | None = None
     token_file: Path | None = None
     namespace: str = "default"
+    # a kubeconfig user's `exec` credential plugin (client.authentication.k8s.io): run for a
+    # token when there is none or it expired, as kubectl runs it
+    exec_plugin: Mapping[str, Any] | None = None
     _read_at: float = field(default=0.0, repr=False)
+    _expires: float | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.server = self.server.rstrip("/")
@@ -147,6 +153,10 @@ class KubeConfig:
             with contextlib.suppress(OSError):
                 self.token = self.token_file.read_text().strip()
                 self._read_at = time.monotonic()
+        if self.exec_plugin is not None and (
+            self.token is None or (self._expires is not None and time.time() > self._expires)
+        ):
+            self.token, self._expires = _exec_token(self.exec_plugin)
         return f"Bearer {self.token}" if self.token else None
 
     @classmethod
@@ -183,12 +193,37 @@ class KubeConfig:
         token = user.get("token")
         if token is None and user.get("tokenFile"):
             token = (base / str(user["tokenFile"])).read_text().strip()
+        if user.get("auth-provider"):
+            raise ConfigError(f"{path}: an auth-provider user is not supported (exec or a token)")
         return cls(
             server,
             _tls(cluster, user, base) if server.startswith("https") else None,
             token=token,
             namespace=str(context.get("namespace") or "default"),
+            exec_plugin=user.get("exec"),
         )
+
+
+def _exec_token(spec: Mapping[str, Any]) -> tuple[str, float | None]:
+    """The token an exec credential plugin prints (an ExecCredential's status.token), and when
+    it expires (epoch seconds; None: never). A client certificate from the plugin is not
+    supported: ConfigError."""
+    env = {**os.environ, **{e["name"]: e["value"] for e in spec.get("env") or []}}
+    argv = [str(spec["command"]), *(str(a) for a in spec.get("args") or [])]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+    if done.returncode != 0:
+        raise ConfigError(f"credential plugin {argv[0]} failed: {done.stderr.strip()[:500]}")
+    status = (json.loads(done.stdout).get("status") or {}) if done.stdout.strip() else {}
+    token = status.get("token")
+    if not token:
+        raise ConfigError(f"credential plugin {argv[0]} gave no token")
+    expiry = status.get("expirationTimestamp")
+    when = (
+        datetime.fromisoformat(str(expiry).replace("Z", "+00:00")).timestamp() - 10
+        if expiry
+        else None
+    )
+    return str(token), when
 
 
 def _named(doc: Mapping[str, Any], section: str, name: Any, key: str) -> dict[str, Any]:

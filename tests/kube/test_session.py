@@ -241,3 +241,33 @@ def test_the_webhooks_client_reads_through_http_client() -> None:
     closed = Client(KubeConfig("http://127.0.0.1:9"), timeout=2.0)
     with pytest.raises(Transient):
         get_sync(closed, DeviceClass, "a")
+
+
+def test_an_exec_plugin_gives_the_token_again_once_it_expired(tmp_path: Path) -> None:
+    """A kubeconfig user's exec credential plugin (as cloud kubeconfigs have): run for the
+    first request, and again only once its token expired."""
+    runs = tmp_path / "runs"
+    plugin = tmp_path / "plugin"
+    plugin.write_text(
+        "#!/bin/sh\necho x >> " + str(runs) + "\n"
+        'echo \'{"kind": "ExecCredential", "status": {"token": "from-plugin-\'$N\'", '
+        '"expirationTimestamp": "2000-01-01T00:00:00Z"}}\'\n'
+    )
+    plugin.chmod(0o755)
+    exec_spec = {"command": str(plugin), "env": [{"name": "N", "value": "1"}]}
+    config = {
+        "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": "http://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"exec": exec_spec}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    read = KubeConfig.from_file(path)
+    assert read.authorization() == "Bearer from-plugin-1"
+    assert read.authorization() == "Bearer from-plugin-1"
+    assert len(runs.read_text().split()) == 2  # expired (in 2000): asked again
+    exec_spec["command"] = str(tmp_path / "missing")
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises((ConfigError, OSError)):
+        KubeConfig.from_file(path).authorization()
