@@ -49,9 +49,9 @@ def _config(kubeconfig: str | None) -> KubeConfig:
 
 def make_client(kubeconfig: str | None, timeout: float = 10.0) -> AsyncClient:
     """From a kubeconfig file, or the in-cluster service account when none is given: one
-    aiohttp session (cnidra.kube.session), HTTP/1.1 keep-alive over at most LIMIT connections,
-    every answered request counted (cnidra_apiserver_requests_total). ClientConfigError when
-    neither can be read."""
+    aiohttp session (cnidra.kube.session), HTTP/1.1 keep-alive over at most LIMIT connections
+    for requests (and WATCHES for watches), every answered request counted
+    (cnidra_apiserver_requests_total). ClientConfigError when neither can be read."""
     return AsyncClient(_config(kubeconfig), timeout, FIELD_MANAGER, LIMIT)
 
 

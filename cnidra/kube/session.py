@@ -38,7 +38,11 @@ from cnidra.observe import metrics
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 KEEPALIVE = 60.0  # seconds an idle connection is kept (>= 30 s: a burst's TLS sessions reused)
-LIMIT = 32  # connections at most: prepare's APISERVER_SLOTS (cnidra.dra.prepare)
+LIMIT = 32  # requests in flight at most: prepare's APISERVER_SLOTS (cnidra.dra.prepare)
+# connections the watches may hold beside them: the driver holds up to 10 (CNINetworks, its
+# node's pods, DeviceClasses, network policy's 4 kinds, the pool accountant's 3), each on a
+# connection of its own for as long as it streams
+WATCHES = 16
 TOKEN_REREAD = 60.0  # seconds: a projected service-account token is rotated under the pod
 WATCH_SECONDS = 290  # the apiserver ends a watch after this; watched again from where it was
 ALL_NAMESPACES = "*"
@@ -311,7 +315,7 @@ class AsyncClient:
         if self._session is None or self._session.closed:
             context = self.config.ssl_context
             connector = aiohttp.TCPConnector(
-                limit=self.limit,
+                limit=self.limit + WATCHES,
                 keepalive_timeout=KEEPALIVE,
                 ssl=context if context is not None else False,
             )
