@@ -368,11 +368,11 @@ class AsyncClient:
                 headers=self._headers(content_type),
                 timeout=limit,
             ) as response:
-                text = await response.text()
+                raw = await response.read()  # JSON is UTF-8: no charset guessed
                 _count(method, path, query, content_type or "", response.status)
                 if response.status >= 400:
-                    raise _status(response.status, text, response.headers)
-                return json.loads(text) if text else {}
+                    raise _status(response.status, raw.decode("utf-8", "replace"), response.headers)
+                return json.loads(raw) if raw else {}
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise _no_answer(exc) from exc
 
@@ -400,6 +400,9 @@ class AsyncClient:
         while True:
             page = await self.request("GET", path, params=params)
             for item in page.get("items") or []:
+                # a list's items carry no apiVersion and kind: as a GET's answer does
+                item.setdefault("apiVersion", kind.api_version)
+                item.setdefault("kind", kind.kind)
                 yield item
             more = (page.get("metadata") or {}).get("continue")
             if not more:
