@@ -85,4 +85,5 @@ async def test_a_bound_pods_claim_is_prepared_without_a_get(tmp_path: Path) -> N
     assert [verb for verb, _, _ in api.log] == ["get"]  # the claim, read ahead
     api.log.clear()
     prepared = await preparer.prepare(ObjectRef("team-a", "web-0-dev-x", "claim-uid"))
+    await client.close()
     assert prepared.devices and api.log == []  # prepare asked the apiserver nothing
