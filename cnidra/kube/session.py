@@ -45,6 +45,7 @@ LIMIT = 32  # requests in flight at most: prepare's APISERVER_SLOTS (cnidra.dra.
 WATCHES = 16
 TOKEN_REREAD = 60.0  # seconds: a projected service-account token is rotated under the pod
 WATCH_SECONDS = 290  # the apiserver ends a watch after this; watched again from where it was
+EMPTY_WATCH = 1.0  # seconds: a watch that ends sooner with no event is a failure
 ALL_NAMESPACES = "*"
 
 
@@ -488,12 +489,18 @@ class AsyncClient:
         path = kind.path(self._namespace(kind, namespace))
         while True:
             params["timeoutSeconds"] = str(seconds)
+            started, events = time.monotonic(), 0
             async for event, obj in self._watch_once(path, params, seconds):
+                events += 1
                 version = (obj.get("metadata") or {}).get("resourceVersion")
                 if version:
                     params["resourceVersion"] = str(version)
                 if event != "BOOKMARK":
                     yield event, obj
+            if not events and time.monotonic() - started < EMPTY_WATCH:
+                # ended at once with nothing (a proxy closing it?): the caller's backoff, not
+                # a loop of watches
+                raise ApiStatus(None, "the watch ended at once, empty")
 
     async def _watch_once(
         self, path: str, params: Mapping[str, str], seconds: int

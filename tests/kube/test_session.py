@@ -271,3 +271,15 @@ def test_an_exec_plugin_gives_the_token_again_once_it_expired(tmp_path: Path) ->
     path.write_text(yaml.safe_dump(config))
     with pytest.raises((ConfigError, OSError)):
         KubeConfig.from_file(path).authorization()
+
+
+async def test_a_watch_that_ends_at_once_empty_is_a_failure_not_a_loop(
+    served: tuple[Apiserver, AsyncClient],
+) -> None:
+    """Something between (a proxy) closing every watch at once: the caller's backoff decides
+    when to watch again, not a tight loop of requests."""
+    apiserver, client = served
+    with pytest.raises(Transient, match="ended at once"):
+        async for _ in Api(client).watch(Widget):
+            pass
+    assert len(apiserver.queries) == 1
