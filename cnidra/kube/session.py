@@ -3,11 +3,12 @@ or the in-cluster service account), the resource kinds as paths, and one aiohttp
 carries every request on plain dicts.
 
 aiohttp alone, chosen by measurement (bench.transport, docs/performance.md "The apiserver
-client's transport"): 0.24/0.48 ms of CPU per GET/apply against lightkube on httpx2's
-0.75/1.40 ms. HTTP/1.1 keep-alive over at most `limit` connections (prepare's APISERVER_SLOTS),
-each idle one kept `KEEPALIVE` seconds so that a node's bursts reuse their TLS sessions. A
-watch holds a connection of its own for as long as it streams, as every HTTP/1.1 request does:
-nothing queues behind it (HTTP/2's one connection did, cnidra.kube.client's history).
+client's transport"): 0.26/0.41 ms of CPU per GET/apply through Api against lightkube on
+httpx2's 0.75/1.09 ms. HTTP/1.1 keep-alive over at most `limit` connections for requests
+(prepare's APISERVER_SLOTS) and WATCHES more, each idle one kept `KEEPALIVE` seconds so that a
+node's bursts reuse their TLS sessions. A watch holds a connection of its own for as long as it
+streams, as every HTTP/1.1 request does: nothing queues behind it (requests queued behind
+watches on the one HTTP/2 connection of the client before).
 
 Every answer is counted here (cnidra_apiserver_requests_total, by verb, resource and code);
 every failure is raised as the one table's ApiFailure (cnidra.kube.api.classify)."""
