@@ -163,14 +163,24 @@ class Api:
             raise
 
     async def get(
-        self, kind: Any, name: str, namespace: str | None = None, *, within: float | None = None
+        self,
+        kind: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        within: float | None = None,
     ) -> Any:
         """The object; NotFound when there is none."""
         kwargs = {} if namespace is None else {"namespace": namespace}
         return await self._call(self.client.get(kind, name, **kwargs), within)
 
     async def get_or_none(
-        self, kind: Any, name: str, namespace: str | None = None, *, within: float | None = None
+        self,
+        kind: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        within: float | None = None,
     ) -> Any | None:
         """The object, or None when there is none (404)."""
         try:
@@ -180,7 +190,7 @@ class Api:
 
     async def list(
         self,
-        kind: Any,
+        kind: Resource,
         *,
         namespace: str | None = None,
         labels: Mapping[str, Any] | None = None,
@@ -209,7 +219,7 @@ class Api:
             raise
         return result
 
-    async def first(self, kind: Any, *, within: float | None = None) -> None:
+    async def first(self, kind: Resource, *, within: float | None = None) -> None:
         """One page of one object: whether the kind is served (NotFound when not)."""
 
         async def one() -> None:
@@ -234,7 +244,12 @@ class Api:
         return await self._call(self.client.create(kind, body, **kwargs), within)
 
     async def delete(
-        self, kind: Any, name: str, namespace: str | None = None, *, within: float | None = None
+        self,
+        kind: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        within: float | None = None,
     ) -> bool:
         """Whether it was there (False: 404, nothing to delete)."""
         kwargs = {} if namespace is None else {"namespace": namespace}
@@ -246,7 +261,7 @@ class Api:
 
     async def apply(
         self,
-        kind: Any,
+        kind: Resource,
         name: str,
         body: Mapping[str, Any],
         *,
@@ -264,7 +279,7 @@ class Api:
         return await self._call(self.client.patch(kind, name, body, **kwargs), within)
 
     async def apply_object(
-        self, kind: Any, body: Mapping[str, Any], *, within: float | None = None
+        self, kind: Resource, body: Mapping[str, Any], *, within: float | None = None
     ) -> Any:
         """Server-side apply of a whole object given as a dict, with the client's field
         manager."""
@@ -275,7 +290,7 @@ class Api:
 
     async def merge_patch(
         self,
-        kind: Any,
+        kind: Resource,
         name: str,
         body: Mapping[str, Any],
         *,
@@ -289,7 +304,7 @@ class Api:
 
     async def json_patch(
         self,
-        kind: Any,
+        kind: Resource,
         name: str,
         ops: Sequence[Mapping[str, Any]],
         *,
@@ -303,7 +318,7 @@ class Api:
 
     async def watch(
         self,
-        kind: Any,
+        kind: Resource,
         *,
         namespace: str | None = None,
         fields: Mapping[str, Any] | None = None,
@@ -323,7 +338,7 @@ class Api:
             raise
 
 
-def get_sync(client: Client, kind: Any, name: str) -> Any:
+def get_sync(client: Client, kind: Resource, name: str) -> Any:
     """A synchronous client's GET (the webhook's worker threads; the client's own timeout), any
     failure as an ApiFailure."""
     try:
@@ -333,7 +348,7 @@ def get_sync(client: Client, kind: Any, name: str) -> Any:
         raise
 
 
-def get_or_none_sync(client: Client, kind: Any, name: str) -> Any | None:
+def get_or_none_sync(client: Client, kind: Resource, name: str) -> Any | None:
     """get_sync, None when there is none (404)."""
     try:
         return get_sync(client, kind, name)
