@@ -30,6 +30,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+import aiohttp
+
 from bench.transport import proc_status
 from cnidra.dra.ahead import ClaimsAhead, ReadAhead
 from cnidra.kube.api import Api, Namespace
@@ -94,24 +96,30 @@ class Log:
     def __init__(self) -> None:
         self.entries: list[tuple[float, str]] = []
 
-    async def record(self, request: Any) -> None:
+    async def record(
+        self, _session: Any, _context: Any, params: aiohttp.TraceRequestStartParams
+    ) -> None:
         verb, resource = request_kind(
-            request.method,
-            request.url.path,
-            request.url.query.decode("ascii", "replace"),
-            request.headers.get("content-type", ""),
+            params.method,
+            params.url.path,
+            params.url.query_string,
+            params.headers.get("Content-Type", ""),
         )
         self.entries.append((time.monotonic(), f"{verb} {resource}"))
+
+    def tracer(self) -> aiohttp.TraceConfig:
+        """An aiohttp trace that records each request a session sends."""
+        trace = aiohttp.TraceConfig()
+        trace.on_request_start.append(self.record)
+        return trace
 
     def between(self, start: float, end: float) -> Counter[str]:
         return Counter(kind for t, kind in self.entries if start <= t < end)
 
 
 def hook(client: Any, log: Log) -> None:
-    """On both of the driver's connections: the requests' and the watches'."""
-    for lightkube_client in (client, getattr(client, "watches", None)):
-        if lightkube_client is not None:
-            lightkube_client._client._client.event_hooks["request"].append(log.record)
+    """On the driver's one session: its requests and its watches."""
+    client.trace_configs.append(log.tracer())
 
 
 async def measure(

@@ -99,20 +99,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx2
 import yaml
-from lightkube import AsyncClient
-from lightkube.config.kubeconfig import KubeConfig
-from lightkube.core.exceptions import ApiError
-from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
-from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
-from lightkube.resources.resource_v1 import (
-    DeviceClass,
-    ResourceClaim,
-    ResourceClaimStatus,
-    ResourceSlice,
-)
-from lightkube.types import PatchType
 
 from cnidra.agent.settings import DriverSettings
 from cnidra.api.constants import API_VERSION, DRIVER_NAME
@@ -131,11 +120,22 @@ from cnidra.ipam.accounting import (
 )
 from cnidra.ipam.allocator import Allocator
 from cnidra.ipam.reconcile import IPAMReconciler
+from cnidra.kube.api import (
+    DeviceClass,
+    Node,
+    Pod,
+    ResourceClaim,
+    ResourceClaimStatus,
+    ResourceSlice,
+    cluster_wide,
+    namespaced,
+)
 from cnidra.kube.claims import ClaimGetter
 from cnidra.kube.client import make_client, probe_features
 from cnidra.kube.ipam import CNIIPBlock, CNIIPPool, IPAMClaim, KubeIPAM
 from cnidra.kube.networks import CNINetwork, ServedNetworks
 from cnidra.kube.pods import NodePods
+from cnidra.kube.session import ApiStatus, AsyncClient
 from cnidra.observe import metrics
 from cnidra.state.ipam import IPAMState
 from cnidra.state.layout import StateLayout
@@ -923,9 +923,10 @@ async def each(items: Iterable[Any], work: Callable[[Any], Awaitable[Any]]) -> l
     return list(await asyncio.gather(*(one(i) for i in items)))
 
 
-def from_dict(kind: Any, obj: Mapping[str, Any]) -> Any:
-    """A lightkube object of `kind` (typed Any: its overloads want the resource's own type)."""
-    return kind.from_dict(dict(obj))
+CustomResourceDefinition = cluster_wide(
+    "apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions"
+)
+ServiceAccount = namespaced("", "v1", "ServiceAccount", "serviceaccounts")
 
 
 async def install_basics(client: AsyncClient) -> None:
@@ -933,13 +934,13 @@ async def install_basics(client: AsyncClient) -> None:
     pool, and the namespace's ServiceAccount (no controller-manager makes it)."""
     crds = REPO / "charts" / "cnidra" / "crds"
     for path in sorted(crds.glob("*.yaml")):
-        await client.create(from_dict(CustomResourceDefinition, yaml.safe_load(path.read_text())))
+        await client.create(CustomResourceDefinition, yaml.safe_load(path.read_text()))
     for path in sorted(crds.glob("*.yaml")):
         name = yaml.safe_load(path.read_text())["metadata"]["name"]
         for _ in range(100):
             crd = await client.get(CustomResourceDefinition, name)
-            conditions = crd.status.conditions if crd.status else None
-            if any(c.type == "Established" and c.status == "True" for c in conditions or []):
+            conditions = (crd.get("status") or {}).get("conditions") or []
+            if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
                 break
             await asyncio.sleep(0.1)
     for kind in (CNINetwork, CNIIPPool, CNIIPBlock, IPAMClaim):
@@ -947,12 +948,12 @@ async def install_basics(client: AsyncClient) -> None:
     classes = [d for d in yaml.safe_load_all((REPO / "deploy" / "deviceclass.yaml").read_text())]
     for obj in [*classes, example_class()]:
         if obj:
-            await client.create(from_dict(DeviceClass, obj))
+            await client.create(DeviceClass, obj)
     for net in cninetworks():
-        await client.create(from_dict(CNINetwork, net))
-    await client.create(from_dict(CNIIPPool, pool_object()))
+        await client.create(CNINetwork, net)
+    await client.create(CNIIPPool, pool_object())
     sa = {"metadata": {"name": "default", "namespace": NAMESPACE}}
-    await client.create(from_dict(ServiceAccount, sa))
+    await client.create(ServiceAccount, sa)
 
 
 async def served(client: AsyncClient, kind: Any) -> None:
@@ -968,9 +969,9 @@ async def served(client: AsyncClient, kind: Any) -> None:
             async for _ in listed:
                 break
             return
-        except ApiError:
+        except ApiStatus:
             await asyncio.sleep(0.1)
-    raise TimeoutError(f"{kind.__name__} not served")
+    raise TimeoutError(f"{kind.kind} not served")
 
 
 async def make_nodes(client: AsyncClient, count: int) -> dict[str, str]:
@@ -983,12 +984,12 @@ async def make_nodes(client: AsyncClient, count: int) -> dict[str, str]:
 
     async def one(index: int) -> tuple[str, str]:
         name = node_name(index)
-        made = await client.create(from_dict(Node, node_object(name, node_ip(index), now)))
+        made = await client.create(Node, node_object(name, node_ip(index), now))
         # the not-ready taint the TaintNodesByCondition admission puts on every new Node:
         # the node lifecycle controller would lift it once it sees the node Ready
-        await client.patch(Node, name, {"spec": {"taints": None}}, patch_type=PatchType.MERGE)
+        await client.patch(Node, name, {"spec": {"taints": None}}, patch_type="merge")
         await ipam.create_block(pool.block(0, index), name)
-        return name, str(made.metadata.uid if made.metadata else "")
+        return name, str(made["metadata"]["uid"])
 
     return dict(await each(range(count), one))
 
@@ -1068,20 +1069,19 @@ async def publish_cnidra(
 
 async def publish_example(client: AsyncClient, uids: Mapping[str, str]) -> None:
     async def one(node: str) -> None:
-        await client.create(from_dict(ResourceSlice, example_slice(node, uids[node])))
+        await client.create(ResourceSlice, example_slice(node, uids[node]))
 
     await each(sorted(uids), one)
 
 
 async def delete_slices(client: AsyncClient, driver: str) -> int:
     names = [
-        s.metadata.name
+        s["metadata"]["name"]
         async for s in client.list(ResourceSlice, fields={"spec.driver": driver})
-        if s.metadata and s.metadata.name
     ]
 
     async def one(name: str) -> None:
-        with contextlib.suppress(ApiError):
+        with contextlib.suppress(ApiStatus):
             await client.delete(ResourceSlice, name)
 
     await each(names, one)
@@ -1128,7 +1128,7 @@ async def count_slices(client: AsyncClient, driver: str) -> tuple[int, int]:
     slices, devices = 0, 0
     async for s in client.list(ResourceSlice, fields={"spec.driver": driver}):
         slices += 1
-        devices += len(s.spec.devices or []) if s.spec else 0
+        devices += len((s.get("spec") or {}).get("devices") or [])
     return slices, devices
 
 
@@ -1141,17 +1141,23 @@ class RequestLog:
 
     entries: list[tuple[float, str, str]] = field(default_factory=list)
 
-    def hook(self, node: str) -> Callable[[httpx2.Request], Awaitable[None]]:
-        async def record(request: httpx2.Request) -> None:
+    def tracer(self, node: str) -> aiohttp.TraceConfig:
+        """An aiohttp trace that logs each request the session sends, as `node`'s."""
+
+        async def record(
+            _session: aiohttp.ClientSession, _context: Any, params: aiohttp.TraceRequestStartParams
+        ) -> None:
             kind = request_kind(
-                request.method,
-                request.url.path,
-                request.url.query.decode("ascii", "replace"),
-                request.headers.get("content-type", ""),
+                params.method,
+                params.url.path,
+                params.url.query_string,
+                params.headers.get("Content-Type", ""),
             )
             self.entries.append((time.monotonic(), node, kind))
 
-        return record
+        trace = aiohttp.TraceConfig()
+        trace.on_request_start.append(record)
+        return trace
 
     def between(self, start: float, end: float) -> Counter[str]:
         return Counter(kind for t, _, kind in self.entries if start <= t < end)
@@ -1160,14 +1166,11 @@ class RequestLog:
 def counted_client(
     kubeconfig_path: Path, log: RequestLog, node: str, timeout: float
 ) -> AsyncClient:
-    """The driver's own client (cnidra.kube.client.make_client: HTTP/2, its timeouts) with a
-    hook on its HTTP transports that logs each request: the requests' connection and the
-    watches' (WatchingClient.watches), so a watch started again at rest is counted."""
+    """The driver's own client (cnidra.kube.client.make_client: its one aiohttp session, its
+    timeouts) with a trace on its session that logs each request, watches included, so a
+    watch started again at rest is counted."""
     client = make_client(str(kubeconfig_path), timeout)
-    for lightkube_client in (client, getattr(client, "watches", None)):
-        if lightkube_client is not None:
-            http: httpx2.AsyncClient = lightkube_client._client._client  # lightkube's HTTP client
-            http.event_hooks["request"].append(log.hook(node))
+    client.trace_configs.append(log.tracer(node))
     return client
 
 
@@ -1322,22 +1325,22 @@ async def place_claims_ahead(
 
     async def other(item: tuple[str, str]) -> None:
         name, where = item
-        await client.create(from_dict(ResourceClaim, claim_object(name, DRIVER_NAME, AHEAD_TAG)))
-        await client.create(from_dict(Pod, bound_pod_object(name, where, name, AHEAD_TAG)))
+        await client.create(ResourceClaim, claim_object(name, DRIVER_NAME, AHEAD_TAG))
+        await client.create(Pod, bound_pod_object(name, where, name, AHEAD_TAG))
 
     await each(others, other)
     elsewhere_s = time.monotonic() - t
 
     async def mine(name: str) -> None:
-        await client.create(from_dict(ResourceClaim, claim_object(name, DRIVER_NAME, AHEAD_TAG)))
-        made = await client.create(from_dict(Pod, bound_pod_object(name, node, name, AHEAD_TAG)))
-        uid = str(made.metadata.uid if made.metadata else "")
+        await client.create(ResourceClaim, claim_object(name, DRIVER_NAME, AHEAD_TAG))
+        made = await client.create(Pod, bound_pod_object(name, node, name, AHEAD_TAG))
+        uid = str(made["metadata"]["uid"])
         await client.patch(
             ResourceClaimStatus,
             name,
             reserved_status(name, node, name, uid),
             namespace=NAMESPACE,
-            patch_type=PatchType.APPLY,
+            patch_type="apply",
             field_manager="bench-scheduler",
             force=True,
         )
@@ -1404,25 +1407,23 @@ async def schedule_round(
     seen_claims: set[str] = set()
     listed, done = asyncio.Event(), asyncio.Event()
 
-    await each(
-        claims, lambda c: client.create(from_dict(ResourceClaim, claim_object(c, driver, tag)))
-    )
+    await each(claims, lambda c: client.create(ResourceClaim, claim_object(c, driver, tag)))
 
     async def watch_claims() -> None:
         async for _, obj in watcher.watch(
             ResourceClaim, namespace=NAMESPACE, labels={ROUND_LABEL: tag}
         ):
-            name = obj.metadata.name if obj.metadata else ""
+            name = obj["metadata"]["name"]
             seen_claims.add(str(name))
             if len(seen_claims) == pods:
                 listed.set()  # the watch is live: it has sent every claim
-            if obj.status and obj.status.allocation and name not in allocated:
+            if (obj.get("status") or {}).get("allocation") and name not in allocated:
                 allocated[str(name)] = time.monotonic()
 
     async def watch_pods() -> None:
         async for _, obj in watcher.watch(Pod, namespace=NAMESPACE, labels={ROUND_LABEL: tag}):
-            name = str(obj.metadata.name if obj.metadata else "")
-            if obj.spec and obj.spec.nodeName and name not in bound:
+            name = str(obj["metadata"]["name"])
+            if (obj.get("spec") or {}).get("nodeName") and name not in bound:
                 bound[name] = time.monotonic()
                 if len(bound) == pods:
                     done.set()
@@ -1436,7 +1437,7 @@ async def schedule_round(
         async def create(i: int) -> None:
             await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
             sent[i] = time.monotonic()
-            await client.create(from_dict(Pod, pod_object(names[i], targets[i], claims[i], tag)))
+            await client.create(Pod, pod_object(names[i], targets[i], claims[i], tag))
 
         await asyncio.gather(*(create(i) for i in range(pods)))
         with contextlib.suppress(TimeoutError):
@@ -1462,25 +1463,23 @@ async def clean_round(client: AsyncClient, tag: str) -> None:
     """The round's pods (grace 0: no kubelet answers) and claims (their allocation's finalizer
     dropped: no controller-manager deallocates)."""
     pods = [
-        p.metadata.name
+        p["metadata"]["name"]
         async for p in client.list(Pod, namespace=NAMESPACE, labels={ROUND_LABEL: tag})
-        if p.metadata
     ]
     await each(pods, lambda n: client.delete(Pod, n, namespace=NAMESPACE, grace_period=0))
     claims = [
-        c.metadata.name
+        c["metadata"]["name"]
         async for c in client.list(ResourceClaim, namespace=NAMESPACE, labels={ROUND_LABEL: tag})
-        if c.metadata
     ]
 
     async def drop(name: str) -> None:
-        with contextlib.suppress(ApiError):
+        with contextlib.suppress(ApiStatus):
             await client.patch(
                 ResourceClaim,
                 name,
                 {"metadata": {"finalizers": None}},
                 namespace=NAMESPACE,
-                patch_type=PatchType.MERGE,
+                patch_type="merge",
             )
             await client.delete(ResourceClaim, name, namespace=NAMESPACE)
 
@@ -1517,7 +1516,7 @@ async def run(args: argparse.Namespace, plane: ControlPlane) -> dict[str, Any]: 
         detail["apiserver"][f"heap_live_mib_{tag}"] = round(plane.apiserver_heap_live_mib(), 1)
 
     client = make_client(str(plane.admin), 30.0)
-    watcher = AsyncClient(config=KubeConfig.from_file(str(plane.admin)), field_manager="bench")
+    watcher = make_client(str(plane.admin), 30.0)
     try:
         await install_basics(client)
         memory("empty")

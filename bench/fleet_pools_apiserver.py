@@ -27,15 +27,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Event, Node
-
 from bench.fleet import (
     ControlPlane,
+    CustomResourceDefinition,
     RequestLog,
     counted_client,
     each,
-    from_dict,
     node_ip,
     node_name,
     node_object,
@@ -46,6 +43,7 @@ from bench.fleet_pools import NodeLeases, pool_object
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.ipam import pool_from_object
 from cnidra.ipam.accounting import BlockLeaseWriter, PoolAccountant
+from cnidra.kube.api import AsyncClient, Event, Node
 from cnidra.kube.ipam import CNIIPBlock, CNIIPPool, KubeIPAM
 from testbed.layout import REPO
 
@@ -55,11 +53,10 @@ NAMESPACE = "default"
 
 async def install_crds(client: AsyncClient) -> None:
     import yaml
-    from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
     crds = REPO / "charts" / "cnidra" / "crds"
     for path in sorted(crds.glob("*.yaml")):
-        await client.create(from_dict(CustomResourceDefinition, yaml.safe_load(path.read_text())))
+        await client.create(CustomResourceDefinition, yaml.safe_load(path.read_text()))
     for kind in (CNIIPPool, CNIIPBlock):
         await served(client, kind)
 
@@ -68,7 +65,7 @@ async def held_in_status(client: AsyncClient) -> int:
     """The addresses every pool's status says are held, as a LIST reads them."""
     total = 0
     async for pool in client.list(CNIIPPool):
-        total += int((pool.to_dict().get("status") or {}).get("held") or 0)
+        total += int((pool.get("status") or {}).get("held") or 0)
     return total
 
 
@@ -115,10 +112,10 @@ async def run(  # noqa: PLR0915 - one linear script of measurements, as bench.fl
     names = [node_name(i) for i in range(nodes)]
     await each(
         range(nodes),
-        lambda i: admin.create(from_dict(Node, node_object(names[i], node_ip(i), now))),
+        lambda i: admin.create(Node, node_object(names[i], node_ip(i), now)),
     )
     specs = [pool_object(p, 16) for p in range(pools)]
-    await each(specs, lambda obj: admin.create(from_dict(CNIIPPool, obj)))
+    await each(specs, lambda obj: admin.create(CNIIPPool, obj))
     parsed = [pool_from_object(obj) for obj in specs]
     next_block = [0] * pools
     placed: list[tuple[str, Any]] = []
@@ -183,7 +180,7 @@ async def run(  # noqa: PLR0915 - one linear script of measurements, as bench.fl
                 "type": "Warning",
                 "source": {"component": "default-scheduler"},
             }
-            await admin.create(from_dict(Event, event), namespace=NAMESPACE)
+            await admin.create(Event, event, namespace=NAMESPACE)
 
         rest_rounds = max(1, round(rest_seconds / interval))
         per_round = -(-events // rest_rounds)
@@ -247,7 +244,7 @@ async def run(  # noqa: PLR0915 - one linear script of measurements, as bench.fl
             await writers[node_index].flush()
 
             async def pool_says(pool: str = pool, expected: int = expected) -> bool:
-                found = (await admin.get(CNIIPPool, pool)).to_dict()
+                found = await admin.get(CNIIPPool, pool)
                 return int((found.get("status") or {}).get("held") or 0) == expected
 
             waited.append(await until("one allocation's pool status", pool_says, 60))

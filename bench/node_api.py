@@ -7,7 +7,8 @@ node API   QueryPodNetwork over the root-only unix socket (one gRPC channel, as 
            or a node agent keeps it): the pod's attachments with addresses, MAC, state.
 apiserver  what a client needs for the same answer there: GET the pod (its
            status.resourceClaimStatuses names the claim), then GET the claim (status.devices),
-           with lightkube over HTTPS and a kept-alive connection, as an agent would.
+           with the driver's synchronous client (http.client over HTTPS, a kept-alive
+           connection), as an agent would.
 The last line is one JSON object: {"reads", "node_api_ms": {p50, p99}, "apiserver_ms": {...}}.
 
 The pod's network (macvlan on a bridge) takes its address from cnidra's cluster IPAM at
@@ -27,23 +28,18 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from lightkube.generic_resource import create_namespaced_resource
-from lightkube.resources.core_v1 import Pod
 
 from bench.driver_latency import pct
 from bench.pools import in_namespace, ip_pool, pool_name, pool_object
 from cnidra._proto.node.v1alpha1 import api_pb2 as api
 from cnidra._proto.node.v1alpha1 import api_pb2_grpc as api_grpc
+from cnidra.kube.api import Pod, ResourceClaim
 from cnidra.kube.client import make_sync_client
 from testbed import cluster as tb
 from testbed.harness import Cluster, DriverProcess
 from tests.testbed.test_lifecycle import claiming_pod, cni_config, ready, template
 
 SUBNET = "198.18.250.0/24"
-
-ResourceClaim = create_namespaced_resource(
-    "resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"
-)
 
 
 def ms(values: list[float]) -> dict[str, float]:
@@ -81,8 +77,8 @@ def measure(bed: Cluster, driver: DriverProcess, namespace: str, reads: int) -> 
     for i in range(reads + 20):
         start = time.perf_counter()
         pod = kube.get(Pod, "p", namespace=namespace)
-        [claim_status] = pod.status.resourceClaimStatuses or []
-        claim = kube.get(ResourceClaim, claim_status.resourceClaimName, namespace=namespace)
+        [claim_status] = pod["status"].get("resourceClaimStatuses") or []
+        claim = kube.get(ResourceClaim, claim_status["resourceClaimName"], namespace=namespace)
         if i >= 20:
             api_times.append(time.perf_counter() - start)
     assert claim["status"]["devices"][0]["networkData"]["ips"]

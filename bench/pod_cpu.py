@@ -10,10 +10,11 @@ DeviceClass policy and the claim's CNIConfig validated, the checkpoint, the devi
 CDI spec), containerd's RunPodSandbox and CreateContainer NRI hooks (the ADD behind the sandbox,
 the write-ahead records), StopPodSandbox and RemovePodSandbox (the DEL), NodeUnprepareResources,
 then the claim controller's deallocation and deletion; the status writer runs throughout and is
-drained at the end. The apiserver is tests/kube/fakeapi.py behind httpx's MockTransport, so the
-lightkube client's work (requests built, answers decoded) is measured but not TLS or HTTP/2
-framing; the plugins are a shell script exec'd by the CNI runtime (the child's CPU is not the
-driver's), or in-memory fakes with --fake-plugins.
+drained at the end. The apiserver is tests/kube/fakeapi.py, an aiohttp.web application on
+loopback in a thread of its own (that thread's CPU, its HTTP included, is subtracted), so the
+driver's client work (requests built, answers decoded, plain HTTP on loopback) is measured but
+not TLS framing; the plugins are a shell script exec'd by the CNI runtime (the child's CPU is
+not the driver's), or in-memory fakes with --fake-plugins.
 
 CPU is time.process_time() (user + system of every thread of this process) over the pods after
 a warm-up, less what the fake apiserver spent answering, divided by the pods; requests are what

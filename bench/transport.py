@@ -26,10 +26,14 @@ transports' order reversed every other round. Each child:
 
 The transports:
 
-- `lightkube-h2`: the driver's (cnidra.kube.client.WatchingClient's shape): lightkube on
+- `cnidra`: the driver's own (cnidra.kube.client.make_client: cnidra.kube.session's one
+  aiohttp session, HTTP/1.1 keep-alive, plain dicts), the requests through cnidra.kube.api.Api
+  as prepare (the claim's GET) and the status writer (the status's apply) send them, the
+  watches as cnidra.kube.pods.NodePods holds them;
+- `lightkube-h2`: the driver's before (its former WatchingClient's shape): lightkube on
   httpx2, requests on one HTTP/2 connection, each watch on an HTTP/1.1 connection of a second
-  client; the requests through cnidra.kube.api.Api, the GET as prepare's (ClaimDocument, plain
-  dicts), the apply as the status writer's (ResourceClaimStatus, lightkube's model back);
+  client; the GET as prepare's was (a generic resource, plain dicts), the apply as the status
+  writer's was (ResourceClaimStatus, lightkube's model back);
 - `lightkube-h1`: the same on httpx2's HTTP/1.1 keep-alive pool alone, watches included;
 - `lightkube-aiohttp`: the same lightkube and Api on httpx2, with aiohttp's connection pool as
   httpx2's transport (bench/aiohttp_transport.py): the switch that keeps every layer above;
@@ -39,10 +43,11 @@ The transports:
 - `aiohttp`: aiohttp's client alone (HTTP/1.1 keep-alive), the JSON decoded to dicts, no
   lightkube (what replacing lightkube too would cost at best);
 - `lightkube-h2-shared` (the stall check only): lightkube on HTTP/2 with the watches on the
-  requests' connection, the design WatchingClient avoids.
+  requests' connection, the design WatchingClient avoided.
 
 After the rounds, once a round, a fresh process with the driver's own imports
-(cnidra.agent.driver) imports aiohttp: what it would add to the driver's memory.
+(cnidra.agent.driver, aiohttp among them) imports lightkube and its models: what they added
+to the driver's memory before they were dropped.
 
 Prints a table on stderr; with --json the detail as one JSON line, then the last line:
 {"cpu_ms": {transport: {"get_1", "get_10", "apply_1", "apply_10", "cold_10"}},
@@ -79,6 +84,7 @@ POOL = "bench-pool"
 DEVICE = "dev0"
 IDLE_NODE = "no-such-node"  # the watches' node: no pod is ever bound to it
 TRANSPORTS = (
+    "cnidra",
     "lightkube-h2",
     "lightkube-h1",
     "lightkube-aiohttp",
@@ -282,6 +288,7 @@ class LightkubeWay:
                 transport=transport,
             )
 
+        self.config = config
         if mode == "aiohttp":
             from lightkube.config.client_adapter import verify_cluster
 
@@ -294,8 +301,6 @@ class LightkubeWay:
         else:
             self.requests = client(mode in ("h2", "h2-shared"))
         self.watches = client(False) if mode == "h2" else self.requests
-        self.api: Any = None
-        self.watch_api: Any = None
 
     async def first(self, name: str) -> None:
         """One typed GET (lightkube's models imported), before the driver's modules are."""
@@ -303,22 +308,92 @@ class LightkubeWay:
 
         await self.requests.get(ResourceClaim, name, namespace=NAMESPACE)
 
-    def _apis(self) -> None:
-        if self.api is None:
-            from cnidra.kube.api import Api
+    async def get(self, name: str) -> Any:
+        async with asyncio.timeout(10.0):
+            return await self.requests.get(_claim_document(), name, namespace=NAMESPACE)
 
-            self.api, self.watch_api = Api(self.requests), Api(self.watches)
+    async def apply(self, name: str, body: Mapping[str, Any]) -> Any:
+        from lightkube.resources.resource_v1 import ResourceClaimStatus
+        from lightkube.types import PatchType
+
+        async with asyncio.timeout(10.0):
+            return await self.requests.patch(
+                ResourceClaimStatus,
+                name,
+                dict(body),
+                namespace=NAMESPACE,
+                patch_type=PatchType.APPLY,
+                field_manager="bench",
+                force=True,
+            )
+
+    async def watch(self) -> AsyncIterator[Any]:
+        from lightkube import ALL_NS
+
+        fields = {"spec.nodeName": IDLE_NODE}
+        async for event, obj in self.watches.watch(
+            _pod_document(), namespace=ALL_NS, fields=fields
+        ):
+            yield str(event), dict(obj)
+
+    async def close(self) -> None:
+        await self.requests.close()
+        if self.watches is not self.requests:
+            await self.watches.close()
+
+
+def _claim_document() -> Any:
+    """resource.k8s.io/v1 ResourceClaim decoded into plain dicts (lightkube's generic
+    resource), as the driver's GET was."""
+    from lightkube.core.resource import ApiInfo, ResourceDef
+    from lightkube.generic_resource import GenericNamespacedResource
+
+    class ClaimDocument(GenericNamespacedResource):
+        _api_info = ApiInfo(
+            resource=ResourceDef("resource.k8s.io", "v1", "ResourceClaim"),
+            plural="resourceclaims",
+            verbs=["get"],
+        )
+
+    return ClaimDocument
+
+
+def _pod_document() -> Any:
+    from lightkube.core.resource import ApiInfo, ResourceDef
+    from lightkube.generic_resource import GenericNamespacedResource
+
+    class PodDocument(GenericNamespacedResource):
+        _api_info = ApiInfo(
+            resource=ResourceDef("", "v1", "Pod"),
+            plural="pods",
+            verbs=["global_list", "global_watch", "list", "watch"],
+        )
+
+    return PodDocument
+
+
+class CnidraWay:
+    """The driver's own client (cnidra.kube.client.make_client) through cnidra.kube.api.Api:
+    the GET as prepare's, the apply as the status writer's, the watch as NodePods'."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        from cnidra.kube.api import Api
+        from cnidra.kube.client import make_client
+
+        self.client = make_client(kubeconfig, 10.0)
+        self.api = Api(self.client, 10.0)
+
+    async def first(self, name: str) -> None:
+        await self.get(name)
 
     async def get(self, name: str) -> Any:
-        from cnidra.kube.claims import ClaimDocument
+        from cnidra.kube.api import ResourceClaim
 
-        self._apis()
-        return await self.api.get(ClaimDocument, name, NAMESPACE)
+        return await self.api.get(ResourceClaim, name, NAMESPACE)
 
     async def apply(self, name: str, body: Mapping[str, Any]) -> Any:
         from cnidra.kube.api import ResourceClaimStatus
 
-        self._apis()
         return await self.api.apply(
             ResourceClaimStatus, name, body, namespace=NAMESPACE, field_manager="bench"
         )
@@ -326,14 +401,11 @@ class LightkubeWay:
     async def watch(self) -> AsyncIterator[Any]:
         from cnidra.kube.pods import NodePods
 
-        self._apis()
-        async for item in NodePods(self.watches, IDLE_NODE).watch():
+        async for item in NodePods(self.client, IDLE_NODE).watch():
             yield item
 
     async def close(self) -> None:
-        await self.requests.close()
-        if self.watches is not self.requests:
-            await self.watches.close()
+        await self.client.close()
 
 
 class AiohttpWay:
@@ -447,6 +519,8 @@ class HttpxWay:
 
 
 def make_way(name: str, kubeconfig: str) -> Any:
+    if name == "cnidra":
+        return CnidraWay(kubeconfig)
     if name == "aiohttp":
         return AiohttpWay(kubeconfig)
     if name in ("httpx2-h2", "httpx2-h1"):
@@ -578,14 +652,21 @@ async def child(name: str, kubeconfig: str, requests: int) -> dict[str, Any]:
         await way.close()
 
 
+# what the driver imported of lightkube before it moved to aiohttp alone: its clients and the
+# typed models it read
+LIGHTKUBE = "lightkube,lightkube.resources.core_v1,lightkube.resources.resource_v1"
+
+
 def driver_plus(library: str) -> dict[str, Any]:
-    """What importing `library` adds to a process that has the driver's own imports
-    (cnidra.agent.driver): VmRSS and RssAnon, in MiB (run in a fresh process: `--driver-plus`)."""
+    """What importing `library` (modules, comma-separated) adds to a process that has the
+    driver's own imports (cnidra.agent.driver): VmRSS and RssAnon, in MiB (run in a fresh
+    process: `--driver-plus`)."""
     import importlib
 
     importlib.import_module("cnidra.agent.driver")
     before = proc_status()
-    importlib.import_module(library)
+    for module in library.split(","):
+        importlib.import_module(module)
     after = proc_status()
     return {
         "library": library,
@@ -624,7 +705,7 @@ async def prepare_claims(admin: Path) -> None:
     api = Api(client, 30.0)
     try:
         for name in claim_names():
-            await api.create(ResourceClaim.from_dict(claim_object(name)))
+            await api.create(ResourceClaim, claim_object(name))
             await api.apply(
                 ResourceClaimStatus,
                 name,
@@ -701,9 +782,9 @@ def parent(args: argparse.Namespace) -> dict[str, Any]:
                 )
     finally:
         plane.stop()
-    added = [run_driver_plus("aiohttp", args.child_timeout) for _ in range(args.rounds)]
+    added = [run_driver_plus(LIGHTKUBE, args.child_timeout) for _ in range(args.rounds)]
     return {
-        "driver_plus_aiohttp": added,
+        "driver_plus_lightkube": added,
         "requests": args.requests,
         "rounds": rounds,
         "versions": versions(),
@@ -743,9 +824,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--only: unknown {sorted(unknown)}")
     detail = parent(args)
     print(report(detail["summary"]), file=sys.stderr)
-    for added in detail["driver_plus_aiohttp"]:
+    for added in detail["driver_plus_lightkube"]:
         print(
-            f"aiohttp imported beside the driver's imports ({added['driver_vmrss_mib']} MiB "
+            f"lightkube imported beside the driver's imports ({added['driver_vmrss_mib']} MiB "
             f"VmRSS): +{added['added_vmrss_mib']} MiB VmRSS, +{added['added_rssanon_mib']} MiB "
             "RssAnon",
             file=sys.stderr,

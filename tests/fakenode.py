@@ -156,6 +156,7 @@ class FakeNode:
             worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await worker
+            await self.driver.client.close()  # its session, in its own loop
 
     async def pod(self, i: int, *, multus: bool = False, annotations: bool = True) -> None:
         """Pod `i`'s life with one cnidra interface from a ResourceClaimTemplate, created and

@@ -402,8 +402,7 @@ def test_the_libraries_the_doc_names_are_used() -> None:
         "typer": "typer",
         "rich": "rich",
         "grpcio": "grpc",
-        "lightkube": "lightkube",
-        "httpx2": "httpx2",
+        "aiohttp": "aiohttp",
         "prometheus_client": "prometheus_client",
         "uvicorn": "uvicorn",
     }
@@ -451,7 +450,7 @@ def test_the_watches_are_cninetworks_the_nodes_pods_the_accountants_and_network_
         "resource": "cnidra/kube/netpolicy.py",
         "DeviceClass": "cnidra/kube/deviceclasses.py",
     }
-    assert re.search(r"CNINetwork = create_global_resource\(", code("cnidra/kube/networks.py"))
+    assert re.search(r"CNINetwork = cluster_wide\(", code("cnidra/kube/networks.py"))
     assert (
         "a cluster-wide watch of CNINetworks, one of the two cluster-wide watches every driver "
         "holds besides network policy's" in DOC
@@ -482,7 +481,7 @@ def test_the_hook_path_and_the_node_api_never_ask_the_apiserver() -> None:
     for package in ("nri", "nodeapi"):
         for path in sorted((PACKAGE / package).glob("*.py")):
             assert not imports(path) & {"kube", "ipam", "inventory"}, path
-            assert not {m.split(".")[0] for m in imported_modules(path)} & {"lightkube", "httpx2"}
+            assert not {m.split(".")[0] for m in imported_modules(path)} & {"aiohttp"}
     (sink,) = (
         n
         for n in ast.walk(tree("cnidra/status/writer.py"))

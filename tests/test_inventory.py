@@ -164,7 +164,6 @@ def test_nothing_is_published_while_the_node_cannot_be_read() -> None:
     prepare and the hook read protects every link that holds an address."""
     import asyncio
     import contextlib
-    from types import SimpleNamespace
 
     from cnidra.inventory.publisher import SlicePublisher
 
@@ -182,11 +181,13 @@ def test_nothing_is_published_while_the_node_cannot_be_read() -> None:
             self.reads += 1
             if self.reads < 4:
                 raise OSError("apiserver unreachable")
-            meta = SimpleNamespace(labels={}, uid="node-uid")
-            addresses = [SimpleNamespace(type="InternalIP", address="192.0.2.7")]
-            return SimpleNamespace(metadata=meta, status=SimpleNamespace(addresses=addresses))
+            addresses = [{"type": "InternalIP", "address": "192.0.2.7"}]
+            return {
+                "metadata": {"labels": {}, "uid": "node-uid"},
+                "status": {"addresses": addresses},
+            }
 
-        async def apply(self, obj: object, force: bool = False) -> None:
+        async def patch(self, kind: object, name: str, obj: object, **_: object) -> None:
             self.applied.append(obj)
 
         async def delete(self, *args: object) -> None: ...
@@ -217,7 +218,7 @@ def test_nothing_is_published_while_the_node_cannot_be_read() -> None:
             await task
         assert client.applied, "published once the Node was read"
         assert publisher.node_known and publisher.view().protected == {"eth0"}
-        devices = [d["name"] for d in client.applied[0].to_dict()["spec"]["devices"]]  # type: ignore[attr-defined]
+        devices = [d["name"] for d in client.applied[0]["spec"]["devices"]]  # type: ignore[index]
         assert devices == ["eth1"]
 
     asyncio.run(scenario())
@@ -284,7 +285,6 @@ def test_slices_deleted_after_kubelet_registers_the_plugin_are_written_again() -
     registration check the slices are there, and write them again when they are not."""
     import asyncio
     import contextlib
-    from types import SimpleNamespace
 
     from cnidra.inventory.publisher import SlicePublisher
 
@@ -294,11 +294,10 @@ def test_slices_deleted_after_kubelet_registers_the_plugin_are_written_again() -
             self.applied = self.lists = 0
 
         async def get(self, kind: object, name: str) -> object:
-            meta = SimpleNamespace(labels={}, uid="node-uid")
-            return SimpleNamespace(metadata=meta, status=SimpleNamespace(addresses=[]))
+            return {"metadata": {"labels": {}, "uid": "node-uid"}, "status": {"addresses": []}}
 
-        async def apply(self, obj: object, force: bool = False) -> None:
-            self.slices[obj.metadata.name] = obj  # type: ignore[attr-defined]
+        async def patch(self, kind: object, name: str, obj: object, **_: object) -> None:
+            self.slices[name] = obj
             self.applied += 1
 
         async def delete(self, kind: object, name: str) -> None:

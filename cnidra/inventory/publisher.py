@@ -342,18 +342,20 @@ class SlicePublisher:
         while True:
             try:
                 node = await self.api.get(Node, self.settings.node)
-                assert node.metadata is not None
-                self.node_labels = dict(node.metadata.labels or {})
-                addresses = node.status.addresses if node.status else None
+                meta = node.get("metadata") or {}
+                self.node_labels = dict(meta.get("labels") or {})
+                addresses = (node.get("status") or {}).get("addresses") or []
                 self.node_ips = tuple(
-                    a.address for a in addresses or [] if a.type in ("InternalIP", "ExternalIP")
+                    str(a.get("address"))
+                    for a in addresses
+                    if a.get("type") in ("InternalIP", "ExternalIP")
                 )
                 self.node_known = True
                 return {
                     "apiVersion": "v1",
                     "kind": "Node",
                     "name": self.settings.node,
-                    "uid": node.metadata.uid,
+                    "uid": meta.get("uid"),
                     "controller": True,
                 }
             except NotFound:
@@ -375,7 +377,7 @@ class SlicePublisher:
         for obj in await self.api.list(
             ResourceSlice, fields={"spec.nodeName": self.settings.node}, within=API_TIMEOUT * 3
         ):
-            data = obj.to_dict()
+            data = obj
             if data["spec"].get("driver") == DRIVER_NAME:
                 found[data["metadata"]["name"]] = int(data["spec"]["pool"]["generation"])
         return found

@@ -2,8 +2,9 @@
 `Api` (get-or-none, list, apply, patch, create, delete, watch, each with a timeout), and every
 failure it raises is one of the `ApiFailure` classes below, decided by `classify` alone.
 
-No module outside `cnidra.kube` imports lightkube: the resource kinds the others name are
-re-exported here (`Pod`, `ResourceClaim`, ...), as is the client type they are handed."""
+Objects are plain dicts, as the apiserver's JSON decodes; the kinds the others name are
+`Resource`s defined here (`Pod`, `ResourceClaim`, ...), and the client type they are handed
+(cnidra.kube.session's one aiohttp session) is re-exported here."""
 
 from __future__ import annotations
 
@@ -11,19 +12,30 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-import httpx2
-from lightkube import AsyncClient, Client
-from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
-from lightkube.resources.resource_v1 import (
-    DeviceClass,
-    ResourceClaim,
-    ResourceClaimStatus,
-    ResourceSlice,
+import aiohttp
+
+from cnidra.kube.session import (
+    ALL_NAMESPACES,
+    ApiStatus,
+    AsyncClient,
+    Client,
+    Resource,
+    cluster_wide,
+    namespaced,
 )
-from lightkube.types import PatchType
+
+Pod = namespaced("", "v1", "Pod", "pods")
+Node = cluster_wide("", "v1", "Node", "nodes")
+Namespace = cluster_wide("", "v1", "Namespace", "namespaces")
+Event = namespaced("", "v1", "Event", "events")
+Lease = namespaced("coordination.k8s.io", "v1", "Lease", "leases")
+DeviceClass = cluster_wide("resource.k8s.io", "v1", "DeviceClass", "deviceclasses")
+ResourceClaim = namespaced("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
+ResourceClaimStatus = ResourceClaim.Status
+ResourceSlice = cluster_wide("resource.k8s.io", "v1", "ResourceSlice", "resourceslices")
 
 __all__ = [
+    "ALL_NAMESPACES",
     "Api",
     "ApiFailure",
     "AsyncClient",
@@ -32,11 +44,13 @@ __all__ = [
     "DeviceClass",
     "Event",
     "Invalid",
+    "Lease",
     "Namespace",
     "Node",
     "NotFound",
     "Pod",
     "RefusedForGood",
+    "Resource",
     "ResourceClaim",
     "ResourceClaimStatus",
     "ResourceSlice",
@@ -44,8 +58,10 @@ __all__ = [
     "UidPrecondition",
     "api_failure",
     "classify",
+    "cluster_wide",
     "get_or_none_sync",
     "get_sync",
+    "namespaced",
 ]
 
 T = TypeVar("T")
@@ -117,18 +133,9 @@ def api_failure(exc: BaseException) -> ApiFailure | None:
     a bug, a cancellation, or a decoding error, which pass through unchanged)."""
     if isinstance(exc, ApiFailure):
         return exc
-    if isinstance(exc, ApiError):
-        status = exc.status
-        code, message = status.code, status.message or ""
-        seconds = status.details.retryAfterSeconds if status.details is not None else None
-        failure = classify(code or 0, message)(
-            code or 0, message, float(seconds) if seconds else None
-        )
-        return failure
-    if isinstance(exc, httpx2.HTTPStatusError):  # a watch refused (lightkube raises it raw)
-        code = exc.response.status_code
-        return classify(code, str(exc))(code, str(exc).splitlines()[0])
-    if isinstance(exc, httpx2.TransportError | OSError | TimeoutError):
+    if isinstance(exc, ApiStatus):
+        return classify(exc.code, exc.message)(exc.code, exc.message, exc.retry_after)
+    if isinstance(exc, aiohttp.ClientError | OSError | TimeoutError):
         return Transient(None, f"{type(exc).__name__}: {exc}")
     return None
 
@@ -141,7 +148,7 @@ def _raise_as_failure(exc: BaseException) -> None:
 
 class Api:
     """A client of the apiserver with a timeout on every call and the failures as ApiFailure.
-    `client`: lightkube's AsyncClient (or a test's stand-in with its methods)."""
+    `client`: cnidra.kube.session's AsyncClient (or a test's stand-in with its methods)."""
 
     def __init__(self, client: Any, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.client = client
@@ -151,19 +158,29 @@ class Api:
         try:
             async with asyncio.timeout(self.timeout if within is None else within):
                 return await awaitable
-        except (ApiError, httpx2.TransportError, OSError, TimeoutError) as exc:
+        except (ApiStatus, aiohttp.ClientError, OSError, TimeoutError) as exc:
             _raise_as_failure(exc)
             raise
 
     async def get(
-        self, kind: Any, name: str, namespace: str | None = None, *, within: float | None = None
+        self,
+        kind: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        within: float | None = None,
     ) -> Any:
         """The object; NotFound when there is none."""
         kwargs = {} if namespace is None else {"namespace": namespace}
         return await self._call(self.client.get(kind, name, **kwargs), within)
 
     async def get_or_none(
-        self, kind: Any, name: str, namespace: str | None = None, *, within: float | None = None
+        self,
+        kind: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        within: float | None = None,
     ) -> Any | None:
         """The object, or None when there is none (404)."""
         try:
@@ -173,7 +190,7 @@ class Api:
 
     async def list(
         self,
-        kind: Any,
+        kind: Resource,
         *,
         namespace: str | None = None,
         labels: Mapping[str, Any] | None = None,
@@ -202,7 +219,7 @@ class Api:
             raise
         return result
 
-    async def first(self, kind: Any, *, within: float | None = None) -> None:
+    async def first(self, kind: Resource, *, within: float | None = None) -> None:
         """One page of one object: whether the kind is served (NotFound when not)."""
 
         async def one() -> None:
@@ -211,11 +228,28 @@ class Api:
 
         await self._call(one(), within)
 
-    async def create(self, obj: Any, *, within: float | None = None, **kwargs: Any) -> Any:
-        return await self._call(self.client.create(obj, **kwargs), within)
+    async def create(
+        self,
+        kind: Resource,
+        body: Mapping[str, Any],
+        *,
+        namespace: str | None = None,
+        within: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """The object made (`dry_run=True`: as it would be, nothing stored); Conflict when it
+        exists already. `namespace`: the body's own when not given."""
+        if namespace is not None:
+            kwargs["namespace"] = namespace
+        return await self._call(self.client.create(kind, body, **kwargs), within)
 
     async def delete(
-        self, kind: Any, name: str, namespace: str | None = None, *, within: float | None = None
+        self,
+        kind: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        within: float | None = None,
     ) -> bool:
         """Whether it was there (False: 404, nothing to delete)."""
         kwargs = {} if namespace is None else {"namespace": namespace}
@@ -227,7 +261,7 @@ class Api:
 
     async def apply(
         self,
-        kind: Any,
+        kind: Resource,
         name: str,
         body: Mapping[str, Any],
         *,
@@ -237,7 +271,7 @@ class Api:
         within: float | None = None,
     ) -> Any:
         """Server-side apply of `body` (a dict) under `field_manager`."""
-        kwargs: dict[str, Any] = {"patch_type": PatchType.APPLY, "force": force}
+        kwargs: dict[str, Any] = {"patch_type": "apply", "force": force}
         if namespace is not None:
             kwargs["namespace"] = namespace
         if field_manager is not None:
@@ -245,44 +279,46 @@ class Api:
         return await self._call(self.client.patch(kind, name, body, **kwargs), within)
 
     async def apply_object(
-        self, kind: Any, body: Mapping[str, Any], *, within: float | None = None
+        self, kind: Resource, body: Mapping[str, Any], *, within: float | None = None
     ) -> Any:
         """Server-side apply of a whole object given as a dict, with the client's field
         manager."""
-        resource = kind.from_dict(dict(body))
-        return await self._call(self.client.apply(resource, force=True), within)
+        meta = body.get("metadata") or {}
+        return await self.apply(
+            kind, str(meta["name"]), body, namespace=meta.get("namespace"), within=within
+        )
 
     async def merge_patch(
         self,
-        kind: Any,
+        kind: Resource,
         name: str,
         body: Mapping[str, Any],
         *,
         namespace: str | None = None,
         within: float | None = None,
     ) -> Any:
-        kwargs: dict[str, Any] = {"patch_type": PatchType.MERGE}
+        kwargs: dict[str, Any] = {"patch_type": "merge"}
         if namespace is not None:
             kwargs["namespace"] = namespace
         return await self._call(self.client.patch(kind, name, body, **kwargs), within)
 
     async def json_patch(
         self,
-        kind: Any,
+        kind: Resource,
         name: str,
         ops: Sequence[Mapping[str, Any]],
         *,
         namespace: str | None = None,
         within: float | None = None,
     ) -> Any:
-        kwargs: dict[str, Any] = {"patch_type": PatchType.JSON}
+        kwargs: dict[str, Any] = {"patch_type": "json"}
         if namespace is not None:
             kwargs["namespace"] = namespace
         return await self._call(self.client.patch(kind, name, list(ops), **kwargs), within)
 
     async def watch(
         self,
-        kind: Any,
+        kind: Resource,
         *,
         namespace: str | None = None,
         fields: Mapping[str, Any] | None = None,
@@ -297,22 +333,22 @@ class Api:
         try:
             async for event, obj in self.client.watch(kind, **kwargs):
                 yield event, obj
-        except (ApiError, httpx2.HTTPStatusError, httpx2.TransportError, OSError) as exc:
+        except (ApiStatus, aiohttp.ClientError, OSError, TimeoutError) as exc:
             _raise_as_failure(exc)
             raise
 
 
-def get_sync(client: Client, kind: Any, name: str) -> Any:
+def get_sync(client: Client, kind: Resource, name: str) -> Any:
     """A synchronous client's GET (the webhook's worker threads; the client's own timeout), any
     failure as an ApiFailure."""
     try:
         return client.get(kind, name)
-    except (ApiError, httpx2.TransportError, OSError, TimeoutError) as exc:
+    except (ApiStatus, aiohttp.ClientError, OSError, TimeoutError) as exc:
         _raise_as_failure(exc)
         raise
 
 
-def get_or_none_sync(client: Client, kind: Any, name: str) -> Any | None:
+def get_or_none_sync(client: Client, kind: Resource, name: str) -> Any | None:
     """get_sync, None when there is none (404)."""
     try:
         return get_sync(client, kind, name)

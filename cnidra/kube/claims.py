@@ -1,10 +1,9 @@
 """ResourceClaims as prepare needs them: one GET per claim, with a timeout.
 
-A claim is decoded once, from the apiserver's JSON into plain dicts (msgspec, through
-lightkube's generic-resource path), and read from those by `cnidra.dra.claim.read_claim`:
-not into lightkube's ResourceClaim model and back to dicts, which cost a prepare three times
-the decoding itself (and made a field of an unexpected type a decoding failure, reported as an
-unreachable apiserver, instead of read_claim's message naming the field).
+A claim is decoded once, from the apiserver's JSON into plain dicts, and read from those by
+`cnidra.dra.claim.read_claim`: not into a typed model and back to dicts, which cost a prepare
+three times the decoding itself (and made a field of an unexpected type a decoding failure,
+reported as an unreachable apiserver, instead of read_claim's message naming the field).
 
 There is no cluster-wide watch: kubelet names the claims a pod on this node needs, and asking
 for exactly those keeps a node's memory and apiserver traffic independent of how many claims
@@ -17,13 +16,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from lightkube import AsyncClient
-from lightkube.core.resource import ApiInfo, ResourceDef
-from lightkube.generic_resource import GenericNamespacedResource
-from lightkube.resources.core_v1 import Namespace
-
 from cnidra.api.errors import UnusableObject
-from cnidra.kube.api import Api, ApiFailure, NotFound
+from cnidra.kube.api import Api, ApiFailure, AsyncClient, Namespace, NotFound, ResourceClaim
 from cnidra.observe import metrics
 
 log = logging.getLogger(__name__)
@@ -33,16 +27,7 @@ class ClaimUnavailable(Exception):
     pass
 
 
-class ClaimDocument(GenericNamespacedResource):
-    """resource.k8s.io/v1 ResourceClaim as the apiserver's JSON, decoded into plain dicts
-    (lightkube decodes a generic resource untyped). Not registered in lightkube's resource
-    registry, so it stands beside lightkube's typed ResourceClaim without replacing it."""
-
-    _api_info = ApiInfo(
-        resource=ResourceDef("resource.k8s.io", "v1", "ResourceClaim"),
-        plural="resourceclaims",
-        verbs=["get"],
-    )
+ClaimDocument = ResourceClaim  # the name this module's callers and tests knew
 
 
 class ClaimGetter:
@@ -89,4 +74,4 @@ class NamespaceGetter:
         except Exception as exc:
             log.warning("labels of namespace %s not read: %s", namespace, exc)
             return None
-        return dict(obj.metadata.labels or {}) if obj.metadata else {}
+        return dict((obj.get("metadata") or {}).get("labels") or {})

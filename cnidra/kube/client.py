@@ -8,47 +8,34 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import h2.connection
-import httpx2
-from lightkube import AsyncClient, Client
-from lightkube.config.kubeconfig import KubeConfig
-from lightkube.resources.core_v1 import Namespace
-from lightkube.resources.resource_v1 import DeviceClass, ResourceSlice
-
 from cnidra.kube.api import (
     Api,
+    AsyncClient,
+    Client,
+    DeviceClass,
     Invalid,
+    Namespace,
     NotFound,
+    ResourceSlice,
     Transient,
     api_failure,
     get_or_none_sync,
     get_sync,
 )
-from cnidra.observe import metrics
+from cnidra.kube.session import LIMIT, KubeConfig
 from cnidra.util.backoff import Backoff
 
 FIELD_MANAGER = "cnidra"
 T = TypeVar("T")
-
-# h2 remembers how each of a connection's last 65,536 streams closed (to tell a late frame on a
-# stream it reset from a protocol error): over one long-lived apiserver connection that is
-# about 10 MiB reached after some 6,000 pods, found by the soak (RSS growth per pod). A client
-# with a few dozen streams in flight needs far fewer; process-wide, h2's own class setting.
-h2.connection.H2Connection.MAX_CLOSED_STREAMS = 1024
 
 
 class ClientConfigError(Exception):
     """No usable apiserver config: the message names where it was looked for."""
 
 
-def make_client(kubeconfig: str | None, timeout: float = 10.0) -> AsyncClient:
-    """From a kubeconfig file, or the in-cluster service account when none is given; every
-    answered request is counted (cnidra_apiserver_requests_total). ClientConfigError when
-    neither can be read."""
+def _config(kubeconfig: str | None) -> KubeConfig:
     try:
-        config = (
-            KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_service_account()
-        )
+        return KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_service_account()
     except Exception as exc:  # any kubeconfig unreadable: missing, YAML, fields, PEM
         where = (
             f"--kubeconfig {kubeconfig}"
@@ -58,80 +45,19 @@ def make_client(kubeconfig: str | None, timeout: float = 10.0) -> AsyncClient:
         )
         detail = f"{type(exc).__name__}: {exc}"
         raise ClientConfigError(f"no apiserver config from {where} ({detail})") from None
-    # HTTP/2: a kubelet batch's claim GETs and the status writes share one TLS connection
-    # instead of opening one (a handshake each) per request in flight; the watches each have
-    # their own HTTP/1.1 connection (WatchingClient)
-    return WatchingClient(config, timeout)
 
 
-class WatchingClient(AsyncClient):
-    """lightkube's client on one HTTP/2 connection, whose watches go over a second client's
-    HTTP/1.1 connections, one per watch.
-
-    httpcore's HTTP/2 connection reads the socket for every stream under one lock, and a
-    stream waiting for its next frame holds that lock in a read with no timeout. A watch's
-    stream waits like that for as long as nothing changes; a request whose answer another
-    stream's read has already received queues behind it. With three watches on the
-    connection every later request ran out of its time budget (measured on the test bed:
-    a GET of a namespace answered in 4 ms with two watches open, never with three), so no
-    watch shares the connection the requests use. Every answer on either is counted."""
-
-    def __init__(self, config: KubeConfig, timeout: float) -> None:
-        super().__init__(
-            config=config,
-            timeout=httpx2.Timeout(timeout),
-            field_manager=FIELD_MANAGER,
-            http2=True,
-        )
-        count_requests(self)
-        self.watches = count_requests(
-            AsyncClient(
-                config=config,
-                timeout=httpx2.Timeout(timeout),
-                field_manager=FIELD_MANAGER,
-                http2=False,
-            )
-        )
-
-    def watch(self, res: Any, **kwargs: Any) -> Any:
-        """lightkube's watch, on the watches' client (its arguments as lightkube's)."""
-        return self.watches.watch(res, **kwargs)
-
-    async def close(self) -> None:
-        try:
-            await self.watches.close()
-        finally:
-            await super().close()
-
-
-async def _count(response: httpx2.Response) -> None:
-    request = response.request
-    verb, resource = metrics.request_kind(
-        request.method,
-        request.url.path,
-        request.url.query.decode("ascii", "replace"),
-        request.headers.get("content-type", ""),
-    )
-    metrics.APISERVER_REQUESTS.labels(verb, resource, str(response.status_code)).inc()
-
-
-def count_requests(client: AsyncClient) -> AsyncClient:
-    """Count each answer the client gets, by verb, resource and code, with an httpx response
-    hook on the client's connection (lightkube keeps its httpx client as `_client._client`;
-    a lightkube without it fails here, at start, not silently uncounted)."""
-    http = client._client._client
-    if not isinstance(http, httpx2.AsyncClient):
-        raise TypeError(f"lightkube's HTTP client is a {type(http).__name__}, not httpx's")
-    hooks = http.event_hooks
-    hooks["response"] = [*hooks.get("response", []), _count]
-    http.event_hooks = hooks
-    return client
+def make_client(kubeconfig: str | None, timeout: float = 10.0) -> AsyncClient:
+    """From a kubeconfig file, or the in-cluster service account when none is given: one
+    aiohttp session (cnidra.kube.session), HTTP/1.1 keep-alive over at most LIMIT connections
+    for requests (and WATCHES for watches), every answered request counted
+    (cnidra_apiserver_requests_total). ClientConfigError when neither can be read."""
+    return AsyncClient(_config(kubeconfig), timeout, FIELD_MANAGER, LIMIT)
 
 
 def make_sync_client(kubeconfig: str | None, timeout: float = 5.0) -> Client:
-    """For the webhook's worker threads."""
-    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_service_account()
-    return Client(config=config, timeout=httpx2.Timeout(timeout), field_manager=FIELD_MANAGER)
+    """For the webhook's worker threads (http.client over the same TLS context)."""
+    return Client(_config(kubeconfig), timeout)
 
 
 def device_class_reader(client: Client) -> Callable[[str], Mapping[str, Any] | None]:
@@ -141,7 +67,7 @@ def device_class_reader(client: Client) -> Callable[[str], Mapping[str, Any] | N
         found = get_or_none_sync(client, DeviceClass, name)
         if found is None:
             return None
-        obj: dict[str, Any] = found.to_dict()
+        obj: dict[str, Any] = found
         return obj
 
     return read
@@ -152,7 +78,7 @@ def namespace_labels_reader(client: Client) -> Callable[[str], Mapping[str, Any]
 
     def read(name: str) -> Mapping[str, Any] | None:
         obj = get_sync(client, Namespace, name)
-        return dict(obj.metadata.labels or {}) if obj.metadata else {}
+        return dict((obj.get("metadata") or {}).get("labels") or {})
 
     return read
 
@@ -234,7 +160,7 @@ class ClusterFeatures:
         return out
 
 
-def _probe_slice(node: str, driver: str, capacity: bool, taints: bool) -> ResourceSlice:
+def _probe_slice(node: str, driver: str, capacity: bool, taints: bool) -> dict[str, Any]:
     device: dict[str, Any] = {"name": "probe"}
     if capacity:
         device["capacity"] = {
@@ -243,21 +169,17 @@ def _probe_slice(node: str, driver: str, capacity: bool, taints: bool) -> Resour
         device["allowMultipleAllocations"] = True
     if taints:
         device["taints"] = [{"key": f"{driver}/probe", "value": "x", "effect": "NoSchedule"}]
-    made = ResourceSlice.from_dict(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": {"name": f"{node}-cni-dra-probe"[:253]},
-            "spec": {
-                "driver": driver,
-                "nodeName": node,
-                "pool": {"name": f"{node}-probe", "generation": 0, "resourceSliceCount": 1},
-                "devices": [device],
-            },
-        }
-    )
-    assert isinstance(made, ResourceSlice)
-    return made
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-cni-dra-probe"[:253]},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": f"{node}-probe", "generation": 0, "resourceSliceCount": 1},
+            "devices": [device],
+        },
+    }
 
 
 async def probe_features(client: AsyncClient, node: str, driver: str) -> ClusterFeatures:
@@ -270,7 +192,10 @@ async def probe_features(client: AsyncClient, node: str, driver: str) -> Cluster
         try:
             stored = await with_retries(
                 functools.partial(
-                    api.create, _probe_slice(node, driver, capacity, taints), dry_run=True
+                    api.create,
+                    ResourceSlice,
+                    _probe_slice(node, driver, capacity, taints),
+                    dry_run=True,
                 )
             )
         except Invalid as exc:
@@ -284,12 +209,12 @@ async def probe_features(client: AsyncClient, node: str, driver: str) -> Cluster
             continue
         except Exception:
             return ClusterFeatures(known=False)
-        kept = (stored.spec.devices or [None])[0] if stored.spec else None
+        kept = ((stored.get("spec") or {}).get("devices") or [None])[0]
         return ClusterFeatures(
             # capacity itself predates KEP-5075: what it adds is allowMultipleAllocations
             consumable_capacity=capacity
             and kept is not None
-            and bool(kept.allowMultipleAllocations),
-            device_taints=taints and kept is not None and bool(kept.taints),
+            and bool(kept.get("allowMultipleAllocations")),
+            device_taints=taints and kept is not None and bool(kept.get("taints")),
         )
     return ClusterFeatures(known=False)

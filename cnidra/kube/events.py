@@ -15,11 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from lightkube.models.core_v1 import EventSource, ObjectReference
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event
-
-from cnidra.kube.api import Api
+from cnidra.kube.api import Api, Event
 
 MAX_MESSAGE = 1024  # the apiserver's bound on an Event's message (note)
 
@@ -77,31 +73,44 @@ class EventRecorder:
         self.component = component
         self.node = node
 
-    def build(self, record: EventRecord) -> Event:
+    def build(self, record: EventRecord) -> dict[str, Any]:
+        """The Event as the apiserver takes it (its empty fields left out, as a typed
+        client's serializer leaves them)."""
         about = record.about
-        return Event(
-            metadata=ObjectMeta(
-                generateName=f"{about.name}.", namespace=about.namespace or "default"
+        at = record.at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # RFC 3339
+        involved = {
+            "kind": about.kind,
+            "apiVersion": about.api_version or API_VERSIONS.get(about.kind, "v1"),
+            "name": about.name,
+            "namespace": about.namespace or None,
+            "uid": about.uid or None,
+            "resourceVersion": about.resource_version or None,
+        }
+        source = {"component": self.component, "host": self.node or None}
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "generateName": f"{about.name}.",
+                "namespace": about.namespace or "default",
+            },
+            "involvedObject": _present(involved),
+            "reason": record.reason,
+            "message": record.message[:MAX_MESSAGE],
+            "type": record.type,
+            "source": _present(source),
+            **_present(
+                {"reportingComponent": self.component, "reportingInstance": self.node or None}
             ),
-            involvedObject=ObjectReference(
-                kind=about.kind,
-                apiVersion=about.api_version or API_VERSIONS.get(about.kind, "v1"),
-                name=about.name,
-                namespace=about.namespace or None,
-                uid=about.uid or None,
-                resourceVersion=about.resource_version or None,
-            ),
-            reason=record.reason,
-            message=record.message[:MAX_MESSAGE],
-            type=record.type,
-            source=EventSource(component=self.component, host=self.node or None),
-            reportingComponent=self.component,
-            reportingInstance=self.node or None,
-            firstTimestamp=record.at,
-            lastTimestamp=record.at,
-            count=1,
-        )
+            "firstTimestamp": at,
+            "lastTimestamp": at,
+            "count": 1,
+        }
 
     async def send(self, api: Api, record: EventRecord) -> None:
         """One create, with the Api's timeout; its failure is the Api's ApiFailure."""
-        await api.create(self.build(record))
+        await api.create(Event, self.build(record))
+
+
+def _present(fields: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}

@@ -16,13 +16,6 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
-from lightkube import AsyncClient, operators
-from lightkube.generic_resource import create_global_resource, create_namespaced_resource
-from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
-from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Event, Node, Pod
-from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
-
 from cnidra.api.constants import API_GROUP, API_VERSION, DRIVER_NAME
 from cnidra.api.ipam import (
     BLOCK_KIND,
@@ -41,16 +34,27 @@ from cnidra.api.ipam import (
     Block,
     BlockObject,
 )
-from cnidra.kube.api import Api, Conflict, NotFound
+from cnidra.kube.api import (
+    Api,
+    AsyncClient,
+    Conflict,
+    Event,
+    Lease,
+    Node,
+    NotFound,
+    Pod,
+    ResourceClaim,
+    ResourceSlice,
+    cluster_wide,
+    namespaced,
+)
 from cnidra.kube.client import with_retries
 from cnidra.kube.events import EventRecord, EventRecorder, Involved
 
 log = logging.getLogger(__name__)
-CNIIPPool = create_global_resource(API_GROUP, "v1alpha1", POOL_KIND, POOL_PLURAL)
-CNIIPBlock = create_global_resource(API_GROUP, "v1alpha1", BLOCK_KIND, BLOCK_PLURAL)
-IPAMClaim = create_namespaced_resource(
-    IPAMCLAIM_GROUP, IPAMCLAIM_VERSION, IPAMCLAIM_KIND, IPAMCLAIM_PLURAL
-)
+CNIIPPool = cluster_wide(API_GROUP, "v1alpha1", POOL_KIND, POOL_PLURAL)
+CNIIPBlock = cluster_wide(API_GROUP, "v1alpha1", BLOCK_KIND, BLOCK_PLURAL)
+IPAMClaim = namespaced(IPAMCLAIM_GROUP, IPAMCLAIM_VERSION, IPAMCLAIM_KIND, IPAMCLAIM_PLURAL)
 ACCOUNTANT_MANAGER = "cnidra-pool-accountant"
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -68,8 +72,12 @@ def _retried(method: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, An
     return retried
 
 
-def _block_object(obj: Any) -> BlockObject:
-    data = obj.to_dict() if hasattr(obj, "to_dict") else obj
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta: Mapping[str, Any] = obj.get("metadata") or {}
+    return meta
+
+
+def _block_object(data: Mapping[str, Any]) -> BlockObject:
     meta = data.get("metadata") or {}
     spec = data.get("spec") or {}
     owners = meta.get("ownerReferences") or []
@@ -99,30 +107,30 @@ class KubeIPAM:
         self.timeout = timeout
         self._node_uids: dict[str, str] = {}
 
-    async def _node_owner(self, node: str) -> OwnerReference:
+    async def _node_owner(self, node: str) -> dict[str, str]:
         """The Node as a block's owner: its deletion deletes the block (garbage collection)."""
         uid = self._node_uids.get(node)
         if uid is None:
             obj = await self.api.get(Node, node)
-            uid = str(obj.metadata.uid if obj.metadata else "")
+            uid = str(_meta(obj).get("uid") or "")
             if not uid:
                 raise RuntimeError(f"Node {node} has no UID")
             self._node_uids[node] = uid
-        return OwnerReference(apiVersion="v1", kind="Node", name=node, uid=uid)
+        return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
 
     @_retried
     async def pool(self, name: str) -> Mapping[str, Any] | None:
         obj = await self.api.get_or_none(CNIIPPool, name)
         if obj is None:
             return None
-        data: dict[str, Any] = obj.to_dict()
+        data: dict[str, Any] = obj
         return data
 
     @_retried
     async def pools(self) -> list[Mapping[str, Any]]:
         # the CRD not installed: no pools
         found = await self.api.list(CNIIPPool, within=self.timeout * 4, missing_is_empty=True)
-        return [o.to_dict() for o in found]
+        return list(found)
 
     @_retried
     async def blocks(self, pool: str | None = None, node: str | None = None) -> list[BlockObject]:
@@ -137,24 +145,26 @@ class KubeIPAM:
     @_retried
     async def create_block(self, block: Block, node: str) -> str | None:
         owner = await self._node_owner(node)
-        obj = CNIIPBlock(
-            metadata=ObjectMeta(
-                name=block.name,
-                labels={LABEL_POOL: block.pool, LABEL_NODE: node},
-                ownerReferences=[owner],
-            ),
-            spec={
+        obj = {
+            "apiVersion": CNIIPBlock.api_version,
+            "kind": CNIIPBlock.kind,
+            "metadata": {
+                "name": block.name,
+                "labels": {LABEL_POOL: block.pool, LABEL_NODE: node},
+                "ownerReferences": [owner],
+            },
+            "spec": {
                 "pool": block.pool,
                 "range": block.range_index,
                 "cidr": str(block.cidr),
                 "node": node,
             },
-        )
+        }
         try:
-            created = await self.api.create(obj, field_manager="cnidra")
+            created = await self.api.create(CNIIPBlock, obj, field_manager="cnidra")
         except Conflict:
             return await self._own_existing(block.name, node)
-        return str(created.metadata.uid if created.metadata else "")
+        return str(_meta(created).get("uid") or "")
 
     async def _own_existing(self, name: str, node: str) -> str | None:
         """A block that exists already: this node's when a create of ours went through but
@@ -169,7 +179,7 @@ class KubeIPAM:
     @_retried
     async def delete_block(self, name: str, uid: str) -> None:
         current = await self.api.get_or_none(CNIIPBlock, name)
-        if current is None or current.metadata is None or current.metadata.uid != uid:
+        if current is None or _meta(current).get("uid") != uid:
             return  # gone, or deleted and reserved again since: not ours to delete
         await self.api.delete(CNIIPBlock, name)
 
@@ -179,7 +189,7 @@ class KubeIPAM:
         patch = {
             "metadata": {
                 "resourceVersion": block.resource_version,
-                "ownerReferences": [owner.to_dict()],
+                "ownerReferences": [owner],
             }
         }
         await self.api.merge_patch(CNIIPBlock, block.name, patch)
@@ -189,7 +199,7 @@ class KubeIPAM:
         obj = await self.api.get_or_none(IPAMClaim, name, namespace)
         if obj is None:
             return None
-        data: dict[str, Any] = obj.to_dict()
+        data: dict[str, Any] = obj
         return data
 
     async def bind_ipamclaim(
@@ -215,7 +225,7 @@ class KubeIPAM:
                     },
                     namespace=namespace,
                 )
-                version = held.metadata.resourceVersion if held.metadata else None
+                version = _meta(held).get("resourceVersion")
                 status = {
                     "ips": list(ips),
                     "ownerPod": {"name": pod},
@@ -245,11 +255,11 @@ class KubeIPAM:
         found = await self.api.list(  # the IPAMClaim CRD not installed: none
             IPAMClaim,
             namespace="*",
-            labels={IPAMCLAIM_NODE_LABEL: operators.exists()},
+            labels={IPAMCLAIM_NODE_LABEL: None},  # the label exists
             within=self.timeout * 4,
             missing_is_empty=True,
         )
-        return [o.to_dict() for o in found]
+        return list(found)
 
     async def unbind_ipamclaim(self, claim: Mapping[str, Any]) -> None:
         """Drop the finalizer (JSON patch: test the list is as read, then replace it)."""
@@ -275,15 +285,16 @@ class KubeIPAM:
         for claim in await self.api.list(
             ResourceClaim, namespace=namespace, within=self.timeout * 4
         ):
-            status = claim.status
-            if status is None or status.allocation is None or not status.devices:
+            status = claim.get("status") or {}
+            if status.get("allocation") is None or not status.get("devices"):
                 continue
-            name = f"{namespace}/{claim.metadata.name if claim.metadata else ''}"
-            for device in status.devices:
-                if device.driver != DRIVER_NAME or device.networkData is None:
+            name = f"{namespace}/{_meta(claim).get('name') or ''}"
+            for device in status["devices"]:
+                data = device.get("networkData")
+                if device.get("driver") != DRIVER_NAME or data is None:
                     continue
-                for ip in device.networkData.ips or []:
-                    found[ip.split("/", 1)[0]] = name
+                for ip in data.get("ips") or []:
+                    found[str(ip).split("/", 1)[0]] = name
         return found
 
     async def record(self, obj: Mapping[str, Any], reason: str, message: str) -> None:
@@ -317,19 +328,19 @@ class KubeIPAM:
 
     @_retried
     async def pool_objects(self) -> list[Mapping[str, Any]]:
-        return [o.to_dict() for o in await self.api.list(CNIIPPool, missing_is_empty=True)]
+        return list(await self.api.list(CNIIPPool, missing_is_empty=True))
 
     @_retried
     async def block_objects(self) -> list[Mapping[str, Any]]:
-        return [o.to_dict() for o in await self.api.list(CNIIPBlock, missing_is_empty=True)]
+        return list(await self.api.list(CNIIPBlock, missing_is_empty=True))
 
     async def watch_pools(self) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
         async for kind, obj in self.api.watch(CNIIPPool):
-            yield kind, obj.to_dict()
+            yield kind, obj
 
     async def watch_blocks(self) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
         async for kind, obj in self.api.watch(CNIIPBlock):
-            yield kind, obj.to_dict()
+            yield kind, obj
 
     async def watch_failed_scheduling(self) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
         """The scheduler's FailedScheduling Events of every namespace (the apiserver filters
@@ -337,15 +348,15 @@ class KubeIPAM:
         async for kind, obj in self.api.watch(
             Event, namespace="*", fields={"reason": "FailedScheduling"}
         ):
-            yield kind, obj.to_dict()
+            yield kind, obj
 
     async def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         obj = await self.api.get_or_none(Pod, name, namespace)
-        return None if obj is None else dict(obj.to_dict())
+        return None if obj is None else dict(obj)
 
     async def resource_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         obj = await self.api.get_or_none(ResourceClaim, name, namespace)
-        return None if obj is None else dict(obj.to_dict())
+        return None if obj is None else dict(obj)
 
     async def network_pools(self) -> dict[str, str]:
         """network -> pool, from this driver's published devices (a LIST by driver)."""
@@ -354,7 +365,7 @@ class KubeIPAM:
             ResourceSlice, fields={"spec.driver": DRIVER_NAME}, within=self.timeout * 4
         )
         for item in slices:
-            for device in (item.to_dict().get("spec") or {}).get("devices") or []:
+            for device in (item.get("spec") or {}).get("devices") or []:
                 attrs = device.get("attributes") or {}
                 network = (attrs.get("network") or {}).get("string")
                 pool = (attrs.get("ipPool") or {}).get("string")
@@ -390,11 +401,11 @@ class KubeIPAM:
                 "spec": {**spec, "acquireTime": stamp},
             }
             try:
-                await self.api.create(Lease.from_dict(body))
+                await self.api.create(Lease, body)
             except Conflict:
                 return False
             return True
-        data = found.to_dict()
+        data = found
         held = data.get("spec") or {}
         holder = held.get("holderIdentity") or ""
         renewed = held.get("renewTime")

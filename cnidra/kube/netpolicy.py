@@ -22,19 +22,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from lightkube.generic_resource import create_global_resource, create_namespaced_resource
-from lightkube.resources.core_v1 import Namespace, Pod
-
 from cnidra.api.constants import API_GROUP
 from cnidra.api.netpolicy import ADMIN_KIND, ADMIN_PLURAL, MNP_GROUP, MNP_KIND, MNP_PLURAL
-from cnidra.kube.api import Api
+from cnidra.kube.api import Api, Namespace, Pod, cluster_wide, namespaced
 from cnidra.kube.networks import CNINetwork
 from cnidra.util.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
-MultiNetworkPolicy = create_namespaced_resource(MNP_GROUP, "v1beta1", MNP_KIND, MNP_PLURAL)
-CNIAdminNetworkPolicy = create_global_resource(API_GROUP, "v1alpha1", ADMIN_KIND, ADMIN_PLURAL)
+MultiNetworkPolicy = namespaced(MNP_GROUP, "v1beta1", MNP_KIND, MNP_PLURAL)
+CNIAdminNetworkPolicy = cluster_wide(API_GROUP, "v1alpha1", ADMIN_KIND, ADMIN_PLURAL)
 RESOURCES: Mapping[str, tuple[Any, bool]] = {  # kind -> (resource, namespaced)
     "MultiNetworkPolicy": (MultiNetworkPolicy, True),
     "CNIAdminNetworkPolicy": (CNIAdminNetworkPolicy, False),
@@ -51,10 +48,8 @@ class Feed(Protocol):
 
 
 def as_dict(obj: Any) -> Mapping[str, Any]:
-    if isinstance(obj, Mapping):
-        return obj
-    to_dict = getattr(obj, "to_dict", None)
-    return to_dict() if callable(to_dict) else {}
+    """The object as the apiserver sent it ({} for anything that is not an object)."""
+    return obj if isinstance(obj, Mapping) else {}
 
 
 async def follow_all(api: Api, feed: Feed, clock: Callable[[], float] = time.monotonic) -> None:

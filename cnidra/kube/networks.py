@@ -11,9 +11,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightkube import AsyncClient
-from lightkube.generic_resource import create_global_resource, create_namespaced_resource
-
 from cnidra.api.constants import API_GROUP
 from cnidra.api.networks import (
     CONF_EXTENSIONS,
@@ -31,12 +28,12 @@ from cnidra.api.networks import (
     node_conf,
     with_routes,
 )
-from cnidra.kube.api import Api
+from cnidra.kube.api import Api, AsyncClient, cluster_wide, namespaced
 from cnidra.util.backoff import Backoff
 
 log = logging.getLogger(__name__)
-CNINetwork = create_global_resource(API_GROUP, "v1alpha1", NETWORK_KIND, NETWORK_PLURAL)
-NetworkAttachmentDefinition = create_namespaced_resource(
+CNINetwork = cluster_wide(API_GROUP, "v1alpha1", NETWORK_KIND, NETWORK_PLURAL)
+NetworkAttachmentDefinition = namespaced(
     NAD_GROUP, "v1", NAD_KIND, "network-attachment-definitions"
 )
 MAX_CONF_BYTES = 1024 * 1024
@@ -122,7 +119,7 @@ class NetworkReader:
         obj = await self.api.get_or_none(kind, name, namespace)
         if obj is None:
             return None
-        data: dict[str, Any] = obj.to_dict()
+        data: dict[str, Any] = obj
         return data
 
 
@@ -130,7 +127,7 @@ async def list_networks(client: AsyncClient, limit: float = 10.0) -> list[dict[s
     """Every CNINetwork, for the inventory (within `limit` seconds); [] when the CRD is not
     installed."""
     found = await Api(client).list(CNINetwork, within=limit, missing_is_empty=True)
-    return [dict(obj.to_dict()) for obj in found]
+    return [dict(obj) for obj in found]
 
 
 class ServedNetworks:

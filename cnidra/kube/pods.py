@@ -8,22 +8,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from lightkube import ALL_NS, AsyncClient
-from lightkube.core.resource import ApiInfo, ResourceDef
-from lightkube.generic_resource import GenericNamespacedResource
+from cnidra.kube.api import ALL_NAMESPACES, Api, AsyncClient, Pod
 
-from cnidra.kube.api import Api
-
-
-class PodDocument(GenericNamespacedResource):
-    """core/v1 Pod as the apiserver's JSON, decoded into plain dicts (not lightkube's model:
-    the fields read here, status.resourceClaimStatuses among them, whatever its version)."""
-
-    _api_info = ApiInfo(
-        resource=ResourceDef("", "v1", "Pod"),
-        plural="pods",
-        verbs=["global_list", "global_watch", "list", "watch"],
-    )
+PodDocument = Pod  # the name this module's callers and tests knew
 
 
 class NodePods:
@@ -36,5 +23,6 @@ class NodePods:
 
     async def watch(self) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
         fields = {"spec.nodeName": self.node}
-        async for event, obj in self.api.watch(PodDocument, namespace=ALL_NS, fields=fields):
+        watched = self.api.watch(PodDocument, namespace=ALL_NAMESPACES, fields=fields)
+        async for event, obj in watched:
             yield str(event), dict(obj)

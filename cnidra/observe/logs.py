@@ -152,7 +152,6 @@ def configure(level: str, fmt: str = "text", level_file: str | Path | None = Non
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per request otherwise
     if _follower is not None:
         _follower[0].set()
         _follower = None

@@ -134,20 +134,21 @@ class PodNetworksWriter:
         if obj is None:
             self.written_interfaces.pop(pod, None)
             return
-        if obj.metadata is None or obj.metadata.uid != pod.uid:
+        meta = obj.get("metadata") or {}
+        if meta.get("uid") != pod.uid:
             self.written_interfaces.pop(pod, None)
             return  # another pod of the same name now
-        if obj.metadata.deletionTimestamp is not None:
+        if meta.get("deletionTimestamp") is not None:
             self.written_interfaces.pop(pod, None)
             return  # going away: nobody reads its networks any more
         ours = {s["interface"] for s in statuses} | self.written_interfaces.get(pod, set())
-        current = (obj.metadata.annotations or {}).get(NETWORK_STATUS_ANNOTATION)
+        current = (meta.get("annotations") or {}).get(NETWORK_STATUS_ANNOTATION)
         if seen is not None and current == seen.network_status:
             self.patch_seen = True  # the runtime's view held: patch against it again
         kept = other_entries(current, ours, pod)
         patch = {
             "metadata": {
-                "resourceVersion": obj.metadata.resourceVersion,
+                "resourceVersion": meta.get("resourceVersion"),
                 "annotations": {NETWORK_STATUS_ANNOTATION: _dumps([*kept, *statuses])},
             }
         }

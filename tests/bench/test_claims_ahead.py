@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator
 
-import httpx2
-from lightkube import AsyncClient, KubeConfig
-from lightkube.config.models import Cluster, User
+import aiohttp
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from bench import claims_ahead
 from cnidra.dra.ahead import ClaimsAhead, ReadAhead
@@ -46,16 +45,21 @@ async def test_the_tables_of_a_claim_kept() -> None:
 async def test_the_log_counts_by_kind_and_time() -> None:
     log = claims_ahead.Log()
 
-    def answer(request: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(200, json={})
+    async def answer(request: web.Request) -> web.Response:
+        return web.json_response({})
 
-    async with httpx2.AsyncClient(
-        transport=httpx2.MockTransport(answer),
-        base_url="https://127.0.0.1:1",
-        event_hooks={"request": [log.record]},
-    ) as http:
-        await http.get("/api/v1/pods?watch=true&fieldSelector=spec.nodeName%3Dn")
-        await http.get("/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c")
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", answer)
+    async with (
+        TestServer(app) as server,
+        aiohttp.ClientSession(trace_configs=[log.tracer()]) as http,
+    ):
+        for path in (
+            "/api/v1/pods?watch=true&fieldSelector=spec.nodeName%3Dn",
+            "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c",
+        ):
+            async with http.get(str(server.make_url("")).rstrip("/") + path) as response:
+                await response.read()
     kinds = [k for _, k in log.entries]
     assert kinds == ["watch pods", "get resourceclaims"]
     assert sum(log.between(0.0, float("inf")).values()) == 2
@@ -65,17 +69,6 @@ async def test_the_log_counts_by_kind_and_time() -> None:
 def test_per_minute() -> None:
     assert claims_ahead.per_minute(3, 30.0) == 6.0
     assert claims_ahead.kib_to_mib(1536) == 1.5
-
-
-class HeldStream(httpx2.AsyncByteStream):
-    """A watch's body: its events, then nothing for as long as it is held (as an apiserver's)."""
-
-    def __init__(self, lines: bytes) -> None:
-        self.lines = lines
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield self.lines
-        await asyncio.Event().wait()
 
 
 async def test_one_nodes_claims_ahead_measured_on_the_fake_apiserver() -> None:
@@ -89,22 +82,25 @@ async def test_one_nodes_claims_ahead_measured_on_the_fake_apiserver() -> None:
             super().__init__()
             self.watches = 0
 
-        async def answer(self, request: httpx2.Request) -> httpx2.Response:
-            if request.url.path == "/api/v1/pods" and request.url.params.get("watch"):
+        async def _serve(self, request: web.Request) -> web.StreamResponse:
+            if request.path == "/api/v1/pods" and request.query.get("watch"):
+                # a watch's body: its events, then nothing for as long as it is held
                 self.watches += 1
                 line = json.dumps({"type": "ADDED", "object": bound_pod()}).encode() + b"\n"
-                return httpx2.Response(200, stream=HeldStream(line))
-            if request.url.path == "/api/v1/namespaces/default":  # the bench's first GET
+                held = web.StreamResponse(headers={"Content-Type": "application/json"})
+                await held.prepare(request)
+                await held.write(line)
+                await asyncio.Event().wait()
+            if request.path == "/api/v1/namespaces/default":  # the bench's first GET
                 obj = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}
-                return httpx2.Response(200, json=obj)
-            return self.handle(request)
+                return web.json_response(obj)
+            return await super()._serve(request)
 
     api = Answering()
     api.claims["team-a", "web-0-dev-x"] = allocated_claim(
         "team-a", "web-0-dev-x", "claim-uid", "web-0", "pod-uid", []
     )
-    config = KubeConfig.from_one(cluster=Cluster(server="https://apiserver"), user=User(token="t"))
-    client = AsyncClient(config=config, transport=httpx2.MockTransport(api.answer))
+    client = api.client()
     async with asyncio.timeout(30):
         got = await claims_ahead.measure("unused", NODE, 1, 0.3, client=client)
     assert got["claims_kept"] == 1 and got["claims_read"] == 1

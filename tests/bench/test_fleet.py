@@ -11,11 +11,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-import httpx2
+import aiohttp
 import pytest
 import yaml
-from lightkube.resources.core_v1 import Node, Pod
-from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from bench import fleet
 from cnidra.api.constants import DRIVER_NAME
@@ -23,11 +23,22 @@ from cnidra.api.networks import cninetwork
 from cnidra.api.validate import validate_documents
 from cnidra.dra import ahead
 from cnidra.inventory.slices import MAX_ATTRIBUTES, MAX_DEVICES_PER_SLICE
+from cnidra.kube.api import Node, Pod, Resource, ResourceClaim, ResourceSlice
 from testbed import components
 from testbed.layout import APISERVER_PORT, ETCD_CLIENT, ETCD_PEER, Bins, Paths
 
 ROOT = Path(__file__).parents[2]
 OWNER = {"apiVersion": "v1", "kind": "Node", "name": "n", "uid": "u", "controller": True}
+
+
+def shaped(kind: Resource, obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` is an object of `kind` as the apiserver takes it: its apiVersion and kind when
+    given, a name and a spec."""
+    assert obj.get("apiVersion", kind.api_version) == kind.api_version
+    assert obj.get("kind", kind.kind) == kind.kind
+    assert obj["metadata"]["name"]
+    assert isinstance(obj.get("spec"), dict)
+    return obj
 
 
 class RecordingClient:
@@ -36,10 +47,10 @@ class RecordingClient:
     def __init__(self) -> None:
         self.applied: list[dict[str, Any]] = []
 
-    async def apply(self, obj: Any, force: bool = False) -> Any:
-        assert force
-        self.applied.append(obj.to_dict())
-        return obj
+    async def patch(self, kind: Any, name: str, body: Any, **kwargs: Any) -> Any:
+        assert kwargs["patch_type"] == "apply" and kwargs["force"]
+        self.applied.append(dict(body))
+        return body
 
     async def delete(self, *args: Any, **kwargs: Any) -> None:
         raise AssertionError("nothing to delete on a first publish")
@@ -117,7 +128,7 @@ async def test_the_synthetic_inventory_publishes_a_realistic_mix(tmp_path: Path)
         for device in devices.values():
             assert len(device["attributes"]) + len(device.get("capacity", {})) <= MAX_ATTRIBUTES
         assert len(devices) <= MAX_DEVICES_PER_SLICE
-        assert ResourceSlice.from_dict(slices[0]).spec is not None
+        assert shaped(ResourceSlice, slices[0])["spec"]
     assert min(counts) == 4 and max(counts) == 8
     assert 0 < fast_lane < 40
 
@@ -142,7 +153,7 @@ def test_dra_example_driver_slice_shape() -> None:
     assert len({d["attributes"]["uuid"]["string"] for d in spec["devices"]}) == 8
     assert fleet.example_slice("fleet-00003", "x")["spec"] == spec  # uuids stable
     assert obj["metadata"]["ownerReferences"][0]["uid"] == "uid-3"
-    ResourceSlice.from_dict(obj)
+    shaped(ResourceSlice, obj)
 
 
 def test_claims_and_pods() -> None:
@@ -162,12 +173,12 @@ def test_claims_and_pods() -> None:
     }
     for obj in (cnidra, example):
         assert obj["metadata"]["labels"] == {fleet.ROUND_LABEL: "t"}
-        ResourceClaim.from_dict(obj)
+        shaped(ResourceClaim, obj)
     pod = fleet.pod_object("p0", "fleet-00001", "c0", "t")
     assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "fleet-00001"}
     assert pod["spec"]["resourceClaims"] == [{"name": "dev", "resourceClaimName": "c0"}]
     assert pod["spec"]["containers"][0]["resources"]["claims"] == [{"name": "dev"}]
-    Pod.from_dict(pod)
+    shaped(Pod, pod)
 
 
 def test_claims_ahead_pods_are_what_the_read_ahead_reads() -> None:
@@ -177,7 +188,7 @@ def test_claims_ahead_pods_are_what_the_read_ahead_reads() -> None:
     assert pod["spec"]["nodeName"] == "fleet-00007"
     assert "nodeSelector" not in pod["spec"]
     assert ahead.claim_names(pod) == ["ahead-n0001"]
-    Pod.from_dict(pod)
+    shaped(Pod, pod)
     claim = fleet.claim_object("ahead-n0001", DRIVER_NAME, fleet.AHEAD_TAG)
     status = fleet.reserved_status("ahead-n0001", "fleet-00007", "ahead-n0001", "uid-1")
     result = status["status"]["allocation"]["devices"]["results"][0]
@@ -186,7 +197,7 @@ def test_claims_ahead_pods_are_what_the_read_ahead_reads() -> None:
     with_status = {**claim, "status": status["status"]}
     assert ahead._reserved_for(with_status, "uid-1")
     assert not ahead._reserved_for(with_status, "uid-2")
-    ResourceClaim.from_dict(with_status)
+    shaped(ResourceClaim, with_status)
 
 
 def test_nodes() -> None:
@@ -194,7 +205,7 @@ def test_nodes() -> None:
     assert obj["metadata"]["labels"]["kubernetes.io/hostname"] == "fleet-00002"
     assert obj["status"]["conditions"][0]["type"] == "Ready"
     assert obj["status"]["addresses"][0] == {"type": "InternalIP", "address": "198.18.0.3"}
-    Node.from_dict(obj)
+    shaped(Node, obj)
     assert len({fleet.node_ip(i) for i in range(5000)}) == 5000
 
 
@@ -240,16 +251,20 @@ def test_per_node_per_minute() -> None:
 async def test_requests_are_counted_by_the_hook() -> None:
     log = fleet.RequestLog()
 
-    def answer(request: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(200, json={})
+    async def answer(request: web.Request) -> web.Response:
+        return web.json_response({})
 
-    async with httpx2.AsyncClient(
-        transport=httpx2.MockTransport(answer),
-        base_url="https://127.0.0.1:1",
-        event_hooks={"request": [log.hook("fleet-00001")]},
-    ) as http:
-        await http.get("/apis/cni.networking.x-k8s.io/v1alpha1/cninetworks?watch=true")
-        await http.get("/apis/cni.networking.x-k8s.io/v1alpha1/cniipblocks")
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", answer)
+    async with (
+        TestServer(app) as server,
+        aiohttp.ClientSession(trace_configs=[log.tracer("fleet-00001")]) as http,
+    ):
+        base = str(server.make_url("/apis/cni.networking.x-k8s.io/v1alpha1"))
+        async with http.get(f"{base}/cninetworks?watch=true") as response:
+            await response.read()
+        async with http.get(f"{base}/cniipblocks") as response:
+            await response.read()
     assert [(n, k) for _, n, k in log.entries] == [
         ("fleet-00001", "WATCH cninetworks"),
         ("fleet-00001", "LIST cniipblocks"),
@@ -273,10 +288,9 @@ def test_the_driver_client_gets_the_hook(tmp_path: Path) -> None:
         )
     )
     client = fleet.counted_client(config, fleet.RequestLog(), "n", 10.0)
-    hooks = client._client._client.event_hooks["request"]
-    assert len(hooks) == 1
-    # and the watches' own connection: a watch started again at rest is counted too
-    assert len(client.watches._client._client.event_hooks["request"]) == 1  # type: ignore[attr-defined]
+    # one session carries the requests and the watches: a watch started again at rest is
+    # counted too
+    assert len(client.trace_configs) == 1
 
 
 def detail() -> dict[str, Any]:
@@ -484,10 +498,11 @@ class PlacingClient:
         self.created: list[Any] = []
         self.patched: list[tuple[Any, str, dict[str, Any], dict[str, Any]]] = []
 
-    async def create(self, obj: Any) -> Any:
-        self.created.append(obj)
-        if isinstance(obj, Pod) and obj.metadata:
-            obj.metadata.uid = f"uid-{obj.metadata.name}"
+    async def create(self, kind: Any, obj: Any) -> Any:
+        obj = {**obj, "metadata": dict(obj["metadata"])}
+        self.created.append((kind, obj))
+        if kind == Pod:
+            obj["metadata"]["uid"] = f"uid-{obj['metadata']['name']}"
         return obj
 
     async def patch(self, kind: Any, name: str, body: dict[str, Any], **kwargs: Any) -> None:
@@ -505,17 +520,17 @@ async def test_claims_ahead_are_placed_on_the_node_and_elsewhere() -> None:
         2,
     )
     assert placed["pods_on_node"] == 5 and placed["pods_elsewhere"] == 6
-    pods = [o for o in client.created if isinstance(o, Pod)]
-    claims = [o for o in client.created if isinstance(o, ResourceClaim)]
+    pods = [o for k, o in client.created if k == Pod]
+    claims = [o for k, o in client.created if k == ResourceClaim]
     assert len(pods) == len(claims) == 11
-    on_node = [p for p in pods if p.spec.nodeName == nodes[-1]]
+    on_node = [p for p in pods if p["spec"]["nodeName"] == nodes[-1]]
     assert len(on_node) == 5
-    assert {p.spec.nodeName for p in pods} == set(nodes)
-    assert all(p.metadata.labels[fleet.ROUND_LABEL] == fleet.AHEAD_TAG for p in pods)
+    assert {p["spec"]["nodeName"] for p in pods} == set(nodes)
+    assert all(p["metadata"]["labels"][fleet.ROUND_LABEL] == fleet.AHEAD_TAG for p in pods)
     # only the node's own claims are allocated and reserved, each for its pod's UID
     assert len(client.patched) == 5
     for kind, name, body, kwargs in client.patched:
-        assert kind is fleet.ResourceClaimStatus
+        assert kind == fleet.ResourceClaimStatus
         assert body["status"]["reservedFor"] == [
             {"resource": "pods", "name": name, "uid": f"uid-{name}"}
         ]

@@ -1,7 +1,9 @@
 """bench.transport without a control plane: its figures, the bodies it sends, the stall check
-and the timing loop on stand-ins, and bench/aiohttp_transport.py (httpx2's transport interface
-over aiohttp) under lightkube against a loopback HTTP server: requests, bodies, streamed
-watches, the request-counting hook, and aiohttp's failures as httpx2's."""
+and the timing loop on stand-ins; against a loopback HTTP server, the driver's own client (the
+`cnidra` transport: requests, bodies, streamed watches, the request counting, no answer in
+time as Transient) and bench/aiohttp_transport.py (httpx2's transport interface over aiohttp)
+under lightkube, with aiohttp's failures as httpx2's (bench only: lightkube and httpx2 are the
+dev extra's, for this comparison)."""
 
 from __future__ import annotations
 
@@ -15,13 +17,15 @@ import pytest
 from aiohttp import web
 from lightkube import AsyncClient, KubeConfig
 from lightkube.config.models import Cluster, User
-from lightkube.resources.core_v1 import Namespace
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import Namespace as LightNamespace
+from lightkube.types import PatchType
 
 from bench import transport
 from bench.aiohttp_transport import AiohttpTransport
-from cnidra.kube.api import Api, NotFound, Transient
-from cnidra.kube.client import count_requests
+from cnidra.kube.api import Api, Namespace, NotFound, Transient
 from cnidra.observe import metrics
+from tests.kube.fakeapi import a_client
 
 STATUS = """Name:\tpython
 VmPeak:\t  200000 kB
@@ -228,29 +232,56 @@ def client_for(url: str, read_timeout: float = 10.0) -> AsyncClient:
     )
 
 
-async def test_lightkube_over_aiohttp(server: tuple[str, list[dict[str, Any]]]) -> None:
+async def test_the_drivers_client_on_aiohttp(server: tuple[str, list[dict[str, Any]]]) -> None:
+    """The `cnidra` transport: the driver's own client (cnidra.kube.session) through Api."""
     url, seen = server
-    client = count_requests(client_for(url))
+    client = a_client(url)
     api = Api(client, 5.0)
     before = metrics.APISERVER_REQUESTS.labels("get", "namespaces", "200")._value.get()
     try:
         got = await api.get(Namespace, "one")
-        assert got.metadata.name == "one"
+        assert got["metadata"]["name"] == "one"
         assert await api.get_or_none(Namespace, "missing") is None
         with pytest.raises(NotFound):
             await api.get(Namespace, "missing")
         await api.apply(Namespace, "x", {"metadata": {"labels": {"a": "b"}}})
-        events = [(e, o.metadata.name) async for e, o in _two(api.watch(Namespace))]
+        events = [(e, o["metadata"]["name"]) async for e, o in _two(api.watch(Namespace))]
         assert events == [("ADDED", "a"), ("ADDED", "b")]
     finally:
         await client.close()
     after = metrics.APISERVER_REQUESTS.labels("get", "namespaces", "200")._value.get()
-    assert after - before == 1  # the hook on httpx2 counts what went over aiohttp
+    assert after - before == 1  # counted in the session
+    applied = next(s for s in seen if s["method"] == "PATCH")
+    assert applied["type"] == "application/apply-patch+yaml"
+    assert applied["query"] == {"fieldManager": "cnidra", "force": "true"}
+    labels = {"metadata": {"labels": {"a": "b"}}}
+    assert applied["body"] == {"apiVersion": "v1", "kind": "Namespace", **labels}
+    assert any(s["query"].get("watch") == "true" for s in seen)
+
+
+async def test_lightkube_over_aiohttp(server: tuple[str, list[dict[str, Any]]]) -> None:
+    """The `lightkube-aiohttp` transport: lightkube's client over AiohttpTransport."""
+    url, seen = server
+    client = client_for(url)
+    try:
+        got = await client.get(LightNamespace, "one")
+        assert got.metadata is not None and got.metadata.name == "one"
+        with pytest.raises(ApiError):
+            await client.get(LightNamespace, "missing")
+        await client.patch(
+            LightNamespace, "x", {"metadata": {"labels": {"a": "b"}}}, patch_type=PatchType.APPLY
+        )
+        names = []
+        async for _, obj in client.watch(LightNamespace):
+            names.append(obj.metadata.name)
+            if len(names) == 2:
+                break
+        assert names == ["a", "b"]
+    finally:
+        await client.close()
     applied = next(s for s in seen if s["method"] == "PATCH")
     assert applied["type"] == "application/apply-patch+yaml"
     assert applied["query"]["fieldManager"] == "test"
-    assert applied["body"] == {"metadata": {"labels": {"a": "b"}}}
-    assert any(s["query"].get("watch") == "true" for s in seen)
 
 
 async def _two(events: AsyncIterator[Any]) -> AsyncIterator[Any]:
@@ -267,22 +298,38 @@ async def test_failures_come_back_as_httpx2s(server: tuple[str, list[dict[str, A
     slow = client_for(url, read_timeout=0.2)
     try:
         with pytest.raises(httpx2.ReadTimeout):
-            await slow.get(Namespace, "slow")
-        with pytest.raises(Transient):  # and cnidra.kube.api classifies it as it would
-            await Api(slow, 5.0).get(Namespace, "slow")
+            await slow.get(LightNamespace, "slow")
     finally:
         await slow.close()
     closed = client_for("http://127.0.0.1:9")  # discard: nothing listens
     try:
         with pytest.raises(httpx2.ConnectError):
-            await closed.get(Namespace, "x")
+            await closed.get(LightNamespace, "x")
     finally:
         await closed.close()
 
 
-def test_what_aiohttp_adds_to_the_drivers_imports() -> None:
-    """In a fresh process (here aiohttp is imported already)."""
-    got = transport.run_driver_plus("aiohttp", 120.0)
-    assert got["library"] == "aiohttp"
+async def test_the_drivers_client_reads_no_answer_in_time_as_transient(
+    server: tuple[str, list[dict[str, Any]]],
+) -> None:
+    url, _ = server
+    client = a_client(url)
+    try:
+        with pytest.raises(Transient, match="TimeoutError"):
+            await Api(client, 0.2).get(Namespace, "slow")
+    finally:
+        await client.close()
+    closed = a_client("http://127.0.0.1:9")  # discard: nothing listens
+    try:
+        with pytest.raises(Transient):
+            await Api(closed, 5.0).get(Namespace, "x")
+    finally:
+        await closed.close()
+
+
+def test_what_lightkube_added_to_the_drivers_imports() -> None:
+    """In a fresh process (here lightkube is imported already)."""
+    got = transport.run_driver_plus(transport.LIGHTKUBE, 120.0)
+    assert got["library"] == transport.LIGHTKUBE
     assert got["driver_vmrss_mib"] > 20
     assert got["added_vmrss_mib"] > 0 and got["added_rssanon_mib"] > 0

@@ -11,11 +11,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-from lightkube.core.exceptions import ApiError
-from lightkube.models.meta_v1 import Status
 
 ROOT = Path(__file__).parents[2]
 DOCS = ROOT / "docs"
@@ -28,6 +25,7 @@ def test_troubleshootings_log_lines_are_what_the_driver_logs_before_it_reads_its
     """'it has not read its Node object yet (...: its log says `...`, or `...`)'."""
     from cnidra.inventory.publisher import SlicePublisher
     from cnidra.inventory.slices import SliceSettings
+    from cnidra.kube.session import ApiStatus
 
     text = " ".join((DOCS / "troubleshooting.md").read_text().split())
     said = text[text.index("it has not read its Node object yet") :].split(")", 1)[0]
@@ -41,11 +39,10 @@ def test_troubleshootings_log_lines_are_what_the_driver_logs_before_it_reads_its
         async def get(self, kind: object, name: str) -> object:
             self.reads += 1
             if self.reads == 1:
-                raise ApiError(status=Status(code=404, message=f'nodes "{name}" not found'))
+                raise ApiStatus(404, f'nodes "{name}" not found')
             if self.reads == 2:
-                raise ApiError(status=Status(code=403, message="forbidden"))
-            meta = SimpleNamespace(labels={}, uid="uid")
-            return SimpleNamespace(metadata=meta, status=SimpleNamespace(addresses=[]))
+                raise ApiStatus(403, "forbidden")
+            return {"metadata": {"labels": {}, "uid": "uid"}, "status": {"addresses": []}}
 
     async def scenario() -> None:
         publisher = SlicePublisher(Client(), SliceSettings("n1"), [])  # type: ignore[arg-type]

@@ -12,13 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightkube.core.exceptions import ApiError
-from lightkube.models.meta_v1 import Status
-
 from cnidra.api.ipam import IPAMCLAIM_FINALIZER, IPAMCLAIM_NODE_LABEL, Block, BlockObject
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment
 from cnidra.ipam.allocator import Allocator
+from cnidra.kube.session import ApiStatus
 from cnidra.state.checkpoint import PreparedClaim
 from cnidra.state.ipam import IPAMState
 from cnidra.state.layout import StateLayout
@@ -39,7 +37,7 @@ class FakeApiserver:
     events: list[tuple[str, str, str]] = field(default_factory=list)
     down: bool = False
     latency: float = 0.0
-    # call number (0-based, as counted in `calls`) -> the (code, message) ApiError it raises:
+    # call number (0-based, as counted in `calls`) -> the (code, message) ApiStatus it raises:
     # an answer the apiserver adapter gives up on (not transient, or its last retry failed);
     # the allocator asks an IPAMCluster nothing twice, so it fails what it was doing
     failing: dict[int, tuple[int, str]] = field(default_factory=dict)
@@ -88,7 +86,7 @@ class FakeApiserver:
             raise ApiDown(f"{what}: connection refused")
         if number in self.failing:
             code, message = self.failing.pop(number)
-            raise ApiError(status=Status(code=code, message=message))
+            raise ApiStatus(code, message)
 
 
 class FakeCluster:

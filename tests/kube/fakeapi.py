@@ -1,6 +1,8 @@
-"""An apiserver in memory behind httpx's MockTransport, for the driver's real lightkube client
-(built and instrumented as the driver builds it): ResourceClaims, Pods and Events with the
-semantics the driver relies on, each cited from Kubernetes 1.37's source where it matters:
+"""An apiserver in memory, served by an `aiohttp.web` application on 127.0.0.1 (an ephemeral
+port, in a thread of its own with its own loop), for the driver's real client
+(cnidra.kube.session's aiohttp session, counted as the driver counts): ResourceClaims, Pods and
+Events with the semantics the driver relies on, each cited from Kubernetes 1.37's source where
+it matters:
 
 - a claim's status subresource keeps the object's metadata (finalizers included:
   `ResetObjectMetaForStatus`, apimachinery pkg/apis/meta/v1/helpers.go:265-276, called by the
@@ -19,20 +21,74 @@ Every request is logged as (verb, resource, code)."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
-import httpx2
-from lightkube import AsyncClient, KubeConfig
-from lightkube.config.models import Cluster, User
+from aiohttp import web
 
-from cnidra.kube.client import count_requests
+from cnidra.kube.client import FIELD_MANAGER
+from cnidra.kube.session import AsyncClient, KubeConfig
 from cnidra.observe.metrics import request_kind
 
 DRIVER = "cni.dra.networking.x-k8s.io"
 NODE = "node-1"
+
+
+@dataclass
+class Request:
+    """What the fake reads of a request."""
+
+    method: str
+    path: str
+    query: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    content: bytes = b""
+
+
+class LoopbackServer:
+    """An aiohttp.web application served on 127.0.0.1 in a daemon thread (its own loop), so
+    that a test's loop, whichever it is, reaches it over a real socket; `url`: where."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+        self.port = 0
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.thread = threading.Thread(target=self._serve, daemon=True, name="fake-apiserver")
+        self.thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the fake apiserver did not start")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def cpu(self) -> float:
+        """Seconds of CPU the server's thread has spent (HTTP included, not only answering)."""
+        assert self.thread.ident is not None
+        return time.clock_gettime(time.pthread_getcpuclockid(self.thread.ident))
+
+    def _serve(self) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        runner = web.AppRunner(self.app, access_log=None)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        server = site._server
+        assert server is not None and server.sockets
+        self.port = int(server.sockets[0].getsockname()[1])
+        self._ready.set()
+        loop.run_forever()
+
+
+def a_client(url: str) -> AsyncClient:
+    """The driver's client to a loopback apiserver (plain HTTP, a token as a real one's)."""
+    return AsyncClient(KubeConfig(url, token="t"), 10.0, FIELD_MANAGER)
 
 
 class Refused(Exception):
@@ -178,17 +234,26 @@ class FakeApiserver:
         self.events: list[dict[str, Any]] = []
         self.log: list[tuple[str, str, int]] = []
         self.version = 1
-        self.cpu = 0.0  # seconds of process CPU spent answering (the apiserver's, not the client's)
+        self._server: LoopbackServer | None = None
 
     def client(self) -> AsyncClient:
-        """The driver's client (lightkube over httpx, counted by cnidra.kube.client's hook)."""
-        config = KubeConfig.from_one(
-            cluster=Cluster(server="https://apiserver"), user=User(token="t")
+        """The driver's client (its aiohttp session, counted as the driver counts) to this
+        apiserver, served on loopback from the first call on."""
+        if self._server is None:
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", self._serve)
+            self._server = LoopbackServer(app)
+        return a_client(self._server.url)
+
+    async def _serve(self, request: web.Request) -> web.Response:
+        content = await request.read()
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        code, body = self.handle(
+            Request(request.method, request.path, request.query_string, headers, content)
         )
-        client = AsyncClient(
-            config=config, transport=httpx2.MockTransport(self.handle), field_manager="cnidra"
-        )
-        return count_requests(client)
+        if isinstance(body, bytes):  # a stream, as written (a watch's lines)
+            return web.Response(body=body, status=code, content_type="application/json")
+        return web.json_response(body, status=code)
 
     # -- what other actors do
 
@@ -233,29 +298,29 @@ class FakeApiserver:
 
     # -- the HTTP side
 
-    def handle(self, request: httpx2.Request) -> httpx2.Response:
-        started = time.process_time()
-        try:
-            return self._handle(request)
-        finally:
-            self.cpu += time.process_time() - started
+    @property
+    def cpu(self) -> float:
+        """Seconds of CPU spent serving (the apiserver's thread, HTTP included: not the
+        client's)."""
+        return 0.0 if self._server is None else self._server.cpu()
 
-    def _handle(self, request: httpx2.Request) -> httpx2.Response:
+    def handle(self, request: Request) -> tuple[int, Any]:
+        """(code, body): a dict as JSON, bytes as they are."""
+        return self._handle(request)
+
+    def _handle(self, request: Request) -> tuple[int, dict[str, Any]]:
         verb, resource = request_kind(
-            request.method,
-            request.url.path,
-            request.url.query.decode(),
-            request.headers.get("content-type", ""),
+            request.method, request.path, request.query, request.headers.get("content-type", "")
         )
         try:
             code, body = self._answer(request, resource)
         except Refused as exc:
             code, body = exc.code, status_body(exc.code, str(exc), exc.reason)
         self.log.append((verb, resource, code))
-        return httpx2.Response(code, json=body)
+        return code, body
 
-    def _answer(self, request: httpx2.Request, resource: str) -> tuple[int, dict[str, Any]]:
-        parts = request.url.path.strip("/").split("/")
+    def _answer(self, request: Request, resource: str) -> tuple[int, dict[str, Any]]:
+        parts = request.path.strip("/").split("/")
         namespace = parts[parts.index("namespaces") + 1]
         kind = parts[parts.index("namespaces") + 2]
         name = (
@@ -319,7 +384,7 @@ class FakeApiserver:
         return 200, copy.deepcopy(claim)
 
     def _pod(
-        self, request: httpx2.Request, namespace: str, name: str, body: Any
+        self, request: Request, namespace: str, name: str, body: Any
     ) -> tuple[int, dict[str, Any]]:
         pod = self.pods.get((namespace, name))
         if pod is None:

@@ -3,14 +3,14 @@ serve resource.k8s.io/v1, and no verdict (start, retry later) when it cannot be 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from lightkube.core.exceptions import ApiError
-from lightkube.models.meta_v1 import Status
 
 from cnidra.kube.client import dra_api_problem
+from cnidra.kube.session import ApiStatus
 
 
 class Answering:
@@ -24,7 +24,7 @@ class Answering:
 
 
 async def test_a_cluster_without_dra_v1_is_named() -> None:
-    missing = ApiError(status=Status(code=404, message="the server could not find it"))
+    missing = ApiStatus(404, "the server could not find it")
     problem = await dra_api_problem(Answering(missing))  # type: ignore[arg-type]
     assert problem is not None and "Kubernetes 1.34 or later" in problem
 
@@ -33,7 +33,7 @@ async def test_an_apiserver_that_answers_or_cannot_be_asked_is_no_verdict() -> N
     assert await dra_api_problem(Answering(None)) is None  # type: ignore[arg-type]
     down = ConnectionRefusedError("connection refused")
     assert await dra_api_problem(Answering(down)) is None  # type: ignore[arg-type]
-    forbidden = ApiError(status=Status(code=403, message="forbidden"))
+    forbidden = ApiStatus(403, "forbidden")
     assert await dra_api_problem(Answering(forbidden)) is None  # type: ignore[arg-type]
 
 
@@ -41,9 +41,6 @@ async def test_transient_answers_are_retried_a_bounded_number_of_times_honouring
     monkeypatch: Any,
 ) -> None:
     import asyncio
-
-    from lightkube.core.exceptions import ApiError
-    from lightkube.models.meta_v1 import Status, StatusDetails
 
     from cnidra.kube import client as module
 
@@ -54,8 +51,8 @@ async def test_transient_answers_are_retried_a_bounded_number_of_times_honouring
 
     monkeypatch.setattr(asyncio, "sleep", sleep)
     answers: list[Exception] = [
-        ApiError(status=Status(code=429, details=StatusDetails(retryAfterSeconds=3))),
-        ApiError(status=Status(code=503, message="storage is (re)initializing")),
+        ApiStatus(429, "throttled", 3.0),
+        ApiStatus(503, "storage is (re)initializing"),
     ]
     calls = 0
 
@@ -70,18 +67,18 @@ async def test_transient_answers_are_retried_a_bounded_number_of_times_honouring
     assert calls == 3 and slept[0] == 3.0 and 0 < slept[1] <= 0.6
 
     async def throttled() -> str:
-        raise ApiError(status=Status(code=429, details=StatusDetails(retryAfterSeconds=600)))
+        raise ApiStatus(429, "throttled", 600.0)
 
     slept.clear()
-    with pytest.raises(ApiError):
+    with pytest.raises(ApiStatus):
         await module.with_retries(throttled, attempts=3)
     assert slept == [5.0, 5.0]  # capped, and given up after 3 tries
 
     async def refused() -> str:
-        raise ApiError(status=Status(code=403, message="forbidden"))
+        raise ApiStatus(403, "forbidden")
 
     slept.clear()
-    with pytest.raises(ApiError):
+    with pytest.raises(ApiStatus):
         await module.with_retries(refused)
     assert slept == []
 
@@ -92,17 +89,17 @@ class ProbeClient:
     def __init__(self, *, drop: set[str] = frozenset(), refuse: set[str] = frozenset()) -> None:  # type: ignore[assignment]
         self.drop, self.refuse, self.calls = drop, refuse, 0
 
-    async def create(self, obj: Any, dry_run: bool = False) -> Any:
+    async def create(self, kind: Any, obj: Any, dry_run: bool = False) -> Any:
         assert dry_run, "a probe must never store anything"
+        assert kind.kind == "ResourceSlice"
         self.calls += 1
-        device = obj.spec.devices[0]
+        obj = copy.deepcopy(obj)
+        device = obj["spec"]["devices"][0]
         for field in self.refuse:
-            if getattr(device, field, None):
-                raise ApiError(
-                    status=Status(code=422, message=f"spec.devices[0].{field}: Forbidden")
-                )
+            if device.get(field):
+                raise ApiStatus(422, f"spec.devices[0].{field}: Forbidden")
         for field in self.drop:
-            setattr(device, field, None)
+            device.pop(field, None)
         return obj
 
 

@@ -1,5 +1,6 @@
-"""cnidra.kube.ipam against a fake lightkube client: what the apiserver's answers mean, and
-which are asked again (transient answers, to the calls that may be repeated)."""
+"""cnidra.kube.ipam against a fake client (the session's methods, on dicts): what the
+apiserver's answers mean, and which are asked again (transient answers, to the calls that may be
+repeated)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
-from lightkube.core.exceptions import ApiError
-from lightkube.models.meta_v1 import ObjectMeta, Status, StatusDetails
-from lightkube.resources.core_v1 import Node
 
 from cnidra.api.ipam import IPAMCLAIM_FINALIZER, Block
 from cnidra.ipam.allocator import IPAMCluster
-from cnidra.kube.api import RefusedForGood, Transient
+from cnidra.kube.api import Node, RefusedForGood, Transient
 from cnidra.kube.ipam import CNIIPBlock, CNIIPPool, IPAMClaim, KubeIPAM, _block_object
+from cnidra.kube.session import ApiStatus
 
 BLOCK = Block("data", 0, 1, ipaddress.ip_network("198.18.130.16/28"))
 
@@ -29,23 +28,23 @@ class Client:
         self.holder = holder
 
     async def get(self, resource: Any, name: str, **_: Any) -> Any:
-        if resource is Node:
-            return Node(metadata=ObjectMeta(name=name, uid=f"uid-{name}"))
+        if resource == Node:
+            return {"metadata": {"name": name, "uid": f"uid-{name}"}}
         if self.holder is None:
-            raise ApiError(status=Status(code=404, message="not found"))
-        return CNIIPBlock(
-            metadata=ObjectMeta(
-                name=name,
-                uid="block-uid",
-                ownerReferences=[
+            raise ApiStatus(404, "not found")
+        return {
+            "metadata": {
+                "name": name,
+                "uid": "block-uid",
+                "ownerReferences": [
                     {"apiVersion": "v1", "kind": "Node", "name": self.holder, "uid": "u"}
                 ],
-            ),
-            spec={"pool": "data", "range": 0, "cidr": str(BLOCK.cidr), "node": self.holder},
-        )
+            },
+            "spec": {"pool": "data", "range": 0, "cidr": str(BLOCK.cidr), "node": self.holder},
+        }
 
-    async def create(self, obj: Any, **_: Any) -> Any:
-        raise ApiError(status=Status(code=409, message="already exists"))
+    async def create(self, kind: Any, obj: Any, **_: Any) -> Any:
+        raise ApiStatus(409, "already exists")
 
 
 @pytest.mark.parametrize(
@@ -69,26 +68,36 @@ Failure = BaseException | str
 
 def _block(block: Block, node: str, uid: str) -> Any:
     owner = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": f"uid-{node}"}
-    return CNIIPBlock(
-        metadata=ObjectMeta(name=block.name, uid=uid, resourceVersion="1", ownerReferences=[owner]),
-        spec={
+    return {
+        "metadata": {
+            "name": block.name,
+            "uid": uid,
+            "resourceVersion": "1",
+            "ownerReferences": [owner],
+        },
+        "spec": {
             "pool": block.pool,
             "range": block.range_index,
             "cidr": str(block.cidr),
             "node": node,
         },
-    )
+    }
 
 
-def _claim(finalizers: list[str] | None = None) -> Any:
-    meta = ObjectMeta(
-        name="keep", namespace="ns", uid="claim-uid", resourceVersion="1", finalizers=finalizers
-    )
-    return IPAMClaim(metadata=meta, spec={"network": "data", "interface": "net1"})
+def _claim(finalizers: list[str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": "keep",
+        "namespace": "ns",
+        "uid": "claim-uid",
+        "resourceVersion": "1",
+    }
+    if finalizers is not None:
+        meta["finalizers"] = finalizers
+    return {"metadata": meta, "spec": {"network": "data", "interface": "net1"}}
 
 
 class Apiserver:
-    """A lightkube AsyncClient over an apiserver holding pool `data`, IPAMClaim ns/keep, every
+    """The session's methods over an apiserver holding pool `data`, IPAMClaim ns/keep, every
     Node it is asked about and block HELD (node a's), that first gives each of `failures`,
     one a request; `lose_create` loses the answer of the first CREATE that went through."""
 
@@ -108,50 +117,51 @@ class Apiserver:
             raise failure
 
     async def get(self, resource: Any, name: str, **_: Any) -> Any:
-        await self._answer(f"get {resource.__name__} {name}")
-        if resource is Node:
-            return Node(metadata=ObjectMeta(name=name, uid=f"uid-{name}"))
-        if resource is CNIIPPool:
-            return CNIIPPool(metadata=ObjectMeta(name=name), spec={"blockSize": 16})
-        if resource is IPAMClaim:
+        await self._answer(f"get {resource.kind} {name}")
+        if resource == Node:
+            return {"metadata": {"name": name, "uid": f"uid-{name}"}}
+        if resource == CNIIPPool:
+            return {"metadata": {"name": name}, "spec": {"blockSize": 16}}
+        if resource == IPAMClaim:
             return _claim()
         if name not in self.blocks:
-            raise ApiError(status=Status(code=404, message="not found"))
+            raise ApiStatus(404, "not found")
         return self.blocks[name]
 
     def list(self, resource: Any, **_: Any) -> AsyncIterator[Any]:
         async def answer() -> AsyncIterator[Any]:
-            await self._answer(f"list {resource.__name__}")
-            if resource is CNIIPBlock:
+            await self._answer(f"list {resource.kind}")
+            if resource == CNIIPBlock:
                 for obj in list(self.blocks.values()):
                     yield obj
-            elif resource is IPAMClaim:
+            elif resource == IPAMClaim:
                 yield _claim([IPAMCLAIM_FINALIZER])
-            elif resource is CNIIPPool:
-                yield CNIIPPool(metadata=ObjectMeta(name="data"), spec={"blockSize": 16})
+            elif resource == CNIIPPool:
+                yield {"metadata": {"name": "data"}, "spec": {"blockSize": 16}}
 
         return answer()
 
-    async def create(self, obj: Any, **_: Any) -> Any:
-        await self._answer(f"create {type(obj).__name__} {obj.metadata.name}")
-        if isinstance(obj, CNIIPBlock):
-            if obj.metadata.name in self.blocks:
-                raise ApiError(status=Status(code=409, message="already exists"))
-            obj.metadata.uid = f"uid-of-{obj.metadata.name}"
-            self.blocks[obj.metadata.name] = obj
+    async def create(self, kind: Any, obj: Any, **_: Any) -> Any:
+        name = obj["metadata"].get("name") or obj["metadata"].get("generateName")
+        await self._answer(f"create {kind.kind} {name}")
+        if kind == CNIIPBlock:
+            if name in self.blocks:
+                raise ApiStatus(409, "already exists")
+            obj = {**obj, "metadata": {**obj["metadata"], "uid": f"uid-of-{name}"}}
+            self.blocks[name] = obj
             if self.lose_create:
                 self.lose_create = False
                 raise TimeoutError("the answer was lost")
         return obj
 
     async def delete(self, resource: Any, name: str, **_: Any) -> None:
-        await self._answer(f"delete {resource.__name__} {name}")
+        await self._answer(f"delete {resource.kind} {name}")
         if self.blocks.pop(name, None) is None:
-            raise ApiError(status=Status(code=404, message="not found"))
+            raise ApiStatus(404, "not found")
 
     async def patch(self, resource: Any, name: str, obj: Any, **_: Any) -> Any:
-        await self._answer(f"patch {resource.__name__} {name}")
-        return IPAMClaim(metadata=ObjectMeta(name=name, namespace="ns", resourceVersion="2"))
+        await self._answer(f"patch {resource.kind} {name}")
+        return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": "2"}}
 
 
 Call = Callable[[KubeIPAM], Awaitable[Any]]
@@ -170,7 +180,7 @@ NOT_RETRIED: dict[str, tuple[str, Call]] = {
     "bind_ipamclaim": (
         "PATCHes with a resourceVersion precondition: sent again after a lost answer they meet "
         "their own write (409, 'changed since read'); the allocator reads the claim again",
-        lambda ipam: ipam.bind_ipamclaim(_claim().to_dict(), ["198.18.130.20/24"], "pod", "a"),
+        lambda ipam: ipam.bind_ipamclaim(_claim(), ["198.18.130.20/24"], "pod", "a"),
     ),
     "own_block": (
         "a PATCH with a resourceVersion precondition, at start-up; the reconciler's next pass "
@@ -180,7 +190,7 @@ NOT_RETRIED: dict[str, tuple[str, Call]] = {
     "unbind_ipamclaim": (
         "a JSON patch testing the finalizers as read: sent again after a lost answer its test "
         "fails; the reconciler's next pass asks again",
-        lambda ipam: ipam.unbind_ipamclaim(_claim([IPAMCLAIM_FINALIZER]).to_dict()),
+        lambda ipam: ipam.unbind_ipamclaim(_claim([IPAMCLAIM_FINALIZER])),
     ),
     "node_exists": (
         "the reconciler's (lost nodes), whose next pass asks again",
@@ -192,23 +202,17 @@ NOT_RETRIED: dict[str, tuple[str, Call]] = {
     ),
     "record": (
         "an Event's create (generateName): sent again after a lost answer it is written twice",
-        lambda ipam: ipam.record(_claim().to_dict(), "AddressesKept", "kept"),
+        lambda ipam: ipam.record(_claim(), "AddressesKept", "kept"),
     ),
 }
 PROTOCOL = sorted(n for n, v in vars(IPAMCluster).items() if inspect.iscoroutinefunction(v))
 TRANSIENT: dict[str, Failure] = {
-    "storage initializing": ApiError(
-        status=Status(code=500, reason="InternalError", message="storage is (re)initializing")
-    ),
-    "throttled": ApiError(status=Status(code=429, reason="TooManyRequests")),
-    "throttled, Retry-After": ApiError(
-        status=Status(
-            code=429, reason="TooManyRequests", details=StatusDetails(retryAfterSeconds=2)
-        )
-    ),
+    "storage initializing": ApiStatus(500, "storage is (re)initializing"),
+    "throttled": ApiStatus(429, "TooManyRequests"),
+    "throttled, Retry-After": ApiStatus(429, "TooManyRequests", 2.0),
     "no answer in time": HANG,
 }
-FORBIDDEN = ApiError(status=Status(code=403, reason="Forbidden", message="forbidden"))
+FORBIDDEN = ApiStatus(403, "forbidden")
 
 
 @pytest.fixture

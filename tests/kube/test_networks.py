@@ -14,14 +14,6 @@ from cnidra.kube.api import Transient
 from cnidra.kube.networks import ServedNetworks
 
 
-class Obj:
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.data = data
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.data
-
-
 def network(name: str) -> dict[str, Any]:
     return {
         "metadata": {"name": name},
@@ -36,7 +28,7 @@ def network(name: str) -> dict[str, Any]:
 
 
 class FakeClient:
-    """list and watch of lightkube's AsyncClient, for CNINetworks only."""
+    """list and watch of the session's AsyncClient, for CNINetworks only."""
 
     def __init__(self) -> None:
         self.objects: dict[str, dict[str, Any]] = {}
@@ -44,17 +36,17 @@ class FakeClient:
         self.watches = 0
         self.events: asyncio.Queue[str | None] = asyncio.Queue()
 
-    async def list(self, _kind: Any, **_: Any) -> AsyncIterator[Obj]:
+    async def list(self, _kind: Any, **_: Any) -> AsyncIterator[dict[str, Any]]:
         self.lists += 1
         for data in list(self.objects.values()):
-            yield Obj(data)
+            yield data
 
-    async def watch(self, _kind: Any, **_: Any) -> AsyncIterator[tuple[str, Obj]]:
+    async def watch(self, _kind: Any, **_: Any) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         self.watches += 1
         for data in list(self.objects.values()):  # as the apiserver opens a watch without RV
-            yield "ADDED", Obj(data)
+            yield "ADDED", data
         while (name := await self.events.get()) is not None:
-            yield "MODIFIED", Obj(self.objects[name])
+            yield "MODIFIED", self.objects[name]
         raise ConnectionError("watch ended")
 
 
@@ -108,7 +100,7 @@ async def test_a_failed_list_is_asked_again(tmp_path: Path) -> None:
     client = FakeClient()
     served = ServedNetworks(client, tmp_path)  # type: ignore[arg-type]
 
-    async def refused(_kind: Any, **_: Any) -> AsyncIterator[Obj]:
+    async def refused(_kind: Any, **_: Any) -> AsyncIterator[dict[str, Any]]:
         raise ConnectionError("refused")
         yield  # pragma: no cover
 

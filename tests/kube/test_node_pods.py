@@ -8,11 +8,9 @@ import asyncio
 import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
-import httpx2
 import pytest
-from lightkube import AsyncClient, KubeConfig
-from lightkube.config.models import Cluster, User
 
 from cnidra.api.refs import ObjectRef
 from cnidra.dra.ahead import ClaimsAhead, ReadAhead
@@ -23,7 +21,7 @@ from cnidra.kube.pods import NodePods
 from cnidra.state.checkpoint import Checkpoint
 from cnidra.state.layout import StateLayout
 from tests.dra.test_prepare import DIRS, VIEW, claim
-from tests.kube.fakeapi import NODE, FakeApiserver, allocated_claim
+from tests.kube.fakeapi import NODE, FakeApiserver, Request, allocated_claim
 
 
 class WatchingApiserver(FakeApiserver):
@@ -32,25 +30,20 @@ class WatchingApiserver(FakeApiserver):
     def __init__(self, events: list[tuple[str, dict[str, Any]]]) -> None:
         super().__init__()
         self.events = events
-        self.watches: list[httpx2.URL] = []
+        self.watches: list[dict[str, list[str]]] = []
 
-    def handle(self, request: httpx2.Request) -> httpx2.Response:
-        if request.url.path == "/api/v1/pods" and request.url.params.get("watch"):
-            self.watches.append(request.url)
-            if len(self.watches) > 1:  # lightkube watches again when a watch ends: refused
-                return httpx2.Response(500, json={"kind": "Status", "code": 500})
+    def handle(self, request: Request) -> tuple[int, Any]:
+        params = parse_qs(request.query)
+        if request.path == "/api/v1/pods" and params.get("watch"):
+            self.watches.append(params)
+            if len(self.watches) > 1:  # the client watches again when a watch ends: refused
+                return 500, {"kind": "Status", "code": 500}
             lines = b"".join(
                 json.dumps({"type": kind, "object": obj}).encode() + b"\n"
                 for kind, obj in self.events
             )
-            return httpx2.Response(200, content=lines)
+            return 200, lines
         return super().handle(request)
-
-    def client(self) -> AsyncClient:
-        config = KubeConfig.from_one(
-            cluster=Cluster(server="https://apiserver"), user=User(token="t")
-        )
-        return AsyncClient(config=config, transport=httpx2.MockTransport(self.handle))
 
 
 def bound_pod() -> dict[str, Any]:
@@ -88,8 +81,9 @@ async def test_a_bound_pods_claim_is_prepared_without_a_get(tmp_path: Path) -> N
             await ahead.watch_once()
         await ahead.drained()
     watch = api.watches[0]  # every namespace's pods, this node's only
-    assert watch.params.get("fieldSelector") == f"spec.nodeName={NODE}"
+    assert watch.get("fieldSelector") == [f"spec.nodeName={NODE}"]
     assert [verb for verb, _, _ in api.log] == ["get"]  # the claim, read ahead
     api.log.clear()
     prepared = await preparer.prepare(ObjectRef("team-a", "web-0-dev-x", "claim-uid"))
+    await client.close()
     assert prepared.devices and api.log == []  # prepare asked the apiserver nothing

@@ -1,5 +1,6 @@
-"""The one apiserver layer: nothing outside cnidra/kube imports lightkube, and one table decides
-what an apiserver failure is."""
+"""The one apiserver layer: no module of cnidra imports lightkube or httpx2, none outside
+cnidra/kube imports aiohttp (the apiserver's client), and one table decides what an apiserver
+failure is."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lightkube.core.exceptions import ApiError
-from lightkube.models.meta_v1 import Status, StatusDetails
 
 from cnidra.kube.api import (
     Api,
@@ -25,23 +24,41 @@ from cnidra.kube.api import (
     classify,
 )
 from cnidra.kube.client import is_transient, retry_after
+from cnidra.kube.session import ApiStatus
 
 PACKAGE = Path(__file__).parents[2] / "cnidra"
 
 
-def test_no_module_outside_kube_imports_lightkube() -> None:
-    wrong = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if path.relative_to(PACKAGE).parts[0] == "kube":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-            wrong += [f"{path.relative_to(PACKAGE.parent)}: {n}" for n in names if "lightkube" in n]
-    assert not wrong, "lightkube imported outside cnidra/kube:\n" + "\n".join(wrong)
+def _imports(path: Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return names
+
+
+def test_no_module_of_cnidra_imports_lightkube_or_httpx2() -> None:
+    gone = {"lightkube", "httpx2", "httpx", "h2", "httpcore2", "httpcore"}
+    wrong = [
+        f"{path.relative_to(PACKAGE.parent)}: {name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for name in _imports(path)
+        if name.split(".")[0] in gone
+    ]
+    assert not wrong, "the old apiserver client imported:\n" + "\n".join(wrong)
+
+
+def test_only_the_kube_layer_imports_the_apiservers_client() -> None:
+    wrong = [
+        f"{path.relative_to(PACKAGE.parent)}: {name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(PACKAGE).parts[0] != "kube"
+        for name in _imports(path)
+        if name.split(".")[0] == "aiohttp" or name == "cnidra.kube.session"
+    ]
+    assert not wrong, "aiohttp imported outside cnidra/kube:\n" + "\n".join(wrong)
 
 
 @pytest.mark.parametrize(
@@ -83,15 +100,16 @@ def test_the_kinds_nest_as_their_callers_read_them() -> None:
     assert not issubclass(Transient, RefusedForGood)
 
 
-def test_lightkubes_errors_and_transport_failures_are_translated() -> None:
-    throttled = ApiError(status=Status(code=429, details=StatusDetails(retryAfterSeconds=3)))
+def test_the_apiservers_answers_and_transport_failures_are_translated() -> None:
+    throttled = ApiStatus(429, "throttled", 3.0)
     failure = api_failure(throttled)
     assert isinstance(failure, Transient) and failure.retry_after == 3.0
     assert is_transient(throttled) and retry_after(throttled) == 3.0
     assert isinstance(api_failure(ConnectionResetError("reset")), Transient)
     assert isinstance(api_failure(TimeoutError()), Transient)
     assert api_failure(ValueError("a bug")) is None
-    assert not is_transient(ApiError(status=Status(code=403, message="forbidden")))
+    assert isinstance(api_failure(ApiStatus(None, "ClientConnectorError")), Transient)
+    assert not is_transient(ApiStatus(403, "forbidden"))
 
 
 class Client:
@@ -111,16 +129,14 @@ class Client:
 
 
 async def test_get_or_none_and_delete_read_404_as_absent() -> None:
-    gone = Api(Client(ApiError(status=Status(code=404, message="not found"))))
+    gone = Api(Client(ApiStatus(404, "not found")))
     assert await gone.get_or_none("Pod", "p", "ns") is None
     assert await gone.delete("Pod", "p", "ns") is False
     with pytest.raises(NotFound):
         await gone.get("Pod", "p", "ns")
     assert await Api(Client()).get_or_none("Pod", "p") == "p"
     with pytest.raises(RefusedForGood, match="forbidden"):
-        await Api(Client(ApiError(status=Status(code=403, message="forbidden")))).get_or_none(
-            "Pod", "p"
-        )
+        await Api(Client(ApiStatus(403, "forbidden"))).get_or_none("Pod", "p")
 
 
 async def test_every_call_has_a_timeout() -> None:
@@ -136,7 +152,7 @@ def test_the_webhooks_synchronous_reads_go_through_the_one_classifier() -> None:
             self.code = code
 
         def get(self, kind: Any, name: str) -> str:
-            raise ApiError(status=Status(code=self.code, message="no"))
+            raise ApiStatus(self.code, "no")
 
     assert get_or_none_sync(Sync(404), "DeviceClass", "x") is None  # type: ignore[arg-type]
     with pytest.raises(RefusedForGood):

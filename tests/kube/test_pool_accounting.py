@@ -1,21 +1,19 @@
-"""The apiserver side of pool accounting against a fake lightkube client: counts go to the
-status subresource by server-side apply under their own field managers, the scheduler's Events
-are watched by field selector, a network's pool comes from the driver's published devices, and
-the accountant's Lease is taken, renewed, kept from others and taken over once lapsed."""
+"""The apiserver side of pool accounting against a fake client (the session's methods, on
+dicts): counts go to the status subresource by server-side apply under their own field managers,
+the scheduler's Events are watched by field selector, a network's pool comes from the driver's
+published devices, and the accountant's Lease is taken, renewed, kept from others and taken over
+once lapsed."""
 
 from __future__ import annotations
 
+import copy
 import datetime
 from collections.abc import AsyncIterator
 from typing import Any
 
-from lightkube.core.exceptions import ApiError
-from lightkube.models.meta_v1 import Status
-from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Event
-from lightkube.resources.resource_v1 import ResourceSlice
-
+from cnidra.kube.api import Lease, ResourceSlice
 from cnidra.kube.ipam import ACCOUNTANT_MANAGER, CNIIPBlock, CNIIPPool, KubeIPAM
+from cnidra.kube.session import ApiStatus
 
 DRIVER = "cni.dra.networking.x-k8s.io"
 
@@ -28,10 +26,10 @@ class Client:
 
     async def patch(self, kind: Any, name: str, obj: Any, **kwargs: Any) -> Any:
         self.calls.append(("patch", kind, {"name": name, "obj": obj, **kwargs}))
-        if kind is Lease:
+        if kind == Lease:
             assert self.lease is not None
             if obj["metadata"]["resourceVersion"] != self.lease["metadata"]["resourceVersion"]:
-                raise ApiError(status=Status(code=409, reason="Conflict", message="changed"))
+                raise ApiStatus(409, "changed")
             self.version += 1
             self.lease["spec"].update(obj["spec"])
             self.lease["metadata"]["resourceVersion"] = str(self.version)
@@ -39,15 +37,15 @@ class Client:
 
     async def get(self, kind: Any, name: str, **kwargs: Any) -> Any:
         self.calls.append(("get", kind, {"name": name, **kwargs}))
-        if kind is Lease and self.lease is not None:
-            return Lease.from_dict(self.lease)
-        raise ApiError(status=Status(code=404, reason="NotFound", message="not found"))
+        if kind == Lease and self.lease is not None:
+            return copy.deepcopy(self.lease)
+        raise ApiStatus(404, "not found")
 
-    async def create(self, obj: Any, **kwargs: Any) -> Any:
-        self.calls.append(("create", type(obj), kwargs))
+    async def create(self, kind: Any, obj: Any, **kwargs: Any) -> Any:
+        self.calls.append(("create", kind, kwargs))
         if self.lease is not None:
-            raise ApiError(status=Status(code=409, reason="AlreadyExists", message="exists"))
-        self.lease = obj.to_dict()
+            raise ApiStatus(409, "exists")
+        self.lease = copy.deepcopy(dict(obj))
         self.lease["metadata"]["resourceVersion"] = str(self.version)
         return obj
 
@@ -55,8 +53,8 @@ class Client:
         self.calls.append(("list", kind, kwargs))
 
         async def answer() -> AsyncIterator[Any]:
-            if kind is ResourceSlice:
-                yield ResourceSlice.from_dict(
+            if kind == ResourceSlice:
+                yield (
                     {
                         "metadata": {"name": "n1-x"},
                         "spec": {
@@ -83,13 +81,11 @@ class Client:
         self.calls.append(("watch", kind, kwargs))
         yield (
             "ADDED",
-            Event.from_dict(
-                {
-                    "metadata": {"name": "e", "namespace": "ns"},
-                    "involvedObject": {"kind": "Pod", "name": "p3", "namespace": "ns"},
-                    "reason": "FailedScheduling",
-                }
-            ),
+            {
+                "metadata": {"name": "e", "namespace": "ns"},
+                "involvedObject": {"kind": "Pod", "name": "p3", "namespace": "ns"},
+                "reason": "FailedScheduling",
+            },
         )
 
 
@@ -99,10 +95,10 @@ async def test_counts_go_to_the_status_subresource_by_server_side_apply() -> Non
     await ipam.write_block_leased("pool-a.0.0", 3)
     await ipam.write_pool_status("pool-a", {"size": 2, "held": 2, "free": 0})
     (_, block_kind, block), (_, pool_kind, pool) = [c for c in client.calls if c[0] == "patch"]
-    assert block_kind is CNIIPBlock.Status and pool_kind is CNIIPPool.Status
+    assert block_kind == CNIIPBlock.Status and pool_kind == CNIIPPool.Status
     assert block["obj"]["status"] == {"leased": 3} and block["field_manager"] == "cnidra-node-n1"
     assert pool["obj"]["status"]["held"] == 2 and pool["field_manager"] == ACCOUNTANT_MANAGER
-    assert block["patch_type"].name == pool["patch_type"].name == "APPLY"
+    assert block["patch_type"] == pool["patch_type"] == "apply"
 
 
 async def test_the_scheduler_is_watched_by_field_selector_and_networks_from_slices() -> None:
@@ -110,7 +106,7 @@ async def test_the_scheduler_is_watched_by_field_selector_and_networks_from_slic
     ipam = KubeIPAM(client, node="n1")
     events = [e async for e in ipam.watch_failed_scheduling()]
     assert events[0][1]["involvedObject"]["name"] == "p3"
-    # every namespace's ("*": lightkube's own namespace otherwise), filtered by the apiserver
+    # every namespace's ("*": the client's own namespace otherwise), filtered by the apiserver
     assert client.calls[0][2] == {"namespace": "*", "fields": {"reason": "FailedScheduling"}}
     assert await ipam.network_pools() == {"net-a": "pool-a"}
     assert client.calls[-1][2]["fields"] == {"spec.driver": DRIVER}

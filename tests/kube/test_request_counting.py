@@ -1,23 +1,18 @@
 """Every answer the driver's apiserver client gets is counted by verb, resource and code
-(cnidra_apiserver_requests_total), at the one place the client is built."""
+(cnidra_apiserver_requests_total), in the one session every request goes through
+(cnidra.kube.session)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import httpx2
 import pytest
-from lightkube import AsyncClient, KubeConfig
-from lightkube.config.models import Cluster, User
-from lightkube.core.exceptions import ApiError
-from lightkube.models.core_v1 import ObjectReference
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event, Pod
-from lightkube.resources.resource_v1 import ResourceClaimStatus
-from lightkube.types import PatchType
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
-from cnidra.kube import client as module
+from cnidra.kube.api import Api, Event, NotFound, Pod, ResourceClaimStatus
 from cnidra.observe.metrics import APISERVER_REQUESTS, request_kind
+from tests.kube.fakeapi import a_client
 
 
 @pytest.mark.parametrize(
@@ -55,22 +50,20 @@ def count(verb: str, resource: str, code: str) -> float:
 
 
 async def test_the_drivers_client_counts_every_answer_it_gets() -> None:
-    def answer(request: httpx2.Request) -> httpx2.Response:
-        if request.url.path.endswith("/pods/missing"):
-            return httpx2.Response(
-                404, json={"kind": "Status", "code": 404, "message": "not found"}
+    async def answer(request: web.Request) -> web.Response:
+        if request.path.endswith("/pods/missing"):
+            return web.json_response(
+                {"kind": "Status", "code": 404, "message": "not found"}, status=404
             )
         if request.method == "POST":
-            return httpx2.Response(201, content=request.content)
-        if "resourceclaims" in request.url.path:
-            return httpx2.Response(200, json={"apiVersion": "resource.k8s.io/v1",
-                                              "kind": "ResourceClaim"})  # fmt: skip
-        return httpx2.Response(200, json={"apiVersion": "v1", "kind": "Pod"})
+            return web.json_response(await request.json(), status=201)
+        if "resourceclaims" in request.path:
+            return web.json_response({"apiVersion": "resource.k8s.io/v1",
+                                      "kind": "ResourceClaim"})  # fmt: skip
+        return web.json_response({"apiVersion": "v1", "kind": "Pod"})
 
-    config = KubeConfig.from_one(cluster=Cluster(server="https://apiserver"), user=User(token="t"))
-    client = module.count_requests(
-        AsyncClient(config=config, transport=httpx2.MockTransport(answer))
-    )
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
     before = {
         k: count(*k)
         for k in [
@@ -80,30 +73,22 @@ async def test_the_drivers_client_counts_every_answer_it_gets() -> None:
             ("create", "events", "201"),
         ]
     }
-    await client.get(Pod, "p", namespace="ns")
-    await client.get(Pod, "p", namespace="ns")
-    with pytest.raises(ApiError):
-        await client.get(Pod, "missing", namespace="ns")
-    body: dict[str, Any] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"}
-    await client.patch(ResourceClaimStatus, "c", body, namespace="ns",
-                       patch_type=PatchType.APPLY, field_manager="cnidra", force=True)  # fmt: skip
-    event = Event(
-        metadata=ObjectMeta(generateName="p.", namespace="ns"),
-        involvedObject=ObjectReference(kind="Pod", name="p", namespace="ns"),
-    )
-    await client.create(event)
+    async with TestServer(app) as server:
+        client = a_client(str(server.make_url("")).rstrip("/"))
+        api = Api(client)
+        await api.get(Pod, "p", "ns")
+        await api.get(Pod, "p", "ns")
+        with pytest.raises(NotFound):
+            await api.get(Pod, "missing", "ns")
+        body: dict[str, Any] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"}
+        await api.apply(ResourceClaimStatus, "c", body, namespace="ns", field_manager="cnidra")
+        event = {"metadata": {"generateName": "p.", "namespace": "ns"},
+                 "involvedObject": {"kind": "Pod", "name": "p", "namespace": "ns"}}  # fmt: skip
+        await api.create(Event, event)
+        await client.close()
     assert {k: count(*k) - v for k, v in before.items()} == {
         ("get", "pods", "200"): 2,
         ("get", "pods", "404"): 1,
         ("apply", "resourceclaims/status", "200"): 1,
         ("create", "events", "201"): 1,
     }
-
-
-def test_a_client_without_lightkubes_httpx_connection_is_refused_at_start() -> None:
-    class Other:
-        class _client:  # lightkube's attribute name
-            _client = object()
-
-    with pytest.raises(TypeError, match="not httpx"):
-        module.count_requests(Other())  # type: ignore[arg-type]

@@ -254,7 +254,7 @@ class FakeClasses:
         self.events = events
 
     async def list(self, kind: Any, **_: Any) -> list[dict[str, Any]]:
-        assert kind.__name__ == "DeviceClass"
+        assert kind.kind == "DeviceClass"
         return self.listed
 
     async def watch(self, kind: Any, **_: Any) -> AsyncIterator[tuple[str, dict[str, Any]]]:

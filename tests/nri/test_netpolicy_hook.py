@@ -267,7 +267,7 @@ def test_drops_are_read_per_network_and_policy(tmp_path: Path) -> None:
 
 
 class FakeClient:
-    """lightkube's AsyncClient as Api calls it: a list, then a watch of events."""
+    """The session's AsyncClient as Api calls it: a list, then a watch of events."""
 
     def __init__(self, listed: list[Any], events: list[tuple[str, Any]]) -> None:
         self.listed, self.events = listed, events

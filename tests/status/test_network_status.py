@@ -10,11 +10,9 @@ import json
 from typing import Any
 
 import pytest
-from lightkube.core.exceptions import ApiError
-from lightkube.models.meta_v1 import ObjectMeta, Status
-from lightkube.resources.core_v1 import Pod
 
 from cnidra.api.refs import ObjectRef
+from cnidra.kube.session import ApiStatus
 from cnidra.status.devices import DeviceStatus
 from cnidra.status.writer import NETWORK_STATUS_ANNOTATION, StatusWriter
 
@@ -33,12 +31,11 @@ class Apiserver:
         self.patches = 0
         self.called = asyncio.Event()
 
-    async def get(self, resource: Any, name: str, namespace: str) -> Pod:
+    async def get(self, resource: Any, name: str, namespace: str) -> dict[str, Any]:
         if self.gone:
-            raise ApiError(status=Status(code=404, message='pods "p" not found'))
-        meta = ObjectMeta(name=name, namespace=namespace, uid=POD.uid, resourceVersion="7")
-        meta.annotations = dict(self.annotations)
-        return Pod(metadata=meta)
+            raise ApiStatus(404, 'pods "p" not found')
+        meta = {"name": name, "namespace": namespace, "uid": POD.uid, "resourceVersion": "7"}
+        return {"metadata": {**meta, "annotations": dict(self.annotations)}}
 
     async def patch(self, resource: Any, name: str, body: dict[str, Any], **_: Any) -> None:
         self.called.set()
@@ -121,7 +118,7 @@ async def test_a_claim_status_refused_for_good_is_not_retried_forever(
 
         async def patch(self, *args: Any, **kw: Any) -> None:
             self.patches += 1
-            raise ApiError(status=Status(code=code, message=message))
+            raise ApiStatus(code, message)
 
     apiserver = Refusing()
     writer = StatusWriter(apiserver)  # type: ignore[arg-type]

@@ -9,13 +9,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from lightkube.core.exceptions import ApiError
-from lightkube.models.meta_v1 import Status
-
 from cnidra.api.constants import CONDITION_POLICY, CONDITION_READY
 from cnidra.api.refs import ObjectRef
 from cnidra.kube.api import Api
 from cnidra.kube.events import Involved
+from cnidra.kube.session import ApiStatus
 from cnidra.status.devices import DeviceStatus, policy_condition
 from cnidra.status.netpolicy import (
     EVENT_NOT_ENFORCED,
@@ -123,13 +121,13 @@ async def test_a_policys_problems_are_written_as_this_nodes_entry_with_an_event(
         assert reason == EVENT_NOT_ENFORCED and "node node-1" in message
         # the same again: nothing; a transient failure: retried
         writer.report(ref, ["pod ns/a net1 (ns/blue): why"])
-        client.failing = [ApiError(status=Status(code=503, message="busy"))]
+        client.failing = [ApiStatus(503, "busy")]
         writer.report(ref, [])
         await settled(lambda: len(client.patches) == 2)
         assert client.patches[1][1]["status"] == {"nodes": []}  # the entry removed
         assert len(events) == 1 and writer.wanted == {} and writer.pending() == 0
         # a policy whose CRD has no status subresource (404): dropped, the Event stays
-        client.failing = [ApiError(status=Status(code=404, message="not found"))]
+        client.failing = [ApiStatus(404, "not found")]
         writer.report(PolicyRef("CNIAdminNetworkPolicy", "mgmt"), ["x"])
         await settled(lambda: writer.pending() == 0 and not client.failing)
         assert len(events) == 2 and writer.wanted == {}

@@ -1,5 +1,5 @@
 """What one pod costs the apiserver (issue 28), counted on the driver itself (tests/fakenode.py:
-every part wired as `cnidra driver` wires it, its real lightkube client against the in-memory
+every part wired as `cnidra driver` wires it, its real aiohttp client against the in-memory
 apiserver of tests/kube/fakeapi.py): a pod with one cnidra interface from a
 ResourceClaimTemplate, created and deleted, is the claim's GET (prepare), one status write
 (status.devices), one pod patch (the network-status annotation), and the three Normal Events
@@ -133,13 +133,15 @@ async def test_a_pod_being_deleted_or_replaced_is_not_written() -> None:
     api.pods[NAMESPACE, "going"] = a_pod(NAMESPACE, "going", "uid-1", {"a": "b"})
     api.pods[NAMESPACE, "going"]["metadata"]["deletionTimestamp"] = "2026-11-25T10:05:00Z"
     api.pods[NAMESPACE, "again"] = a_pod(NAMESPACE, "again", "uid-new", {"a": "b"})
-    writer = module.StatusWriter(api.client())
+    client = api.client()
+    writer = module.StatusWriter(client)
     seen = module.SeenAnnotations(None, True)
     async with writing(writer):
         writer.pod_networks(ObjectRef(NAMESPACE, "going", "uid-1"), [OURS], seen)
         writer.pod_networks(ObjectRef(NAMESPACE, "again", "uid-old"), [OURS], seen)
         async with asyncio.timeout(2):
             await writer.flushed()
+    await client.close()
     for name in ("going", "again"):
         assert NETWORK_STATUS not in api.pods[NAMESPACE, name]["metadata"]["annotations"]
     # the first's failed test makes the second read first (the runtime's view was stale)

@@ -1,5 +1,6 @@
-"""The driver's apiserver client against a real kube-apiserver: requests are answered while
-the driver holds its long-lived watches (CNINetworks, a node's pods, policies, pools)."""
+"""The driver's apiserver client (one aiohttp session) against a real kube-apiserver: requests
+are answered while the driver holds its long-lived watches (CNINetworks, a node's pods,
+policies, pools), each on a connection of its own."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from cnidra.kube.api import Api
+from cnidra.kube.api import Api, Lease, Namespace, Node, namespaced
 from cnidra.kube.client import make_client
 from testbed.harness import Cluster
 from testbed.layout import Paths
@@ -18,9 +19,9 @@ pytestmark = pytest.mark.testbed
 
 def test_requests_are_answered_while_four_watches_are_open(cluster: Cluster) -> None:
     # httpcore's HTTP/2 connection let a stream waiting for a watch event hold its read lock:
-    # with three watches on the one connection every later GET ran out of its budget
-    from lightkube.resources.coordination_v1 import Lease
-    from lightkube.resources.core_v1 import ConfigMap, Namespace, Node
+    # with three watches on the one connection every later GET ran out of its budget; on
+    # aiohttp's HTTP/1.1 pool each watch holds a connection of its own
+    config_map = namespaced("", "v1", "ConfigMap", "configmaps")
 
     async def run() -> list[float]:
         client = make_client(str(Paths.admin_kubeconfig), 5.0)
@@ -35,7 +36,7 @@ def test_requests_are_answered_while_four_watches_are_open(cluster: Cluster) -> 
             asyncio.create_task(watch(0, Namespace)),
             asyncio.create_task(watch(1, Node)),
             asyncio.create_task(watch(2, Lease, namespace="*")),
-            asyncio.create_task(watch(3, ConfigMap, namespace="*")),
+            asyncio.create_task(watch(3, config_map, namespace="*")),
         ]
         try:
             async with asyncio.timeout(30):
