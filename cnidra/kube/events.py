@@ -67,6 +67,9 @@ class EventRecord:
     type: str = "Normal"
     at: datetime = field(default_factory=lambda: datetime.now(UTC))
     attempts: int = 0
+    # a name every node gives the same Event (cnidra.status.netpolicy): the first node's create
+    # makes it, the others' answer 409; "" has the apiserver generate one per report
+    name: str = ""
 
 
 class EventRecorder:
@@ -81,7 +84,9 @@ class EventRecorder:
         about = record.about
         return Event(
             metadata=ObjectMeta(
-                generateName=f"{about.name}.", namespace=about.namespace or "default"
+                name=record.name or None,
+                generateName=None if record.name else f"{about.name}.",
+                namespace=about.namespace or "default",
             ),
             involvedObject=ObjectReference(
                 kind=about.kind,
