@@ -20,10 +20,20 @@ node 2's driver is killed (SIGKILL) and after it is started again, and a tenant 
 namespace writing policy for the network it may not use (refused by both nodes' drivers: a
 Warning Event and each node's `NotApplied` entry in the policy's status).
 
+The same pods on a **macvlan** network across both nodes (`test_policy_on_a_macvlan_...`): each
+node's master is one end of a veth whose ends have one name, node 1's in the machine's namespace
+and node 2's in node 2's (one L2 segment; each node's driver publishes the CNINetwork, its master
+being up there); the rows marked `compact` (no policy, default deny, podSelector with the peer on
+node 2, named ports, ipBlock except, egress, a policy on c enforced by node 2's driver), then the
+**enforcement latency**: ten changes that flip c's UDP to a, each timed from `kubectl apply`
+returning to the first probe (one started every 50 ms) from which on every probe shows the new
+answer; p50, p99 and max printed, bounded only generously (FLIP_BOUND).
+
 Where a bridge's table is: in the pod's namespace today (docs/network-policy.md); the claim's
 `NetworkPolicyEnforced` condition is asserted True, its reason only loosely.
 
-Only the test's own links (two bridges, one veth) and 198.19.48.0/24 (inside 198.18.0.0/15)."""
+Only the test's own links (two bridges and a veth; for macvlan another veth) and 198.19.48.0/24
+and 198.19.49.0/24 (inside 198.18.0.0/15)."""
 
 from __future__ import annotations
 
