@@ -82,6 +82,7 @@ class Row:
     admin: list[dict[str, Any]] | None
     probes: tuple[Probe, ...]
     compact: bool = False  # in the subset the macvlan network runs too
+    bridge: bool = True  # run on the bridge network (killed_and_restarted covers c's there)
 
 
 DB = {"matchLabels": {"app": "db"}}
@@ -226,6 +227,7 @@ def rows(address: Callable[[str], str], subnet: str = SUBNET) -> list[Row]:
                 ("c", "a", "tcp", 8080, True),
             ),
             compact=True,
+            bridge=False,
         ),
         Row(
             "the tenant allows everyone; the admin denies b: the tenant cannot widen it",
@@ -495,6 +497,8 @@ def test_policy_on_a_bridge_across_two_nodes_and_namespaces_tcp_and_udp(
                 30,
             )
             for row in rows(lambda p: net.lab.addresses[p]):
+                if not row.bridge:
+                    continue
                 in_force(cluster, ns, network, admin, row)
                 net.check(row.probes, row.what)
             print(f"rows done in {time.monotonic() - started:.1f}s")
@@ -724,7 +728,7 @@ def refused_elsewhere(cluster: Cluster, third: str, network: str) -> None:
         return bool(refusals)
 
     cluster.wait("the NetworkPolicyNotApplied Event", refused, 30)
-    time.sleep(1)  # the other node's report, had it made a second Event
+    time.sleep(0.5)  # the other node's report, had it made a second Event
     assert refused() and len(refusals) == 1, refusals
     assert tb.NODE1.name not in refusals[0]["message"], refusals
 
