@@ -63,6 +63,9 @@ class EventRecord:
     type: str = "Normal"
     at: datetime = field(default_factory=lambda: datetime.now(UTC))
     attempts: int = 0
+    # a name every node gives the same Event (cnidra.status.netpolicy): the first node's create
+    # makes it, the others' answer 409; "" has the apiserver generate one per report
+    name: str = ""
 
 
 class EventRecorder:
@@ -90,10 +93,13 @@ class EventRecorder:
         return {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {
-                "generateName": f"{about.name}.",
-                "namespace": about.namespace or "default",
-            },
+            "metadata": _present(
+                {
+                    "name": record.name or None,
+                    "generateName": None if record.name else f"{about.name}.",
+                    "namespace": about.namespace or "default",
+                }
+            ),
             "involvedObject": _present(involved),
             "reason": record.reason,
             "message": record.message[:MAX_MESSAGE],

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 
 from cnidra.api.refs import ObjectRef
-from cnidra.kube.api import Api, RefusedForGood
+from cnidra.kube.api import Api, Conflict, RefusedForGood
 from cnidra.kube.events import EventRecord, EventRecorder, Involved
 from cnidra.observe import metrics
 from cnidra.util.workqueue import Lane
@@ -58,12 +58,14 @@ class EventWriter:
             self._queue(EventRecord(involved(claim, "ResourceClaim"), reason, message, "Normal"))
 
     def object_event(
-        self, about: Involved, reason: str, message: str, type_: str = "Warning"
+        self, about: Involved, reason: str, message: str, type_: str = "Warning", name: str = ""
     ) -> None:
-        """An Event on any object (a network policy: cnidra.status.netpolicy)."""
+        """An Event on any object (a network policy: cnidra.status.netpolicy). `name`: one every
+        node reporting the same thing gives it, so the cluster has one Event however many
+        nodes report (an Event of that name already there is taken as written)."""
         if type_ == "Normal" and not self.normal_events:
             return
-        self._queue(EventRecord(about, reason, message, type_))
+        self._queue(EventRecord(about, reason, message, type_, name=name))
 
     def node_event(self, node: str, reason: str, message: str, type_: str = "Normal") -> None:
         """An Event on the Node object (what `kubectl describe node` shows)."""
@@ -97,6 +99,12 @@ class EventWriter:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if item.name and isinstance(exc, Conflict):  # written by another node
+                    log.debug("event %s exists already: %s", item.name, exc)
+                    metrics.POD_WRITES.labels("event", "exists").inc()
+                    self.lane.forget(QUEUED)
+                    self.queue.popleft()
+                    continue
                 item.attempts += 1
                 if isinstance(exc, RefusedForGood) or item.attempts >= EVENT_ATTEMPTS:
                     log.warning(

@@ -13,6 +13,14 @@ entry per controller: no node overwrites another's, and a node whose problems ar
 an empty list, which removes its entry and only its entry. A node with nothing to report never
 writes: a policy enforced everywhere has no `status.nodes` at all.
 
+A refusal is judged alike by every node (the policy and the cluster, not the node's pods), so
+its Event is the cluster's, not each node's: every node gives it the same name (the policy, the
+reason and the message, hashed) and a message that names no node; the first node's create makes
+it, the others' answer 409 (taken as written), and N nodes give one Event, not N. Its
+`reportingInstance` is the node that wrote first. Each node still writes its own `status.nodes`
+entry, which says which nodes refuse it. A NotEnforced Event names the node's own interfaces:
+one per node, as before.
+
 The producers (`report`) never block and never fail; one worker writes with a timeout per
 call and retries with backoff. A policy that is gone, or a CRD without the status subresource
 (Multus' own MultiNetworkPolicy CRD has none), answers 404: the Event is then all there is."""
@@ -20,11 +28,12 @@ call and retries with backoff. A policy that is gone, or a CRD without the statu
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from cnidra.api.netpolicy import ADMIN_API_VERSION, MNP_API_VERSION, MNP_KIND
 from cnidra.kube.api import Api, RefusedForGood
@@ -63,6 +72,23 @@ class PolicyRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}" if self.namespace else f"admin/{self.name}"
+
+
+class EventSink(Protocol):
+    """Where the Events go (`StatusWriter.object_event`); `name`: see `cluster_event_name`."""
+
+    def __call__(
+        self, about: Involved, reason: str, message: str, type_: str = ..., name: str = ...
+    ) -> None: ...
+
+
+def cluster_event_name(ref: PolicyRef, reason: str, message: str) -> str:
+    """The name every node gives an Event about `ref` with this reason and message: the
+    policy's name (as the apiserver's generated names start) and a digest of the rest. A
+    refusal that comes back with the same message while the first Event lives (the
+    apiserver's TTL, an hour by default) is not told again; the status entries are current."""
+    digest = hashlib.sha256("\0".join((str(ref), ref.kind, reason, message)).encode())
+    return f"{ref.name[:200]}.{digest.hexdigest()[:16]}"
 
 
 def node_entry(node: str, problems: Sequence[str], now: datetime | None = None) -> dict[str, Any]:
@@ -123,7 +149,7 @@ class PolicyStatusWriter:
         self,
         api: Api | None,
         node: str,
-        events: Callable[[Involved, str, str], None] | None = None,
+        events: EventSink | None = None,
     ) -> None:
         self.api = api
         self.node = node
@@ -145,12 +171,13 @@ class PolicyStatusWriter:
         new = [p for p in problems if p not in before]
         refused = [p for p in new if p.startswith(NOT_APPLIED)]
         if refused and event and self.events is not None:
-            self.events(
-                ref.involved,
-                EVENT_NOT_APPLIED,
-                f"policy {ref} is not applied on node {self.node}: "
-                + "; ".join(p.removeprefix(NOT_APPLIED) for p in refused),
+            message = (
+                f"policy {ref} is not applied (every node judges alike; the nodes that refuse "
+                "it are in its status.nodes): "
+                + "; ".join(p.removeprefix(NOT_APPLIED) for p in refused)
             )
+            name = cluster_event_name(ref, EVENT_NOT_APPLIED, message)
+            self.events(ref.involved, EVENT_NOT_APPLIED, message, "Warning", name)
         new = [p for p in new if not p.startswith(NOT_APPLIED)]
         if new and event and self.events is not None:
             self.events(

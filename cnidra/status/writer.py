@@ -132,9 +132,9 @@ class StatusWriter:
         self.events.claim_event(claim, reason, message)
 
     def object_event(
-        self, about: Involved, reason: str, message: str, type_: str = "Warning"
+        self, about: Involved, reason: str, message: str, type_: str = "Warning", name: str = ""
     ) -> None:
-        self.events.object_event(about, reason, message, type_)
+        self.events.object_event(about, reason, message, type_, name)
 
     def node_event(self, node: str, reason: str, message: str, type_: str = "Normal") -> None:
         self.events.node_event(node, reason, message, type_)

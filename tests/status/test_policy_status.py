@@ -12,17 +12,22 @@ from typing import Any
 from cnidra.api.constants import CONDITION_POLICY, CONDITION_READY
 from cnidra.api.refs import ObjectRef
 from cnidra.kube.api import Api
-from cnidra.kube.events import Involved
+from cnidra.kube.events import EventRecorder, Involved
 from cnidra.kube.session import ApiStatus
 from cnidra.status.devices import DeviceStatus, policy_condition
+from cnidra.status.events import EventWriter
 from cnidra.status.netpolicy import (
+    EVENT_NOT_APPLIED,
     EVENT_NOT_ENFORCED,
+    NOT_APPLIED,
     PolicyRef,
     PolicyStatusWriter,
     entry_of,
     status_body,
 )
 from cnidra.status.writer import StatusWriter
+from cnidra.util.backoff import Backoff
+from cnidra.util.workqueue import Lane, WorkQueue
 from tests.status.test_network_status import running
 
 CLAIM = ObjectRef("ns", "c", "c-uid")
@@ -105,7 +110,7 @@ async def test_a_policys_problems_are_written_as_this_nodes_entry_with_an_event(
     client = Patches()
     events: list[tuple[Involved, str, str]] = []
     writer = PolicyStatusWriter(
-        Api(client), "node-1", lambda about, reason, msg: events.append((about, reason, msg))
+        Api(client), "node-1", lambda about, reason, msg, *_: events.append((about, reason, msg))
     )
     ref = PolicyRef("MultiNetworkPolicy", "deny", "ns")
     task = asyncio.create_task(writer.run())
@@ -133,3 +138,69 @@ async def test_a_policys_problems_are_written_as_this_nodes_entry_with_an_event(
         assert len(events) == 2 and writer.wanted == {}
     finally:
         task.cancel()
+
+
+class Events:
+    """One apiserver's Events, by name: a create of a name it holds answers 409 AlreadyExists
+    (a generated name is made unique, as the apiserver does)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, Any] = {}
+
+    async def create(self, kind: Any, obj: Any, **_: Any) -> Any:
+        meta = obj["metadata"]
+        name = meta.get("name") or f"{meta['generateName']}{len(self.objects)}"
+        if name in self.objects:
+            raise ApiStatus(409, f'events "{name}" already exists')
+        self.objects[name] = obj
+        return obj
+
+
+def node_writer(node: str, client: Events) -> tuple[PolicyStatusWriter, EventWriter]:
+    """A node's policy reports as the driver wires them: their Events through an EventWriter."""
+    queue: WorkQueue[tuple[str, Any]] = WorkQueue(lambda: Backoff(0.01, 0.1))
+    events = EventWriter(
+        Api(client), EventRecorder("cnidra", node), Lane(queue, "events"), lambda: None
+    )
+    return PolicyStatusWriter(None, node, events.object_event), events
+
+
+async def test_a_refusal_reported_by_every_node_is_one_event_and_each_nodes_entry() -> None:
+    """Every node judges a refused policy alike: N nodes give one Event (named alike, the
+    others' creates answer 409 and are taken as written), not N; each node keeps its entry.
+    A NotEnforced problem is the node's own: one Event per node."""
+    client = Events()
+    ref = PolicyRef("MultiNetworkPolicy", "db", "tenant-c")
+    why = "cninetwork:data: pods of tenant-c may not use it"
+    writers = [node_writer(f"node-{i}", client) for i in (1, 2, 3)]
+    for reports, events in writers:
+        reports.report(ref, [NOT_APPLIED + why])
+        await events._send()
+        assert events.pending() == 0  # written, or found written: not retried
+    [event] = client.objects.values()
+    assert event["reason"] == EVENT_NOT_APPLIED and event["type"] == "Warning"
+    assert why in event["message"] and "node-" not in event["message"]
+    assert event["metadata"]["name"].startswith("db.") and event["reportingInstance"] == "node-1"
+    bodies = [status_body(ref, r.node, r.wanted[ref]) for r, _ in writers]
+    assert [b["status"]["nodes"][0]["node"] for b in bodies] == ["node-1", "node-2", "node-3"]
+    assert {b["status"]["nodes"][0]["conditions"][0]["reason"] for b in bodies} == {"NotApplied"}
+    # another reason of the same policy is another Event; a node's interfaces, one per node
+    for reports, events in writers[:2]:
+        reports.report(ref, [NOT_APPLIED + "it does not decode"])
+        reports.report(ref, ["pod tenant-c/a net1 (data): userspace"])
+        await events._send()
+    reasons = sorted(e["reason"] for e in client.objects.values())
+    assert reasons == [EVENT_NOT_APPLIED, EVENT_NOT_APPLIED, EVENT_NOT_ENFORCED, EVENT_NOT_ENFORCED]
+
+
+async def test_a_conflict_on_a_generated_name_is_still_retried() -> None:
+    """Only a named Event's 409 means another node wrote it."""
+
+    class Busy(Events):
+        async def create(self, kind: Any, obj: Any, **_: Any) -> Any:
+            raise ApiStatus(409, "conflict")
+
+    _, events = node_writer("node-1", Busy())
+    events.object_event(Involved("Pod", "p", "ns"), "Reason", "message")
+    await events._send()
+    assert events.pending() == 1 and events.queue[0].attempts == 1
