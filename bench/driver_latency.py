@@ -260,6 +260,7 @@ def unscheduled_pod(name: str, claim: str) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {
             "schedulerName": "cnidra-bench-nobody",
+            "automountServiceAccountToken": False,
             "resourceClaims": [{"name": "net", "resourceClaimName": claim}],
             "containers": [
                 {
@@ -284,6 +285,9 @@ def prepare_ahead(
     does not prepare the pods itself (the driver's gRPC socket is called as kubelet calls it),
     and started again after the pods are gone."""
     ns = namespace(bed)
+    # the controller-manager is paused (prepare_and_memory): the namespace's ServiceAccount,
+    # which admission wants for a pod, is made here
+    bed.kubectl("create", "serviceaccount", "default", "-n", ns, check=False)
     pool = make_pool(bed, pools, AHEAD_SUBNET, [ns])
     batches = max(5, rounds // 12)
     count = rounds + 100 * batches
