@@ -333,8 +333,15 @@ def prepare_ahead(
             )
         hit = metric(driver, "cnidra_claims_ahead_total", 'result="hit"') - hits
     finally:
-        bed.kubectl("delete", "pods", "--all", "-n", ns, "--force", "--grace-period=0", check=False)
-        tb.start_kubelet(bed.bins)
+        try:  # one DELETE a pod: a few hundred take a minute or more
+            bed.kubectl(
+                "delete",
+                *("pods", "--all", "-n", ns, "--force", "--grace-period=0", "--wait=false"),
+                check=False,
+                timeout=600,
+            )
+        finally:
+            tb.start_kubelet(bed.bins)
     bed.kubectl("delete", "namespace", ns, "--wait=false")
     return {
         "prepare_1_claim_read_ahead_ms": summary(one),
