@@ -112,11 +112,10 @@ from cnidra.inventory.links import Link, LinkFilter
 from cnidra.inventory.publisher import SlicePublisher
 from cnidra.inventory.slices import SliceSettings
 from cnidra.ipam.accounting import (
-    LEASE_NAME,
     LEASE_SECONDS,
     BlockLeaseWriter,
     PoolAccountant,
-    run_while_leading,
+    account_while_leading,
 )
 from cnidra.ipam.allocator import Allocator
 from cnidra.ipam.reconcile import IPAMReconciler
@@ -1206,19 +1205,15 @@ class SampleNode:
         self.ipam.blocks_changed = self.publisher.poke
         self.reconciler = IPAMReconciler(self.ipam, set, grace=self.settings.ipam_grace_seconds)
         # pool accounting as the driver wires it: the node's leased counts, and the Lease
-        # loop (one sample node leads and runs the accountant, the others ask once a minute)
+        # loop (one sample node leads and runs the accountant and names two successors, who ask
+        # once a minute; the others ask every ten)
         kube_ipam = KubeIPAM(self.client, timeout, name)
         self.block_leases = BlockLeaseWriter(self.ipam.state, kube_ipam)
         self.accountant = PoolAccountant(
             kube_ipam, DRIVER_NAME, interval=self.settings.pool_status_seconds
         )
 
-        async def lead() -> bool:
-            return await kube_ipam.lead(
-                self.settings.pool_accountant_namespace, LEASE_NAME, name, LEASE_SECONDS
-            )
-
-        self.lead = lead
+        self.kube_ipam = kube_ipam
         # claims read ahead (--read-claims-ahead, on by default): the node-scoped pod watch
         self.read_ahead = ReadAhead(
             NodePods(self.client, name).watch, ClaimGetter(self.client, timeout), ClaimsAhead()
@@ -1236,7 +1231,13 @@ class SampleNode:
                 self.settings.ipam_reconcile_seconds, self.settings.ipam_lost_node_passes
             ),
             self.block_leases.run(self.settings.pool_status_seconds),
-            run_while_leading(self.accountant.run, self.lead),
+            account_while_leading(
+                self.accountant,
+                self.kube_ipam,
+                self.settings.pool_accountant_namespace,
+                self.name,
+                LEASE_SECONDS,
+            ),
             self.read_ahead.run(),
         )
 

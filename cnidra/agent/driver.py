@@ -31,12 +31,7 @@ from cnidra.dra.prepare import Preparer
 from cnidra.inventory.links import LinkFilter
 from cnidra.inventory.publisher import SlicePublisher
 from cnidra.inventory.slices import SliceSettings
-from cnidra.ipam.accounting import (
-    LEASE_NAME,
-    BlockLeaseWriter,
-    PoolAccountant,
-    run_while_leading,
-)
+from cnidra.ipam.accounting import BlockLeaseWriter, PoolAccountant, account_while_leading
 from cnidra.ipam.allocator import Allocator
 from cnidra.ipam.reconcile import IPAMReconciler
 from cnidra.kube.api import Api
@@ -466,16 +461,12 @@ class Driver:
 
     async def _account_pools(self) -> None:
         s = self.settings
-
-        lease = s.pool_accountant_lease_seconds
-
-        async def lead() -> bool:
-            return await self._kube_ipam.lead(
-                s.pool_accountant_namespace, LEASE_NAME, s.node_name, lease
-            )
-
-        await run_while_leading(
-            self.pool_accountant.run, lead, renew_every=lease / 3, retry_every=lease
+        await account_while_leading(
+            self.pool_accountant,
+            self._kube_ipam,
+            s.pool_accountant_namespace,
+            s.node_name,
+            s.pool_accountant_lease_seconds,
         )
 
     async def stop(self) -> None:

@@ -144,8 +144,9 @@ class DriverSettings:
     pool_accountant_lease_seconds: float = setting(
         60.0,
         "how long the pool accountant's Lease lasts unrenewed: its holder renews it every third "
-        "of it, every other driver asks for it once per duration, so a dead accountant's work "
-        "is taken over within about twice this (docs/ipam.md)",
+        "of it, the two successors it names ask for it once per duration and every other driver "
+        "once per ten, so a dead accountant's work is taken over within about twice this "
+        "(docs/ipam.md)",
         schema={"minimum": 3},
     )
     pool_status_seconds: float = setting(

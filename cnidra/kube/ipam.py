@@ -106,6 +106,7 @@ class KubeIPAM:
         self.recorder = EventRecorder("cnidra", node)
         self.timeout = timeout
         self._node_uids: dict[str, str] = {}
+        self.successors: frozenset[str] | None = None  # as the Lease named them (lead)
 
     async def _node_owner(self, node: str) -> dict[str, str]:
         """The Node as a block's owner: its deletion deletes the block (garbage collection)."""
@@ -379,12 +380,21 @@ class KubeIPAM:
         about = Involved.of(kind, api_version, obj)
         await self.recorder.send(self.api, EventRecord(about, reason, message, "Warning"))
 
-    async def lead(self, namespace: str, name: str, identity: str, duration: float) -> bool:
+    async def lead(
+        self,
+        namespace: str,
+        name: str,
+        identity: str,
+        duration: float,
+        successors: Sequence[str] = (),
+    ) -> bool:
         """Whether `identity` holds the Lease `namespace/name` now: taken when there is none,
         renewed when it is its own, taken over when its holder let it lapse `duration`
         seconds ago. Every write has the read's resourceVersion as precondition, so of two
         drivers that race for a lapsed Lease one wins (client-go's leader election, reduced
-        to what the accountant needs)."""
+        to what the accountant needs). The holder names its `successors` in the Lease's
+        SUCCESSORS annotation with each write; `self.successors` is what the last read
+        found there (None: no Lease, or none named), for the candidates' pace."""
         now = datetime.datetime.now(datetime.UTC)
         stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         spec = {
@@ -392,12 +402,18 @@ class KubeIPAM:
             "leaseDurationSeconds": max(int(duration), 1),
             "renewTime": stamp,
         }
+        named = {SUCCESSORS: ",".join(successors) or None}
         found = await self.api.get_or_none(Lease, name, namespace)
+        self.successors = _successors(found)
         if found is None:
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
-                "metadata": {"name": name, "namespace": namespace},
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    **({"annotations": named} if successors else {}),
+                },
                 "spec": {**spec, "acquireTime": stamp},
             }
             try:
@@ -417,9 +433,22 @@ class KubeIPAM:
             return False
         if holder != identity:
             spec["acquireTime"] = stamp
-        patch = {"metadata": {"resourceVersion": data["metadata"]["resourceVersion"]}, "spec": spec}
+        meta = {"resourceVersion": data["metadata"]["resourceVersion"], "annotations": named}
+        patch = {"metadata": meta, "spec": spec}
         try:
             await self.api.merge_patch(Lease, name, patch, namespace=namespace)
         except Conflict:
             return False
         return True
+
+
+# the pool accountant's Lease: the nodes its holder names to take over first (comma-separated)
+SUCCESSORS = "cni.networking.x-k8s.io/successors"
+
+
+def _successors(lease: Mapping[str, Any] | None) -> frozenset[str] | None:
+    annotations = ((lease or {}).get("metadata") or {}).get("annotations") or {}
+    named = annotations.get(SUCCESSORS)
+    if not isinstance(named, str) or not named:
+        return None
+    return frozenset(n for n in named.split(",") if n)

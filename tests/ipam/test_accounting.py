@@ -15,9 +15,12 @@ import pytest
 
 from cnidra.api.ipam import EXHAUSTED_REASON
 from cnidra.ipam.accounting import (
+    STANDBY_FACTOR,
     BlockLeaseWriter,
     PoolAccountant,
+    account_while_leading,
     run_while_leading,
+    successors,
 )
 from cnidra.kube.api import NotFound
 from cnidra.state.ipam import HeldBlock, IPAMState, Lease
@@ -427,3 +430,92 @@ async def test_a_watch_that_ends_ends_the_other_and_everything_is_listed_again()
         await task
     assert cluster.reads.count("list pools") == 2  # listed again after the watch ended
     assert blocks_open == 0  # no block watch left behind
+
+
+def test_successors_are_two_other_nodes_every_node_agrees_on() -> None:
+    nodes = [f"node-{i}" for i in range(1000)]
+    named = successors("node-7", nodes)
+    assert len(named) == 2 and "node-7" not in named
+    assert successors("node-7", reversed(nodes)) == named  # the order nodes come in: none
+    assert successors("node-8", nodes) != named  # another holder, others (almost surely)
+    assert successors("a", ["a"]) == [] and successors("a", ["a", "b"]) == ["b"]
+    # spread: 1,000 holders name 2 each, and no node is named by many
+    counts: dict[str, int] = {}
+    for holder in nodes:
+        for node in successors(holder, nodes):
+            counts[node] = counts.get(node, 0) + 1
+    assert max(counts.values()) < 12
+
+
+def test_the_accountant_knows_the_nodes_holding_blocks() -> None:
+    accountant = PoolAccountant(FakeCluster(), "d")  # type: ignore[arg-type]
+    accountant.replace([], [{**block("b1", "p", 1), "spec": {"pool": "p", "node": "n1"}}])
+    accountant.block_changed({**block("b2", "p", 1), "spec": {"pool": "p", "node": "n2"}})
+    assert accountant.nodes() == {"n1", "n2"}
+    accountant.block_deleted("b1")
+    assert accountant.nodes() == {"n2"}
+
+
+class FakeLease:
+    """The Lease as each node's KubeIPAM sees it: held by `holder`, naming `named`."""
+
+    def __init__(self, holder: str, named: frozenset[str] | None) -> None:
+        self.holder, self.successors = holder, named
+        self.asked: list[tuple[str, float]] = []
+        self.wrote: list[list[str]] = []
+
+    async def lead(self, ns: str, name: str, me: str, duration: float, named: Any = ()) -> bool:
+        self.asked.append((me, asyncio.get_running_loop().time()))
+        if me == self.holder:
+            self.wrote.append(list(named))
+        return me == self.holder
+
+
+@pytest.mark.parametrize(
+    ("me", "named", "pace"),
+    [
+        ("b", frozenset({"b", "c"}), 1.0),
+        ("d", frozenset({"b", "c"}), STANDBY_FACTOR),
+        ("d", None, 1.0),
+    ],
+)
+async def test_a_named_successor_asks_every_lease_the_others_every_ten(
+    me: str, named: frozenset[str] | None, pace: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pace of a driver that does not hold the Lease: a successor the holder named, or
+    anyone while none is named, asks once a lease; the others STANDBY_FACTOR times less."""
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) >= 3:
+            raise asyncio.CancelledError
+
+    monkeypatch.setattr("cnidra.ipam.accounting.asyncio.sleep", sleep)
+    lease = FakeLease("a", named)
+    with pytest.raises(asyncio.CancelledError):
+        await account_while_leading(PoolAccountant(FakeCluster(), "d"), lease, "ns", me, 60.0)  # type: ignore[arg-type]
+    assert all(60.0 * pace * 0.8 <= w <= 60.0 * pace * 1.2 for w in waits), waits
+
+
+async def test_the_holder_names_successors_from_the_blocks_nodes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) >= 2:
+            raise asyncio.CancelledError
+
+    monkeypatch.setattr("cnidra.ipam.accounting.asyncio.sleep", sleep)
+    accountant = PoolAccountant(FakeCluster(), "d")  # type: ignore[arg-type]
+    accountant.replace(
+        [], [{**block(f"b{n}", "p", 1), "spec": {"pool": "p", "node": n}} for n in "abcd"]
+    )
+    accountant.run = lambda: asyncio.Event().wait()  # type: ignore[method-assign]
+    lease = FakeLease("a", None)
+    with pytest.raises(asyncio.CancelledError):
+        await account_while_leading(accountant, lease, "ns", "a", 60.0)  # type: ignore[arg-type]
+    assert waits == [20.0, 20.0]  # renewed every third of the lease
+    assert lease.wrote[0] == successors("a", "abcd") and len(lease.wrote[0]) == 2

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from cnidra.kube.api import Lease, ResourceSlice
-from cnidra.kube.ipam import ACCOUNTANT_MANAGER, CNIIPBlock, CNIIPPool, KubeIPAM
+from cnidra.kube.ipam import ACCOUNTANT_MANAGER, SUCCESSORS, CNIIPBlock, CNIIPPool, KubeIPAM
 from cnidra.kube.session import ApiStatus
 
 DRIVER = "cni.dra.networking.x-k8s.io"
@@ -32,6 +32,12 @@ class Client:
                 raise ApiStatus(409, "changed")
             self.version += 1
             self.lease["spec"].update(obj["spec"])
+            annotations = self.lease["metadata"].setdefault("annotations", {})
+            for key, value in (obj["metadata"].get("annotations") or {}).items():
+                if value is None:  # a merge patch's null removes the key
+                    annotations.pop(key, None)
+                else:
+                    annotations[key] = value
             self.lease["metadata"]["resourceVersion"] = str(self.version)
         return obj
 
@@ -124,3 +130,18 @@ async def test_one_lease_holder_until_it_lapses() -> None:
     assert await b.lead("ns", "acc", "b", 15)  # lapsed: taken over
     assert client.lease["spec"]["holderIdentity"] == "b"
     assert not await a.lead("ns", "acc", "a", 15)
+
+
+async def test_the_holder_names_its_successors_and_each_candidate_reads_them() -> None:
+    client = Client()
+    a, b, c = (KubeIPAM(client, node=n) for n in "abc")
+    assert await a.lead("ns", "acc", "a", 15, ["b"])  # created, naming b
+    assert client.lease is not None
+    assert client.lease["metadata"]["annotations"] == {SUCCESSORS: "b"}
+    assert not await c.lead("ns", "acc", "c", 15)
+    assert c.successors == frozenset({"b"})
+    assert await a.lead("ns", "acc", "a", 15, ["b", "c"])  # renewed, naming both
+    assert not await b.lead("ns", "acc", "b", 15) and b.successors == frozenset({"b", "c"})
+    assert await a.lead("ns", "acc", "a", 15)  # no node known: none named
+    assert SUCCESSORS not in client.lease["metadata"]["annotations"]
+    assert not await c.lead("ns", "acc", "c", 15) and c.successors is None
