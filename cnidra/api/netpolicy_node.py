@@ -33,7 +33,7 @@ HOST_TABLE_PREFIX = "cnidra_h"  # the host's tables (a pod's are cnidra_ and 12 
 SPOOF_TABLE_PREFIX = "cnidra_s"  # a bridge port's anti-spoofing table (family bridge)
 # a bridge whose nf_call_iptables cnidra turned on: an empty `bridge` table named for it (hex of
 # its name), so that a restarted driver still knows to turn it off again
-BRIDGE_MARK_PREFIX = "cnidra_b"
+BRIDGE_MARK_PREFIX = "cnidra_m"  # (m, s and h are no hex digit: no pod table begins so)
 
 Policy = MultiNetworkPolicy | AdminNetworkPolicy
 Change = tuple[PodKey, str]  # a local pod, a network: that table changed

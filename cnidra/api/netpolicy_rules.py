@@ -333,7 +333,7 @@ class BridgePort:
         return sorted(set(found))
 
 
-_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 
 
 def link_local(mac: str) -> str:
@@ -345,6 +345,11 @@ def link_local(mac: str) -> str:
     return str(ipaddress.IPv6Address(b"\xfe\x80" + bytes(6) + eui))
 
 
+def _listed(value: Any) -> list[Any]:
+    """A list a plugin's answer holds, or none when it holds something else there."""
+    return value if isinstance(value, list) else []
+
+
 def bridge_port(plugin: Mapping[str, Any], result: Mapping[str, Any] | None) -> BridgePort | None:
     """The pod's port on its bridge from the bridge plugin's config and CNI result, or None
     when the result does not say enough to key host-side rules on the pod (no single host veth
@@ -354,25 +359,31 @@ def bridge_port(plugin: Mapping[str, Any], result: Mapping[str, Any] | None) -> 
     if not result or plugin.get("vlanTrunk"):
         return None
     bridge = str(plugin.get("bridge") or "cni0")  # the plugin's default
-    interfaces = [i for i in result.get("interfaces") or [] if isinstance(i, Mapping)]
+    interfaces = [i for i in _listed(result.get("interfaces")) if isinstance(i, Mapping)]
     hosts = [
-        str(i["name"])
+        i["name"]
         for i in interfaces
-        if i.get("name") and not i.get("sandbox") and str(i["name"]) != bridge
+        if isinstance(i.get("name"), str) and i["name"] and not i.get("sandbox")
+        and i["name"] != bridge
+    ]  # fmt: skip
+    ips = [
+        ip
+        for ip in _listed(result.get("ips"))
+        if isinstance(ip, Mapping) and isinstance(ip.get("address"), str)
     ]
-    ips = [ip for ip in result.get("ips") or [] if isinstance(ip, Mapping) and ip.get("address")]
     pod_ifs = {n for ip in ips if isinstance(n := ip.get("interface"), int)}
     sandboxed = [
         i for n, i in enumerate(interfaces) if i.get("sandbox") and (n in pod_ifs or not pod_ifs)
     ]
     if len(hosts) != 1 or len(sandboxed) != 1 or not ips:
         return None
-    mac = str(sandboxed[0].get("mac") or "").lower()
+    mac = sandboxed[0].get("mac")
+    mac = mac.lower() if isinstance(mac, str) else ""
     try:
         addresses = tuple(sorted({str(ipaddress.ip_interface(ip["address"])) for ip in ips}))
     except ValueError:
         return None
-    if not _MAC.match(mac):
+    if not _MAC.fullmatch(mac):
         return None
     return BridgePort(bridge, hosts[0], mac, addresses)
 
@@ -421,7 +432,7 @@ def anti_spoof_script(port: BridgePort, table: str) -> str:
     CONFIG_NF_CONNTRACK_BRIDGE): without it a pod could take a peer's address and be policed as
     that peer. UnenforceableInterface for a port name nft cannot match exactly."""
     _check_ifname(port.port)
-    if not _MAC.match(port.mac):
+    if not _MAC.fullmatch(port.mac):
         raise UnenforceableInterface(f"the pod's MAC {port.mac!r} is not one nft can match")
     at = f"iifname {_quote(port.port)}"
     v4 = ", ".join(["0.0.0.0", *port.ips(4)])
