@@ -634,8 +634,8 @@ class PolicyEnforcer:
                 if attached.pending or not att.policy_network:
                     continue
                 local.devices[att.if_name] = (att.claim, device_key(att), att.policy_network)
-                how, host_if, port = placement(
-                    att, attached.result, bridge_on_host=self.bridge_on_host
+                how, host_if, port = placement(  # an empty result is no result, as before
+                    att, attached.result or None, bridge_on_host=self.bridge_on_host
                 )
                 if how.where is None:
                     local.unenforced[att.if_name] = (att.policy_network, how.refused)
@@ -802,8 +802,14 @@ class PolicyEnforcer:
         for ifname, (claim, dkey, network) in local.devices.items():
             refused = local.unenforced.get(ifname, ("", ""))[1]
             host_if = local.host.get(network, "")
+            port = local.bridged.get(network)
             condition = policy_condition(
-                ifname, network, refused, () if host_if else local.undoable, host_if=host_if
+                ifname,
+                network,
+                refused,
+                () if host_if else local.undoable,
+                host_if=host_if,
+                bridge=port.bridge if port is not None else "",
             )
             self.conditions.device_condition(claim, dkey, CONDITION_POLICY, condition)
 
