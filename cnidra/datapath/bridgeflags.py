@@ -16,36 +16,56 @@ import os
 import socket
 import struct
 import threading
+from collections.abc import Iterator
 from os import PathLike
 from typing import Any
 
-from cnidra.inventory.netlink import (
-    _ATTR,
-    _HEADER,
-    _IFINFO,
-    IFLA_IFNAME,
-    IFLA_INFO_DATA,
-    IFLA_INFO_KIND,
-    IFLA_LINKINFO,
-    NETLINK_ROUTE,
-    NLM_F_REQUEST,
-    NLMSG_ERROR,
-    RTM_GETLINK,
-    RTM_NEWLINK,
-    _attributes,
-    _text,
-    messages,
-)
 from cnidra.util.netns import entered
 
-NLM_F_ACK = 0x4
+# the layouts of linux/netlink.h, linux/rtnetlink.h and linux/if_link.h this needs (the link
+# dumps' reader, cnidra.inventory.netlink, is of a higher layer than the datapath)
+NETLINK_ROUTE = 0
+NLM_F_REQUEST, NLM_F_ACK = 0x1, 0x4
+NLMSG_ERROR = 2
+RTM_NEWLINK, RTM_GETLINK = 16, 18
+IFLA_IFNAME, IFLA_LINKINFO = 3, 18
+IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
 NLA_F_NESTED = 0x8000
+_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
+_HEADER = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
+_IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
+_ATTR = struct.Struct("=HH")  # rtattr: len, type
 IFLA_BR_NF_CALL_IPTABLES, IFLA_BR_NF_CALL_IP6TABLES = 36, 37  # u8s in a bridge's INFO_DATA
 TIMEOUT = 5.0
 
 
 class BridgeFlagError(OSError):
     """The bridge is not there, is no bridge, or the kernel refused the change."""
+
+
+def messages(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """(type, body's start, end) of each message of one datagram."""
+    offset = 0
+    while offset + _HEADER.size <= len(data):
+        length, kind, _flags, _seq, _pid = _HEADER.unpack_from(data, offset)
+        if length < _HEADER.size or offset + length > len(data):
+            raise BridgeFlagError(errno.EBADMSG, f"a message of length {length} at {offset}")
+        yield kind, offset + _HEADER.size, offset + length
+        offset += (length + 3) & ~3
+
+
+def _attributes(data: bytes, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+    """(type, value) of each attribute in data[start:end]."""
+    while start + _ATTR.size <= end:
+        length, kind = _ATTR.unpack_from(data, start)
+        if length < _ATTR.size or start + length > end:
+            raise BridgeFlagError(errno.EBADMSG, f"an attribute of length {length} at {start}")
+        yield kind & _TYPE_MASK, data[start + _ATTR.size : start + length]
+        start += (length + 3) & ~3
+
+
+def _text(value: bytes) -> str:
+    return value.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
 def _attr(kind: int, value: bytes) -> bytes:
@@ -82,7 +102,7 @@ def _ask(sock: socket.socket, kind: int, flags: int, body: bytes) -> bytes:
     sock.bind((0, 0))
     sock.send(_HEADER.pack(_HEADER.size + len(body), kind, NLM_F_REQUEST | flags, 1, 0) + body)
     data = sock.recv(1 << 16)
-    for msg_kind, _flags, _seq, start, _end in messages(data):
+    for msg_kind, start, _end in messages(data):
         if msg_kind == NLMSG_ERROR:
             code = -struct.unpack_from("=i", data, start)[0]
             if code:
@@ -92,7 +112,7 @@ def _ask(sock: socket.socket, kind: int, flags: int, body: bytes) -> bytes:
 
 def _info_data(data: bytes) -> tuple[int, str, dict[int, bytes]]:
     """(index, kind, IFLA_INFO_DATA attributes) of the link in an RTM_NEWLINK answer."""
-    for msg_kind, _flags, _seq, start, end in messages(data):
+    for msg_kind, start, end in messages(data):
         if msg_kind != RTM_NEWLINK:
             continue
         index = _IFINFO.unpack_from(data, start)[2]

@@ -11,6 +11,7 @@ untouched."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -327,3 +328,30 @@ async def test_a_bridge_switched_on_before_is_left_on(tmp_path: Path) -> None:
         await enforcer.remove_doomed()
         assert ours(switch) == []
         assert netpolicy.bridge_nf_call(switch, BRIDGE)
+
+
+def shown(switch: Path, bridge: str) -> tuple[int, int]:
+    """(nf_call_iptables, nf_call_ip6tables) of `bridge` as iproute2 reads them."""
+    out = subprocess.run(
+        ["ip", "-n", switch.name, "-j", "-d", "link", "show", bridge],
+        check=True, capture_output=True, text=True, timeout=10,
+    )  # fmt: skip
+    data = json.loads(out.stdout)[0]["linkinfo"]["info_data"]
+    return int(data["nf_call_iptables"]), int(data["nf_call_ip6tables"])
+
+
+def test_the_switch_is_the_bridges_own_as_iproute2_sees_it(bridged: Lab) -> None:
+    switch = bridged.switch
+    assert switch is not None
+    assert shown(switch, BRIDGE) == (0, 0) and not netpolicy.bridge_nf_call(switch, BRIDGE)
+    netpolicy.set_bridge_nf_call(switch, BRIDGE, True, mark=bridge_mark(BRIDGE))
+    assert shown(switch, BRIDGE) == (1, 1) and netpolicy.bridge_nf_call(switch, BRIDGE)
+    assert shown(switch, OTHER) == (0, 0)
+    assert ours(switch) == [bridge_mark(BRIDGE)]
+    netpolicy.set_bridge_nf_call(switch, BRIDGE, False, mark=bridge_mark(BRIDGE))
+    assert shown(switch, BRIDGE) == (0, 0) and ours(switch) == []
+    for wrong in (port_of("a"), "nosuchbridge"):  # a port is no bridge; a name of nothing
+        with pytest.raises(netpolicy.NftError):
+            netpolicy.bridge_nf_call(switch, wrong)
+        with pytest.raises(netpolicy.NftError):
+            netpolicy.set_bridge_nf_call(switch, wrong, True)
