@@ -59,18 +59,23 @@ HTTP = (NamedPort("http", "TCP", 8080),)
 OTHER = "br1"  # a bridge of the node that no policed pod is on
 
 
+def no_global_switch(switch: Path) -> None:
+    """The node's sysctl hands no bridge to the inet hooks; a second bridge beside the pods'."""
+    subprocess.run(
+        ["ip", "netns", "exec", switch.name, "sysctl", "-qw",
+         "net.bridge.bridge-nf-call-iptables=0", "net.bridge.bridge-nf-call-ip6tables=0"],
+        check=True, capture_output=True, timeout=10,
+    )  # fmt: skip
+    ip(switch, "link", "add", OTHER, "type", "bridge")
+
+
 @pytest.fixture
 def bridged() -> Iterator[Lab]:
     """The lab on a node whose sysctl hands no bridge to the inet hooks, with a second bridge."""
     with lab() as lab_:
         switch = lab_.switch
         assert switch is not None
-        subprocess.run(
-            ["ip", "netns", "exec", switch.name, "sysctl", "-qw",
-             "net.bridge.bridge-nf-call-iptables=0", "net.bridge.bridge-nf-call-ip6tables=0"],
-            check=True, capture_output=True, timeout=10,
-        )  # fmt: skip
-        ip(switch, "link", "add", OTHER, "type", "bridge")
+        no_global_switch(switch)
         yield lab_
 
 
@@ -242,18 +247,23 @@ def ours(switch: Path) -> list[str]:
     return sorted(t for t in netpolicy.list_tables(switch) if t.startswith(prefixes))
 
 
+async def restarted(store: SandboxStore, lab_: Lab) -> PolicyEnforcer:
+    """A driver started again on the same records: restored, synced, applied, swept."""
+    again = PolicyEnforcer(store, settle=0.0, host_netns=str(lab_.switch), bridge_on_host=True)
+    again.restore()
+    sync(again, lab_, allow_from({"app": "web"}))
+    await again.apply_dirty()
+    await again.remove_doomed()
+    return again
+
+
 async def test_the_reconciler_polices_a_bridge_on_the_host_and_leaves_it_as_found(
     tmp_path: Path,
 ) -> None:
     with lab(("a", "b")) as lab_:
         switch = lab_.switch
         assert switch is not None
-        subprocess.run(
-            ["ip", "netns", "exec", switch.name, "sysctl", "-qw",
-             "net.bridge.bridge-nf-call-iptables=0", "net.bridge.bridge-nf-call-ip6tables=0"],
-            check=True, capture_output=True, timeout=10,
-        )  # fmt: skip
-        ip(switch, "link", "add", OTHER, "type", "bridge")
+        no_global_switch(switch)
         host = str(switch)
         store = SandboxStore(StateLayout(tmp_path))
         status = RecordingStatus()
@@ -295,13 +305,13 @@ async def test_the_reconciler_polices_a_bridge_on_the_host_and_leaves_it_as_foun
         assert table not in ours(switch) and spoof_table_name(NET, port_of("a")) not in ours(switch)
         assert netpolicy.bridge_nf_call(switch, BRIDGE)
         # a restart: b's tables and the mark are the kernel's; b still policed, still on
-        again = PolicyEnforcer(store, settle=0.0, host_netns=host, bridge_on_host=True)
+        # (and a port's table of a pod that went while the driver was down, swept)
+        left = spoof_table_name(NET, "p-gone")
+        netpolicy.run_nft(host, ("add", "table", "bridge", left))
         await store.remove(a.sandbox_id)
-        again.restore()
-        sync(again, lab_, allow_from({"app": "web"}))
-        await again.apply_dirty()
-        await again.remove_doomed()
+        again = await restarted(store, lab_)
         assert netpolicy.bridge_nf_call(switch, BRIDGE)
+        assert left not in ours(switch) and spoof_table_name(NET, port_of("b")) in ours(switch)
         # b goes too: no table of cnidra's left, the bridge switched off again as found, the
         # other bridge never touched
         again.forget(b)
