@@ -432,6 +432,7 @@ class Driver:
             conditions=self.status,
             reports=reports,
             node_name=settings.node_name,
+            bridge_on_host=settings.bridge_policy_on_host,
             enabled=settings.network_policy,
         )
         return reports, enforcer

@@ -203,6 +203,15 @@ class DriverSettings:
         flag="--network-policy/--no-network-policy",
         chart=True,
     )
+    bridge_policy_on_host: bool = setting(
+        True,
+        "enforce network policy of bridge interfaces on the host (the pod's addresses in the "
+        "node's inet hooks, its port held to its own addresses); turns on each policed bridge's "
+        "own nf_call_iptables, so its traffic passes the node's forward chains; off: in the pod's "
+        "network namespace, which a pod with CAP_NET_ADMIN can undo",
+        flag="--bridge-policy-on-host/--no-bridge-policy-on-host",
+        chart=True,
+    )
     normal_events: bool = setting(
         True,
         "write the Normal Events (AddedInterface and RemovedInterface on pods, Prepared on "

@@ -30,6 +30,10 @@ NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
 POLICY_NETWORK_KEY = f"{DRIVER_NAME}/policy-for"
 TABLE_PREFIX = "cnidra_"
 HOST_TABLE_PREFIX = "cnidra_h"  # the host's tables (a pod's are cnidra_ and 12 hex: no clash)
+SPOOF_TABLE_PREFIX = "cnidra_s"  # a bridge port's anti-spoofing table (family bridge)
+# a bridge whose nf_call_iptables cnidra turned on: an empty `bridge` table named for it (hex of
+# its name), so that a restarted driver still knows to turn it off again
+BRIDGE_MARK_PREFIX = "cnidra_m"  # (m, s and h are no hex digit: no pod table begins so)
 
 Policy = MultiNetworkPolicy | AdminNetworkPolicy
 Change = tuple[PodKey, str]  # a local pod, a network: that table changed
@@ -46,6 +50,33 @@ def host_table_name(network: str, host_ifname: str) -> str:
     namespace, one per host veth: `cnidra_h` and 12 hex of the network and the veth)."""
     digest = hashlib.sha256(f"{network}\0{host_ifname}".encode()).hexdigest()[:12]
     return f"{HOST_TABLE_PREFIX}{digest}"
+
+
+def spoof_table_name(network: str, port: str) -> str:
+    """The anti-spoofing table (family `bridge`, in the host's namespace) of a pod's port on a
+    bridge: `cnidra_s` and 12 hex of the network and the port."""
+    digest = hashlib.sha256(f"{network}\0{port}".encode()).hexdigest()[:12]
+    return f"{SPOOF_TABLE_PREFIX}{digest}"
+
+
+def bridge_mark(bridge: str) -> str:
+    """The marker table of a bridge whose nf_call_iptables cnidra turned on."""
+    return BRIDGE_MARK_PREFIX + bridge.encode().hex()
+
+
+def marked_bridge(table: str) -> str | None:
+    """The bridge a marker table (`bridge_mark`) names; None for any other table."""
+    if not table.startswith(BRIDGE_MARK_PREFIX):
+        return None
+    try:
+        return bytes.fromhex(table[len(BRIDGE_MARK_PREFIX) :]).decode()
+    except ValueError:
+        return None
+
+
+def family_of(table: str) -> str:
+    """The nftables family of one of cnidra's tables, by its name."""
+    return "bridge" if table.startswith((SPOOF_TABLE_PREFIX, BRIDGE_MARK_PREFIX)) else "inet"
 
 
 def named_ports(spec: Mapping[str, Any]) -> tuple[NamedPort, ...]:

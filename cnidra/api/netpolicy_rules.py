@@ -31,6 +31,7 @@ about one allowed datagram in 2,000 that way).
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -311,9 +312,160 @@ def host_side(ruleset: Ruleset, host_ifname: str, table: str) -> Ruleset:
     return Ruleset(base + inner, ruleset.sets, table)
 
 
-def delete_script(table: str = TABLE) -> str:
+@dataclass(frozen=True)
+class BridgePort:
+    """A pod's interface on a bridge as the bridge plugin's CNI result gives it: the bridge,
+    the host's end of the pod's veth (a port of the bridge), the pod's MAC and its addresses on
+    the network. What the host-side tables of a bridge interface key on."""
+
+    bridge: str
+    port: str
+    mac: str
+    addresses: tuple[str, ...]
+
+    def ips(self, version: int) -> list[str]:
+        """The pod's addresses of one family, as nft writes them; IPv6 with the pod's
+        link-local address (EUI-64 of its MAC, the kernel's default), which the anti-spoofing
+        table lets it use and the policy keys on like the others."""
+        found = [ip for v, ip in map(_address, self.addresses) if v == version]
+        if version == 6:
+            found.append(link_local(self.mac))
+        return sorted(set(found))
+
+
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
+
+
+def link_local(mac: str) -> str:
+    """The EUI-64 link-local IPv6 address of `mac` (what a veth in a pod's namespace gets
+    unless its addr_gen_mode was changed)."""
+    octets = [int(o, 16) for o in mac.split(":")]
+    octets[0] ^= 0x02
+    eui = bytes([*octets[:3], 0xFF, 0xFE, *octets[3:]])
+    return str(ipaddress.IPv6Address(b"\xfe\x80" + bytes(6) + eui))
+
+
+def _listed(value: Any) -> list[Any]:
+    """A list a plugin's answer holds, or none when it holds something else there."""
+    return value if isinstance(value, list) else []
+
+
+def bridge_port(plugin: Mapping[str, Any], result: Mapping[str, Any] | None) -> BridgePort | None:
+    """The pod's port on its bridge from the bridge plugin's config and CNI result, or None
+    when the result does not say enough to key host-side rules on the pod (no single host veth
+    besides the bridge, no MAC of the pod's interface, no address), or when the network trunks
+    VLANs to the pod (`vlanTrunk`: the pod sends tagged frames, which br_netfilter does not
+    hand to the `inet` hooks): such an interface is enforced in the pod's namespace."""
+    if not result or plugin.get("vlanTrunk"):
+        return None
+    bridge = str(plugin.get("bridge") or "cni0")  # the plugin's default
+    interfaces = [i for i in _listed(result.get("interfaces")) if isinstance(i, Mapping)]
+    hosts = [
+        i["name"]
+        for i in interfaces
+        if isinstance(i.get("name"), str) and i["name"] and not i.get("sandbox")
+        and i["name"] != bridge
+    ]  # fmt: skip
+    ips = [
+        ip
+        for ip in _listed(result.get("ips"))
+        if isinstance(ip, Mapping) and isinstance(ip.get("address"), str)
+    ]
+    pod_ifs = {n for ip in ips if isinstance(n := ip.get("interface"), int)}
+    sandboxed = [
+        i for n, i in enumerate(interfaces) if i.get("sandbox") and (n in pod_ifs or not pod_ifs)
+    ]
+    if len(hosts) != 1 or len(sandboxed) != 1 or not ips:
+        return None
+    mac = sandboxed[0].get("mac")
+    mac = mac.lower() if isinstance(mac, str) else ""
+    try:
+        addresses = tuple(sorted({str(ipaddress.ip_interface(ip["address"])) for ip in ips}))
+    except ValueError:
+        return None
+    if not _MAC.fullmatch(mac):
+        return None
+    return BridgePort(bridge, hosts[0], mac, addresses)
+
+
+def bridge_host_side(ruleset: Ruleset, port: BridgePort, table: str) -> Ruleset:
+    """A pod's table (one interface, as `compile_pod` writes it) moved to the host for a pod on
+    a bridge: the same chains and sets, dispatched from the host's hooks by the pod's addresses,
+    because br_netfilter hands bridged frames to the `inet` hooks with the bridge, not the port,
+    as their interface (docs/network-policy.md). What is sent to one of the pod's addresses,
+    bridged or routed (forward) or from the host itself (output), is its ingress; what comes
+    from one (forward, or input to the host) its egress. The anti-spoofing table
+    (`anti_spoof_script`) keeps those addresses the pod's. UnenforceableInterface for a name
+    nft cannot match exactly."""
+    _check_ifname(port.port)
+    _check_ifname(port.bridge)
+    ins = [r.split(" jump ", 1)[1] for c in ruleset.chains if c.hook == "input" for r in c.rules]
+    outs = [r.split(" jump ", 1)[1] for c in ruleset.chains if c.hook == "output" for r in c.rules]
+    if len(ins) != 1 or len(outs) != 1:
+        raise ValueError("bridge_host_side moves a table of one interface")
+    to_pod: list[str] = []
+    from_pod: list[str] = []
+    for version, family in ((4, "ip"), (6, "ip6")):
+        ips = port.ips(version)
+        if ips:
+            group = f"{{ {', '.join(ips)} }}"
+            to_pod.append(f"{family} daddr {group} jump {ins[0]}")
+            from_pod.append(f"{family} saddr {group} jump {outs[0]}")
+    base = (
+        Chain("forward", (*to_pod, *from_pod), "forward"),
+        Chain("input", tuple(from_pod), "input"),
+        Chain("output", tuple(to_pod), "output"),
+    )
+    inner = tuple(c for c in ruleset.chains if c.hook is None)
+    return Ruleset(base + inner, ruleset.sets, table)
+
+
+BRIDGE_FAMILY = "bridge"
+
+
+def anti_spoof_script(port: BridgePort, table: str) -> str:
+    """`nft -f` input writing (in one transaction) the `bridge` table that keeps a pod on a
+    bridge to its own addresses: what enters the bridge by its port must carry the pod's MAC,
+    its IPv4 source (0.0.0.0 for DHCP), its IPv6 source (its link-local, `::` for duplicate
+    address detection), an ARP sender and a neighbour advertisement's target of its own, and no
+    VLAN tag. Stateless (the `bridge` family has no conntrack on kernels without
+    CONFIG_NF_CONNTRACK_BRIDGE): without it a pod could take a peer's address and be policed as
+    that peer. UnenforceableInterface for a port name nft cannot match exactly."""
+    _check_ifname(port.port)
+    if not _MAC.fullmatch(port.mac):
+        raise UnenforceableInterface(f"the pod's MAC {port.mac!r} is not one nft can match")
+    at = f"iifname {_quote(port.port)}"
+    v4 = ", ".join(["0.0.0.0", *port.ips(4)])
+    v6s = port.ips(6)
+    v6 = ", ".join(["::", *v6s])
+    targets = ", ".join(f"0x{int(ipaddress.IPv6Address(ip)):032x}" for ip in v6s)
+
+    def drop(match: str, why: str) -> str:
+        return f"{at} {match} counter drop comment {_quote(f'anti-spoof: {why}')}"
+
+    rules = (
+        drop(f"ether saddr != {port.mac}", "not the pod's MAC"),
+        drop("ether type { 8021q, 8021ad }", "a VLAN tag"),
+        drop(f"meta protocol ip ip saddr != {{ {v4} }}", "not the pod's IPv4 source"),
+        drop(f"meta protocol arp arp saddr ip != {{ {v4} }}", "not the pod's ARP sender"),
+        drop(f"meta protocol arp arp saddr ether != {port.mac}", "not the pod's ARP MAC"),
+        drop(f"meta protocol ip6 ip6 saddr != {{ {v6} }}", "not the pod's IPv6 source"),
+        drop(
+            f"icmpv6 type nd-neighbor-advert @th,64,128 != {{ {targets} }}",
+            "a neighbour advert for another's address",
+        ),
+    )
+    chain = Chain("prerouting", rules, "prerouting")
+    return (
+        f"add table {BRIDGE_FAMILY} {table}\n"
+        f"delete table {BRIDGE_FAMILY} {table}\n"
+        f"table {BRIDGE_FAMILY} {table} {{\n  {chain.declaration()}\n}}\n"
+    )
+
+
+def delete_script(table: str = TABLE, family: str = FAMILY) -> str:
     """Removes the pod's table, whether or not it exists."""
-    return f"add table {FAMILY} {table}\ndelete table {FAMILY} {table}\n"
+    return f"add table {family} {table}\ndelete table {family} {table}\n"
 
 
 # -------------------------------------------------------------------------- compiling
@@ -621,6 +773,11 @@ HOST_SIDE = (
     "enforced on the host's side of the pod's veth (the ptp plugin routes the pod's traffic "
     "through it), where the pod cannot undo it"
 )
+BRIDGE_HOST_SIDE = (
+    "enforced on the host for the pod's addresses, where the pod cannot undo it: its bridge "
+    "hands its frames to the host's inet hooks (nf_call_iptables), and its port lets through "
+    "only the pod's own MAC and addresses"
+)
 POD_SIDE_CAVEAT = (
     "enforced in the pod's network namespace: holds only while the pod lacks CAP_NET_ADMIN "
     "(a pod with it can delete the table)"
@@ -637,11 +794,12 @@ REFUSED: Mapping[str, str] = {
 POD_NETDEV = frozenset(
     {"macvlan", "ipvlan", "vlan", "host-device", "bridge", "ptp", "sriov", "tap", "dummy"}
 )
-# plugin types whose pod interface is a veth the host routes (ptp): enforced on the host's end.
-# Not bridge: its ports' traffic is bridged, and filtering it statefully on the host needs the
-# bridge family's conntrack (CONFIG_NF_CONNTRACK_BRIDGE), which kernels may lack (the test bed's
-# does): a bridge's interfaces are enforced in the pod's namespace
+# plugin types whose pod interface is a veth the host routes (ptp): enforced on the host's end
 HOST_VETH = frozenset({"ptp"})
+# plugin types whose pod interface is a veth on a bridge: enforced on the host by the pod's
+# addresses, through the bridge's own nf_call_iptables (br_netfilter: stateful in the `inet`
+# family, which sees the bridge, not the port), with an anti-spoofing `bridge` table on the port
+HOST_BRIDGE = frozenset({"bridge"})
 
 
 def host_interface(plugin_type: str, result: Mapping[str, Any] | None) -> str | None:
@@ -666,9 +824,13 @@ class Enforcement:
     refused: str = ""
 
 
-def enforcement(plugin_type: str, *, kernel_netdev: bool = True) -> Enforcement:
+def enforcement(
+    plugin_type: str, *, kernel_netdev: bool = True, bridge_on_host: bool = False
+) -> Enforcement:
     """Where policy for an interface of `plugin_type` is enforced. `kernel_netdev` False: the
-    device the pod got is no kernel interface (an SR-IOV VF bound to vfio-pci for DPDK)."""
+    device the pod got is no kernel interface (an SR-IOV VF bound to vfio-pci for DPDK).
+    `bridge_on_host` False (the driver's --no-bridge-policy-on-host): a bridge's interfaces in
+    the pod's namespace, the bridge's traffic left out of the node's inet hooks."""
     if plugin_type in REFUSED:
         return Enforcement(None, refused=REFUSED[plugin_type])
     if not kernel_netdev:
@@ -679,6 +841,8 @@ def enforcement(plugin_type: str, *, kernel_netdev: bool = True) -> Enforcement:
         )
     if plugin_type in HOST_VETH:
         return Enforcement("host", caveat=HOST_SIDE)
+    if plugin_type in HOST_BRIDGE and bridge_on_host:
+        return Enforcement("host", caveat=BRIDGE_HOST_SIDE)
     if plugin_type in POD_NETDEV:
         return Enforcement("pod", caveat=POD_SIDE_CAVEAT)
     return Enforcement(

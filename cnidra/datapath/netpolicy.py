@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from os import PathLike, fspath
 from typing import Any
 
+from cnidra.api.netpolicy_node import family_of
 from cnidra.api.netpolicy_rules import FAMILY, TABLE, Chain, NftSet, Ruleset, delete_script
+from cnidra.datapath import bridgeflags
 from cnidra.util.netns import setns
 
 NFT = "/usr/sbin/nft"
@@ -51,6 +53,18 @@ def run_nft(
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> str:
     """`nft <args>` inside the namespace at `netns`, `stdin` fed to it; its output."""
+    return run_in(netns, (NFT, *args), stdin, timeout)
+
+
+def run_in(
+    netns: str | PathLike[str],
+    argv: tuple[str, ...],
+    stdin: str = "",
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
+) -> str:
+    """`argv` run inside the namespace at `netns` (nft, or ip for a bridge's flags), bounded
+    as `run_nft`; NftError when it fails."""
+    shown = " ".join((argv[0].rsplit("/", 1)[-1], *argv[1:]))  # "nft list ...", as before
     path = fspath(netns)
     box: dict[str, Any] = {}
 
@@ -64,7 +78,7 @@ def run_nft(
                 setns(target.fileno())
                 try:
                     box["proc"] = subprocess.Popen(
-                        [NFT, *args],
+                        list(argv),
                         stdin=subprocess.PIPE,
                         stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE,
@@ -79,23 +93,21 @@ def run_nft(
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        raise NftTimeout(f"nft {' '.join(args)} in {path}: not started within {timeout:g}s")
+        raise NftTimeout(f"{shown} in {path}: not started within {timeout:g}s")
     if "error" in box:
         error = box["error"]
         if isinstance(error, NftError):
             raise error
-        raise NftError(f"nft {' '.join(args)} in {path}: {error}") from error
+        raise NftError(f"{shown} in {path}: {error}") from error
     proc: subprocess.Popen[str] = box["proc"]
     try:
         out, err = proc.communicate(stdin, timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        raise NftTimeout(
-            f"nft {' '.join(args)} in {path}: not done within {timeout:g}s (killed)"
-        ) from None
+        raise NftTimeout(f"{shown} in {path}: not done within {timeout:g}s (killed)") from None
     if proc.returncode != 0:
-        raise NftError(f"nft {' '.join(args)} in {path}: {err.strip() or proc.returncode}")
+        raise NftError(f"{shown} in {path}: {err.strip() or proc.returncode}")
     return out
 
 
@@ -188,7 +200,7 @@ def remove(
     """Delete the pod's table (nothing when it has none). A namespace already gone is fine:
     the table went with it."""
     try:
-        run_nft(netns, ("-f", "-"), delete_script(table), timeout)
+        run_nft(netns, ("-f", "-"), delete_script(table, family_of(table)), timeout)
     except NamespaceGone:
         return
 
@@ -253,11 +265,53 @@ def exists(
 def list_tables(
     netns: str | PathLike[str], *, timeout: float = DEFAULT_TIMEOUT_SECONDS
 ) -> list[str]:
-    """The names of the `inet` tables in the namespace (a sweep of cnidra's own after a
-    restart)."""
-    listing = run_nft(netns, ("-j", "list", "tables", FAMILY), "", timeout)
+    """The names of the `inet` and `bridge` tables in the namespace (a sweep of cnidra's own
+    after a restart; a name says its family, `family_of`)."""
+    listing = run_nft(netns, ("-j", "list", "tables"), "", timeout)
     return [
         str(item["table"]["name"])
         for item in json.loads(listing).get("nftables", [])
-        if isinstance(item, dict) and isinstance(item.get("table"), dict)
+        if isinstance(item, dict)
+        and isinstance(item.get("table"), dict)
+        and item["table"].get("family") in (FAMILY, "bridge")
     ]
+
+
+def bridge_nf_call(
+    netns: str | PathLike[str], bridge: str, *, timeout: float = DEFAULT_TIMEOUT_SECONDS
+) -> bool:
+    """Whether `bridge` hands its IPv4 and IPv6 frames to the `inet` hooks (its own
+    nf_call_iptables and nf_call_ip6tables both on). NftError when there is no such bridge."""
+    try:
+        return bridgeflags.nf_call(netns, bridge)
+    except OSError as exc:
+        raise NftError(f"bridge {bridge}: {exc}") from exc
+
+
+def set_bridge_nf_call(
+    netns: str | PathLike[str],
+    bridge: str,
+    on: bool,
+    *,
+    mark: str = "",
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
+) -> None:
+    """Turn `bridge`'s nf_call_iptables and nf_call_ip6tables on or off (that bridge alone: not
+    the node-wide sysctl, not other bridges). `mark`: the empty `bridge` table that records
+    that cnidra turned them on, created before (on) or deleted after (off), so a driver that
+    restarts in between still knows. NftError when either fails."""
+    if on and mark:
+        run_nft(netns, ("add", "table", "bridge", mark), "", timeout)
+    try:
+        bridgeflags.set_nf_call(netns, bridge, on)
+    except OSError as exc:
+        raise NftError(f"bridge {bridge}: nf_call_iptables {int(on)}: {exc}") from exc
+    if not on and mark:
+        run_nft(netns, ("-f", "-"), delete_script(mark, "bridge"), timeout)
+
+
+def apply_script(
+    netns: str | PathLike[str], script: str, *, timeout: float = DEFAULT_TIMEOUT_SECONDS
+) -> None:
+    """One `nft -f` batch (a bridge port's anti-spoofing table, written whole)."""
+    run_nft(netns, ("-f", "-"), script, timeout)

@@ -38,20 +38,32 @@ from cnidra.api.constants import CONDITION_POLICY, DRIVER_NAME
 from cnidra.api.issues import ROOT
 from cnidra.api.netpolicy_input import class_policies
 from cnidra.api.netpolicy_node import (
+    BRIDGE_MARK_PREFIX,
     HOST_TABLE_PREFIX,
+    SPOOF_TABLE_PREFIX,
     Change,
     NodePolicy,
     PodFacts,
+    bridge_mark,
     host_table_name,
+    marked_bridge,
     pod_facts,
+    spoof_table_name,
     table_name,
 )
 from cnidra.api.netpolicy_rules import (
+    HOST_BRIDGE,
+    POD_SIDE_CAVEAT,
+    BridgePort,
+    Enforcement,
     NetworkView,
     PodInterface,
     PodOnNetwork,
     Ruleset,
     UnenforceableInterface,
+    anti_spoof_script,
+    bridge_host_side,
+    bridge_port,
     compile_pod,
     enforcement,
     host_interface,
@@ -98,6 +110,19 @@ class Nft(Protocol):
     def remove(self, netns: str, table: str = ..., *, timeout: float) -> None: ...
 
     def list_tables(self, netns: str, *, timeout: float) -> list[str]: ...
+
+
+class BridgeHost(Protocol):
+    """The host-side steps of a bridge interface's policy (cnidra.datapath.netpolicy; tests
+    pass a fake): its bridge's nf_call switches and its port's anti-spoofing table."""
+
+    def bridge_nf_call(self, netns: str, bridge: str, *, timeout: float) -> bool: ...
+
+    def set_bridge_nf_call(
+        self, netns: str, bridge: str, on: bool, *, mark: str = ..., timeout: float
+    ) -> None: ...
+
+    def apply_script(self, netns: str, script: str, *, timeout: float) -> None: ...
 
 
 class Events(Protocol):
@@ -162,6 +187,9 @@ class Local:
     labels: dict[str, str] = field(default_factory=dict)  # as the runtime or the watch gave
     # network -> the host's end of the pod's veth, where its table is (ptp); else the pod's
     host: dict[str, str] = field(default_factory=dict)
+    # network -> the pod's port on a bridge, when enforced on the host (its `host` entry is the
+    # port): the host table keys on its addresses, the port has an anti-spoofing table
+    bridged: dict[str, BridgePort] = field(default_factory=dict)
 
 
 def device_key(att: Attachment) -> DeviceKey:
@@ -183,10 +211,36 @@ def kernel_netdev(plugin: str, result: Result | None) -> bool:
     return bool(result.sandbox_interfaces())
 
 
-def plugin_type(att: Attachment) -> str:
+def main_plugin(att: Attachment) -> Mapping[str, Any]:
+    """The first plugin of the attachment's conflist (the one that makes the interface)."""
     plugins = att.network.get("plugins") or []
-    first = plugins[0] if plugins and isinstance(plugins[0], Mapping) else {}
-    return str(first.get("type", ""))
+    return plugins[0] if plugins and isinstance(plugins[0], Mapping) else {}
+
+
+def plugin_type(att: Attachment) -> str:
+    return str(main_plugin(att).get("type", ""))
+
+
+def placement(
+    att: Attachment, result: Mapping[str, Any] | None, *, bridge_on_host: bool
+) -> tuple[Enforcement, str | None, BridgePort | None]:
+    """Where an attachment's policy goes: (how, the host interface its table is on, the pod's
+    bridge port). A bridge interface whose CNI result does not say enough to key the host's
+    rules on the pod (`bridge_port`) is enforced in the pod's namespace."""
+    plugin = plugin_type(att)
+    how = enforcement(
+        plugin,
+        kernel_netdev=kernel_netdev(plugin, Result(result) if result is not None else None),
+        bridge_on_host=bridge_on_host,
+    )
+    if how.where != "host":
+        return how, None, None
+    if plugin in HOST_BRIDGE:
+        port = bridge_port(main_plugin(att), result)
+        if port is None:
+            return Enforcement("pod", caveat=POD_SIDE_CAVEAT), None, None
+        return how, port.port, port
+    return how, host_interface(plugin, result), None
 
 
 def addresses_of(result: Mapping[str, Any] | None) -> tuple[str, ...]:
@@ -210,6 +264,8 @@ class PolicyEnforcer:
         node_name: str = "",
         host_netns: str = "/proc/self/ns/net",
         datapath: Nft = nft,
+        bridge_datapath: BridgeHost = nft,
+        bridge_on_host: bool = False,
         enabled: bool = True,
         settle: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
@@ -229,6 +285,14 @@ class PolicyEnforcer:
         self.reported: dict[PolicyRef, tuple[str, ...]] = {}
         self.stale: set[PolicyRef] = set()
         self.datapath = datapath
+        # bridge interfaces on the host (the driver's default; off here, so that a caller that
+        # did not ask never touches the bridges of the namespace it runs in)
+        self.bridge_datapath = bridge_datapath
+        self.bridge_on_host = bridge_on_host
+        self.bridge_ports: dict[str, set[Change]] = {}  # bridge -> the policed ports on it
+        self.marked: set[str] = set()  # bridges whose nf_call cnidra turned on
+        self.unflag: set[str] = set()  # bridges whose last policed port went
+        self.bridge_lock = asyncio.Lock()  # turning a bridge's switch on and off, one at a time
         self.enabled = enabled
         self.settle = settle
         self.clock = clock
@@ -501,22 +565,16 @@ class PolicyEnforcer:
         if labels is not None:
             local.labels = dict(labels)
         local.devices[att.if_name] = (att.claim, device_key(att), network)
-        plugin = plugin_type(att)
-        how = enforcement(plugin, kernel_netdev=kernel_netdev(plugin, result))
+        raw = result.raw if result is not None else None
+        how, host_if, port = placement(att, raw, bridge_on_host=self.bridge_on_host)
         if how.where is None:
-            local.unenforced[att.if_name] = (network, how.refused)
-            self._wake.set()  # the policies that select it are told
-            if self.node.policed(network) and self.events is not None:
-                self.events.event(
-                    record.pod,
-                    REASON_NOT_ENFORCED,
-                    f"{att.if_name} on {network}: policies apply to the network but cannot be "
-                    f"enforced on this interface: {how.refused}",
-                )
+            self._not_enforced(record, local, att.if_name, network, how.refused)
             return
-        host_if = host_interface(plugin, result.raw if result is not None else None)
         if how.where == "host" and host_if:
             local.host[network] = host_if
+            if port is not None:
+                local.bridged[network] = port
+                self.bridge_ports.setdefault(port.bridge, set()).add((key, network))
         known = self.node.pods.get(key)
         facts = PodFacts(
             key[0],
@@ -547,6 +605,8 @@ class PolicyEnforcer:
             )
         try:
             netns, ruleset = self._placed(local, network, ruleset)
+            if port is not None:  # the port held to the pod's addresses, the bridge switched
+                await self._bridge_up(network, port, timeout)
             await asyncio.to_thread(self.datapath.apply, netns, ruleset, None, timeout=timeout)
         except UnenforceableInterface as exc:  # the host veth's name
             self.node.remove_local(key, network)
@@ -557,13 +617,69 @@ class PolicyEnforcer:
             ) from exc
         self.applied[(netns, ruleset.table)] = ruleset
 
+    def _not_enforced(
+        self, record: SandboxRecord, local: Local, if_name: str, network: str, why: str
+    ) -> None:
+        """An interface no table can police: recorded (the policies selecting it are told) and,
+        where policies apply to its network, a Warning Event on the pod."""
+        local.unenforced[if_name] = (network, why)
+        self._wake.set()
+        if self.node.policed(network) and self.events is not None:
+            self.events.event(
+                record.pod,
+                REASON_NOT_ENFORCED,
+                f"{if_name} on {network}: policies apply to the network but cannot be "
+                f"enforced on this interface: {why}",
+            )
+
+    async def _bridge_up(self, network: str, port: BridgePort, budget: float) -> None:
+        """Before a bridge interface's host table: the anti-spoofing table on its port, and its
+        bridge's nf_call switches on (marked as cnidra's when they were off; left as found
+        when they were on already). NftError when either fails: the attach fails closed."""
+        script = anti_spoof_script(port, spoof_table_name(network, port.port))
+        host = self.host_netns
+        await asyncio.to_thread(self.bridge_datapath.apply_script, host, script, timeout=budget)
+        async with self.bridge_lock:
+            if port.bridge in self.marked:
+                return
+            on = await asyncio.to_thread(
+                self.bridge_datapath.bridge_nf_call, host, port.bridge, timeout=budget
+            )
+            if not on:
+                await asyncio.to_thread(
+                    self.bridge_datapath.set_bridge_nf_call,
+                    host,
+                    port.bridge,
+                    True,
+                    mark=bridge_mark(port.bridge),
+                    timeout=budget,
+                )
+                self.marked.add(port.bridge)
+                log.info("bridge %s: nf_call_iptables/ip6tables on (network policy)", port.bridge)
+
+    def _bridge_gone(self, key: PodKey, network: str, port: BridgePort) -> None:
+        """A policed port is gone: its anti-spoofing table is removed by the task, and its
+        bridge's switches turned off again when cnidra turned them on and no policed port is
+        left on it."""
+        self.doomed.add((self.host_netns, spoof_table_name(network, port.port)))
+        ports = self.bridge_ports.get(port.bridge, set())
+        ports.discard((key, network))
+        if not ports:
+            self.bridge_ports.pop(port.bridge, None)
+            self.unflag.add(port.bridge)
+        self._wake.set()
+
     def _placed(self, local: Local, network: str, ruleset: Ruleset) -> tuple[str, Ruleset]:
         """Where the table of `network` goes, and in what form: on the host's end of the pod's
         veth (ptp), or in the pod's namespace as compiled."""
         host_if = local.host.get(network)
         if host_if is None:
             return local.netns, ruleset
-        return self.host_netns, host_side(ruleset, host_if, host_table_name(network, host_if))
+        table = host_table_name(network, host_if)
+        port = local.bridged.get(network)
+        if port is not None:
+            return self.host_netns, bridge_host_side(ruleset, port, table)
+        return self.host_netns, host_side(ruleset, host_if, table)
 
     def where(self, key: PodKey, network: str) -> tuple[str, str] | None:
         """(netns, table) of the pod's table of `network`; None: the pod is not local."""
@@ -626,6 +742,9 @@ class PolicyEnforcer:
             self.node.remove_local(key, network)
             netns, table = record.netns, table_name(network)
             host_if = local.host.pop(network, None) if local is not None else None
+            port = local.bridged.pop(network, None) if local is not None else None
+            if port is not None:
+                self._bridge_gone(key, network, port)
             if host_if is not None:
                 netns, table = self.host_netns, host_table_name(network, host_if)
             self.applied.pop((netns, table), None)
@@ -646,6 +765,8 @@ class PolicyEnforcer:
         gone = self.local.pop(key)
         if gone.unenforced:
             self._wake.set()
+        for network, port in gone.bridged.items():
+            self._bridge_gone(key, network, port)
         for network, host_if in gone.host.items():  # the host's tables outlive the pod
             where = (self.host_netns, host_table_name(network, host_if))
             self.applied.pop(where, None)
@@ -670,15 +791,18 @@ class PolicyEnforcer:
                 if attached.pending or not att.policy_network:
                     continue
                 local.devices[att.if_name] = (att.claim, device_key(att), att.policy_network)
-                plugin = plugin_type(att)
-                result = Result(attached.result) if attached.result else None
-                how = enforcement(plugin, kernel_netdev=kernel_netdev(plugin, result))
+                how, host_if, port = placement(  # an empty result is no result, as before
+                    att, attached.result or None, bridge_on_host=self.bridge_on_host
+                )
                 if how.where is None:
                     local.unenforced[att.if_name] = (att.policy_network, how.refused)
                     continue
-                host_if = host_interface(plugin, attached.result)
                 if how.where == "host" and host_if:
                     local.host[att.policy_network] = host_if
+                    if port is not None:
+                        local.bridged[att.policy_network] = port
+                        ports = self.bridge_ports.setdefault(port.bridge, set())
+                        ports.add((key, att.policy_network))
                 facts = PodFacts(
                     key[0],
                     key[1],
@@ -714,7 +838,14 @@ class PolicyEnforcer:
         table of cnidra's that no local interface has: a table the last run left behind when
         its pod went while the driver was down. A failure is tried again at the next wake."""
         if not self.swept and self.enabled:
-            wanted = {self.where(k, n) for k, nets in self.node.local.items() for n in nets}
+            wanted: set[tuple[str, str] | None] = {
+                self.where(k, n) for k, nets in self.node.local.items() for n in nets
+            }
+            wanted |= {
+                (self.host_netns, spoof_table_name(n, port.port))
+                for local in self.local.values()
+                for n, port in local.bridged.items()
+            }
             try:
                 found = await asyncio.to_thread(
                     self.datapath.list_tables, self.host_netns, timeout=NFT_TIMEOUT
@@ -726,8 +857,15 @@ class PolicyEnforcer:
                 self.doomed |= {
                     (self.host_netns, t)
                     for t in found
-                    if t.startswith(HOST_TABLE_PREFIX) and (self.host_netns, t) not in wanted
+                    if t.startswith((HOST_TABLE_PREFIX, SPOOF_TABLE_PREFIX))
+                    and (self.host_netns, t) not in wanted
                 }
+                for t in found:  # bridges an earlier run switched on
+                    bridge = marked_bridge(t) if t.startswith(BRIDGE_MARK_PREFIX) else None
+                    if bridge is not None:
+                        self.marked.add(bridge)
+                        if not self.bridge_ports.get(bridge):
+                            self.unflag.add(bridge)
         for where in sorted(self.doomed):
             try:
                 await asyncio.to_thread(self.datapath.remove, *where, timeout=NFT_TIMEOUT)
@@ -735,6 +873,34 @@ class PolicyEnforcer:
                 log.warning("removing the host's policy table %s: %s", where[1], exc)
                 continue
             self.doomed.discard(where)
+        await self.release_bridges()
+
+    async def release_bridges(self) -> None:
+        """The bridges whose last policed port went: their nf_call switches turned off again
+        (and their marks removed) when cnidra turned them on; a bridge that is gone takes its
+        switches with it (its mark is removed). A failure is tried again at the next wake."""
+        for bridge in sorted(self.unflag):
+            async with self.bridge_lock:
+                if self.bridge_ports.get(bridge):  # a pod came meanwhile: it stays on
+                    self.unflag.discard(bridge)
+                    continue
+                if bridge in self.marked:
+                    try:
+                        await asyncio.to_thread(
+                            self.bridge_datapath.set_bridge_nf_call,
+                            self.host_netns,
+                            bridge,
+                            False,
+                            mark=bridge_mark(bridge),
+                            timeout=NFT_TIMEOUT,
+                        )
+                    except nft.NftError as exc:
+                        log.warning("bridge %s: nf_call_iptables left on: %s", bridge, exc)
+                        self.doomed.add((self.host_netns, bridge_mark(bridge)))
+                    else:
+                        log.info("bridge %s: nf_call_iptables/ip6tables off again", bridge)
+                    self.marked.discard(bridge)
+                self.unflag.discard(bridge)
 
     async def apply_dirty(self) -> None:
         """Every table that changed, applied from what was applied last, at most
@@ -793,8 +959,14 @@ class PolicyEnforcer:
         for ifname, (claim, dkey, network) in local.devices.items():
             refused = local.unenforced.get(ifname, ("", ""))[1]
             host_if = local.host.get(network, "")
+            port = local.bridged.get(network)
             condition = policy_condition(
-                ifname, network, refused, () if host_if else local.undoable, host_if=host_if
+                ifname,
+                network,
+                refused,
+                () if host_if else local.undoable,
+                host_if=host_if,
+                bridge=port.bridge if port is not None else "",
             )
             self.conditions.device_condition(claim, dkey, CONDITION_POLICY, condition)
 
@@ -863,6 +1035,9 @@ class PolicyEnforcer:
                 out[ifname]["table"] = host_table_name(network, host_if)
                 out[ifname]["netns"] = self.host_netns
                 out[ifname]["hostInterface"] = host_if
+                port = local.bridged.get(network) if local is not None else None
+                if port is not None:
+                    out[ifname]["bridge"] = port.bridge
         if local is not None:
             for ifname, (network, why) in local.unenforced.items():
                 out[ifname] = {

@@ -133,12 +133,14 @@ def policy_condition(
     now: datetime | None = None,
     *,
     host_if: str = "",
+    bridge: str = "",
 ) -> dict[str, Any]:
     """The NetworkPolicyEnforced condition of an interface on a network policy can name
     (`network`, as `policy-for` names it): False with why when policy cannot be enforced on it
     (`refused`, the plugin type's reason) or when containers of its pod could delete the table
-    in its namespace (`undoable_by`); else True (`host_if`: on the host's end of its veth).
-    The message names no policy, so a policy change does not rewrite the claim's status."""
+    in its namespace (`undoable_by`); else True (`host_if`: on the host's end of its veth, a
+    port of `bridge` when it is one). The message names no policy, so a policy change does not
+    rewrite the claim's status."""
     if refused:
         return _condition(
             "False",
@@ -153,7 +155,9 @@ def policy_condition(
             "True",
             REASON_POLICY_HOST_SIDE,
             f"network policy for {network} is enforced for {if_name} on the host's end of its "
-            f"veth ({host_if}), where the pod cannot undo it",
+            f"veth ({host_if}"
+            + (f", a port of bridge {bridge}, by the pod's addresses" if bridge else "")
+            + "), where the pod cannot undo it",
             now,
             None,
             CONDITION_POLICY,

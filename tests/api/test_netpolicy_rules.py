@@ -275,7 +275,9 @@ def test_a_policy_change_rewrites_the_rules_in_place() -> None:
 def test_where_policy_is_enforced_or_refused() -> None:
     assert enforcement("macvlan").where == "pod"
     assert "CAP_NET_ADMIN" in enforcement("ipvlan").caveat
-    assert enforcement("bridge").where == "pod"
+    assert enforcement("bridge").where == "pod"  # unless the driver enforces bridges on the host
+    assert enforcement("bridge", bridge_on_host=True).where == "host"
+    assert "nf_call_iptables" in enforcement("bridge", bridge_on_host=True).caveat
     assert enforcement("sriov", kernel_netdev=False).where is None
     assert "vfio-pci" in enforcement("sriov", kernel_netdev=False).refused
     assert enforcement("dpdk").where is None

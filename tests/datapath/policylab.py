@@ -130,6 +130,7 @@ class Lab:
     addresses: dict[str, str]
     addresses6: dict[str, str]
     host: Path | None = None  # the routed lab's "node": the host's ends of the pods' veths
+    switch: Path | None = None  # the bridged lab's: its bridge BRIDGE and the pods' ports
 
     def probe(self, src: str, dst: str, proto: str, port: int) -> bool:
         """Whether a TCP connection (and an echo over it), or a UDP datagram and its echo, from
@@ -204,7 +205,23 @@ def lab(names: tuple[str, ...] = ("a", "b", "c")) -> Iterator[Lab]:
             srv = Servers(ns)
             stack.callback(srv.close)  # before its namespace goes
             srv.start()
-        yield Lab(pods, addresses, addresses6)
+        yield Lab(pods, addresses, addresses6, switch=switch)
+
+
+BRIDGE = "br0"
+
+
+def port_of(pod: str) -> str:
+    """The pod's port on the bridged lab's bridge (the host's end of its veth)."""
+    return f"p-{pod}"
+
+
+def mac_of(ns: Path, ifname: str = IFNAME) -> str:
+    shown = subprocess.run(
+        ["ip", "-n", ns.name, "-j", "link", "show", ifname],
+        check=True, capture_output=True, text=True, timeout=10,
+    )  # fmt: skip
+    return str(json.loads(shown.stdout)[0]["address"])
 
 
 ROUTED = "198.18.44"  # the routed lab's pods
