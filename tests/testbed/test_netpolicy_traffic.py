@@ -54,11 +54,20 @@ from typing import Any
 import pytest
 
 from testbed import cluster as tb
+from testbed.crds import NAD_CRD
 from testbed.harness import Cluster, DriverProcess
 from tests.datapath.policylab import Lab, Servers, stream
 from tests.testbed.conftest import pool_leases
 from tests.testbed.objects import apply, device_template, env_image, pod, ready
-from tests.testbed.test_named_networks import DRIVER, NETWORK_CLASS, devices_by_node, on_node
+from tests.testbed.test_named_networks import (
+    DRIVER,
+    NETWORK_CLASS,
+    devices_by_node,
+    multus_macvlan,
+    nad,
+    nad_template,
+    on_node,
+)
 from tests.testbed.test_netpolicy import policy_condition
 
 pytestmark = pytest.mark.testbed
@@ -761,3 +770,73 @@ def killed_and_restarted(net: Net, ns: str, network: str, node2: DriverProcess) 
     net.check(held, "node 2's restarted driver to keep c's policy")
     cluster.kubectl("delete", "multi-networkpolicies", "-n", ns, "c")
     net.check((("b", "c", "udp", 9000, True),), "node 2's restarted driver to follow a change")
+
+
+NAD_SUBNET = "198.19.50.0/24"
+
+
+def test_a_multus_policy_for_a_nad_as_written_across_two_nodes(
+    cluster: Cluster,
+    namespace: str,
+    spanning_bridge: str,
+    start_driver: Callable[..., DriverProcess],
+    node2_driver: DriverProcess,
+    ip_pools: Callable[..., str],
+) -> None:
+    """Requirement 1 as a Multus user has it: a NetworkAttachmentDefinition applied unchanged
+    (macvlan without a master: the allocated link is bound), claims that reference it, and a
+    MultiNetworkPolicy whose `policy-for` names it the Multus way (`<namespace>/<nad>`, no
+    prefix). a (app=db, node 1), b (app=web, node 1), c (app=web, node 2) on the spanning
+    bridge; no policy, then a default deny of a's ingress, then app=web on the named port
+    `http` only."""
+    ns = namespace
+    cluster.apply(NAD_CRD)
+    pool = ip_pools(NAD_SUBNET, ns)
+    node1 = start_driver()
+    cluster.wait(
+        "the NAD kind to be served",
+        lambda: cluster.kubectl("get", "net-attach-def", "-n", ns, check=False).returncode == 0,
+        60,
+    )
+    cluster.apply_in(ns, nad("blue", multus_macvlan("blue-net", pool)))
+    fields = {"network": {"attachmentDefinition": "blue"}}
+    apply(cluster, ns, nad_template("bnad", [("data", spanning_bridge, fields)]))
+    where = {"a": tb.NODE1, "b": tb.NODE1, "c": tb.NODE2}
+    drivers = {p: node1 if n == tb.NODE1 else node2_driver for p, n in where.items()}
+    net = Net(cluster, Lab({}, {}, {}), {}, drivers, dict.fromkeys(where, ns), NAD_SUBNET)
+
+    def policy(spec: dict[str, Any]) -> dict[str, Any]:
+        doc = tenant_policy(ns, "", spec)
+        doc["metadata"]["annotations"]["k8s.v1.cni.cncf.io/policy-for"] = f"{ns}/blue"
+        return doc
+
+    try:
+        for name, node in where.items():
+            apply(cluster, ns, a_pod(name, "bnad", LABELS[name], node))
+        for name in where:
+            ready(cluster, ns, name)
+            net.add(name)
+        net.check((("b", "a", "tcp", 8080, True), ("c", "a", "udp", 5353, True)), "NAD: no policy")
+        apply(cluster, ns, policy({"podSelector": DB, "policyTypes": ["Ingress"]}))
+        net.check(
+            (
+                ("b", "a", "tcp", 8080, False),
+                ("c", "a", "udp", 5353, False),
+                ("a", "c", "tcp", 8080, True),
+            ),
+            "NAD: a's ingress denied",
+        )
+        allow = {"from": [{"podSelector": WEB}], "ports": [{"port": "http"}]}
+        apply(cluster, ns, policy({"podSelector": DB, "ingress": [allow]}))
+        net.check(
+            (
+                ("b", "a", "tcp", 8080, True),
+                ("c", "a", "tcp", 8080, True),
+                ("b", "a", "tcp", 5432, False),
+                ("c", "a", "udp", 5353, False),
+            ),
+            "NAD: app=web on http only",
+        )
+    finally:
+        for servers in net.servers.values():
+            servers.close()
