@@ -380,10 +380,10 @@ class Preparer:
             return checked
 
     async def _resolve_in_slot(self, ref: ObjectRef) -> PreparedClaim:
-        """At most APISERVER_SLOTS claims ask the apiserver at once, as many as the client's
-        connections (cnidra.kube.session.LIMIT): a 100-claim batch does not open 100 TLS
-        connections, nor crowd out the driver's other requests (an earlier HTTP/2 client
-        failed the 101st stream of its one connection instead of queueing it)."""
+        """At most APISERVER_SLOTS claims ask the apiserver at once, and they wait for one of
+        the client's LIMIT connections (cnidra.kube.session): a 100-claim batch does not open
+        100 TLS connections, nor crowd out the driver's other requests (an earlier HTTP/2
+        client failed the 101st stream of its one connection instead of queueing it)."""
         async with self._apiserver_slots:
             with fields(claim=str(ref)):
                 return await self._resolve(ref)
