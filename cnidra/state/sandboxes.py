@@ -15,7 +15,7 @@ from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment
 from cnidra.state.checkpoint import attachment_from_json, attachment_to_json
 from cnidra.state.layout import StateLayout
-from cnidra.state.store import JsonDirStore
+from cnidra.state.store import JsonDirStore, compact_json
 
 log = logging.getLogger(__name__)
 
@@ -103,4 +103,16 @@ class SandboxStore(JsonDirStore[SandboxRecord]):
             # what their plugins held: an fsync would only lengthen every hook (NRI runs the
             # hooks of all pods one at a time)
             durable=False,
+            dumps=head_first,
         )
+
+
+def head_first(data: Mapping[str, Any]) -> str:
+    """A record as compact JSON with its head (every field but `attachments`, none of which a
+    tenant writes) alone on the first line: the container gate reads that line and no more."""
+    head = {k: v for k, v in data.items() if k != "attachments"}
+    text = compact_json(head)
+    if "attachments" not in data:
+        return text
+    rest = compact_json({"attachments": data["attachments"]})
+    return f"{text[:-1]},\n{rest[1:]}" if head else rest

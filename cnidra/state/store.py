@@ -46,10 +46,12 @@ class JsonDirStore(Generic[T]):
         key: Callable[[T], str],
         *,
         durable: bool = True,
+        dumps: Callable[[Mapping[str, Any]], str] | None = None,
     ) -> None:
         self.dir = directory
         self.durable = durable
         self._encode = encode
+        self._dumps = dumps or compact_json
         self._key = key
         self._items: dict[str, T] = {}
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -214,7 +216,11 @@ class JsonDirStore(Generic[T]):
         return len(self._items)
 
     def _serialize(self, item: T) -> tuple[str, bytes]:
-        return self._key(item), json.dumps(self._encode(item), separators=(",", ":")).encode()
+        return self._key(item), self._dumps(self._encode(item)).encode()
+
+
+def compact_json(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":"))
 
 
 def _frames(raw: bytes) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,57 @@ def test_no_record_or_no_sandbox_id_is_refused(tmp_path: Path) -> None:
     missing = run_gate(layout, None)
     assert missing.returncode != 0 and b"no sandbox ID" in missing.stderr
     assert run_gate(layout, "../../etc/passwd").returncode != 0  # only an ID's characters
+
+
+def test_the_records_head_is_alone_on_its_first_line(tmp_path: Path) -> None:
+    """What the gate reads: the head, with no tenant-written byte, on the first line; the
+    whole file is still the record."""
+    layout = StateLayout(tmp_path)
+    SandboxStore(layout).put_blocking(record(State.ADDING))
+    raw = (layout.sandboxes / "sb1.json").read_text()
+    first, rest = raw.split("\n", 1)
+    assert "attachments" not in first and '"state":"adding"' in first
+    assert rest.startswith('"attachments":') and "\n" not in rest
+    assert json.loads(raw) == record(State.ADDING).to_json()
+
+
+@pytest.mark.parametrize("state", [State.ADDING, State.ADDED])
+def test_a_record_written_before_the_head_line_is_judged_on_its_head(
+    tmp_path: Path, state: State
+) -> None:
+    """A record the driver wrote before an upgrade is one line; a tenant's config in its
+    attachments spelling "state":"added" still does not open the gate."""
+    layout = StateLayout(tmp_path)
+    layout.sandboxes.mkdir(parents=True)
+    one_line = json.dumps(record(state).to_json(), separators=(",", ":"))
+    assert '"state":"added"' in one_line.split('"attachments"', 1)[1]  # the tenant's words
+    (layout.sandboxes / "sb1.json").write_text(one_line)
+    assert (run_gate(layout, "sb1").returncode == 0) is (state == State.ADDED)
+
+
+@pytest.mark.parametrize(
+    "layout_of_state",
+    [
+        '{"annotations":{"io.kubernetes.cri.sandbox-id" : "sb1"}}',
+        '{"annotations":{"a":"io.kubernetes.cri.sandbox-id","io.kubernetes.cri.sandbox-id":"sb1"}}',
+        '{"annotations":{"a":"x\\",\\"io.kubernetes.cri.sandbox-id\\":\\"sb2","io.kubernetes.cri.sandbox-id":"sb1"}}',
+    ],
+)
+def test_the_sandbox_id_is_the_keys_value_and_no_other(
+    tmp_path: Path, layout_of_state: str
+) -> None:
+    """Blanks around the colon; the key's words as a value, or inside an escaped string,
+    before the real key: the ID is still the real key's value (sb2 is added, sb1 is not)."""
+    layout = StateLayout(tmp_path)
+    store = SandboxStore(layout)
+    store.put_blocking(record(State.ADDING))
+    store.put_blocking(replace(record(State.ADDED), sandbox_id="sb2"))
+    gate.install(layout.gate)
+    argv = gate.hook_args(layout.gate, layout.sandboxes, 1)
+    run = subprocess.run(
+        argv, input=layout_of_state.encode(), capture_output=True, timeout=30, check=False
+    )
+    assert run.returncode != 0 and b"(sandbox sb1," in run.stderr
 
 
 def test_every_claims_cdi_device_carries_the_gate(tmp_path: Path) -> None:
