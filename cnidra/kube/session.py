@@ -20,6 +20,7 @@ import contextlib
 import http.client
 import json
 import os
+import random
 import ssl
 import subprocess
 import tempfile
@@ -48,7 +49,10 @@ LIMIT = 8
 # connection of its own for as long as it streams
 WATCHES = 16
 TOKEN_REREAD = 60.0  # seconds: a projected service-account token is rotated under the pod
-WATCH_SECONDS = 290  # the apiserver ends a watch after this; watched again from where it was
+# the apiserver ends a watch after a time drawn in [WATCH_SECONDS, 2 x WATCH_SECONDS), as
+# client-go's reflectors ask (their minWatchTimeout is 5 minutes): watched again from where it
+# was; the spread keeps a fleet's watches from reopening together
+WATCH_SECONDS = 300
 EMPTY_WATCH = 1.0  # seconds: a watch that ends sooner with no event is a failure
 ALL_NAMESPACES = "*"
 
@@ -479,12 +483,13 @@ class AsyncClient:
         namespace: str | None = None,
         fields: Mapping[str, Any] | None = None,
         labels: Mapping[str, Any] | None = None,
-        seconds: int = WATCH_SECONDS,
+        seconds: int | None = None,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(event type, object) as the apiserver streams them, for ever: a watch the apiserver
-        ends (after `seconds`) is watched again from the last resourceVersion seen (bookmarks
-        keep it current and are not yielded). Raises ApiStatus when it is refused (410: the
-        version is too old; the caller lists again) or the connection fails."""
+        ends (after `seconds`, or WATCH_SECONDS to twice that) is watched again from the last
+        resourceVersion seen (bookmarks keep it current and are not yielded). Raises ApiStatus
+        when it is refused (410: the version is too old; the caller lists again) or the
+        connection fails."""
         params = {"watch": "true", "allowWatchBookmarks": "true"}
         if fields:
             params["fieldSelector"] = selector(fields)
@@ -492,9 +497,10 @@ class AsyncClient:
             params["labelSelector"] = selector(labels)
         path = kind.path(self._namespace(kind, namespace))
         while True:
-            params["timeoutSeconds"] = str(seconds)
+            timeout = seconds or WATCH_SECONDS + random.randrange(WATCH_SECONDS)
+            params["timeoutSeconds"] = str(timeout)
             started, events = time.monotonic(), 0
-            async for event, obj in self._watch_once(path, params, seconds):
+            async for event, obj in self._watch_once(path, params, timeout):
                 events += 1
                 version = (obj.get("metadata") or {}).get("resourceVersion")
                 if version:

@@ -135,7 +135,8 @@ async def test_a_watch_goes_on_from_the_last_version_and_keeps_bookmarks_to_itse
     assert versions == [None, "5", "9"]
     assert all(q["allowWatchBookmarks"] == "true" for q in apiserver.queries)
     assert all(q["fieldSelector"] == "metadata.name=a" for q in apiserver.queries)
-    assert all(int(q["timeoutSeconds"]) > 0 for q in apiserver.queries)
+    # each watch asks for its own time in [5, 10) minutes, as client-go's reflectors do
+    assert all(300 <= int(q["timeoutSeconds"]) < 600 for q in apiserver.queries)
 
 
 async def test_retry_after_and_conflicts_are_the_one_tables(
