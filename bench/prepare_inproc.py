@@ -58,6 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 import uuid
 from pathlib import Path
 from typing import Any
@@ -537,6 +538,7 @@ async def follow(
     profiler: Any = None
     spy: asyncio.subprocess.Process | None = None
     cpu: dict[str, float] = {}
+    idle_snapshot: tracemalloc.Snapshot | None = None
     while True:
         line = (await kubelet_proc.stdout.readline()).decode().strip()
         if not line:
@@ -545,6 +547,9 @@ async def follow(
             return cpu, json.loads(line)
         if line == "idle":
             out["rss_idle_mib"] = rss_mib()
+            if args.tracemalloc:
+                tracemalloc.start(8)
+                idle_snapshot = tracemalloc.take_snapshot()
             times.clear()
             if args.pyspy:
                 beside = Path(sys.executable).with_name("py-spy")  # installed in the venv
@@ -573,6 +578,17 @@ async def follow(
                 await spy.wait()
         elif line == "all":
             out[f"rss_{len(len_of)}_prepared_mib"] = out["rss_mib"] = rss_mib()
+            if idle_snapshot is not None:
+                gc.collect()
+                held = tracemalloc.take_snapshot().compare_to(idle_snapshot, "traceback")
+                args.tracemalloc.write_text(
+                    "\n\n".join(
+                        f"{stat.size_diff / 1024:.0f} KiB in {stat.count_diff} blocks\n"
+                        + "\n".join(stat.traceback.format())
+                        for stat in held[:40]
+                    )
+                )
+                tracemalloc.stop()
         cpu[line] = time.process_time()
         kubelet_proc.stdin.write(b"\n")
         await kubelet_proc.stdin.drain()
@@ -601,6 +617,11 @@ def main() -> None:
     )
     parser.add_argument("--cprofile", type=Path, help="cProfile stats of the measured phases")
     parser.add_argument("--pyspy", type=Path, help="py-spy flame graph (SVG) of them")
+    parser.add_argument(
+        "--tracemalloc",
+        type=Path,
+        help="what holds the memory the prepared claims add, by source line, here (text)",
+    )
     parser.add_argument("--kubelet", help=argparse.SUPPRESS)
     parser.add_argument("--refs", help=argparse.SUPPRESS)
     parser.add_argument("--make-claims", type=Path, help=argparse.SUPPRESS)
