@@ -300,6 +300,44 @@ def _node_cpu(run: Run) -> Row:
     return row
 
 
+def _requests_vs_multus(run: Run) -> Row:
+    """cnidra's apiserver requests per pod (its Normal Events on) against the fewer of Multus
+    thin's and thick's (bench.pod_ready counts theirs from the apiserver's audit log, by
+    their ServiceAccount), dra-example-driver's beside; each by kind."""
+    row = Row("apiserver requests per pod ≤ Multus' (Normal Events on)", "pod_ready", "–", "")
+    r = run.result("pod_ready")
+    key = "apiserver_requests_per_pod"
+    mine = find(r, key, "pod_ready")
+    theirs: dict[str, float] = {}
+    for way, _ in MULTUS:
+        with contextlib.suppress(Missing):
+            theirs[way] = num(r, way, key)
+    if not theirs:
+        raise Missing("not measured (no Multus way with `apiserver_requests_per_pod`)")
+    best = min(theirs, key=lambda way: theirs[way])
+    label = dict(MULTUS)
+    ok = mine <= theirs[best]
+    text = (
+        f"cnidra {g(mine)} {'≤' if ok else '>'} Multus {label[best]} {g(theirs[best])} (the fewer)"
+    )
+    peers = [(way, f"Multus {name}") for way, name in MULTUS]
+    peers.append(("dra_example", "dra-example-driver"))
+    for way, name in peers:
+        figures = r.get(way)
+        if not isinstance(figures, dict) or not _number(figures.get(key)):
+            continue
+        kinds = figures.get(f"{key}_by_kind")
+        listed = ", ".join(
+            f"{kind} {g(float(v))}"
+            for kind, v in (kinds.items() if isinstance(kinds, dict) else ())
+            if _number(v)
+        )
+        text += f"; {name} {g(float(figures[key]))}" + (f" ({listed})" if listed else "")
+    row.measured = text
+    row.verdict = MET if ok else not_met(f"{g(mine - theirs[best])} requests")
+    return row
+
+
 def _by_kind(run: Run, key: str) -> list[str]:
     """For the requests row: which requests a pod costs, and the count without the Normal
     Events (issue 24's, which `--no-normal-events` leaves out), so the goal's three writes can
@@ -502,6 +540,11 @@ GOALS: tuple[tuple[str, str, Callable[[Run], Row]], ...] = (
         lambda run: _per_pod(
             run, "apiserver_requests_per_pod", 3, "requests", "apiserver requests per pod"
         ),
+    ),
+    (
+        "apiserver requests per pod ≤ Multus' (Normal Events on)",
+        "pod_ready",
+        _requests_vs_multus,
     ),
     (
         "NodePrepareResources p99 ≤ 5 ms, 1 claim a call",

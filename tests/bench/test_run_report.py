@@ -530,3 +530,31 @@ def test_the_machine(tmp_path: Path) -> None:
     found = run.machine()
     assert found["cores"] == len(os.sched_getaffinity(0))
     assert found["python"] == ".".join(map(str, sys.version_info[:3]))
+
+
+def test_the_requests_row_against_multus_names_every_peers_kinds() -> None:
+    data = sample()
+    goal = "apiserver requests per pod ≤ Multus' (Normal Events on)"
+    assert rows(data)[goal][1].startswith("not measured")  # a run from before the audit log
+    result = data["benches"]["pod_ready"]["result"]
+    result["cnidra"] = {**POD_READY["cnidra"], "apiserver_requests_per_pod": 6.0}
+    result["multus"] = {
+        **POD_READY["multus"],
+        "apiserver_requests_per_pod": 7.5,
+        "apiserver_requests_per_pod_by_kind": {"get pods": 3.0, "create events": 4.5},
+    }
+    result["multus_thick"] = {"p50_s": 9.0, "p99_s": 12.0, "apiserver_requests_per_pod": 5.5}
+    result["dra_example"] = {
+        **POD_READY["dra_example"],
+        "apiserver_requests_per_pod": 2.0,
+        "apiserver_requests_per_pod_by_kind": {"get resourceclaims": 1.0, "x": "y"},
+    }
+    measured, verdict = rows(data)[goal]
+    assert measured.startswith("cnidra 6 > Multus thick 5.5 (the fewer)")
+    assert "; Multus thin 7.5 (get pods 3, create events 4.5)" in measured
+    assert "; dra-example-driver 2 (get resourceclaims 1)" in measured
+    assert verdict == "**not met** by 0.5 requests"
+    result["multus_thick"]["apiserver_requests_per_pod"] = 6.5
+    measured, verdict = rows(data)[goal]
+    assert measured.startswith("cnidra 6 ≤ Multus thick 6.5")
+    assert verdict == "met"
