@@ -3,8 +3,10 @@
 
 - each node writes how many addresses it leased in each of its CNIIPBlocks into the block's
   `status.leased` (`BlockLeaseWriter`): a block is written only by its node, so there is no
-  contention; counts changed by allocations are coalesced and written at most once per block
-  every `interval` seconds, with server-side apply on the status subresource;
+  contention; counts changed by allocations are coalesced and written once they settled (the
+  same at two flushes `interval` seconds apart; a count still changing after SETTLE_FLUSHES
+  flushes is written then), with server-side apply on the status subresource: a burst of pods
+  costs a write per block after it, not one per block per interval during it;
 - one `PoolAccountant` (in the one driver that holds the accountant's Lease,
   `run_while_leading`) LISTs then watches CNIIPPools and CNIIPBlocks, keeps each pool's counts in
   memory (a few integers per pool and per block), and writes a pool's `status` (size, held,
@@ -52,6 +54,7 @@ from cnidra.state.ipam import IPAMState
 
 log = logging.getLogger(__name__)
 FLUSH_SECONDS = 5.0
+SETTLE_FLUSHES = 6  # a block's count that keeps changing is written after this many flushes
 NETWORKS_TTL = 30.0
 NOTICES_KEPT = 4096
 RECENT_SECONDS = 60.0
@@ -63,13 +66,21 @@ class BlockStatusSink(Protocol):
 
 
 class BlockLeaseWriter:
-    """A node's leased count per block, written batched: `mark` costs nothing, `flush` writes
-    the blocks whose count changed since they were last written."""
+    """A node's leased count per block, written batched: `flush` writes the blocks whose count
+    changed since they were last written and has settled (the same as at the flush before),
+    or has waited `settle_flushes` flushes. The pool accountant lags at most that many
+    intervals behind a burst; it asks again, when a pool becomes exhausted, the Pending pods
+    of the RECENT_SECONDS before (PoolAccountant._replay)."""
 
-    def __init__(self, state: IPAMState, sink: BlockStatusSink) -> None:
+    def __init__(
+        self, state: IPAMState, sink: BlockStatusSink, settle_flushes: int = SETTLE_FLUSHES
+    ) -> None:
         self.state = state
         self.sink = sink
+        self.settle_flushes = settle_flushes
         self._written: dict[str, int] = {}
+        # block -> (its count at the last flush, the flushes it has waited): changed, unwritten
+        self._pending: dict[str, tuple[int, int]] = {}
         self.writes = 0
 
     def counts(self) -> dict[str, int]:
@@ -81,7 +92,13 @@ class BlockLeaseWriter:
         written = 0
         for name, leased in sorted(counts.items()):
             if self._written.get(name) == leased:
+                self._pending.pop(name, None)
                 continue
+            seen, waited = self._pending.get(name, (None, 0))
+            if seen != leased and waited < self.settle_flushes:
+                self._pending[name] = (leased, waited + 1)  # still changing: not yet
+                continue
+            self._pending[name] = (leased, waited)  # failed: tried again at the next flush
             try:
                 await self.sink.write_block_leased(name, leased)
             except NotFound:
@@ -92,9 +109,12 @@ class BlockLeaseWriter:
                 log.warning("leased count of CNIIPBlock %s not written: %s", name, exc)
                 continue
             self._written[name] = leased
+            self._pending.pop(name, None)
             written += 1
         for gone in set(self._written) - set(counts):
             del self._written[gone]
+        for gone in set(self._pending) - set(counts):
+            del self._pending[gone]
         self.writes += written
         return written
 
