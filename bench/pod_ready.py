@@ -26,8 +26,9 @@ until its status queue is empty): `cpu_ms_per_pod` (its process's user + system 
 /proc/<pid>/stat) and `apiserver_requests_per_pod` (every request its client made, from its
 cnidra_apiserver_requests_total), with `apiserver_requests_per_pod_by_kind` ("verb resource":
 which of them are the pods', which the slice publisher's), in the JSON's "cnidra"; the pool's
-GET (kept 10 s) and a block's LIST and CREATE per 16 addresses are among them now. The raw CNI
-time is the macvlan + host-local ADD exec'd directly.
+GET (kept 10 s) and a block's CREATE per 16 addresses (a LIST of the pool's blocks before the
+first of a burst) are among them now. The raw CNI time is the macvlan + host-local ADD exec'd
+directly.
 
 The peers' apiserver requests per pod, counted the same way over their rounds (the single pod
 and the burst, created and deleted), are in the JSON's "multus", "multus_thick" and
