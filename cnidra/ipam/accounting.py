@@ -10,8 +10,8 @@
 - one `PoolAccountant` (in the one driver that holds the accountant's Lease,
   `run_while_leading`) LISTs then watches CNIIPPools and CNIIPBlocks, keeps each pool's counts in
   memory (a few integers per pool and per block), and writes a pool's `status` (size, held,
-  free; `kubectl get cniippools` shows them) when they changed, at most once per pool every
-  `interval`;
+  free; `kubectl get cniippools` shows them) when they changed, once settled as a block's
+  count is (at once when the pool becomes exhausted or stops being so);
 - it watches the scheduler's FailedScheduling Events (a field selector: the apiserver filters).
   While no pool is exhausted an Event costs nothing. While one is, it reads the pod and its
   unallocated claims (one GET each, per scheduler attempt, not per pod at rest), finds the
@@ -177,6 +177,9 @@ class PoolAccountant:
     _blocks: dict[str, tuple[str, int, int]] = field(default_factory=dict)
     _block_nodes: dict[str, str] = field(default_factory=dict)  # block name -> its node
     _written: dict[str, dict[str, int]] = field(default_factory=dict)
+    # pool -> (its status at the last flush, the flushes it has waited): changed, unwritten
+    _pending: dict[str, tuple[dict[str, int], int]] = field(default_factory=dict)
+    settle_flushes: int = SETTLE_FLUSHES
     _networks: tuple[float, dict[str, str]] | None = None
     _noticed: dict[tuple[str, str, int], None] = field(default_factory=dict)
     stats: AccountantStats = field(default_factory=AccountantStats)
@@ -206,6 +209,7 @@ class PoolAccountant:
     def pool_deleted(self, name: str) -> None:
         self._shapes.pop(name, None)
         self._written.pop(name, None)
+        self._pending.pop(name, None)
 
     def block_changed(self, obj: Mapping[str, Any]) -> None:
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
@@ -262,21 +266,35 @@ class PoolAccountant:
         return {n: c for n, c in self.counts().items() if c.free == 0}
 
     async def flush(self) -> int:
-        """Write the status of each pool whose counts changed since last written."""
+        """Write the status of each pool whose counts changed since last written: at once when
+        it is the first this leader writes or the pool became exhausted or stopped being so,
+        else once the counts settled (the same as at the flush before; a burst moves them at
+        every flush) or waited `settle_flushes` flushes."""
         written = 0
         counted = sorted(self.counts().items())
         self.latest = tuple(PoolAccount(n, c.size, c.held, c.free) for n, c in counted)
         for name, counts in counted:
             status = counts.status()
-            if self._written.get(name) == status:
+            last = self._written.get(name)
+            if last == status:
+                self._pending.pop(name, None)
                 continue
+            seen, waited = self._pending.get(name, (None, 0))
+            urgent = last is None or (last.get("free") == 0) != (status["free"] == 0)
+            if not urgent and seen != status and waited < self.settle_flushes:
+                self._pending[name] = (status, waited + 1)
+                continue
+            self._pending[name] = (status, waited)
             try:
                 await self.cluster.write_pool_status(name, status)
             except Exception as exc:
                 log.warning("status of CNIIPPool %s not written: %s", name, exc)
                 continue
             self._written[name] = status
+            self._pending.pop(name, None)
             written += 1
+        for gone in set(self._pending) - {n for n, _ in counted}:
+            del self._pending[gone]
         self.stats.status_writes += written
         exhausted = frozenset(n for n, c in counted if c.free == 0)
         if exhausted - self._exhausted and self._recent:
@@ -360,6 +378,7 @@ class PoolAccountant:
         finally:
             self.latest = ()
             self._written.clear()  # a new leader may have written since
+            self._pending.clear()
 
     async def _follow(self) -> None:
         while True:

@@ -185,7 +185,7 @@ async def test_a_dual_stack_pool_counts_pods_not_addresses() -> None:
     assert (counts.size, counts.held) == (2, 1)  # one pod, not two addresses
 
 
-async def test_the_pool_status_is_written_when_it_changed_only() -> None:
+async def test_the_pool_status_is_written_when_it_changed_and_settled() -> None:
     cluster = FakeCluster()
     books = accountant(cluster)
     books.replace([pool("pool-b", "198.18.142.0/28")], [block("pool-b.0.0", "pool-b", 1)])
@@ -200,7 +200,17 @@ async def test_the_pool_status_is_written_when_it_changed_only() -> None:
     assert await books.flush() == 0  # nothing changed: no request
     for leased in range(2, 52):  # many allocations between two flushes: one write (held 3)
         books.block_changed(block("pool-b.0.0", "pool-b", leased % 4))
+    assert await books.flush() == 0  # changed: written once the same at the next flush
     assert await books.flush() == 1 and cluster.status_writes == 2
+    assert cluster.statuses["pool-b"]["held"] == 3
+    for leased in (5, 6, 7):  # a burst across flushes: written after it
+        books.block_changed(block("pool-b.0.0", "pool-b", leased))
+        assert await books.flush() == 0
+    assert await books.flush() == 1 and cluster.statuses["pool-b"]["held"] == 7
+    books.block_changed(block("pool-b.0.0", "pool-b", 14))  # exhausted: written at once
+    assert await books.flush() == 1 and cluster.statuses["pool-b"]["free"] == 0
+    books.block_changed(block("pool-b.0.0", "pool-b", 13))  # and no longer
+    assert await books.flush() == 1 and cluster.statuses["pool-b"]["free"] == 1
 
 
 async def test_a_pending_pod_gets_the_pool_its_size_and_held_count() -> None:
