@@ -406,7 +406,14 @@ class Peers:
         self.tokens: dict[str, str] = {}
 
     def make(self, bed: Cluster) -> None:
-        bed.kubectl("create", "namespace", PEERS_NAMESPACE, check=False)
+        def active() -> bool:  # a kept test bed's last run may have left it terminating
+            bed.kubectl("create", "namespace", PEERS_NAMESPACE, check=False)
+            phase = bed.kubectl(
+                "get", "namespace", PEERS_NAMESPACE, "-o", "jsonpath={.status.phase}", check=False
+            ).stdout
+            return phase == "Active"
+
+        bed.wait(f"the namespace {PEERS_NAMESPACE}", active, 120)
         for name in self.NAMES:
             bed.kubectl("create", "serviceaccount", name, "-n", PEERS_NAMESPACE, check=False)
             bed.kubectl(
