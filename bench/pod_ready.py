@@ -26,8 +26,16 @@ until its status queue is empty): `cpu_ms_per_pod` (its process's user + system 
 /proc/<pid>/stat) and `apiserver_requests_per_pod` (every request its client made, from its
 cnidra_apiserver_requests_total), with `apiserver_requests_per_pod_by_kind` ("verb resource":
 which of them are the pods', which the slice publisher's), in the JSON's "cnidra"; the pool's
-GET (kept 10 s) and a block's LIST and CREATE per 16 addresses are among them now. The raw CNI
-time is the macvlan + host-local ADD exec'd directly.
+GET (kept 10 s) and a block's CREATE per 16 addresses (a LIST of the pool's blocks before the
+first of a burst) are among them now. The raw CNI time is the macvlan + host-local ADD exec'd
+directly.
+
+The peers' apiserver requests per pod, counted the same way over their rounds (the single pod
+and the burst, created and deleted), are in the JSON's "multus", "multus_thick" and
+"dra_example" (`apiserver_requests_per_pod`, `..._by_kind`, `apiserver_user_agents`): each runs
+as a ServiceAccount of the test bed's PEERS_NAMESPACE, whose requests alone the test bed's
+apiserver writes to its audit log, as each was received (testbed/components.py); a peer's
+requests between its turn's first pod and its last pod's deletion are its turn's.
 
 Every way's node CPU per pod, over its rounds (`node_cpu_ms_per_pod`, beyond the `none` way's;
 by part, the baseline not taken off, in `node_cpu_ms_per_pod_by_part`): containerd with the
@@ -60,6 +68,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -77,6 +86,7 @@ from bench.profile import profiled
 from cnidra.cni import netns
 from cnidra.inventory.publisher import CHECK_ROUNDS
 from testbed import cluster as tb
+from testbed.components import AUDIT_LOG, PEERS_NAMESPACE
 from testbed.crds import NAD_CRD
 from testbed.harness import ROOT, Cluster, DriverProcess
 
@@ -188,11 +198,11 @@ class ExampleDriver:
     CDI specs where containerd reads them, and room to talk to the apiserver (its defaults of
     5 QPS would make it, not kubelet, the bottleneck of a 50-pod burst)."""
 
-    def __init__(self, binary: str, log: Path) -> None:
+    def __init__(self, binary: str, log: Path, kubeconfig: Path) -> None:
         self.argv = [
             binary,
             f"--node-name={tb.NODE}",
-            f"--kubeconfig={tb.Paths.admin_kubeconfig}",
+            f"--kubeconfig={kubeconfig}",
             f"--kubelet-registrar-directory-path={tb.Paths.plugins_registry}",
             f"--kubelet-plugins-directory-path={tb.Paths.plugins}",
             f"--cdi-root={tb.Paths.cdi}",
@@ -232,15 +242,16 @@ class ExampleDriver:
 
 
 @contextmanager
-def multus_installed(binary: str, work: Path) -> Iterator[None]:
+def multus_installed(binary: str, work: Path, kubeconfig: Path) -> Iterator[None]:
     """Multus thin as the runtime's CNI config (a file sorting before the test bed's primary
-    conflist, which it delegates to), its binary on containerd's plugin path."""
+    conflist, which it delegates to), its binary on containerd's plugin path; `kubeconfig` its
+    ServiceAccount's (Peers)."""
     primary = json.loads((tb.Paths.cni_conf / "10-testbed.conflist").read_text())
     conf = {
         "cniVersion": "1.0.0",
         "name": "multus-cni-network",
         "type": "multus",
-        "kubeconfig": str(tb.Paths.admin_kubeconfig),
+        "kubeconfig": str(kubeconfig),
         "cniDir": str(work / "multus-cache"),
         "confDir": str(tb.Paths.cni_conf),
         "delegates": [primary],
@@ -294,20 +305,10 @@ class MultusThick:
         self.proc: subprocess.Popen[bytes] | None = None
         self.token = ""
 
-    def prepare(self, bed: Cluster, namespace: str) -> None:
-        """Its service account's token (once a run)."""
+    def prepare(self, token: str) -> None:
+        """Its ServiceAccount's token (Peers, once a run)."""
         self.work.mkdir(exist_ok=True)
-        bed.kubectl("create", "serviceaccount", "multus", "-n", namespace)
-        bed.kubectl(
-            "create", "clusterrolebinding", f"{namespace}-multus", "--clusterrole=cluster-admin",
-            f"--serviceaccount={namespace}:multus",
-        )  # fmt: skip
-        self.token = bed.kubectl(
-            "create", "token", "multus", "-n", namespace, "--duration=6h"
-        ).stdout.strip()
-
-    def cleanup(self, bed: Cluster, namespace: str) -> None:
-        bed.kubectl("delete", "clusterrolebinding", f"{namespace}-multus", check=False)
+        self.token = token
 
     @contextmanager
     def installed(self) -> Iterator[subprocess.Popen[bytes]]:
@@ -389,6 +390,152 @@ class MultusThick:
         top = SERVICE_ACCOUNT_DIR.parents[1]
         if (top / MARKER).exists():
             shutil.rmtree(top, ignore_errors=True)
+
+
+class Peers:
+    """The peers' identities: a ServiceAccount each (Multus, thin and thick; dra-example-driver)
+    in the test bed's PEERS_NAMESPACE, bound to cluster-admin, whose requests the apiserver's
+    audit log records (testbed/components.py's policy: theirs only). The thin plugin and
+    dra-example-driver are given a kubeconfig with its token, the thick daemon the token where
+    client-go's in-cluster config reads it."""
+
+    NAMES = ("multus", "dra-example")
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.tokens: dict[str, str] = {}
+
+    def make(self, bed: Cluster) -> None:
+        def active() -> bool:  # a kept test bed's last run may have left it terminating
+            bed.kubectl("create", "namespace", PEERS_NAMESPACE, check=False)
+            phase = bed.kubectl(
+                "get", "namespace", PEERS_NAMESPACE, "-o", "jsonpath={.status.phase}", check=False
+            ).stdout
+            return phase == "Active"
+
+        bed.wait(f"the namespace {PEERS_NAMESPACE}", active, 120)
+        for name in self.NAMES:
+            bed.kubectl("create", "serviceaccount", name, "-n", PEERS_NAMESPACE, check=False)
+            bed.kubectl(
+                "create", "clusterrolebinding", f"{PEERS_NAMESPACE}-{name}",
+                "--clusterrole=cluster-admin", f"--serviceaccount={PEERS_NAMESPACE}:{name}",
+                check=False,
+            )  # fmt: skip
+            self.tokens[name] = bed.kubectl(
+                "create", "token", name, "-n", PEERS_NAMESPACE, "--duration=6h"
+            ).stdout.strip()
+
+    def kubeconfig(self, name: str) -> Path:
+        path = self.work / f"{name}.kubeconfig"
+        server = f"https://127.0.0.1:{tb.APISERVER_PORT}"
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "testbed",
+                    "cluster": {
+                        "server": server,
+                        "certificate-authority": str(tb.Paths.pki / "ca.crt"),
+                    },
+                }
+            ],
+            "users": [{"name": name, "user": {"token": self.tokens[name]}}],
+            "contexts": [{"name": name, "context": {"cluster": "testbed", "user": name}}],
+            "current-context": name,
+        }
+        path.write_text(json.dumps(config))
+        path.chmod(0o600)
+        return path
+
+    def remove(self, bed: Cluster) -> None:
+        for name in self.NAMES:
+            bed.kubectl("delete", "clusterrolebinding", f"{PEERS_NAMESPACE}-{name}", check=False)
+        bed.kubectl("delete", "namespace", PEERS_NAMESPACE, "--wait=false", check=False)
+
+
+def user(peer: str) -> str:
+    return f"system:serviceaccount:{PEERS_NAMESPACE}:{peer}"
+
+
+def audit_kind(event: dict[str, Any]) -> str:
+    """ "verb resource[/subresource]" of an audit event, as cnidra's own count names its
+    requests (a server-side apply is a patch here), or the path of a non-resource request."""
+    ref = event.get("objectRef")
+    verb = str(event.get("verb", ""))
+    if not isinstance(ref, dict):
+        return f"{verb} {str(event.get('requestURI', '')).split('?')[0]}"
+    sub = ref.get("subresource")
+    return f"{verb} {ref.get('resource', '')}{f'/{sub}' if sub else ''}"
+
+
+class AuditWindow:
+    """The requests a peer made between `start()` and `end()`, by kind, from the apiserver's
+    audit log (every request as it was received)."""
+
+    def __init__(self, path: Path = AUDIT_LOG) -> None:
+        self.path = path
+        self.offset = 0
+
+    @staticmethod
+    def available() -> bool:
+        """Whether the test bed's apiserver was started with its audit log (a test bed brought
+        up by an older checkout was not)."""
+        pid = tb.running("kube-apiserver")
+        if pid is None:
+            return False
+        try:
+            return b"--audit-log-path=" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+
+    def start(self) -> None:
+        self.offset = self.path.stat().st_size if self.path.exists() else 0
+
+    def end(self, peer: str) -> tuple[Counter[str], set[str]]:
+        kinds: Counter[str] = Counter()
+        agents: set[str] = set()
+        if not self.path.exists():
+            return kinds, agents
+        with open(self.path, "rb") as f:
+            if f.seek(0, os.SEEK_END) < self.offset:  # rotated: this window's from its start
+                self.offset = 0
+            f.seek(self.offset)
+            for line in f:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if event.get("stage") != "RequestReceived":
+                    continue
+                if (event.get("user") or {}).get("username") != user(peer):
+                    continue
+                kinds[audit_kind(event)] += 1
+                agents.add(str(event.get("userAgent", "")).split(" ")[0])
+        return kinds, agents
+
+
+@dataclass
+class PeerCost:
+    """A peer's apiserver requests over its way's rounds (the single pod and the burst, created
+    and deleted), by kind, and the pods they were for."""
+
+    requests: Counter[str] = field(default_factory=Counter)
+    agents: set[str] = field(default_factory=set)
+    pods: int = 0
+
+    def per_pod(self) -> dict[str, Any]:
+        pods = max(self.pods, 1)
+        return {
+            "apiserver_requests_per_pod": round(sum(self.requests.values()) / pods, 2),
+            "apiserver_requests_per_pod_by_kind": {
+                kind: round(count / pods, 2) for kind, count in sorted(self.requests.items())
+            },
+            "apiserver_user_agents": sorted(self.agents),
+        }
+
+
+PEER_OF = {"multus": "multus", "multus_thick": "multus", "dra_example": "dra-example"}
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -632,6 +779,8 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
     cnidra_split: list[dict[str, float]] = []
     driver_cpu: list[float] = []  # CPU seconds of cnidra's driver per burst (with its deletes)
     cost = DriverCost()  # over its whole rounds: the single pod and the burst, with deletes
+    peer_cost = {way: PeerCost() for way in PEER_OF}  # the same, from the audit log
+    audit = AuditWindow()
     hooks: dict[str, list[float]] = {"burst": [], "single": []}
     node_cpu, plane_cpu = Ledger(), Ledger()  # every way's, over its rounds
     lingering: dict[str, int] = {}  # the way's shims still running when its rounds ended
@@ -673,10 +822,17 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
             },
             *templates(parent, pool),
         )
-        example = ExampleDriver(found["dra_example"], work / "dra-example.log")
+        identities = Peers(work)
+        identities.make(bed)
+        audit_on = audit.available()
+        if not audit_on:
+            print(f"no audit log at {AUDIT_LOG}: the peers' requests not counted", file=sys.stderr)
+        example = ExampleDriver(
+            found["dra_example"], work / "dra-example.log", identities.kubeconfig("dra-example")
+        )
         example.start(bed)
         thick = MultusThick(found["multus_shim"], found["multus_daemon"], work, bins)
-        thick.prepare(bed, namespace)
+        thick.prepare(identities.tokens["multus"])
         shims = ShimLedger(tb._our_shims)
         shims.start()
         try:
@@ -688,7 +844,9 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                         driver = start_cnidra(bed, work / f"cnidra-{round_}", parent)
                     ctx: AbstractContextManager[Any] = _nothing()
                     if way == "multus":
-                        ctx = multus_installed(found["multus"], work)
+                        ctx = multus_installed(
+                            found["multus"], work, identities.kubeconfig("multus")
+                        )
                     elif way == "multus_thick":
                         ctx = thick.installed()
                     if driver is not None:
@@ -698,6 +856,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                         node = Window(node_pids(daemon.get(way)))
                         plane = Window({name: tb.running(name) for name in CONTROL_PLANE})
                         shims.owner = way
+                        audit.start()
                         single[way] += burst(bed, client, namespace, way, 1, f"{tag}s")
                         cpu = cpu_seconds(driver)
                         with profiled(driver, args.profile, f"cnidra-{args.pods}-pods-{tag}"):
@@ -707,6 +866,12 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
                             settled(driver)
                         node_cpu.add(way, node.end(), args.pods + 1)
                         plane_cpu.add(way, plane.end(), args.pods + 1)
+                        if way in PEER_OF and audit_on:
+                            time.sleep(2)  # the last pods' DELs (after the CPU windows)
+                            kinds, agents = audit.end(PEER_OF[way])
+                            peer_cost[way].requests.update(kinds)
+                            peer_cost[way].agents |= agents
+                            peer_cost[way].pods += args.pods + 1
                         shims.owner = None
                         lingering[way] = lingering.get(way, 0) + shims.alive(way)
                     if driver is not None:
@@ -737,7 +902,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
         finally:
             shims.stop()
             example.stop()
-            thick.cleanup(bed, namespace)
+            identities.remove(bed)
             bed.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
             delete_pool(bed, pool)
             subprocess.run(["ip", "link", "del", parent], check=False, capture_output=True)
@@ -746,6 +911,9 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
     for way in WAYS:
         result[way] = stats(samples[way])
     result["cnidra"].update(cost.per_pod())
+    for way, spent in peer_cost.items():
+        if spent.pods:
+            result[way].update(spent.per_pod())
     result["raw_cni_ms"] = raw
     result["one_pod"] = {way: stats(single[way]) for way in WAYS}
     result["cnidra_time_per_pod_ms"] = {

@@ -212,8 +212,15 @@ def _hooks(run: Run) -> Row:
     return row
 
 
+REQUESTS_GOAL = "apiserver requests per pod ≤ 3 without the Normal Events"
+
+
 def _per_pod(run: Run, key: str, goal: float, unit: str, label: str) -> Row:
-    row = Row(f"{label} ≤ {g(goal)}{' ms' if unit == 'ms' else ''}", "pod_ready", "–", "")
+    """A per-pod figure of cnidra's against its goal; the requests' judged without the Normal
+    Events (issue 42: ≤ 3 without them; with them, against Multus': _requests_vs_multus)
+    when the run says them by kind, on the whole count otherwise."""
+    name = f"{label} ≤ {g(goal)}{' ms' if unit == 'ms' else ''}"
+    row = Row(REQUESTS_GOAL if key == "apiserver_requests_per_pod" else name, "pod_ready", "–", "")
     notes = []
     if key == "cpu_ms_per_pod":
         burst = run.has("pod_ready")
@@ -240,8 +247,22 @@ def _per_pod(run: Run, key: str, goal: float, unit: str, label: str) -> Row:
         row.measured = "; ".join(notes) or "–"
         return row
     row.measured = "; ".join([f"{g(value)} {unit} (cnidra)", *notes, *_by_kind(run, key)])
-    row.verdict = MET if value <= goal else not_met(f"{g(value - goal)} {unit}")
+    judged = _without_normal_events(run, value) if key == "apiserver_requests_per_pod" else value
+    row.verdict = MET if judged <= goal else not_met(f"{g(round(judged - goal, 2))} {unit}")
     return row
+
+
+def _without_normal_events(run: Run, total: float) -> float:
+    """The requests per pod less the Events created (all Normal in a healthy run), when the
+    run says them by kind; `total` otherwise."""
+    result = run.result("pod_ready")
+    cnidra = result.get("cnidra")
+    kinds = (cnidra if isinstance(cnidra, dict) else result).get(
+        "apiserver_requests_per_pod_by_kind"
+    )
+    if not isinstance(kinds, dict) or not _number(kinds.get("create events", 0.0)):
+        return total
+    return round(total - float(kinds.get("create events", 0.0)), 2)
 
 
 MULTUS = (("multus", "thin"), ("multus_thick", "thick"))
@@ -297,6 +318,44 @@ def _node_cpu(run: Run) -> Row:
     row.measured = text
     by = f"{ms(mine - theirs[best])} ms ({over(mine, theirs[best])})"
     row.verdict = MET if ok else not_met(by)
+    return row
+
+
+def _requests_vs_multus(run: Run) -> Row:
+    """cnidra's apiserver requests per pod (its Normal Events on) against the fewer of Multus
+    thin's and thick's (bench.pod_ready counts theirs from the apiserver's audit log, by
+    their ServiceAccount), dra-example-driver's beside; each by kind."""
+    row = Row("apiserver requests per pod ≤ Multus' (Normal Events on)", "pod_ready", "–", "")
+    r = run.result("pod_ready")
+    key = "apiserver_requests_per_pod"
+    mine = find(r, key, "pod_ready")
+    theirs: dict[str, float] = {}
+    for way, _ in MULTUS:
+        with contextlib.suppress(Missing):
+            theirs[way] = num(r, way, key)
+    if not theirs:
+        raise Missing("not measured (no Multus way with `apiserver_requests_per_pod`)")
+    best = min(theirs, key=lambda way: theirs[way])
+    label = dict(MULTUS)
+    ok = mine <= theirs[best]
+    text = (
+        f"cnidra {g(mine)} {'≤' if ok else '>'} Multus {label[best]} {g(theirs[best])} (the fewer)"
+    )
+    peers = [(way, f"Multus {name}") for way, name in MULTUS]
+    peers.append(("dra_example", "dra-example-driver"))
+    for way, name in peers:
+        figures = r.get(way)
+        if not isinstance(figures, dict) or not _number(figures.get(key)):
+            continue
+        kinds = figures.get(f"{key}_by_kind")
+        listed = ", ".join(
+            f"{kind} {g(float(v))}"
+            for kind, v in (kinds.items() if isinstance(kinds, dict) else ())
+            if _number(v)
+        )
+        text += f"; {name} {g(float(figures[key]))}" + (f" ({listed})" if listed else "")
+    row.measured = text
+    row.verdict = MET if ok else not_met(f"{g(mine - theirs[best])} requests")
     return row
 
 
@@ -497,11 +556,16 @@ GOALS: tuple[tuple[str, str, Callable[[Run], Row]], ...] = (
         _node_cpu,
     ),
     (
-        "apiserver requests per pod ≤ 3",
+        REQUESTS_GOAL,
         "pod_ready",
         lambda run: _per_pod(
             run, "apiserver_requests_per_pod", 3, "requests", "apiserver requests per pod"
         ),
+    ),
+    (
+        "apiserver requests per pod ≤ Multus' (Normal Events on)",
+        "pod_ready",
+        _requests_vs_multus,
     ),
     (
         "NodePrepareResources p99 ≤ 5 ms, 1 claim a call",

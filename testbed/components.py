@@ -132,6 +132,36 @@ def apiserver_argv(
     ]
 
 
+# The peers the benchmarks run beside cnidra (Multus, dra-example-driver) run as ServiceAccounts
+# of this namespace, and the apiserver's audit log records their requests and no one else's:
+# bench.pod_ready counts them from it (a peer's own client keeps no count it shows).
+PEERS_NAMESPACE = "cnidra-peers"
+AUDIT_LOG = Paths.logs / "audit-peers.log"
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    # one line a request, when it is received (a watch too, though it never completes)
+    "omitStages": ["ResponseStarted", "ResponseComplete", "Panic"],
+    "rules": [
+        {"level": "Metadata", "userGroups": [f"system:serviceaccounts:{PEERS_NAMESPACE}"]},
+        {"level": "None"},
+    ],
+}
+
+
+def audit_argv() -> list[str]:
+    """The test bed's apiserver's audit flags (its policy written): the peers' requests only."""
+    policy = Paths.etc / "audit-policy.json"
+    policy.write_text(json.dumps(AUDIT_POLICY))
+    return [
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={AUDIT_LOG}",
+        "--audit-log-format=json",
+        "--audit-log-maxsize=200",
+        "--audit-log-maxbackup=1",
+    ]
+
+
 def start_apiserver(bins: Bins, gates: Mapping[str, bool] | None = None) -> None:
     """`gates`: feature gates to set besides (or instead of) GATES, as an older release has them
     (a test then starts it again without). Started again under running controllers (a test
@@ -140,7 +170,7 @@ def start_apiserver(bins: Bins, gates: Mapping[str, bool] | None = None) -> None
     and with 403s while its authorizer's caches filled, and client-go's reflectors back off up
     to 30 s on such failures (measured: a new namespace's default ServiceAccount came 26 s
     after a restart, 2 s with this)."""
-    start("kube-apiserver", apiserver_argv(bins, gates))
+    start("kube-apiserver", [*apiserver_argv(bins, gates), *audit_argv()])
     wait_for(
         "kube-apiserver /readyz",
         lambda: kubectl(bins, "get", "--raw", "/readyz", timeout=5).stdout.strip() == "ok",

@@ -151,7 +151,8 @@ class DriverSettings:
     )
     pool_status_seconds: float = setting(
         5.0,
-        "how often changed lease counts are written to blocks' and pools' status (batched)",
+        "how often lease counts are compared: a block's changed count is written to its status "
+        "once settled (the same at two comparisons), a pool's status when changed (batched)",
         schema={"minimum": 0.5},
     )
     device_metadata: bool = setting(

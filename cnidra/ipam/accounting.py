@@ -3,13 +3,15 @@
 
 - each node writes how many addresses it leased in each of its CNIIPBlocks into the block's
   `status.leased` (`BlockLeaseWriter`): a block is written only by its node, so there is no
-  contention; counts changed by allocations are coalesced and written at most once per block
-  every `interval` seconds, with server-side apply on the status subresource;
+  contention; counts changed by allocations are coalesced and written once they settled (the
+  same at two flushes `interval` seconds apart; a count still changing after SETTLE_FLUSHES
+  flushes is written then), with server-side apply on the status subresource: a burst of pods
+  costs a write per block after it, not one per block per interval during it;
 - one `PoolAccountant` (in the one driver that holds the accountant's Lease,
   `run_while_leading`) LISTs then watches CNIIPPools and CNIIPBlocks, keeps each pool's counts in
   memory (a few integers per pool and per block), and writes a pool's `status` (size, held,
-  free; `kubectl get cniippools` shows them) when they changed, at most once per pool every
-  `interval`;
+  free; `kubectl get cniippools` shows them) when they changed, once settled as a block's
+  count is (at once when the pool becomes exhausted or stops being so);
 - it watches the scheduler's FailedScheduling Events (a field selector: the apiserver filters).
   While no pool is exhausted an Event costs nothing. While one is, it reads the pod and its
   unallocated claims (one GET each, per scheduler attempt, not per pod at rest), finds the
@@ -52,6 +54,7 @@ from cnidra.state.ipam import IPAMState
 
 log = logging.getLogger(__name__)
 FLUSH_SECONDS = 5.0
+SETTLE_FLUSHES = 6  # a block's count that keeps changing is written after this many flushes
 NETWORKS_TTL = 30.0
 NOTICES_KEPT = 4096
 RECENT_SECONDS = 60.0
@@ -63,13 +66,21 @@ class BlockStatusSink(Protocol):
 
 
 class BlockLeaseWriter:
-    """A node's leased count per block, written batched: `mark` costs nothing, `flush` writes
-    the blocks whose count changed since they were last written."""
+    """A node's leased count per block, written batched: `flush` writes the blocks whose count
+    changed since they were last written and has settled (the same as at the flush before),
+    or has waited `settle_flushes` flushes. The pool accountant lags at most that many
+    intervals behind a burst; it asks again, when a pool becomes exhausted, the Pending pods
+    of the RECENT_SECONDS before (PoolAccountant._replay)."""
 
-    def __init__(self, state: IPAMState, sink: BlockStatusSink) -> None:
+    def __init__(
+        self, state: IPAMState, sink: BlockStatusSink, settle_flushes: int = SETTLE_FLUSHES
+    ) -> None:
         self.state = state
         self.sink = sink
+        self.settle_flushes = settle_flushes
         self._written: dict[str, int] = {}
+        # block -> (its count at the last flush, the flushes it has waited): changed, unwritten
+        self._pending: dict[str, tuple[int, int]] = {}
         self.writes = 0
 
     def counts(self) -> dict[str, int]:
@@ -81,7 +92,13 @@ class BlockLeaseWriter:
         written = 0
         for name, leased in sorted(counts.items()):
             if self._written.get(name) == leased:
+                self._pending.pop(name, None)
                 continue
+            seen, waited = self._pending.get(name, (None, 0))
+            if seen != leased and waited < self.settle_flushes:
+                self._pending[name] = (leased, waited + 1)  # still changing: not yet
+                continue
+            self._pending[name] = (leased, waited)  # failed: tried again at the next flush
             try:
                 await self.sink.write_block_leased(name, leased)
             except NotFound:
@@ -92,9 +109,12 @@ class BlockLeaseWriter:
                 log.warning("leased count of CNIIPBlock %s not written: %s", name, exc)
                 continue
             self._written[name] = leased
+            self._pending.pop(name, None)
             written += 1
         for gone in set(self._written) - set(counts):
             del self._written[gone]
+        for gone in set(self._pending) - set(counts):
+            del self._pending[gone]
         self.writes += written
         return written
 
@@ -157,6 +177,9 @@ class PoolAccountant:
     _blocks: dict[str, tuple[str, int, int]] = field(default_factory=dict)
     _block_nodes: dict[str, str] = field(default_factory=dict)  # block name -> its node
     _written: dict[str, dict[str, int]] = field(default_factory=dict)
+    # pool -> (its status at the last flush, the flushes it has waited): changed, unwritten
+    _pending: dict[str, tuple[dict[str, int], int]] = field(default_factory=dict)
+    settle_flushes: int = SETTLE_FLUSHES
     _networks: tuple[float, dict[str, str]] | None = None
     _noticed: dict[tuple[str, str, int], None] = field(default_factory=dict)
     stats: AccountantStats = field(default_factory=AccountantStats)
@@ -186,6 +209,7 @@ class PoolAccountant:
     def pool_deleted(self, name: str) -> None:
         self._shapes.pop(name, None)
         self._written.pop(name, None)
+        self._pending.pop(name, None)
 
     def block_changed(self, obj: Mapping[str, Any]) -> None:
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
@@ -242,21 +266,35 @@ class PoolAccountant:
         return {n: c for n, c in self.counts().items() if c.free == 0}
 
     async def flush(self) -> int:
-        """Write the status of each pool whose counts changed since last written."""
+        """Write the status of each pool whose counts changed since last written: at once when
+        it is the first this leader writes or the pool became exhausted or stopped being so,
+        else once the counts settled (the same as at the flush before; a burst moves them at
+        every flush) or waited `settle_flushes` flushes."""
         written = 0
         counted = sorted(self.counts().items())
         self.latest = tuple(PoolAccount(n, c.size, c.held, c.free) for n, c in counted)
         for name, counts in counted:
             status = counts.status()
-            if self._written.get(name) == status:
+            last = self._written.get(name)
+            if last == status:
+                self._pending.pop(name, None)
                 continue
+            seen, waited = self._pending.get(name, (None, 0))
+            urgent = last is None or (last.get("free") == 0) != (status["free"] == 0)
+            if not urgent and seen != status and waited < self.settle_flushes:
+                self._pending[name] = (status, waited + 1)
+                continue
+            self._pending[name] = (status, waited)
             try:
                 await self.cluster.write_pool_status(name, status)
             except Exception as exc:
                 log.warning("status of CNIIPPool %s not written: %s", name, exc)
                 continue
             self._written[name] = status
+            self._pending.pop(name, None)
             written += 1
+        for gone in set(self._pending) - {n for n, _ in counted}:
+            del self._pending[gone]
         self.stats.status_writes += written
         exhausted = frozenset(n for n, c in counted if c.free == 0)
         if exhausted - self._exhausted and self._recent:
@@ -340,6 +378,7 @@ class PoolAccountant:
         finally:
             self.latest = ()
             self._written.clear()  # a new leader may have written since
+            self._pending.clear()
 
     async def _follow(self) -> None:
         while True:

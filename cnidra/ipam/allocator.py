@@ -142,6 +142,9 @@ class Allocator:
         self._pools: dict[str, tuple[float, Pool]] = {}
         self._pool_list: tuple[float, list[Pool]] | None = None
         self._counts: dict[str, tuple[float, int]] = {}
+        # pool -> (when LISTed, the names of its blocks held then, with those this node tried
+        # to create since): the next block of a burst is reserved without another LIST
+        self._taken: dict[str, tuple[float, set[str]]] = {}
         self.capacity_ttl = CAPACITY_TTL_SECONDS
         self._locks = KeyedLocks()
 
@@ -315,17 +318,40 @@ class Allocator:
         raise AllocationError(f"CNIIPPool {pool.name}: block {held.name} has no free address")
 
     async def _reserve_block(self, pool: Pool, range_index: int) -> HeldBlock:
-        """A block no node holds, reserved by creating its object (one LIST to skip the taken
-        ones, then creates until one succeeds)."""
+        """A block no node holds, reserved by creating its object (the held ones skipped as a
+        LIST named them, then creates until one succeeds). A LIST is used for `pool_ttl`
+        seconds: the next block of a burst costs its create alone. A create is what decides (a
+        block another node created since is a conflict, and the next is tried); a block freed
+        since is missed only until that LIST is read again, which a pool seen exhausted on an
+        older LIST is first."""
         family = pool.spec.ranges[range_index].subnet
-        try:
-            taken = {b.name for b in await self.cluster.blocks(pool=pool.name)}
-            bound = await self._bound(pool)
-        except Exception as exc:
-            raise AllocationError(
-                f"CNIIPPool {pool.name}: this node's blocks of {family} are full and the "
-                f"apiserver could not be asked for another: {exc}"
-            ) from None
+        kept = self._taken.get(pool.name)
+        recent = kept is not None and self.clock() - kept[0] < self.pool_ttl
+        for fresh in (False, True) if recent else (True,):
+            try:
+                taken = await self._taken_blocks(pool) if fresh else self._taken[pool.name][1]
+                bound = await self._bound(pool)
+            except Exception as exc:
+                raise AllocationError(
+                    f"CNIIPPool {pool.name}: this node's blocks of {family} are full and the "
+                    f"apiserver could not be asked for another: {exc}"
+                ) from None
+            held = await self._create_free_block(pool, range_index, taken, bound)
+            if held is not None:
+                return held
+        raise AllocationError(
+            f"CNIIPPool {pool.name} is exhausted: every block of {family} is held by a node "
+            f"and this node's are full ({pool.range_capacity(range_index)} addresses in all)"
+        )
+
+    async def _taken_blocks(self, pool: Pool) -> set[str]:
+        taken = {b.name for b in await self.cluster.blocks(pool=pool.name)}
+        self._taken[pool.name] = (self.clock(), taken)
+        return taken
+
+    async def _create_free_block(
+        self, pool: Pool, range_index: int, taken: set[str], bound: list[Mapping[str, Any]]
+    ) -> HeldBlock | None:
         indices = pool.block_indices(range_index)
         start = pool.first_block_to_try(range_index, self.node) - indices.start
         for step in range(len(indices)):
@@ -341,16 +367,14 @@ class Allocator:
                 raise AllocationError(
                     f"CNIIPPool {pool.name}: block {block.name} could not be reserved: {exc}"
                 ) from None
+            taken.add(block.name)  # held now, this node's or another's
             if uid is None:
                 continue  # another node created it since the LIST
             held = HeldBlock(pool.name, block.name, range_index, index, str(block.cidr), uid)
             await self._hold_with_persistent(pool, block, held, bound)
             log.info("reserved block %s (%s) of CNIIPPool %s", block.name, block.cidr, pool.name)
             return held
-        raise AllocationError(
-            f"CNIIPPool {pool.name} is exhausted: every block of {family} is held by a node "
-            f"and this node's are full ({pool.range_capacity(range_index)} addresses in all)"
-        )
+        return None
 
     async def _bound(self, pool: Pool) -> list[Mapping[str, Any]]:
         """The IPAMClaims holding addresses (none can in a pool without persistent IPs)."""

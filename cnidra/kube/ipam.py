@@ -107,6 +107,9 @@ class KubeIPAM:
         self.timeout = timeout
         self._node_uids: dict[str, str] = {}
         self.successors: frozenset[str] | None = None  # as the Lease named them (lead)
+        # (namespace, name) -> the resourceVersion of the Lease as this process last wrote
+        # it, holding it: its next renewal is that one PATCH, no GET before (lead)
+        self._holding: dict[tuple[str, str], str] = {}
 
     async def _node_owner(self, node: str) -> dict[str, str]:
         """The Node as a block's owner: its deletion deletes the block (garbage collection)."""
@@ -394,7 +397,12 @@ class KubeIPAM:
         drivers that race for a lapsed Lease one wins (client-go's leader election, reduced
         to what the accountant needs). The holder names its `successors` in the Lease's
         SUCCESSORS annotation with each write; `self.successors` is what the last read
-        found there (None: no Lease, or none named), for the candidates' pace."""
+        found there (None: no Lease, or none named), for the candidates' pace.
+
+        A holder renews with the PATCH alone, preconditioned on the resourceVersion its own
+        last write returned: one request a renewal, not a GET and a PATCH. Anyone else's write
+        in between (a takeover after it lapsed) makes that a conflict, and a deleted Lease
+        not found: then it reads the Lease as a candidate does."""
         now = datetime.datetime.now(datetime.UTC)
         stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         spec = {
@@ -403,6 +411,18 @@ class KubeIPAM:
             "renewTime": stamp,
         }
         named = {SUCCESSORS: ",".join(successors) or None}
+        key = (namespace, name)
+        mine = self._holding.pop(key, None)
+        if mine is not None:
+            patch = {"metadata": {"resourceVersion": mine, "annotations": named}, "spec": spec}
+            try:
+                written = await self.api.merge_patch(Lease, name, patch, namespace=namespace)
+            except (Conflict, NotFound):
+                pass  # written by another since, or deleted: read it as a candidate does
+            else:
+                self._hold(key, written)
+                self.successors = frozenset(successors) or None
+                return True
         found = await self.api.get_or_none(Lease, name, namespace)
         self.successors = _successors(found)
         if found is None:
@@ -417,7 +437,7 @@ class KubeIPAM:
                 "spec": {**spec, "acquireTime": stamp},
             }
             try:
-                await self.api.create(Lease, body)
+                self._hold(key, await self.api.create(Lease, body))
             except Conflict:
                 return False
             return True
@@ -436,10 +456,17 @@ class KubeIPAM:
         meta = {"resourceVersion": data["metadata"]["resourceVersion"], "annotations": named}
         patch = {"metadata": meta, "spec": spec}
         try:
-            await self.api.merge_patch(Lease, name, patch, namespace=namespace)
+            self._hold(key, await self.api.merge_patch(Lease, name, patch, namespace=namespace))
         except Conflict:
             return False
         return True
+
+    def _hold(self, key: tuple[str, str], written: Any) -> None:
+        """The Lease as this process's write returned it: its next renewal's precondition."""
+        meta = written.get("metadata") if isinstance(written, Mapping) else None
+        version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+        if isinstance(version, str) and version:
+            self._holding[key] = version
 
 
 # the pool accountant's Lease: the nodes its holder names to take over first (comma-separated)

@@ -439,7 +439,9 @@ def test_pool_accounting_costs_nothing_at_rest_and_coalesces_allocations() -> No
     assert result["startup_requests"]["PATCH cniipblocks/status"] == 40
     # 200 allocations between two flushes: at most a write per block and per pool
     assert sum(result["burst_requests"].values()) <= 40 + 5
-    assert result["one_allocation_per_interval_requests_per_allocation"] == 2.0
+    # one allocation an interval, each written once it settled (a block's and a pool's write;
+    # fewer when the same block changed at the next interval too)
+    assert 1.5 < result["one_allocation_per_interval_requests_per_allocation"] <= 2.0
     assert result["accountant_memory_bytes"] > 0
     assert "pool accounting: 5 pools, 20 nodes, 40 blocks" in fleet_pools.report(result)
 

@@ -82,7 +82,7 @@ def test_the_other_rows_stay() -> None:
     got = rows(with_node_cpu(node_cpu_ms_per_pod=NODE))
     assert len(got) == len(report.GOALS)
     assert "driver CPU per pod ≤ 15 ms" in got
-    assert "apiserver requests per pod ≤ 3" in got
+    assert report.REQUESTS_GOAL in got
     goals = [goal for goal, _, _ in report.GOALS]
     assert goals.index(ROW) == goals.index("driver CPU per pod ≤ 15 ms") + 1
 

@@ -185,7 +185,7 @@ async def test_a_dual_stack_pool_counts_pods_not_addresses() -> None:
     assert (counts.size, counts.held) == (2, 1)  # one pod, not two addresses
 
 
-async def test_the_pool_status_is_written_when_it_changed_only() -> None:
+async def test_the_pool_status_is_written_when_it_changed_and_settled() -> None:
     cluster = FakeCluster()
     books = accountant(cluster)
     books.replace([pool("pool-b", "198.18.142.0/28")], [block("pool-b.0.0", "pool-b", 1)])
@@ -200,7 +200,17 @@ async def test_the_pool_status_is_written_when_it_changed_only() -> None:
     assert await books.flush() == 0  # nothing changed: no request
     for leased in range(2, 52):  # many allocations between two flushes: one write (held 3)
         books.block_changed(block("pool-b.0.0", "pool-b", leased % 4))
+    assert await books.flush() == 0  # changed: written once the same at the next flush
     assert await books.flush() == 1 and cluster.status_writes == 2
+    assert cluster.statuses["pool-b"]["held"] == 3
+    for leased in (5, 6, 7):  # a burst across flushes: written after it
+        books.block_changed(block("pool-b.0.0", "pool-b", leased))
+        assert await books.flush() == 0
+    assert await books.flush() == 1 and cluster.statuses["pool-b"]["held"] == 7
+    books.block_changed(block("pool-b.0.0", "pool-b", 14))  # exhausted: written at once
+    assert await books.flush() == 1 and cluster.statuses["pool-b"]["free"] == 0
+    books.block_changed(block("pool-b.0.0", "pool-b", 13))  # and no longer
+    assert await books.flush() == 1 and cluster.statuses["pool-b"]["free"] == 1
 
 
 async def test_a_pending_pod_gets_the_pool_its_size_and_held_count() -> None:
@@ -295,12 +305,15 @@ async def test_a_node_writes_its_blocks_leased_counts_batched(tmp_path: Path) ->
     held = HeldBlock("pool-a", "pool-a.0.0", 0, 0, "198.18.141.0/30", "uid")
     await state.hold(held)
     writer = BlockLeaseWriter(state, cluster)
+    assert await writer.flush() == 0  # seen once: written when it is the same at the next
     assert await writer.flush() == 1 and cluster.leased == {"pool-a.0.0": 0}
-    for i in range(1, 4):  # three allocations, then one flush: one write
+    for i in range(1, 4):  # three allocations, then flushes: one write, once settled
         await state.lease(Lease("pool-a", f"198.18.141.{i}", held.name, f"claim/u{i}/r"))
+    assert await writer.flush() == 0
     assert await writer.flush() == 1 and cluster.leased == {"pool-a.0.0": 3}
     assert await writer.flush() == 0  # at rest: no request
     await state.release("claim/u1/r")
+    assert await writer.flush() == 0
     cluster.fail_next_block_write = True
     assert await writer.flush() == 0  # failed: tried again at the next flush
     assert await writer.flush() == 1 and cluster.leased == {"pool-a.0.0": 2}
@@ -308,9 +321,31 @@ async def test_a_node_writes_its_blocks_leased_counts_batched(tmp_path: Path) ->
     # a block the apiserver no longer has: not asked again until its count changes
     await state.hold(HeldBlock("gone", "gone.0.0", 0, 0, "198.18.150.0/30", "uid2"))
     calls = writer.writes
-    await writer.flush()
-    await writer.flush()
+    for _ in range(4):
+        await writer.flush()
     assert writer.writes == calls + 1  # the one attempt counted, none after
+
+
+async def test_a_burst_costs_a_write_per_block_after_it_and_a_long_one_is_not_left_unsaid(
+    tmp_path: Path,
+) -> None:
+    cluster = FakeCluster()
+    state = IPAMState(StateLayout(tmp_path))
+    held = HeldBlock("pool-a", "pool-a.0.0", 0, 0, "198.18.141.0/28", "uid")
+    await state.hold(held)
+    writer = BlockLeaseWriter(state, cluster, settle_flushes=4)
+    await writer.flush()
+    await writer.flush()
+    base = writer.writes
+    for i in range(1, 4):  # a burst across three flushes: the count changes at each
+        await state.lease(Lease("pool-a", f"198.18.141.{i}", held.name, f"claim/u{i}/r"))
+        assert await writer.flush() == 0
+    assert await writer.flush() == 1 and cluster.leased == {"pool-a.0.0": 3}
+    assert writer.writes == base + 1  # not one a flush while it rose
+    for i in range(4, 10):  # a count that never settles: written after settle_flushes
+        await state.lease(Lease("pool-a", f"198.18.141.{i}", held.name, f"claim/u{i}/r"))
+        await writer.flush()
+    assert writer.writes == base + 2 and cluster.leased["pool-a.0.0"] in range(4, 10)
 
 
 async def test_only_the_lease_holder_runs_the_accountant() -> None:

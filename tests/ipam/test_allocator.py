@@ -12,6 +12,8 @@ import pytest
 
 from cnidra.ipam.allocator import AllocationError, Allocator
 from cnidra.ipam.reconcile import IPAMReconciler
+from cnidra.state.ipam import IPAMState
+from cnidra.state.layout import StateLayout
 from tests.ipam.fakes import (
     FakeApiserver,
     FakeCluster,
@@ -65,7 +67,53 @@ async def test_the_common_path_asks_the_apiserver_nothing(
         await node.assign(claim_using("data", f"c{i}"))
     assert api.calls == []
     await node.assign(claim_using("data", "next-block"))
-    assert [c.split()[0] for c in api.calls] == ["list", "create"]
+    # the first block's LIST named the held ones a moment ago: the next costs its create alone
+    assert [c.split()[0] for c in api.calls] == ["create"]
+
+
+async def test_a_burst_lists_a_pools_blocks_once_and_an_old_list_is_read_again(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    now = [0.0]
+    api.nodes.update({"a", "b"})
+    a = Allocator(
+        "a", IPAMState(StateLayout(tmp_path / "a")), FakeCluster(api), clock=lambda: now[0]
+    )
+    b = node_allocator(api, tmp_path, "b")
+    await a.assign(claim_using("data", "a0"))
+    room = await room_in_its_block(a)
+    for i in range(1, 3 * room):  # two more blocks, within pool_ttl of the first's LIST
+        await a.assign(claim_using("data", f"a{i}"))
+    assert [c.split()[0] for c in api.calls].count("list") == 1
+    assert len(a.state.blocks.all()) == 3
+    await b.assign(claim_using("data", "b0"))  # another node's block, after a's LIST
+    api.calls.clear()
+    for i in range(3 * room, 4 * room):  # a fourth block: b's is skipped at its create
+        await a.assign(claim_using("data", f"a{i}"))
+    assert len(a.state.blocks.all()) == 4
+    assert all(c.split()[0] != "list" for c in api.calls)
+    now[0] += a.pool_ttl  # later: LISTed again
+    api.calls.clear()
+    for i in range(4 * room, 5 * room):
+        await a.assign(claim_using("data", f"a{i}"))
+    assert [c.split()[0] for c in api.calls if c.split()[0] != "get"][:2] == ["list", "create"]
+
+
+async def test_a_pool_full_on_an_old_list_is_listed_again_before_it_is_called_exhausted(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    api.pool("tiny", {"ranges": [{"subnet": "198.18.131.0/29"}], "blockSize": 4})
+    a, b = node_allocator(api, tmp_path, "a"), node_allocator(api, tmp_path, "b")
+    await b.assign(claim_using("tiny", "b1"))
+    got = [await a.assign(claim_using("tiny", f"a{i}")) for i in (1, 2, 3)]  # its LIST: b's
+    assert len({addresses_of(c)[0] for c in got}) == 3
+    (held,) = b.state.blocks.all()
+    await b.release_claim("b1")
+    del api.blocks[held.name]  # b gave its block back: free, though a's last LIST had it held
+    api.calls.clear()
+    await a.assign(claim_using("tiny", "a4"))  # a's block is full: b's old one, after a LIST
+    assert [c.split()[0] for c in api.calls if c.split()[0] != "get"] == ["list", "create"]
+    assert len(a.state.blocks.all()) == 2
 
 
 async def test_an_exhausted_pool_is_named(api: FakeApiserver, tmp_path: Path) -> None:

@@ -27,7 +27,8 @@ class Client:
     async def patch(self, kind: Any, name: str, obj: Any, **kwargs: Any) -> Any:
         self.calls.append(("patch", kind, {"name": name, "obj": obj, **kwargs}))
         if kind == Lease:
-            assert self.lease is not None
+            if self.lease is None:
+                raise ApiStatus(404, "not found")
             if obj["metadata"]["resourceVersion"] != self.lease["metadata"]["resourceVersion"]:
                 raise ApiStatus(409, "changed")
             self.version += 1
@@ -39,6 +40,7 @@ class Client:
                 else:
                     annotations[key] = value
             self.lease["metadata"]["resourceVersion"] = str(self.version)
+            return copy.deepcopy(self.lease)
         return obj
 
     async def get(self, kind: Any, name: str, **kwargs: Any) -> Any:
@@ -53,7 +55,7 @@ class Client:
             raise ApiStatus(409, "exists")
         self.lease = copy.deepcopy(dict(obj))
         self.lease["metadata"]["resourceVersion"] = str(self.version)
-        return obj
+        return copy.deepcopy(self.lease)
 
     def list(self, kind: Any, **kwargs: Any) -> AsyncIterator[Any]:
         self.calls.append(("list", kind, kwargs))
@@ -130,6 +132,29 @@ async def test_one_lease_holder_until_it_lapses() -> None:
     assert await b.lead("ns", "acc", "b", 15)  # lapsed: taken over
     assert client.lease["spec"]["holderIdentity"] == "b"
     assert not await a.lead("ns", "acc", "a", 15)
+
+
+async def test_the_holder_renews_with_one_patch_and_reads_again_when_another_wrote() -> None:
+    client = Client()
+    a, b = KubeIPAM(client, node="a"), KubeIPAM(client, node="b")
+    assert await a.lead("ns", "acc", "a", 15, ["b"])  # none: read, created
+    client.calls.clear()
+    for _ in range(3):
+        assert await a.lead("ns", "acc", "a", 15, ["b"])
+    assert [c[0] for c in client.calls] == ["patch"] * 3  # renewals: no GET before each
+    assert a.successors == frozenset({"b"})
+    assert client.lease is not None
+    old = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=60)
+    client.lease["spec"]["renewTime"] = old.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    assert await b.lead("ns", "acc", "b", 15)  # lapsed: taken over
+    client.calls.clear()
+    assert not await a.lead("ns", "acc", "a", 15)  # its PATCH refused, the Lease read: b's
+    assert [c[0] for c in client.calls] == ["patch", "get"]
+    assert client.lease["spec"]["holderIdentity"] == "b"
+    client.lease = None  # deleted under its holder: read, then created again
+    client.calls.clear()
+    assert await b.lead("ns", "acc", "b", 15)
+    assert [c[0] for c in client.calls] == ["patch", "get", "create"]
 
 
 async def test_the_holder_names_its_successors_and_each_candidate_reads_them() -> None:
