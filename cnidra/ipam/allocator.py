@@ -271,6 +271,7 @@ class Allocator:
         """One address of each of the pool's ranges for `owner`: the one reserved for its pod
         (`pinned`, leased already), else the one it has, if any (not the tenant's `static`
         addresses the same owner leased for another plugin), else a free one."""
+        leases: list[Lease] = []
         async with self._locks.hold(pool.name):
             held = {
                 ipaddress.ip_address(a.address)
@@ -278,19 +279,29 @@ class Allocator:
                 if a.pool == pool.name
             } - set(static)
             addresses: list[Address] = []
-            for index, r in enumerate(pool.spec.ranges):
-                reserved = [a for a in pinned if a.version == r.subnet.version]
-                if reserved:
-                    addresses.append(reserved[0])
-                    continue
-                mine = [a for a in held if a.version == r.subnet.version]
-                if mine:
-                    addresses.append(min(mine))
-                    continue
-                address, block = await self._free_address(pool, index)
-                await self.state.lease(Lease(pool.name, str(address), block.name, owner, holder))
-                addresses.append(address)
-            return addresses
+            try:
+                for index, r in enumerate(pool.spec.ranges):
+                    reserved = [a for a in pinned if a.version == r.subnet.version]
+                    if reserved:
+                        addresses.append(reserved[0])
+                        continue
+                    mine = [a for a in held if a.version == r.subnet.version]
+                    if mine:
+                        addresses.append(min(mine))
+                        continue
+                    address, block = await self._free_address(pool, index)
+                    lease = Lease(pool.name, str(address), block.name, owner, holder)
+                    leases.append(self.state.reserve(lease))
+                    addresses.append(address)
+            except BaseException:
+                self.state.unreserve(leases)
+                raise
+        # written after the pool's lock is let go: the addresses are taken from the moment
+        # they are reserved, and the leases of concurrent prepares go to disk together; the
+        # claim is checkpointed only once they are durable (its caller awaits this)
+        if leases:
+            await self.state.commit(leases)
+        return addresses
 
     async def _free_address(self, pool: Pool, range_index: int) -> tuple[Address, HeldBlock]:
         node = self.node_addresses()

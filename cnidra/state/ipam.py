@@ -76,6 +76,9 @@ class IPAMState:
         self.blocks = JsonDirStore[HeldBlock](root / "blocks", _block, asdict, lambda b: b.name)
         self.leases = JsonDirStore[Lease](root / "addresses", _lease, asdict, lambda a: a.key)
         self._by_owner: dict[str, list[Lease]] = {}
+        # leases handed out and being written (`reserve`, then `commit`): taken for every
+        # other allocation from the moment they are reserved, though not yet durable
+        self._reserved: dict[str, Lease] = {}
         for lease in self.leases.all():
             self._by_owner.setdefault(lease.owner, []).append(lease)
 
@@ -90,7 +93,8 @@ class IPAMState:
         )
 
     def at(self, pool: str, address: str) -> Lease | None:
-        return self.leases.get(f"{pool}_{address.replace(':', '-')}")
+        key = f"{pool}_{address.replace(':', '-')}"
+        return self.leases.get(key) or self._reserved.get(key)
 
     def is_taken(self, pool: str, address: str) -> bool:
         return self.at(pool, address) is not None
@@ -99,7 +103,8 @@ class IPAMState:
         return list(self._by_owner.get(owner, ()))
 
     def in_block(self, block: str) -> list[Lease]:
-        return [a for a in self.leases.all() if a.block == block]
+        leases = [*self.leases.all(), *self._reserved.values()]
+        return [a for a in leases if a.block == block]
 
     def owners(self) -> Iterable[str]:
         return list(self._by_owner)
@@ -111,10 +116,33 @@ class IPAMState:
         await self.blocks.remove(name)
 
     async def lease(self, lease: Lease) -> Lease:
+        reserved = self.reserve(lease)
+        await self.commit([reserved])
+        return reserved
+
+    def reserve(self, lease: Lease) -> Lease:
+        """The address taken at once (for `at`, `is_taken` and `in_block`), without waiting
+        for the disk: `commit` makes it durable, or gives it back if that fails. So the pool's
+        lock need not be held while the lease is written, and the leases of concurrent
+        prepares are written together (one fsync, cnidra.state.store)."""
         lease = Lease(**{**asdict(lease), "since": lease.since or time.time()})
-        await self.leases.put(lease)
-        self._by_owner.setdefault(lease.owner, []).append(lease)
+        self._reserved[lease.key] = lease
         return lease
+
+    def unreserve(self, leases: list[Lease]) -> None:
+        """Reserved leases given back unwritten."""
+        for lease in leases:
+            self._reserved.pop(lease.key, None)
+
+    async def commit(self, leases: list[Lease]) -> None:
+        """Reserved leases written durably as one change, then held by their owners."""
+        try:
+            await self.leases.put_many(leases)
+        finally:
+            for lease in leases:
+                self._reserved.pop(lease.key, None)
+        for lease in leases:
+            self._by_owner.setdefault(lease.owner, []).append(lease)
 
     async def unlease(self, lease: Lease) -> None:
         """Free one address (a prepare that failed after leasing it gives it back)."""
