@@ -281,7 +281,7 @@ class JsonDirStore(Generic[T]):
 class _Change(Generic[T]):
     """One caller's change waiting for a group commit, and how it ended."""
 
-    __slots__ = ("put", "remove", "done", "error")
+    __slots__ = ("done", "error", "put", "remove")
 
     def __init__(
         self, put: list[tuple[str, bytes, T]], remove: list[str], done: asyncio.Future[None]
