@@ -315,8 +315,9 @@ class Allocator:
 
         for held in self.state.held_blocks(pool.name, range_index):
             block = pool.block(range_index, held.index)
-            for address in pool.usable(block):
-                if free(address):
+            taken = self.state.taken_in(held.name)
+            for address, text in pool.usable_texts(block):
+                if text not in taken and free(address):
                     return address, held
         held = await self._reserve_block(pool, range_index)
         block = pool.block(range_index, held.index)
