@@ -222,10 +222,11 @@ class JsonDirStore(Generic[T]):
 
     async def put(self, item: T) -> None:
         key, data = self._serialize(item)
-        if self.durable:
+        if self.durable:  # visible once written (not again after: a later change stands)
             await self._commit([(key, data, item)], [])
-        else:  # page cache only: microseconds, not worth a thread hop
-            write_atomically(self.dir / f"{key}.json", data, durable=False)
+            return
+        # page cache only: microseconds, not worth a thread hop
+        write_atomically(self.dir / f"{key}.json", data, durable=False)
         self._items[key] = item
 
     async def put_many(self, items: list[T]) -> None:
@@ -237,16 +238,14 @@ class JsonDirStore(Generic[T]):
                 await self.put(item)
             return
         serialized = [(*self._serialize(item), item) for item in items]
-        await self._commit(serialized, [])
-        for key, _, item in serialized:
-            self._items[key] = item
+        await self._commit(serialized, [])  # visible once written, by the writer
 
     def put_blocking(self, item: T) -> None:
         key, data = self._serialize(item)
         if self.durable:
             self._change([(key, data, item)], [])
-        else:
-            write_atomically(self.dir / f"{key}.json", data, durable=False)
+            return
+        write_atomically(self.dir / f"{key}.json", data, durable=False)
         self._items[key] = item
 
     async def remove(self, key: str) -> bool:
