@@ -49,7 +49,7 @@ from cnidra.dra.claim import (
     read_claim,
 )
 from cnidra.dra.resolve import Device, resolve_attachment
-from cnidra.dra.verdicts import VerdictCache
+from cnidra.dra.verdicts import NotCached, VerdictCache, cached_only
 from cnidra.ipam.allocator import AllocationError, Allocator
 from cnidra.observe.logs import fields
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
@@ -62,7 +62,9 @@ APISERVER_SLOTS = 32
 # A claim's judgement (the pure resolve_claim: policy, validation, binding) runs in a worker
 # thread, at most JUDGE_SLOTS claims at once, so no claim stalls the event loop and with it the
 # node's other pods; one that takes longer than JUDGE_BUDGET_S fails alone (its thread ends on
-# its own: the judgement is linear in the claim's size, docs/security.md).
+# its own: the judgement is linear in the claim's size, docs/security.md). A claim whose every
+# verdict the VerdictCache holds is judged on the loop instead (its configs are each within the
+# cache's key bound, so what is left is small; no thread hop).
 JUDGE_SLOTS = 2
 JUDGE_BUDGET_S = 2.0
 
@@ -457,6 +459,16 @@ class Preparer:
                     self.verdicts,
                 )
 
+        # a claim all of whose verdicts are kept (a template's pods after the first) is judged
+        # at once, on the loop: what is left is small (its configs are each at most the
+        # cache's key bound) and a thread hop would cost more than it; the same judgement
+        try:
+            with cached_only():
+                prepared = judge()
+        except NotCached:
+            pass
+        else:
+            return self.shared_networks.share(await self._addresses(prepared, typed))
         # off the loop, within the budget; a slot is held until the thread is done, even when
         # the claim failed on its budget, so such threads never pile up
         await self._judge_slots.acquire()
