@@ -616,13 +616,31 @@ class Preparer:
                 )
 
     async def unprepare(self, ref: ObjectRef) -> None:
-        async with self._locks.hold(ref.uid):
-            known = self.checkpoint.get(ref.uid)
-            if await self.checkpoint.remove(ref.uid):
+        await self.unprepare_batch([ref])
+
+    async def unprepare_batch(self, refs: Sequence[ObjectRef]) -> None:
+        """Claims forgotten together (a kubelet call's, after their interfaces are gone): each
+        claim's lock held, the checkpoint's removals one change, the claims' addresses freed
+        in another, their metadata files removed in one hop to a worker thread."""
+        refs = list({r.uid: r for r in refs}.values())
+        async with contextlib.AsyncExitStack() as stack:
+            for uid in sorted(r.uid for r in refs):  # one order: no deadlock between batches
+                await stack.enter_async_context(self._locks.hold(uid))
+            known = {r.uid: self.checkpoint.get(r.uid) for r in refs}
+            held = [r for r in refs if known[r.uid] is not None]
+            await self.checkpoint.remove_many([r.uid for r in held])
+            for ref in held:
                 log.info("unprepared claim %s (%s)", ref, ref.uid)
                 self.on_unprepared(ref)
             if self.ipam is not None:
-                await self.ipam.release_claim(ref.uid)
+                await self.ipam.release_claims([r.uid for r in refs])
             if self.metadata is not None:
-                requests = [d.request for d in known.devices] if known is not None else None
-                await asyncio.to_thread(self.metadata.remove, ref, requests)
+                metadata = self.metadata
+
+                def remove() -> None:
+                    for ref in refs:
+                        claim = known[ref.uid]
+                        requests = [d.request for d in claim.devices] if claim else None
+                        metadata.remove(ref, requests)
+
+                await asyncio.to_thread(remove)

@@ -33,7 +33,14 @@ from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment
 from cnidra.observe.metrics import PoolUsage
 from cnidra.state.checkpoint import PreparedClaim
-from cnidra.state.ipam import HeldBlock, IPAMState, Lease, claim_owner, ipamclaim_owner
+from cnidra.state.ipam import (
+    HeldBlock,
+    IPAMState,
+    Lease,
+    claim_owner,
+    ipamclaim_owner,
+    owner_claim_uid,
+)
 from cnidra.util.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
@@ -211,11 +218,13 @@ class Allocator:
 
     async def release_claim(self, uid: str) -> int:
         """Free what a claim's requests hold (not what IPAMClaims hold)."""
-        released = 0
-        for owner in self.state.owners():
-            if owner.startswith(f"claim/{uid}/"):
-                released += len(await self.state.release(owner))
-        return released
+        return await self.release_claims([uid])
+
+    async def release_claims(self, uids: Sequence[str]) -> int:
+        """`release_claim` for several claims, their leases removed as one change."""
+        wanted = set(uids)
+        owners = [o for o in self.state.owners() if owner_claim_uid(o) in wanted]
+        return len(await self.state.release_many(owners))
 
     async def pool(self, name: str) -> Pool:
         problem = pool_name_problem(name)
