@@ -585,7 +585,7 @@ class Preparer:
         claims = list(self.checkpoint.all())
         view = self.view()
         for claim in claims:
-            self.metadata.prepare(claim, view.attributes)
+            self.metadata.restore(claim, view.attributes)
         return len(claims)
 
     def cdi_device_ids(self, claim: PreparedClaim, request: str) -> list[str]:
