@@ -1,7 +1,8 @@
 """NodePrepareResources without the test bed: the driver's own cost (not a test: numbers).
 
     python -m bench.prepare_inproc [--json] [--rounds 200] [--batches 20] [--claims 1000]
-                                   [--distinct] [--state-root /var/tmp] [--run-root /dev/shm]
+                                   [--distinct] [--ahead] [--state-root /var/tmp]
+                                   [--run-root /dev/shm]
                                    [--cprofile FILE] [--pyspy FILE]
 
 Three processes, as on a node: this one is the driver's prepare path, wired as
@@ -25,6 +26,13 @@ written and fsynced per address, the pool's GET (kept 10 s), a block's LIST and 
 addresses. Runs from before this had host-local in the claims, which prepare only passed on:
 prepare's figures are not comparable with them (`apiserver_requests` counts the requests by
 method).
+
+`--ahead` models the driver's read-ahead (cnidra.dra.ahead, on by default in `cnidra driver`):
+the driver reads every claim once at start, as it does when a claim's pod is bound, and puts
+each claim of a NodePrepareResources into its `ClaimsAhead` just before the call is timed (the
+read-ahead's entries are used once); prepare then finds them there and checks their UID and
+resourceVersion instead of a GET. The driver's CPU then counts the cache's `put` but not the
+read ahead's GET (which a node spends when the pod is bound, not in prepare).
 
 Phases: `--rounds` single-claim prepares (each unprepared after), `--batches` prepares of 100
 claims (unprepared after), then all `--claims` prepared in batches of 100 and the driver's RSS
@@ -371,10 +379,13 @@ def rss_mib() -> float:
     return 0.0
 
 
-def timed(call: Any, times: dict[int, list[float]]) -> Any:
-    """The DRA service's prepare, timed inside the driver (what its latency metric sees)."""
+def timed(call: Any, times: dict[int, list[float]], ahead: Any = None) -> Any:
+    """The DRA service's prepare, timed inside the driver (what its latency metric sees);
+    with `ahead` (a callable), the request's claims read ahead first, untimed."""
 
     async def prepare(request: Any, context: Any) -> Any:
+        if ahead is not None:
+            ahead(request)
         start = time.perf_counter()
         try:
             return await call(request, context)
@@ -383,6 +394,25 @@ def timed(call: Any, times: dict[int, list[float]]) -> Any:
             times.setdefault(len(request.claims), []).append(took)
 
     return prepare
+
+
+async def read_ahead(preparer: Any, refs: Path) -> Any:
+    """Every claim read once, as the driver's read-ahead reads a claim when its pod is bound
+    (the same GET), and what puts a request's claims into the preparer's ClaimsAhead."""
+    from cnidra.dra.ahead import ClaimsAhead
+
+    preparer.ahead = ClaimsAhead(size=MAX_CLAIMS)
+    read: dict[str, Any] = {}
+    for namespace, name, uid in json.loads(refs.read_text()):
+        claim = await preparer.claims.get(namespace, name)
+        assert claim is not None and claim["metadata"]["uid"] == uid
+        read[uid] = claim
+
+    def put(request: Any) -> None:
+        for c in request.claims:
+            preparer.ahead.put(read[c.uid])
+
+    return put
 
 
 async def child(stack: contextlib.AsyncExitStack, *argv: str) -> asyncio.subprocess.Process:
@@ -473,6 +503,7 @@ async def drive(args: argparse.Namespace, tmp: Path, run: Path) -> dict[str, Any
     out: dict[str, Any] = {
         "claim_bytes": len(json.dumps(next(iter(json.loads(objects.read_text()).values())))),
         "distinct_configs": args.distinct,
+        "read_ahead": args.ahead,
     }
     cert, key = fake_apiserver.certificate(tmp)
     async with contextlib.AsyncExitStack() as stack:
@@ -487,7 +518,8 @@ async def drive(args: argparse.Namespace, tmp: Path, run: Path) -> dict[str, Any
         client = make_client(str(config), 10.0)
         preparer, service = wire(client, tmp, run)
         times: dict[int, list[float]] = {}
-        service.node_prepare_resources = timed(service.node_prepare_resources, times)
+        ahead = await read_ahead(preparer, refs) if args.ahead else None
+        service.node_prepare_resources = timed(service.node_prepare_resources, times, ahead)
         server = grpc.aio.server()
         server.add_generic_rpc_handlers(tuple(service.handlers()))
         socket = tmp / "dra.sock"
@@ -499,6 +531,8 @@ async def drive(args: argparse.Namespace, tmp: Path, run: Path) -> dict[str, Any
             "--rounds", str(args.rounds), "--batches", str(args.batches),
         )  # fmt: skip
         cpu, timings = await follow(kubelet_proc, args, out, times, len_of=preparer.checkpoint)
+        if preparer.ahead is not None:
+            out["read_ahead_hits"] = preparer.ahead.hits
         if await kubelet_proc.wait():
             raise SystemExit(f"the kubelet stand-in failed ({kubelet_proc.returncode})")
         apiserver.stdin.close()
@@ -603,6 +637,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=20, help="100-claim prepares")
     parser.add_argument("--claims", type=int, default=1000, help="prepared for the RSS")
     parser.add_argument("--distinct", action="store_true", help="a config per claim")
+    parser.add_argument(
+        "--ahead", action="store_true", help="claims read ahead (the driver's default), no GET"
+    )
     parser.add_argument(
         "--state-root",
         type=Path,

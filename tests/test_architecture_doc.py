@@ -529,12 +529,14 @@ def test_what_is_fsynced_is_what_the_doc_says(tmp_path: Path) -> None:
     ipam = IPAMState(layout)
     assert ipam.blocks.durable and ipam.leases.durable
     assert not SandboxStore(layout).durable
-    put = next(
-        n
+    functions = {
+        n.name: ast.unparse(n)
         for n in ast.walk(tree("cnidra/state/store.py"))
-        if isinstance(n, ast.AsyncFunctionDef) and n.name == "put"
-    )
-    assert "asyncio.to_thread" in ast.unparse(put)  # the durable writes, off the loop
+        if isinstance(n, ast.AsyncFunctionDef)
+    }
+    # the durable writes, off the loop (grouped: one hop and one fsync for concurrent ones)
+    assert "self._commit(" in functions["put"]
+    assert "asyncio.to_thread" in functions["_write_groups"]
     cached = [
         ast.unparse(c) for c in ast.walk(tree("cnidra/cni/cache.py")) if isinstance(c, ast.Call)
     ]

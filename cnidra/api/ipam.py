@@ -48,6 +48,7 @@ BLOCK_KIND = "CNIIPBlock"
 BLOCK_PLURAL = "cniipblocks"
 LABEL_POOL = f"{API_GROUP}/pool"
 LABEL_NODE = f"{API_GROUP}/node"
+USABLE_KEPT = 256  # a block of at most this many addresses keeps its usable ones listed
 IPAMCLAIM_GROUP = "k8s.cni.cncf.io"
 IPAMCLAIM_VERSION = "v1alpha1"
 IPAMCLAIM_KIND = "IPAMClaim"
@@ -338,6 +339,21 @@ class Pool:
             if address == r.gateway or any(address in n for n in excluded):
                 continue
             yield address
+
+    @functools.cached_property
+    def _usable_texts(self) -> dict[str, tuple[tuple[Address, str], ...]]:
+        return {}
+
+    def usable_texts(self, block: Block) -> tuple[tuple[Address, str], ...]:
+        """`usable(block)`, each address with its text, kept for the blocks of at most
+        USABLE_KEPT addresses (an allocation looks at its node's blocks again and again)."""
+        kept = self._usable_texts.get(block.name)
+        if kept is not None:
+            return kept
+        pairs = tuple((a, str(a)) for a in self.usable(block))
+        if block.cidr.num_addresses <= USABLE_KEPT:
+            self._usable_texts[block.name] = pairs
+        return pairs
 
     def range_capacity(self, range_index: int) -> int:
         """How many addresses of a range pods can get (counted, not walked: an IPv6 range may

@@ -93,21 +93,35 @@ class DRAService:
     ) -> dra.NodeUnprepareResourcesResponse:
         with _measure("NodeUnprepareResources"):
             response = dra.NodeUnprepareResourcesResponse()
-            for claim in request.claims:
+            ready: list[ObjectRef] = []
+            for claim in request.claims:  # each claim's interfaces gone, one claim at a time
                 ref = ObjectRef(claim.namespace, claim.name, claim.uid)
                 try:
                     with fields(claim=str(ref)):
                         if self.before_unprepare is not None:
                             await self.before_unprepare(ref)
-                        await self.preparer.unprepare(ref)
-                    response.claims[claim.uid].CopyFrom(dra.NodeUnprepareResourceResponse())
+                    ready.append(ref)
                 except Exception as exc:
-                    log.warning("unprepare %s failed: %s", ref, exc, extra={"claim": str(ref)})
-                    response.claims[claim.uid].CopyFrom(
-                        dra.NodeUnprepareResourceResponse(error=f"claim {ref}: {exc}")
-                    )
+                    self._unprepare_failed(response, ref, exc)
+            try:  # then those claims forgotten together (one change of each store)
+                await self.preparer.unprepare_batch(ready)
+            except Exception as exc:
+                for ref in ready:
+                    self._unprepare_failed(response, ref, exc)
+            else:
+                for ref in ready:
+                    response.claims[ref.uid].CopyFrom(dra.NodeUnprepareResourceResponse())
             metrics.PREPARED_CLAIMS.set(len(self.preparer.checkpoint))
             return response
+
+    @staticmethod
+    def _unprepare_failed(
+        response: dra.NodeUnprepareResourcesResponse, ref: ObjectRef, exc: Exception
+    ) -> None:
+        log.warning("unprepare %s failed: %s", ref, exc, extra={"claim": str(ref)})
+        response.claims[ref.uid].CopyFrom(
+            dra.NodeUnprepareResourceResponse(error=f"claim {ref}: {exc}")
+        )
 
     def handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:
         methods = {

@@ -49,7 +49,7 @@ from cnidra.dra.claim import (
     read_claim,
 )
 from cnidra.dra.resolve import Device, resolve_attachment
-from cnidra.dra.verdicts import VerdictCache
+from cnidra.dra.verdicts import NotCached, VerdictCache, cached_only
 from cnidra.ipam.allocator import AllocationError, Allocator
 from cnidra.observe.logs import fields
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
@@ -62,7 +62,9 @@ APISERVER_SLOTS = 32
 # A claim's judgement (the pure resolve_claim: policy, validation, binding) runs in a worker
 # thread, at most JUDGE_SLOTS claims at once, so no claim stalls the event loop and with it the
 # node's other pods; one that takes longer than JUDGE_BUDGET_S fails alone (its thread ends on
-# its own: the judgement is linear in the claim's size, docs/security.md).
+# its own: the judgement is linear in the claim's size, docs/security.md). A claim whose every
+# verdict the VerdictCache holds is judged on the loop instead (its configs are each within the
+# cache's key bound, so what is left is small; no thread hop).
 JUDGE_SLOTS = 2
 JUDGE_BUDGET_S = 2.0
 
@@ -457,6 +459,16 @@ class Preparer:
                     self.verdicts,
                 )
 
+        # a claim all of whose verdicts are kept (a template's pods after the first) is judged
+        # at once, on the loop: what is left is small (its configs are each at most the
+        # cache's key bound) and a thread hop would cost more than it; the same judgement
+        try:
+            with cached_only():
+                prepared = judge()
+        except NotCached:
+            pass
+        else:
+            return self.shared_networks.share(await self._addresses(prepared, typed))
         # off the loop, within the budget; a slot is held until the thread is done, even when
         # the claim failed on its budget, so such threads never pile up
         await self._judge_slots.acquire()
@@ -573,7 +585,7 @@ class Preparer:
         claims = list(self.checkpoint.all())
         view = self.view()
         for claim in claims:
-            self.metadata.prepare(claim, view.attributes)
+            self.metadata.restore(claim, view.attributes)
         return len(claims)
 
     def cdi_device_ids(self, claim: PreparedClaim, request: str) -> list[str]:
@@ -604,13 +616,31 @@ class Preparer:
                 )
 
     async def unprepare(self, ref: ObjectRef) -> None:
-        async with self._locks.hold(ref.uid):
-            known = self.checkpoint.get(ref.uid)
-            if await self.checkpoint.remove(ref.uid):
+        await self.unprepare_batch([ref])
+
+    async def unprepare_batch(self, refs: Sequence[ObjectRef]) -> None:
+        """Claims forgotten together (a kubelet call's, after their interfaces are gone): each
+        claim's lock held, the checkpoint's removals one change, the claims' addresses freed
+        in another, their metadata files removed in one hop to a worker thread."""
+        refs = list({r.uid: r for r in refs}.values())
+        async with contextlib.AsyncExitStack() as stack:
+            for uid in sorted(r.uid for r in refs):  # one order: no deadlock between batches
+                await stack.enter_async_context(self._locks.hold(uid))
+            known = {r.uid: self.checkpoint.get(r.uid) for r in refs}
+            held = [r for r in refs if known[r.uid] is not None]
+            await self.checkpoint.remove_many([r.uid for r in held])
+            for ref in held:
                 log.info("unprepared claim %s (%s)", ref, ref.uid)
                 self.on_unprepared(ref)
             if self.ipam is not None:
-                await self.ipam.release_claim(ref.uid)
+                await self.ipam.release_claims([r.uid for r in refs])
             if self.metadata is not None:
-                requests = [d.request for d in known.devices] if known is not None else None
-                await asyncio.to_thread(self.metadata.remove, ref, requests)
+                metadata = self.metadata
+
+                def remove() -> None:
+                    for ref in refs:
+                        claim = known[ref.uid]
+                        requests = [d.request for d in claim.devices] if claim else None
+                        metadata.remove(ref, requests)
+
+                await asyncio.to_thread(remove)

@@ -7,13 +7,35 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import replace
 
 from cnidra.api.issues import FieldPath, Issue, Issues
 from cnidra.api.merge import ConfigEntry, applicable
 from cnidra.api.networks import NamedNetwork, NetworkCatalog
 from cnidra.api.verdict import ResolvedRequest, check_request
+
+
+class NotCached(Exception):
+    """Within `cached_only()`: a verdict this cache does not hold (or would not keep)."""
+
+
+_CACHED_ONLY: ContextVar[bool] = ContextVar("cnidra_verdicts_cached_only", default=False)
+
+
+@contextmanager
+def cached_only() -> Iterator[None]:
+    """Within it, `check_request` answers only from the cache and raises NotCached for a
+    verdict it would have to judge: prepare then judges the claim the usual way, off the loop
+    within its budget (cnidra.dra.prepare). A claim all of whose verdicts are kept has configs
+    of at most `max_key_chars` each, so what is left of its judgement is small."""
+    token = _CACHED_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _CACHED_ONLY.reset(token)
 
 
 class VerdictCache:
@@ -74,6 +96,8 @@ class VerdictCache:
                 self.hits += 1
                 assert key is not None
                 self._verdicts.move_to_end(key)
+            elif _CACHED_ONLY.get():
+                raise NotCached(request)
             else:
                 self.misses += 1
         if found is None:

@@ -33,7 +33,14 @@ from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment
 from cnidra.observe.metrics import PoolUsage
 from cnidra.state.checkpoint import PreparedClaim
-from cnidra.state.ipam import HeldBlock, IPAMState, Lease, claim_owner, ipamclaim_owner
+from cnidra.state.ipam import (
+    HeldBlock,
+    IPAMState,
+    Lease,
+    claim_owner,
+    ipamclaim_owner,
+    owner_claim_uid,
+)
 from cnidra.util.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
@@ -214,11 +221,13 @@ class Allocator:
 
     async def release_claim(self, uid: str) -> int:
         """Free what a claim's requests hold (not what IPAMClaims hold)."""
-        released = 0
-        for owner in self.state.owners():
-            if owner.startswith(f"claim/{uid}/"):
-                released += len(await self.state.release(owner))
-        return released
+        return await self.release_claims([uid])
+
+    async def release_claims(self, uids: Sequence[str]) -> int:
+        """`release_claim` for several claims, their leases removed as one change."""
+        wanted = set(uids)
+        owners = [o for o in self.state.owners() if owner_claim_uid(o) in wanted]
+        return len(await self.state.release_many(owners))
 
     async def pool(self, name: str) -> Pool:
         problem = pool_name_problem(name)
@@ -274,6 +283,7 @@ class Allocator:
         """One address of each of the pool's ranges for `owner`: the one reserved for its pod
         (`pinned`, leased already), else the one it has, if any (not the tenant's `static`
         addresses the same owner leased for another plugin), else a free one."""
+        leases: list[Lease] = []
         async with self._locks.hold(pool.name):
             held = {
                 ipaddress.ip_address(a.address)
@@ -281,19 +291,29 @@ class Allocator:
                 if a.pool == pool.name
             } - set(static)
             addresses: list[Address] = []
-            for index, r in enumerate(pool.spec.ranges):
-                reserved = [a for a in pinned if a.version == r.subnet.version]
-                if reserved:
-                    addresses.append(reserved[0])
-                    continue
-                mine = [a for a in held if a.version == r.subnet.version]
-                if mine:
-                    addresses.append(min(mine))
-                    continue
-                address, block = await self._free_address(pool, index)
-                await self.state.lease(Lease(pool.name, str(address), block.name, owner, holder))
-                addresses.append(address)
-            return addresses
+            try:
+                for index, r in enumerate(pool.spec.ranges):
+                    reserved = [a for a in pinned if a.version == r.subnet.version]
+                    if reserved:
+                        addresses.append(reserved[0])
+                        continue
+                    mine = [a for a in held if a.version == r.subnet.version]
+                    if mine:
+                        addresses.append(min(mine))
+                        continue
+                    address, block = await self._free_address(pool, index)
+                    lease = Lease(pool.name, str(address), block.name, owner, holder)
+                    leases.append(self.state.reserve(lease))
+                    addresses.append(address)
+            except BaseException:
+                self.state.unreserve(leases)
+                raise
+        # written after the pool's lock is let go: the addresses are taken from the moment
+        # they are reserved, and the leases of concurrent prepares go to disk together; the
+        # claim is checkpointed only once they are durable (its caller awaits this)
+        if leases:
+            await self.state.commit(leases)
+        return addresses
 
     async def _free_address(self, pool: Pool, range_index: int) -> tuple[Address, HeldBlock]:
         node = self.node_addresses()
@@ -307,8 +327,9 @@ class Allocator:
 
         for held in self.state.held_blocks(pool.name, range_index):
             block = pool.block(range_index, held.index)
-            for address in pool.usable(block):
-                if free(address):
+            taken = self.state.taken_in(held.name)
+            for address, text in pool.usable_texts(block):
+                if text not in taken and free(address):
                     return address, held
         held = await self._reserve_block(pool, range_index)
         block = pool.block(range_index, held.index)

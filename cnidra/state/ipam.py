@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -76,8 +77,15 @@ class IPAMState:
         self.blocks = JsonDirStore[HeldBlock](root / "blocks", _block, asdict, lambda b: b.name)
         self.leases = JsonDirStore[Lease](root / "addresses", _lease, asdict, lambda a: a.key)
         self._by_owner: dict[str, list[Lease]] = {}
+        # leases handed out and being written (`reserve`, then `commit`): taken for every
+        # other allocation from the moment they are reserved, though not yet durable
+        self._reserved: dict[str, Lease] = {}
+        # the addresses taken in each block (leased or reserved), as text: what an allocation
+        # skips without building each address's key
+        self._taken: dict[str, set[str]] = {}
         for lease in self.leases.all():
             self._by_owner.setdefault(lease.owner, []).append(lease)
+            self._take(lease)
 
     def held_blocks(self, pool: str, range_index: int | None = None) -> list[HeldBlock]:
         return sorted(
@@ -90,16 +98,34 @@ class IPAMState:
         )
 
     def at(self, pool: str, address: str) -> Lease | None:
-        return self.leases.get(f"{pool}_{address.replace(':', '-')}")
+        key = f"{pool}_{address.replace(':', '-')}"
+        return self.leases.get(key) or self._reserved.get(key)
 
     def is_taken(self, pool: str, address: str) -> bool:
         return self.at(pool, address) is not None
+
+    def taken_in(self, block: str) -> AbstractSet[str]:
+        """The addresses of `block` leased or reserved (to read, not to keep: it changes)."""
+        return self._taken.get(block, frozenset())
+
+    def _take(self, lease: Lease) -> None:
+        self._taken.setdefault(lease.block, set()).add(lease.address)
+
+    def _untake(self, lease: Lease) -> None:
+        if self.at(lease.pool, lease.address) is not None:
+            return  # still leased (or reserved) under its key
+        taken = self._taken.get(lease.block)
+        if taken is not None:
+            taken.discard(lease.address)
+            if not taken:
+                del self._taken[lease.block]
 
     def of_owner(self, owner: str) -> list[Lease]:
         return list(self._by_owner.get(owner, ()))
 
     def in_block(self, block: str) -> list[Lease]:
-        return [a for a in self.leases.all() if a.block == block]
+        leases = [*self.leases.all(), *self._reserved.values()]
+        return [a for a in leases if a.block == block]
 
     def owners(self) -> Iterable[str]:
         return list(self._by_owner)
@@ -111,10 +137,37 @@ class IPAMState:
         await self.blocks.remove(name)
 
     async def lease(self, lease: Lease) -> Lease:
+        reserved = self.reserve(lease)
+        await self.commit([reserved])
+        return reserved
+
+    def reserve(self, lease: Lease) -> Lease:
+        """The address taken at once (for `at`, `is_taken` and `in_block`), without waiting
+        for the disk: `commit` makes it durable, or gives it back if that fails. So the pool's
+        lock need not be held while the lease is written, and the leases of concurrent
+        prepares are written together (one fsync, cnidra.state.store)."""
         lease = Lease(**{**asdict(lease), "since": lease.since or time.time()})
-        await self.leases.put(lease)
-        self._by_owner.setdefault(lease.owner, []).append(lease)
+        self._reserved[lease.key] = lease
+        self._take(lease)
         return lease
+
+    def unreserve(self, leases: list[Lease]) -> None:
+        """Reserved leases given back unwritten."""
+        for lease in leases:
+            self._reserved.pop(lease.key, None)
+            self._untake(lease)
+
+    async def commit(self, leases: list[Lease]) -> None:
+        """Reserved leases written durably as one change, then held by their owners."""
+        try:
+            await self.leases.put_many(leases)
+        except BaseException:
+            self.unreserve(leases)
+            raise
+        for lease in leases:
+            self._reserved.pop(lease.key, None)
+        for lease in leases:
+            self._by_owner.setdefault(lease.owner, []).append(lease)
 
     async def unlease(self, lease: Lease) -> None:
         """Free one address (a prepare that failed after leasing it gives it back)."""
@@ -124,8 +177,15 @@ class IPAMState:
         else:
             self._by_owner.pop(lease.owner, None)
         await self.leases.remove(lease.key)
+        self._untake(lease)
 
     async def release(self, owner: str) -> list[Lease]:
-        released = self._by_owner.pop(owner, [])
+        return await self.release_many([owner])
+
+    async def release_many(self, owners: Iterable[str]) -> list[Lease]:
+        """What the owners hold, freed as one change."""
+        released = [lease for owner in owners for lease in self._by_owner.pop(owner, [])]
         await self.leases.remove_many([lease.key for lease in released])
+        for lease in released:
+            self._untake(lease)
         return released

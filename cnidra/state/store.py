@@ -66,6 +66,9 @@ class JsonDirStore(Generic[T]):
         self._lock = threading.Lock()  # one change at a time: the log's frames in order
         self._unsettled: set[str] = set()  # keys whose files are not yet durable
         self._log_fd = -1
+        # group commit: the changes waiting for the next write, and the task writing them
+        self._waiting: list[_Change[T]] = []
+        self._writer: asyncio.Future[None] | None = None
         if durable:
             self._open_log(decode)
 
@@ -100,16 +103,12 @@ class JsonDirStore(Generic[T]):
         elif created:
             fsync_dir(self.log_path.parent)  # the log's own name, once
 
-    def _append(self, change: Mapping[str, Any], *, sync: bool = True) -> None:
+    def _append(self, change: Mapping[str, Any] | bytes, *, sync: bool = True) -> None:
         """One frame; durable (one fsync) when `sync`. A failed append is cut off again, so
         no torn frame sits before later ones."""
-        payload = json.dumps(change, separators=(",", ":")).encode()
-        frame = _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
         size = os.fstat(self._log_fd).st_size
         try:
-            view = memoryview(frame)
-            while view:
-                view = view[os.write(self._log_fd, view) :]
+            _write_frame(self._log_fd, change)
             if sync:
                 os.fsync(self._log_fd)
         except BaseException:
@@ -138,20 +137,80 @@ class JsonDirStore(Generic[T]):
         """A durable store's change: logged with one fsync (removals without: as an unlink,
         they need not survive a power loss), then the files written without fsync."""
         with self._lock:
-            logged: dict[str, Any] = {}
-            for key, data, _ in put:
-                logged[key] = json.loads(data)
-            self._append({"put": logged, "remove": remove}, sync=bool(put))
-            for key, data, item in put:
-                write_atomically(self.dir / f"{key}.json", data, durable=False)
-                self._items[key] = item  # visible once on disk
-            for key in remove:
-                (self.dir / f"{key}.json").unlink(missing_ok=True)
-                self._items.pop(key, None)
-            self._unsettled.update(logged)
-            self._unsettled.update(remove)
-            if os.fstat(self._log_fd).st_size > LOG_MAX:
-                self._settle()
+            self._append(_logged(put, remove), sync=bool(put))
+            self._apply(put, remove, [key for key, _, _ in put])
+
+    def _changes(self, changes: list[_Change[T]]) -> None:
+        """Several callers' changes in one go (group commit): each its own frame, in the
+        order they were asked for, then one fsync for all of them, then each change's files
+        written and made visible. A frame that cannot be written (or the fsync) fails every
+        change of the group, its frames cut off again; a file that cannot be written fails
+        only its own change, whose frame stands (replayed when the store is opened again)."""
+        with self._lock:
+            size = os.fstat(self._log_fd).st_size
+            try:
+                for change in changes:
+                    _write_frame(self._log_fd, _logged(change.put, change.remove))
+                if any(c.put for c in changes):
+                    os.fsync(self._log_fd)
+            except BaseException as exc:
+                os.ftruncate(self._log_fd, size)
+                for change in changes:
+                    change.error = exc
+                return
+            for change in changes:
+                try:
+                    self._apply(change.put, change.remove, [key for key, _, _ in change.put])
+                except BaseException as exc:
+                    change.error = exc
+
+    def _apply(self, put: list[tuple[str, bytes, T]], remove: list[str], logged: list[str]) -> None:
+        """A logged change's files written (without fsync) and the records made visible."""
+        for key, data, item in put:
+            write_atomically(self.dir / f"{key}.json", data, durable=False)
+            self._items[key] = item  # visible once on disk
+        for key in remove:
+            (self.dir / f"{key}.json").unlink(missing_ok=True)
+            self._items.pop(key, None)
+        self._unsettled.update(logged)
+        self._unsettled.update(remove)
+        if os.fstat(self._log_fd).st_size > LOG_MAX:
+            self._settle()
+
+    async def _commit(self, put: list[tuple[str, bytes, T]], remove: list[str]) -> None:
+        """A durable change, done together with the changes other callers ask for meanwhile:
+        while one group is being written in the worker thread, the next one gathers, and
+        is written with one thread hop and one fsync when that one is done. Returns when this
+        change is durable (or raises what failed it), as `_change` alone would."""
+        change = _Change(put, remove, asyncio.get_running_loop().create_future())
+        self._waiting.append(change)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.ensure_future(self._write_groups())
+        await change.done
+
+    async def _write_groups(self) -> None:
+        while self._waiting:
+            group, self._waiting = self._waiting, []
+            try:
+                await asyncio.to_thread(self._changes, group)
+            except BaseException as exc:  # the thread could not run it (or the loop stops)
+                for change in group:
+                    change.error = change.error or exc
+                if isinstance(exc, asyncio.CancelledError):
+                    self._settle_group(group)
+                    raise
+            self._settle_group(group)
+
+    def _settle_group(self, group: list[_Change[T]]) -> None:
+        for change in group:
+            if change.done.done():
+                continue
+            if change.error is None:
+                change.done.set_result(None)
+            elif isinstance(change.error, asyncio.CancelledError):
+                change.done.cancel()
+            else:
+                change.done.set_exception(change.error)
 
     def close(self) -> None:
         if self._log_fd >= 0:
@@ -163,10 +222,11 @@ class JsonDirStore(Generic[T]):
 
     async def put(self, item: T) -> None:
         key, data = self._serialize(item)
-        if self.durable:
-            await asyncio.to_thread(self._change, [(key, data, item)], [])
-        else:  # page cache only: microseconds, not worth a thread hop
-            write_atomically(self.dir / f"{key}.json", data, durable=False)
+        if self.durable:  # visible once written (not again after: a later change stands)
+            await self._commit([(key, data, item)], [])
+            return
+        # page cache only: microseconds, not worth a thread hop
+        write_atomically(self.dir / f"{key}.json", data, durable=False)
         self._items[key] = item
 
     async def put_many(self, items: list[T]) -> None:
@@ -178,22 +238,20 @@ class JsonDirStore(Generic[T]):
                 await self.put(item)
             return
         serialized = [(*self._serialize(item), item) for item in items]
-        await asyncio.to_thread(self._change, serialized, [])
-        for key, _, item in serialized:
-            self._items[key] = item
+        await self._commit(serialized, [])  # visible once written, by the writer
 
     def put_blocking(self, item: T) -> None:
         key, data = self._serialize(item)
         if self.durable:
             self._change([(key, data, item)], [])
-        else:
-            write_atomically(self.dir / f"{key}.json", data, durable=False)
+            return
+        write_atomically(self.dir / f"{key}.json", data, durable=False)
         self._items[key] = item
 
     async def remove(self, key: str) -> bool:
         if self.durable:
             present = key in self._items
-            await asyncio.to_thread(self._change, [], [key])
+            await self._commit([], [key])
             return present
         else:
             (self.dir / f"{key}.json").unlink(missing_ok=True)
@@ -207,7 +265,7 @@ class JsonDirStore(Generic[T]):
             for key in keys:
                 await self.remove(key)
             return
-        await asyncio.to_thread(self._change, [], list(keys))
+        await self._commit([], list(keys))
 
     def all(self) -> Iterable[T]:
         return list(self._items.values())
@@ -217,6 +275,34 @@ class JsonDirStore(Generic[T]):
 
     def _serialize(self, item: T) -> tuple[str, bytes]:
         return self._key(item), self._dumps(self._encode(item)).encode()
+
+
+class _Change(Generic[T]):
+    """One caller's change waiting for a group commit, and how it ended."""
+
+    __slots__ = ("done", "error", "put", "remove")
+
+    def __init__(
+        self, put: list[tuple[str, bytes, T]], remove: list[str], done: asyncio.Future[None]
+    ) -> None:
+        self.put = put
+        self.remove = remove
+        self.done = done
+        self.error: BaseException | None = None
+
+
+def _logged(put: list[tuple[str, bytes, Any]], remove: list[str]) -> bytes:
+    """A change as its frame records it: `{"put": {key: record}, "remove": [key]}`, the
+    records' JSON as they were encoded for their files (not decoded and encoded again)."""
+    records = b",".join(json.dumps(key).encode() + b":" + data for key, data, _ in put)
+    return b'{"put":{' + records + b'},"remove":' + json.dumps(remove).encode() + b"}"
+
+
+def _write_frame(fd: int, change: Mapping[str, Any] | bytes) -> None:
+    payload = change if isinstance(change, bytes) else compact_json(change).encode()
+    view = memoryview(_HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def compact_json(data: Mapping[str, Any]) -> str:

@@ -8,9 +8,14 @@ Wire facts (k8s.io/dynamic-resource-allocation v0.36 `api/metadata`, `kubeletplu
 - in the container: /var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/
   <request>/<driver>-metadata.json, or .../resourceclaimtemplates/<pod claim name>/... for a
   claim made from a template;
-- on the node: <kubelet plugin dir>/dra-device-metadata/<namespace>_<claim>/<request>/
-  metadata.json; CDI spec <cdi dir>/<driver>_metadata_<claim uid>_<request>.json of kind
-  <driver>/metadata, device <claim uid>_<request>;
+- on the node, upstream's helper writes <kubelet plugin dir>/dra-device-metadata/<namespace>_
+  <claim>/<request>/metadata.json; cnidra writes <kubelet plugin dir>/dra-device-metadata/
+  <namespace>_<claim>_<request>.json, one directory for all (no two directories made for every
+  claim: measured, they were the larger part of a prepare's CPU on an ext4 node disk; `_` is in
+  no namespace, claim or request name, so the name is unambiguous); what only the runtime reads
+  through the CDI spec; a file of the former layout is moved to this one at start (`restore`);
+  CDI spec <cdi dir>/<driver>_metadata_<claim uid>_<request>.json of kind <driver>/metadata,
+  device <claim uid>_<request>;
 - content: `metadata.resource.k8s.io/v1alpha1` DeviceMetadata, one JSON document per line.
 
 Updates rewrite the file in place (same inode): a bind mount keeps the inode it was given."""
@@ -66,11 +71,12 @@ class DeviceMetadata:
 
     # ------------------------------------------------------------------ paths
 
-    def claim_dir(self, claim: ObjectRef) -> Path:
+    def legacy_claim_dir(self, claim: ObjectRef) -> Path:
+        """Where the claim's files were before they were all in one directory."""
         return self.root / f"{claim.namespace}_{claim.name}"
 
     def host_file(self, claim: ObjectRef, request: str) -> Path:
-        return self.claim_dir(claim) / request / "metadata.json"
+        return self.root / f"{claim.namespace}_{claim.name}_{request}.json"
 
     def container_file(self, claim: PreparedClaim, request: str) -> Path:
         if claim.pod_claim_name:
@@ -108,6 +114,21 @@ class DeviceMetadata:
                     _write_and_close(fd, (json.dumps(document, separators=(",", ":")) + "\n"))
             self._write_cdi_spec(claim, base, host)
 
+    def restore(
+        self, claim: PreparedClaim, attributes: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> None:
+        """`prepare` at start, a file of the former layout moved to this one first (the same
+        inode, with the network data the hook filled in: containers running mount it)."""
+        legacy = self.legacy_claim_dir(claim.ref)
+        if legacy.is_dir():
+            for request in dict.fromkeys(base_request(d.request) for d in claim.devices):
+                old = legacy / request / "metadata.json"
+                new = self.host_file(claim.ref, request)
+                if old.exists() and not new.exists():
+                    os.replace(old, new)
+            shutil.rmtree(legacy, ignore_errors=True)
+        self.prepare(claim, attributes)
+
     def prepare_all(
         self,
         claims: Iterable[PreparedClaim],
@@ -143,14 +164,18 @@ class DeviceMetadata:
         """The claim's files; with its requests known, without reading the CDI directory
         (which holds a spec per prepared request of the node: a glob per unprepare made
         unprepare slower with every claim prepared)."""
-        shutil.rmtree(self.claim_dir(claim), ignore_errors=True)
         if requests is None:
+            hosts = list(self.root.glob(f"{claim.namespace}_{claim.name}_*.json"))
             specs = list(self.cdi_dir.glob(f"{self.driver}_metadata_{claim.uid}_*.json"))
         else:
-            specs = [self.cdi_file(claim.uid, base_request(r)) for r in requests]
-        for spec in specs:
+            bases = dict.fromkeys(base_request(r) for r in requests)
+            hosts = [self.host_file(claim, r) for r in bases]
+            specs = [self.cdi_file(claim.uid, r) for r in bases]
+        for path in [*hosts, *specs]:
             with contextlib.suppress(FileNotFoundError):
-                spec.unlink()
+                path.unlink()
+        # one prepared before the files were all in one directory, and not restored since
+        shutil.rmtree(self.legacy_claim_dir(claim), ignore_errors=True)
 
     def _document(
         self,
@@ -177,7 +202,7 @@ class DeviceMetadata:
 
     def _host_text(self, claim: ObjectRef, request: str) -> str:
         """`host_file`, as text."""
-        return f"{self._root_text}/{claim.namespace}_{claim.name}/{request}/metadata.json"
+        return f"{self._root_text}/{claim.namespace}_{claim.name}_{request}.json"
 
     def _write_cdi_spec(self, claim: PreparedClaim, request: str, host: str) -> None:
         edits: dict[str, Any] = {}

@@ -3,9 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
-import tempfile
 from pathlib import Path
+
+_NAMES = itertools.count()
+
+
+def _temporary(path: Path) -> tuple[int, str]:
+    """A new file beside `path` (its directories made when missing), open for writing: named
+    by this process and a counter, created exclusively (no random name drawn per write, as
+    tempfile's, whose generator was a tenth of a checkpoint write's CPU)."""
+    while True:
+        tmp = f"{path.parent}/.{path.name}.{os.getpid()}.{next(_NAMES)}"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), tmp
+        except FileExistsError:  # left by a process of the same pid before: the next name
+            continue
+        except FileNotFoundError:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
 def write_all_atomically(items: list[tuple[Path, bytes]], mode: int = 0o600) -> None:
@@ -40,15 +56,17 @@ def write_atomically(
     """Write to a temp file in the same directory and rename it over `path`: readers see the
     old or the new content, never a mix. `durable` also fsyncs the file and the directory, so
     that holds across a power loss too, not only across a process crash."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = _temporary(path)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
             if durable or sync_file:
-                f.flush()
-                os.fsync(f.fileno())
-        os.chmod(tmp, mode)
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -15,6 +15,7 @@ import pytest
 import cnidra.dra.prepare as prepare_module
 from cnidra.api.refs import ObjectRef
 from cnidra.dra.prepare import JUDGE_BUDGET_S, PrepareError, Preparer
+from cnidra.dra.verdicts import NotCached
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
 from cnidra.state.layout import StateLayout
 from tests.dra.test_prepare import DIRS, VIEW, Claims, named
@@ -32,7 +33,9 @@ def costly_a(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event,
 
     def judge(claim: Any, ref: ObjectRef, *args: Any, **kwargs: Any) -> PreparedClaim:
         if ref.name == "a":
-            assert threading.current_thread() is not threading.main_thread()
+            if threading.current_thread() is threading.main_thread():
+                raise NotCached("a")  # a costly claim's verdicts are not kept: judged off the loop
+            started.set()
             started.set()
             assert release.wait(30)
         return real(claim, ref, *args, **kwargs)
@@ -109,3 +112,54 @@ async def test_judgements_at_once_are_bounded_and_a_slot_is_held_until_the_threa
             break
         await asyncio.sleep(0.05)
     assert p._judge_slots._value == prepare_module.JUDGE_SLOTS
+
+
+def judged_where(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """(claim name, "loop" or "thread", and how it ended) of every judgement."""
+    seen: list[tuple[str, str]] = []
+    real = prepare_module.resolve_claim
+
+    def judge(claim: Any, ref: ObjectRef, *args: Any, **kwargs: Any) -> PreparedClaim:
+        where = "loop" if threading.current_thread() is threading.main_thread() else "thread"
+        try:
+            answer = real(claim, ref, *args, **kwargs)
+        except NotCached:
+            seen.append((ref.name, f"{where}: not cached"))
+            raise
+        seen.append((ref.name, where))
+        return answer
+
+    monkeypatch.setattr(prepare_module, "resolve_claim", judge)
+    return seen
+
+
+def same_configs() -> Claims:
+    """Claims a and b with equal configs, as a template's pods have."""
+    a, b = named("x", "u-a", 1), named("x", "u-b", 1)
+    a["metadata"]["name"], b["metadata"]["name"] = "a", "b"
+    return Claims(a, b)
+
+
+async def test_a_claim_whose_verdicts_are_kept_is_judged_on_the_loop_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = judged_where(monkeypatch)
+    p = Preparer("n1", same_configs(), Checkpoint(StateLayout(tmp_path)), DIRS, view=lambda: VIEW)
+    a = await p.prepare(A)
+    await p.unprepare(A)  # one pod's: its interface name free again
+    b = await p.prepare(B)
+    assert seen == [("a", "loop: not cached"), ("a", "thread"), ("b", "loop")]
+    assert [d.network for d in a.devices] == [d.network for d in b.devices]
+    assert p.verdicts.hits == 1 and p.verdicts.misses == 1
+
+
+async def test_a_config_the_cache_would_not_keep_is_judged_in_a_thread_every_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = judged_where(monkeypatch)
+    p = Preparer("n1", same_configs(), Checkpoint(StateLayout(tmp_path)), DIRS, view=lambda: VIEW)
+    p.verdicts.max_key_chars = 10  # every config over the bound: none kept
+    await p.prepare(A)
+    await p.unprepare(A)
+    await p.prepare(B)
+    assert [where for _, where in seen] == ["loop: not cached", "thread"] * 2

@@ -580,3 +580,56 @@ async def test_a_claim_prepared_anew_is_told_once_for_its_event(tmp_path: Path) 
     await preparer.unprepare(ObjectRef("ns", "a", "u-a"))
     await preparer.unprepare(ObjectRef("ns", "a", "u-a"))  # nothing left: not told again
     assert [r.uid for r in gone] == ["u-a"]
+
+
+async def test_claims_unprepared_together_are_one_change_of_the_checkpoint(tmp_path: Path) -> None:
+    """NodeUnprepareResources' claims forgotten together: one frame of the checkpoint's log
+    for all of them (not one per claim), each told once, a claim not prepared left alone."""
+    from cnidra.state import store as store_module
+
+    cp = Checkpoint(StateLayout(tmp_path))
+    claims = Claims(*(named(n, f"u-{n}", 1) for n in "abc"))
+    preparer = Preparer("n1", claims, cp, DIRS, view=lambda: VIEW)
+    refs = [ObjectRef("ns", n, f"u-{n}") for n in "abc"]
+    await preparer.prepare_batch(refs)
+    frames = len(store_module._frames(cp.log_path.read_bytes()))
+    gone: list[ObjectRef] = []
+    preparer.on_unprepared = gone.append
+    await preparer.unprepare_batch([*refs, ObjectRef("ns", "never", "u-never")])
+    logged = store_module._frames(cp.log_path.read_bytes())
+    assert len(logged) == frames + 1
+    assert sorted(logged[-1]["remove"]) == ["u-a", "u-b", "u-c"]
+    assert [r.name for r in gone] == ["a", "b", "c"]
+    assert len(cp) == 0 and len(Checkpoint(StateLayout(tmp_path))) == 0
+
+
+async def test_a_claim_whose_interfaces_cannot_be_removed_stays_the_others_are_forgotten(
+    tmp_path: Path,
+) -> None:
+    from cnidra._proto.dra.v1 import api_pb2 as dra
+    from cnidra.dra.plugin import DRAService
+
+    cp = Checkpoint(StateLayout(tmp_path))
+    claims = Claims(*(named(n, f"u-{n}", 1) for n in "abc"))
+    preparer = Preparer("n1", claims, cp, DIRS, view=lambda: VIEW)
+    refs = [ObjectRef("ns", n, f"u-{n}") for n in "abc"]
+    await preparer.prepare_batch(refs)
+    order: list[str] = []
+
+    async def before(ref: ObjectRef) -> None:
+        order.append(ref.name)
+        if ref.name == "b":
+            raise RuntimeError("interfaces of claim ns/b in sandbox 1234 are still being removed")
+
+    service = DRAService(preparer, before_unprepare=before)
+    request = dra.NodeUnprepareResourcesRequest(
+        claims=[dra.Claim(namespace=r.namespace, name=r.name, uid=r.uid) for r in refs]
+    )
+    answer = await service.node_unprepare_resources(request, None)
+    assert order == ["a", "b", "c"]  # one claim at a time, in kubelet's order
+    assert {uid: a.error for uid, a in answer.claims.items()} == {
+        "u-a": "",
+        "u-b": "claim ns/b: interfaces of claim ns/b in sandbox 1234 are still being removed",
+        "u-c": "",
+    }
+    assert [c.uid for c in cp.all()] == ["u-b"]

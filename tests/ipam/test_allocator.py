@@ -548,3 +548,56 @@ async def test_a_call_the_cluster_gives_up_on_fails_the_allocation_and_is_not_as
         assert answer[1] in message, (call, message)
         assert "CNIIPPool data" in message or "IPAMClaim ns/keep" in message, (call, message)
         assert list(node.state.owners()) == [], call
+
+
+async def test_concurrent_claims_lease_distinct_addresses_with_their_fsyncs_shared(
+    api: FakeApiserver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool's lock is not held while a lease is written: the address is taken (reserved)
+    at once, and the leases of a batch's claims go to disk together, each durable before
+    its claim's assign returns."""
+    import os
+
+    node = node_allocator(api, tmp_path, "node-a")
+    await node.assign(claim_using("data", "warm"))  # the block held, the log created
+    fsyncs: list[int] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        fsyncs.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    claims = [claim_using("data", f"c{i}") for i in range(12)]
+    assigned = await asyncio.gather(*(node.assign(c) for c in claims))
+    addresses = [a for claim in assigned for a in addresses_of(claim)]
+    assert len(set(addresses)) == 12
+    assert len(fsyncs) <= 3  # not one per claim
+    again = node_allocator(api, tmp_path, "node-a")  # all of them durable
+    for claim, got in zip(claims, assigned, strict=True):
+        (lease,) = again.state.of_owner(f"claim/{claim.uid}/net")
+        assert ipaddress.ip_interface(addresses_of(got)[0]).ip == ipaddress.ip_address(
+            lease.address
+        )
+
+
+async def test_a_lease_that_cannot_be_written_is_given_back(
+    api: FakeApiserver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    node = node_allocator(api, tmp_path, "node-a")
+    first = addresses_of(await node.assign(claim_using("data", "warm")))
+    real = os.fsync
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "I/O error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(OSError):
+        await node.assign(claim_using("data", "lost"))
+    monkeypatch.setattr(os, "fsync", real)
+    assert not node.state.of_owner("claim/lost/net")
+    # the address it had reserved is free again: the next claim gets it
+    again = addresses_of(await node.assign(claim_using("data", "next")))
+    assert ipaddress.ip_interface(again[0]).ip == ipaddress.ip_interface(first[0]).ip + 1

@@ -168,3 +168,66 @@ async def test_removals_of_one_request_are_one_change_and_no_fsync(
     await s.put(Rec("next", 9))
     assert len(fsyncs) == 1
     assert {r.key for r in open_store(tmp_path).all()} == {"r3", "next"}
+
+
+async def test_changes_asked_for_while_one_is_written_are_written_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group commit: 50 concurrent puts cost one fsync for the first and one for all the rest
+    (not 50), each still durable when it returns, each its own frame in the order asked."""
+    s = open_store(tmp_path)
+    fsyncs = counting_fsyncs(monkeypatch)
+    await asyncio.gather(*(s.put(Rec(f"r{i}", i)) for i in range(50)))
+    assert 1 <= len(fsyncs) <= 2
+    assert {r.key for r in open_store(tmp_path).all()} == {f"r{i}" for i in range(50)}
+    # the frames, replayed in order: a put then a removal of one key gathered together
+    await asyncio.gather(s.put(Rec("x", 1)), s.put(Rec("y", 1)), s.remove("y"), s.put(Rec("x", 2)))
+    assert s.get("x") == Rec("x", 2) and s.get("y") is None
+    frames = store_module._frames((tmp_path / "records.log").read_bytes())
+    assert [list(f["put"]) + f["remove"] for f in frames[-3:]] == [["y"], ["y"], ["x"]]
+    again = open_store(tmp_path)
+    assert again.get("x") == Rec("x", 2) and again.get("y") is None
+
+
+async def test_a_failed_group_fails_each_of_its_changes_and_leaves_no_frame(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = open_store(tmp_path)
+    await s.put(Rec("before", 0))
+    real = os.fsync
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "I/O error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    results = await asyncio.gather(
+        *(s.put(Rec(f"lost{i}", i)) for i in range(5)), return_exceptions=True
+    )
+    assert all(isinstance(r, OSError) for r in results)
+    assert {r.key for r in s.all()} == {"before"}  # nothing visible that is not durable
+    monkeypatch.setattr(os, "fsync", real)
+    await s.put(Rec("after", 1))
+    assert {r.key for r in open_store(tmp_path).all()} == {"before", "after"}
+
+
+async def test_a_failed_file_of_a_group_fails_that_change_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group's frames are durable: the change whose file write failed is replayed on
+    opening, the others are there at once."""
+    s = open_store(tmp_path)
+    await s.put(Rec("warm", 0))
+
+    def crashing(path: Path, data: bytes, *args: Any, **kwargs: Any) -> None:
+        if path.name == "b.json":
+            raise OSError(28, "No space left on device")
+        store_module_real(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(store_module, "write_atomically", crashing)
+    results = await asyncio.gather(
+        s.put(Rec("a", 1)), s.put(Rec("b", 2)), s.put(Rec("c", 3)), return_exceptions=True
+    )
+    assert [type(r) for r in results] == [type(None), OSError, type(None)]
+    monkeypatch.setattr(store_module, "write_atomically", store_module_real)
+    again = open_store(tmp_path)
+    assert {r.key: r.value for r in again.all()} == {"warm": 0, "a": 1, "b": 2, "c": 3}

@@ -38,7 +38,7 @@ async def test_prepare_writes_what_a_container_reads_and_the_hook_fills_it(
     prepared = await preparer.prepare(ref)
     assert preparer.cdi_device_ids(prepared, "r0") == [f"{DRIVER}/metadata=u-1_r0"]
 
-    host = tmp_path / "plugin" / "dra-device-metadata" / "ns_pod-net-abcde" / "r0" / "metadata.json"
+    host = tmp_path / "plugin" / "dra-device-metadata" / "ns_pod-net-abcde_r0.json"
     doc = read(host)
     assert doc["apiVersion"] == "metadata.resource.k8s.io/v1alpha1"
     assert doc["kind"] == "DeviceMetadata" and doc["podClaimName"] == "net"
@@ -82,7 +82,7 @@ async def test_prepare_writes_what_a_container_reads_and_the_hook_fills_it(
     assert read(host)["requests"][0]["devices"][0]["networkData"] == data
 
     await preparer.unprepare(ref)
-    assert not (tmp_path / "plugin" / "dra-device-metadata" / "ns_pod-net-abcde").exists()
+    assert not list((tmp_path / "plugin" / "dra-device-metadata").iterdir())
     assert not list((tmp_path / "cdi").iterdir())
 
 
@@ -124,8 +124,34 @@ def test_a_subrequest_is_filed_under_its_parent_request(tmp_path: Path) -> None:
     ref = ObjectRef("ns", "c", "u-3")
     att = Attachment(ref, "nic/fast", "net1", {"name": "n"}, "n1", "eth1")
     metadata.prepare(PreparedClaim(ref, ("pod",), (att,)))
-    host = tmp_path / "plugin" / "dra-device-metadata" / "ns_c" / "nic" / "metadata.json"
+    host = tmp_path / "plugin" / "dra-device-metadata" / "ns_c_nic.json"
     assert read(host)["requests"][0]["name"] == "nic/fast"  # the allocation's own name inside
     assert (tmp_path / "cdi" / f"{DRIVER}_metadata_u-3_nic.json").exists()
     metadata.attached(ref, "nic/fast", "n1", "eth1", {"interfaceName": "net1"})
     assert read(host)["requests"][0]["devices"][0]["networkData"] == {"interfaceName": "net1"}
+
+
+def test_a_file_of_the_former_layout_is_moved_at_start_with_its_network_data(
+    tmp_path: Path,
+) -> None:
+    """Before, each claim had directories of its own (<ns>_<claim>/<request>/metadata.json); at
+    start the file moves to the one directory, the same inode (a running container mounts
+    it) with the network data the hook wrote, and the CDI spec names it there."""
+    from cnidra.cni.attach import Attachment
+    from cnidra.state.checkpoint import PreparedClaim
+
+    metadata = DeviceMetadata(tmp_path / "plugin", tmp_path / "cdi")
+    ref = ObjectRef("ns", "c", "u-4")
+    claim = PreparedClaim(ref, ("pod",), (Attachment(ref, "nic", "net1", {}, "n1", "eth1"),))
+    old = tmp_path / "plugin" / "dra-device-metadata" / "ns_c" / "nic" / "metadata.json"
+    old.parent.mkdir(parents=True)
+    old.write_text(json.dumps({"requests": [{"name": "nic", "devices": [{"networkData": 1}]}]}))
+    inode = old.stat().st_ino
+    metadata.restore(claim)
+    host = metadata.host_file(ref, "nic")
+    assert host.stat().st_ino == inode and read(host)["requests"][0]["devices"][0]["networkData"]
+    assert not (tmp_path / "plugin" / "dra-device-metadata" / "ns_c").exists()
+    spec = json.loads((tmp_path / "cdi" / f"{DRIVER}_metadata_u-4_nic.json").read_text())
+    assert spec["devices"][0]["containerEdits"]["mounts"][0]["hostPath"] == str(host)
+    metadata.remove(ref, None)  # requests unknown: found by name
+    assert not host.exists() and not list((tmp_path / "cdi").iterdir())
