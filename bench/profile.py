@@ -95,6 +95,8 @@ PARTS: tuple[tuple[str, str], ...] = (
     ("the event loop itself", "asyncio/"),
 )
 
+LOOP_ROOTS = ("cnidra/cli/", "cnidra/__main__")  # the frames under every task of the loop
+
 LAYERS: tuple[tuple[str, str], ...] = (
     ("aiohttp", "aiohttp/"),
     ("yarl, multidict", "yarl/"),
@@ -138,8 +140,8 @@ def summarize(paths: list[Path], top: int = 25) -> dict[str, Any]:
                 continue
             total += count
             leaves[leaf] += count
-            inner_frames = [f for f in frames if "cnidra/cli/" not in f and "cnidra/__main__" not in f]
-            parts[next((p for p, m in PARTS if any(m in f for f in inner_frames)), "other")] += count
+            below = [f for f in frames if not any(root in f for root in LOOP_ROOTS)]
+            parts[next((p for p, m in PARTS if any(m in f for f in below)), "other")] += count
             layers[next((n for n, m in LAYERS if m in leaf), "other")] += count
             ours = [f for f in frames if "cnidra/" in f]
             inner[ours[-1] if ours else "(no cnidra frame)"] += count
