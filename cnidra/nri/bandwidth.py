@@ -221,7 +221,10 @@ class BandwidthKeeper:
             return 0
         changed = 0
         tally = self.tally()  # a record added meanwhile tells the keeper: the next pass
-        for sandbox_id in [r.sandbox_id for r in self.store.all()]:
+        # only the sandboxes with an interface that has terms (the others have nothing to
+        # hold: `_interface` leaves them as they are), without taking their locks; one that
+        # gets such an interface later (a hot-plug) tells the keeper: the next pass
+        for sandbox_id in [r.sandbox_id for r in self.store.all() if _has_terms(r)]:
             changed += await self._sandbox(sandbox_id, tally)
         self.applied += changed
         return changed
@@ -279,3 +282,8 @@ class BandwidthKeeper:
         assert now.result is not None
         self.status.put(att.claim, device_status_of(Outcome(now.attachment, Result(now.result))))
         return now
+
+
+def _has_terms(record: SandboxRecord) -> bool:
+    """Whether any interface of the sandbox has rate-limit terms (a pass may change it)."""
+    return any(a.attachment.bandwidth is not None for a in record.attachments)
