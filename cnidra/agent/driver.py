@@ -66,6 +66,7 @@ from cnidra.state.sandboxes import SandboxStore
 from cnidra.status.metadata import DeviceMetadata
 from cnidra.status.netpolicy import PolicyStatusWriter
 from cnidra.status.writer import StatusWriter
+from cnidra.util.aio import reap_children_by_pidfd
 from cnidra.util.memory import cap_malloc_arenas
 from cnidra.util.workers import start_workers
 
@@ -358,6 +359,7 @@ class Driver:
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        reap_children_by_pidfd()  # no thread a plugin exec'd (cnidra.util.aio)
         s = self.settings
         await self.adapt_to_cluster()
         await self.publisher.refresh_view()  # prepare and the hook read it from the first call
