@@ -221,13 +221,26 @@ class BandwidthKeeper:
             return 0
         changed = 0
         tally = self.tally()  # a record added meanwhile tells the keeper: the next pass
-        # only the sandboxes with an interface that has terms (the others have nothing to
-        # hold: `_interface` leaves them as they are), without taking their locks; one that
-        # gets such an interface later (a hot-plug) tells the keeper: the next pass
-        for sandbox_id in [r.sandbox_id for r in self.store.all() if _has_terms(r)]:
-            changed += await self._sandbox(sandbox_id, tally)
+        for sandbox_id in [r.sandbox_id for r in self.store.all()]:
+            # only a sandbox with an interface to change is locked and done again (what is
+            # read here without its lock; a record changed later tells the keeper: the next
+            # pass): the others, most of them on most passes, cost no lock and no wait behind
+            # the ADD or DEL that holds it
+            record = self.store.get(sandbox_id)
+            if record is not None and self._due(record, tally):
+                changed += await self._sandbox(sandbox_id, tally)
         self.applied += changed
         return changed
+
+    def _due(self, record: SandboxRecord, tally: Tally) -> bool:
+        """Whether a pass would change an interface of the sandbox (`_interface`'s test)."""
+        return record.state is State.ADDED and any(
+            not a.pending
+            and a.result is not None
+            and a.attachment.bandwidth is not None
+            and self.limit_of(a.attachment, tally) != a.attachment.rate
+            for a in record.attachments
+        )
 
     async def _sandbox(self, sandbox_id: str, tally: Tally) -> int:
         async with self.locks.hold(sandbox_id):
@@ -282,8 +295,3 @@ class BandwidthKeeper:
         assert now.result is not None
         self.status.put(att.claim, device_status_of(Outcome(now.attachment, Result(now.result))))
         return now
-
-
-def _has_terms(record: SandboxRecord) -> bool:
-    """Whether any interface of the sandbox has rate-limit terms (a pass may change it)."""
-    return any(a.attachment.bandwidth is not None for a in record.attachments)

@@ -227,11 +227,12 @@ async def test_a_record_from_before_the_terms_keeps_its_rate(tmp_path: Path) -> 
     assert await keeper(node).reconcile() == 0 and held(shaper, "old") == rate(70)
 
 
-async def test_a_pass_leaves_the_sandboxes_without_terms_alone(
+async def test_a_pass_locks_only_the_sandboxes_it_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A pass (one each time interfaces come or go) takes the lock of, and reads again, only
-    the sandboxes with an interface that has terms: the others have nothing it could change."""
+    """A pass (one each time interfaces come or go) takes the lock of, and does again, only a
+    sandbox with an interface whose limit changes: not one without terms, not one whose
+    limits hold (most of them on most passes)."""
     shaper = FakeShaper()
     node = Node.start(tmp_path, shaper=shaper, bandwidth=True)
     prepare(node.checkpoint, "old", "old-uid", ("net1", network("old", "macvlan")), rate=rate(70))
@@ -249,6 +250,9 @@ async def test_a_pass_leaves_the_sandboxes_without_terms_alone(
     k.class_changed("MODIFIED", device_class("gold", burst="Allowed", burstCeiling="800M"))
     assert await k.reconcile() == 1
     assert held_ids == ["r-sandbox"] and held(shaper, "r") == rate(400, 800)
+    held_ids.clear()
+    k.changed()  # interfaces came or went elsewhere: nothing of these changes
+    assert await k.reconcile() == 0 and held_ids == []
 
 
 async def test_the_keeper_runs_when_told(tmp_path: Path) -> None:
