@@ -136,6 +136,11 @@ async def test_a_watch_goes_on_from_the_last_version_and_keeps_bookmarks_to_itse
     assert all(q["allowWatchBookmarks"] == "true" for q in apiserver.queries)
     assert all(q["fieldSelector"] == "metadata.name=a" for q in apiserver.queries)
     assert all(int(q["timeoutSeconds"]) > 0 for q in apiserver.queries)
+    # each event as it was written, not deflated by the apiserver and inflated here; a
+    # request keeps gzip (the apiserver uses it above 128 KiB)
+    assert all(r.headers["Accept-Encoding"] == "identity" for r in apiserver.seen)
+    assert len([o async for o in client.list(Widget)]) == 5
+    assert "gzip" in apiserver.seen[-1].headers["Accept-Encoding"]
 
 
 async def test_retry_after_and_conflicts_are_the_one_tables(
