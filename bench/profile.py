@@ -1,5 +1,10 @@
 """py-spy flame graphs of a driver process during a measurement (py-spy is not a dependency:
-`pip install py-spy`). PYSPY_FORMAT / PYSPY_EXT choose another output (speedscope, raw)."""
+`pip install py-spy`). PYSPY_FORMAT / PYSPY_EXT choose another output (speedscope, raw).
+
+    python -m bench.profile RAW... [--top 25] [--json]
+
+sums raw profiles (PYSPY_FORMAT=raw): the on-CPU samples (those waiting dropped) by part of the
+driver, by the innermost frame's library, by the innermost cnidra frame and by leaf."""
 
 from __future__ import annotations
 
