@@ -28,6 +28,7 @@ from cnidra.agent import driver as agent
 from cnidra.agent.settings import DriverSettings
 from cnidra.api.nodes import NodeView
 from cnidra.cni.runtime import CNIRuntime
+from cnidra.util.aio import reap_children_by_pidfd
 from tests.kube.fakeapi import DRIVER, NODE, FakeApiserver, a_pod, allocated_claim
 
 ROOT = Path(__file__).parents[1]
@@ -147,6 +148,7 @@ class FakeNode:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[FakeNode]:
         """The status writer at work meanwhile; drained before it stops."""
+        undo = reap_children_by_pidfd()  # as Driver.start does: no thread a plugin exec'd
         worker = asyncio.create_task(self.driver.status.run())
         try:
             yield self
@@ -157,6 +159,8 @@ class FakeNode:
             with contextlib.suppress(asyncio.CancelledError):
                 await worker
             await self.driver.client.close()  # its session, in its own loop
+            if undo is not None:
+                undo()
 
     async def pod(self, i: int, *, multus: bool = False, annotations: bool = True) -> None:
         """Pod `i`'s life with one cnidra interface from a ResourceClaimTemplate, created and

@@ -1,14 +1,16 @@
 """cnidra.util.aio.wait_set: set, timed out, and a cancellation that arrives as the timeout
 fires is never swallowed (asyncio.wait_for's on 3.11 can be: a loop waiting in it then never
-ends)."""
+ends); the plugins' exits read from pidfds."""
 
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
 
 import pytest
 
-from cnidra.util.aio import wait_set
+from cnidra.util.aio import reap_children_by_pidfd, wait_set
 
 
 async def test_set_or_timed_out() -> None:
@@ -31,3 +33,22 @@ async def test_a_cancel_at_the_timeout_always_ends_the_loop() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(task, 2)
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12 reaps through pidfds itself")
+async def test_children_are_reaped_through_a_pidfd_not_a_thread_each() -> None:
+    """cnidra.util.aio.reap_children_by_pidfd (the driver's start): a plugin's exit is read from
+    a pidfd by the loop, no thread started to wait for it; undone, asyncio's own again."""
+    undo = reap_children_by_pidfd()
+    assert undo is not None  # this kernel has pidfds (Linux 5.3)
+    try:
+        threads = threading.active_count()
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", "exit 3", stdout=asyncio.subprocess.PIPE
+        )
+        assert threading.active_count() == threads  # no waitpid thread for it
+        assert await proc.wait() == 3
+    finally:
+        undo()
+    proc = await asyncio.create_subprocess_exec("/bin/sh", "-c", "exit 4")
+    assert await proc.wait() == 4

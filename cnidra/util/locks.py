@@ -22,11 +22,14 @@ class KeyedLocks:
         lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
         self._locks[key] = (lock, users + 1)
         try:
-            try:
-                async with asyncio.timeout(wait):
-                    await lock.acquire()
-            except TimeoutError:
-                raise Busy(key) from None
+            if wait is None:  # unbounded: no Timeout context to enter and leave on each hold
+                await lock.acquire()
+            else:
+                try:
+                    async with asyncio.timeout(wait):
+                        await lock.acquire()
+                except TimeoutError:
+                    raise Busy(key) from None
             try:
                 yield
             finally:

@@ -87,3 +87,51 @@ async def test_a_bound_pods_claim_is_prepared_without_a_get(tmp_path: Path) -> N
     prepared = await preparer.prepare(ObjectRef("team-a", "web-0-dev-x", "claim-uid"))
     await client.close()
     assert prepared.devices and api.log == []  # prepare asked the apiserver nothing
+
+
+@pytest.mark.parametrize("policy", [True, False])
+async def test_the_driver_watches_pods_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: bool
+) -> None:
+    """With network policy on, its watch of every pod feeds the read-ahead this node's pods
+    (cnidra.agent.driver.PolicyAndAhead): one pod watch, each event decoded once; without it,
+    the read-ahead keeps its own node-scoped watch."""
+    from cnidra.agent import driver as agent
+    from tests.fakenode import FakeNode
+
+    api = FakeApiserver()
+    node = FakeNode(tmp_path, api, network_policy=policy)
+    d = node.driver
+    assert d.read_ahead is not None
+    spawned: dict[str, Any] = {}
+    monkeypatch.setattr(d.tasks, "spawn", lambda name, run, **kw: spawned.setdefault(name, run))
+    monkeypatch.setattr(d.policy, "restore", lambda: None)
+    d._watch_pods()
+    if not policy:
+        assert spawned["claims-ahead"] == d.read_ahead.run and "netpolicy-watches" not in spawned
+        await d.client.close()
+        return
+    assert spawned["claims-ahead"] == d.read_ahead.fed  # no watch of its own
+    fed: list[Any] = []
+
+    async def follow_all(api: Any, feed: Any) -> None:
+        fed.append(feed)
+
+    monkeypatch.setattr(agent, "follow_all", follow_all)
+    await spawned["netpolicy-watches"]()
+    (feed,) = fed
+    seen: list[tuple[str, str]] = []
+    monkeypatch.setattr(d.policy, "changed", lambda kind, event, obj: seen.append((kind, event)))
+    monkeypatch.setattr(d.read_ahead, "on_pod", lambda event, pod: seen.append(("ahead", event)))
+    elsewhere = bound_pod()
+    elsewhere["spec"]["nodeName"] = "node-2"
+    feed.changed("Pod", "MODIFIED", bound_pod())
+    feed.changed("Pod", "MODIFIED", elsewhere)
+    feed.changed("Namespace", "ADDED", {"metadata": {"name": "team-a"}})
+    assert seen == [
+        ("Pod", "MODIFIED"),
+        ("ahead", "MODIFIED"),  # this node's pod, to the read-ahead too
+        ("Pod", "MODIFIED"),  # another node's: policy's only
+        ("Namespace", "ADDED"),
+    ]
+    await d.client.close()

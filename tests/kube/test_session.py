@@ -137,6 +137,11 @@ async def test_a_watch_goes_on_from_the_last_version_and_keeps_bookmarks_to_itse
     assert all(q["fieldSelector"] == "metadata.name=a" for q in apiserver.queries)
     # each watch asks for its own time in [5, 10) minutes, as client-go's reflectors do
     assert all(300 <= int(q["timeoutSeconds"]) < 600 for q in apiserver.queries)
+    # each event as it was written, not deflated by the apiserver and inflated here; a
+    # request keeps gzip (the apiserver uses it above 128 KiB)
+    assert all(r.headers["Accept-Encoding"] == "identity" for r in apiserver.seen)
+    assert len([o async for o in client.list(Widget)]) == 5
+    assert "gzip" in apiserver.seen[-1].headers["Accept-Encoding"]
 
 
 async def test_retry_after_and_conflicts_are_the_one_tables(

@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
+
 from cnidra.api.bandwidth import DEFAULT_RULES, BandwidthRules, Rate, Terms, leftover_share
 from cnidra.api.constants import API_VERSION, CONDITION_BANDWIDTH, DRIVER_NAME
 from cnidra.kube.api import Api
@@ -223,6 +225,34 @@ async def test_a_record_from_before_the_terms_keeps_its_rate(tmp_path: Path) -> 
     assert held(shaper, "old") == rate(70)
     keeper(node).class_changed("ADDED", device_class("gold", whenUnreserved="5M"))
     assert await keeper(node).reconcile() == 0 and held(shaper, "old") == rate(70)
+
+
+async def test_a_pass_locks_only_the_sandboxes_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass (one each time interfaces come or go) takes the lock of, and does again, only a
+    sandbox with an interface whose limit changes: not one without terms, not one whose
+    limits hold (most of them on most passes)."""
+    shaper = FakeShaper()
+    node = Node.start(tmp_path, shaper=shaper, bandwidth=True)
+    prepare(node.checkpoint, "old", "old-uid", ("net1", network("old", "macvlan")), rate=rate(70))
+    claimed(node, "r", 400)
+    await start(node, "old", "r")
+    k = keeper(node)
+    held_ids: list[str] = []
+    hold = k.locks.hold
+
+    def counting(key: str, wait: float | None = None) -> Any:
+        held_ids.append(key)
+        return hold(key, wait)
+
+    monkeypatch.setattr(k.locks, "hold", counting)
+    k.class_changed("MODIFIED", device_class("gold", burst="Allowed", burstCeiling="800M"))
+    assert await k.reconcile() == 1
+    assert held_ids == ["r-sandbox"] and held(shaper, "r") == rate(400, 800)
+    held_ids.clear()
+    k.changed()  # interfaces came or went elsewhere: nothing of these changes
+    assert await k.reconcile() == 0 and held_ids == []
 
 
 async def test_the_keeper_runs_when_told(tmp_path: Path) -> None:
