@@ -5,6 +5,7 @@ IPAMClaim."""
 
 from __future__ import annotations
 
+import gc
 import ipaddress
 import time
 from dataclasses import replace
@@ -229,6 +230,11 @@ def test_one_pod_may_have_one_address_of_each_family() -> None:
 
 
 def test_thousands_of_reservations_are_judged_in_linear_time() -> None:
+    """Eight times the reservations cost about eight times the CPU, not sixty-four: the best of
+    three each, in this process's CPU time with the cyclic collector paused (a collection
+    scans the whole heap of the test process, whatever the input: CI once saw 0.89 s against
+    0.14 s for the same 10,000)."""
+
     def judge(n: int) -> float:
         items = [
             {"address": str(ipaddress.ip_address("2001:db8:140::") + i), "pod": f"ns/p-{i}"}
@@ -236,11 +242,19 @@ def test_thousands_of_reservations_are_judged_in_linear_time() -> None:
         ]
         obj = spec_with(items)
         obj["spec"]["ranges"][1]["subnet"] = "2001:db8:140::/100"
-        started = time.process_time()
-        got = pool_from_object(obj)
-        for i in range(1, n + 1, 97):
-            got.reservations_of(f"ns/p-{i}")
-        return time.process_time() - started
+        best = float("inf")
+        for _ in range(3):
+            gc.collect()
+            gc.disable()
+            try:
+                started = time.process_time()
+                got = pool_from_object(obj)
+                for i in range(1, n + 1, 97):
+                    got.reservations_of(f"ns/p-{i}")
+                best = min(best, time.process_time() - started)
+            finally:
+                gc.enable()
+        return best
 
     judge(500)  # warm
     small, large = judge(1_250), judge(10_000)
