@@ -308,18 +308,25 @@ def test_slices_deleted_after_kubelet_registers_the_plugin_are_written_again() -
             for obj in list(self.slices.values()):
                 yield obj
 
-    async def until(check: object, seconds: float = 3.0) -> bool:
+    async def until(check: object, seconds: float = 30.0) -> bool:
         for _ in range(int(seconds / 0.02)):
             if check():  # type: ignore[operator]
                 return True
             await asyncio.sleep(0.02)
         return False
 
+    rounds = 0
+
+    def links() -> list[Link]:  # read once a round: the rounds that elapsed, counted
+        nonlocal rounds
+        rounds += 1
+        return [link("tt0", 3)]
+
     async def scenario() -> None:
         apiserver = Apiserver()
         publisher = SlicePublisher(
             apiserver,  # type: ignore[arg-type]
-            SliceSettings("n1"), [], resync=0.3, min_interval=0.01, links=lambda: [link("tt0", 3)],
+            SliceSettings("n1"), [], resync=0.3, min_interval=0.01, links=links,
         )  # fmt: skip
         task = asyncio.create_task(publisher.run())
         try:
@@ -330,7 +337,11 @@ def test_slices_deleted_after_kubelet_registers_the_plugin_are_written_again() -
             assert publisher.generation == 2
             apiserver.slices.clear()  # a deletion retried, after the registration
             assert await until(lambda: "n1-cni-dra-0" in apiserver.slices), "not at a resync"
-            await asyncio.sleep(1.0)  # more resyncs: nothing written, nothing listed
+            # the three checked rounds, then two resyncs at rest: nothing written, nothing
+            # listed (counted in rounds, not seconds: a loaded machine runs fewer a second)
+            assert await until(lambda: apiserver.lists >= 1 + 3, 60), apiserver.lists
+            at_rest = rounds
+            assert await until(lambda: rounds >= at_rest + 2, 60), rounds
             assert apiserver.applied == 3
             assert apiserver.lists == 1 + 3  # the adoption at the start, three checked rounds
         finally:
