@@ -60,7 +60,7 @@ def pod(name: str) -> ObjectRef:
     return ObjectRef("ns", name, f"uid-{name}")
 
 
-async def settle(writer: StatusWriter, within: float = 2.0) -> None:
+async def settle(writer: StatusWriter, within: float = 30.0) -> None:  # a hang's bound
     async with asyncio.timeout(within):
         await writer.flushed()
 
@@ -73,7 +73,7 @@ async def test_one_pod_failing_does_not_hold_up_the_others() -> None:
     async with running(writer):
         for name in ("stuck", "forbidden", "a", "b"):
             writer.pod_networks(pod(name), [OURS])
-        for _ in range(250):  # the others written, whatever "stuck" does meanwhile
+        for _ in range(1500):  # the others written, whatever "stuck" does meanwhile
             if {"a", "b"} <= set(api.annotations):
                 break
             await asyncio.sleep(0.02)
