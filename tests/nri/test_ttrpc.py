@@ -327,7 +327,7 @@ async def test_plugin_registers_configures_syncs_and_serves_hooks(tmp_path: Path
 async def test_plugin_waits_for_a_runtime_that_is_not_there(tmp_path: Path) -> None:
     plugin = NRIPlugin(Hooks(), str(tmp_path / "absent.sock"))
     task = asyncio.create_task(plugin.run())
-    for _ in range(250):  # its first attempt made and failed
+    for _ in range(1500):  # its first attempt made and failed (30 s: a hang's bound)
         if plugin.last_error is not None:
             break
         await asyncio.sleep(0.02)

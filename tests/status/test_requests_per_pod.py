@@ -184,7 +184,7 @@ async def test_a_failed_del_holds_the_claim_until_it_succeeds(tmp_path: Path) ->
         )
         assert "still being removed" in answer.claims[running.claim.uid].error
         plugins.failing.clear()
-        for _ in range(200):
+        for _ in range(3000):  # 30 s: a hang's bound
             if not node.driver.lifecycle.retries:
                 break
             await asyncio.sleep(0.01)
@@ -227,7 +227,7 @@ async def test_a_removal_not_followed_by_a_release_is_written_after_the_grace(
         await node.settle()
         await node.stop_sandbox(running)
         assert devices(api, running.claim.name)  # not yet
-        for _ in range(100):
+        for _ in range(3000):  # 30 s: a hang's bound
             if not devices(api, running.claim.name):
                 break
             await asyncio.sleep(0.01)
