@@ -132,9 +132,8 @@ async def test_a_failed_add_fails_the_container_and_the_next_try_attaches_again(
 
 async def test_a_sandbox_stopped_mid_add_is_deleted_after_it(tmp_path: Path) -> None:
     node = Node.start(tmp_path, FakePlugins(slow={"macvlan": 0.1}), background=True)
-    node.lifecycle.budget = (
-        ROOMY  # the ADD's 0.1 s, not 0.3 s of budget less a loaded machine's delay
-    )
+    # room for the ADD's 0.1 s: 0.3 s of budget less a loaded machine's delay is not
+    node.lifecycle.budget = ROOMY
     one_network(node, "a")
     await node.hooks.run_pod_sandbox(pod("a"))
     await adding(node)  # the ADD is running
@@ -187,9 +186,8 @@ async def test_a_reconnect_mid_add_leaves_the_add_alone(tmp_path: Path) -> None:
     then would take net1 from a container the gate had just let start (the starved-driver
     test on the test bed saw one run bare for 10 s that way)."""
     node = Node.start(tmp_path, FakePlugins(slow={"macvlan": 0.15}), background=True)
-    node.lifecycle.budget = (
-        ROOMY  # the ADD's 0.15 s, not 0.3 s of budget less a loaded machine's delay
-    )
+    # room for the ADD's 0.15 s: 0.3 s of budget less a loaded machine's delay is not
+    node.lifecycle.budget = ROOMY
     one_network(node, "a")
     await node.hooks.run_pod_sandbox(pod("a"))
     await adding(node)  # the ADD is running
@@ -282,9 +280,8 @@ async def test_a_sandbox_stopped_during_a_synchronize_is_not_attached_by_it(
     """Synchronize's list of pods goes old while it waits for a pod's lock (an ADD in
     flight): a sandbox stopped meanwhile has no record, and must not be attached by it."""
     node = Node.start(tmp_path, FakePlugins(slow={"macvlan": 0.2}), background=True)
-    node.lifecycle.budget = (
-        ROOMY  # the ADD's 0.2 s, not 0.3 s of budget less a loaded machine's delay
-    )
+    # room for the ADD's 0.2 s: 0.3 s of budget less a loaded machine's delay is not
+    node.lifecycle.budget = ROOMY
     for name in ("a", "b"):
         one_network(node, name)
     await node.hooks.run_pod_sandbox(pod("b"))
