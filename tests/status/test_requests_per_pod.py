@@ -139,7 +139,7 @@ async def test_a_pod_being_deleted_or_replaced_is_not_written() -> None:
     async with writing(writer):
         writer.pod_networks(ObjectRef(NAMESPACE, "going", "uid-1"), [OURS], seen)
         writer.pod_networks(ObjectRef(NAMESPACE, "again", "uid-old"), [OURS], seen)
-        async with asyncio.timeout(2):
+        async with asyncio.timeout(30):  # a hang's bound
             await writer.flushed()
     await client.close()
     for name in ("going", "again"):
