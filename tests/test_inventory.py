@@ -176,10 +176,12 @@ def test_nothing_is_published_while_the_node_cannot_be_read() -> None:
         def __init__(self) -> None:
             self.reads = 0
             self.applied: list[object] = []
+            self.up = False  # unreachable until the test says (not until a 4th read, which a
+            # loaded machine's late look at the reads could come after)
 
         async def get(self, kind: object, name: str) -> object:
             self.reads += 1
-            if self.reads < 4:
+            if not self.up:
                 raise OSError("apiserver unreachable")
             addresses = [{"type": "InternalIP", "address": "192.0.2.7"}]
             return {
@@ -204,12 +206,13 @@ def test_nothing_is_published_while_the_node_cannot_be_read() -> None:
         view = await publisher.refresh_view()
         assert view.protected == {"eth0"} and "eth1" in view.links
         task = asyncio.create_task(publisher.run())
-        for _ in range(200):  # two failed reads of the Node (0.2 s, 0.4 s, ... of backoff)
+        for _ in range(1500):  # two failed reads of the Node (0.2 s, 0.4 s, ... of backoff)
             if client.reads >= 2:
                 break
             await asyncio.sleep(0.02)
         assert client.applied == [] and client.reads >= 2
-        for _ in range(100):
+        client.up = True
+        for _ in range(600):  # 30 s: the next read is a backoff (0.4 s, 0.8 s, ...) away
             await asyncio.sleep(0.05)
             if client.applied:
                 break
