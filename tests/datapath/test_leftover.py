@@ -36,7 +36,7 @@ from cnidra.nri.bandwidth import BandwidthKeeper
 from cnidra.state.layout import StateLayout
 from cnidra.state.sandboxes import Attached, SandboxRecord, SandboxStore, State
 from cnidra.util.locks import KeyedLocks
-from tests.datapath.traffic import PORT, Transfer, ip, send, wait_for_carrier
+from tests.datapath.traffic import PAYLOAD_SHARE, PORT, Transfer, ip, send, wait_for_carrier
 from tests.nri.fakes import RecordingStatus
 
 pytestmark = pytest.mark.netns
@@ -119,7 +119,9 @@ def at_once(flows: dict[str, tuple[Path, Path, str]]) -> dict[str, Transfer]:
 
 
 def within(measured_mbps: float, limit_bps: int, share: float = 0.10) -> bool:
-    return abs(measured_mbps - limit_bps / M) <= share * limit_bps / M
+    """The payload rate within `share` of what the limit lets through as payload."""
+    expected = limit_bps / M * PAYLOAD_SHARE
+    return abs(measured_mbps - expected) <= share * expected
 
 
 async def test_an_unreserved_pod_takes_only_what_the_reservation_leaves(
