@@ -230,7 +230,7 @@ class FakeNode:
     async def settle(self) -> None:
         """Until the status writer has written what is due now (not what waits on purpose)."""
         status = self.driver.status
-        for _ in range(500):
+        for _ in range(3000):  # 30 s at least: a bound for a hang, not for a slow machine
             if (
                 not status.events.pending()
                 and not status.pods.pending()

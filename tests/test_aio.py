@@ -32,7 +32,7 @@ async def test_a_cancel_at_the_timeout_always_ends_the_loop() -> None:
         await asyncio.sleep(delay)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await asyncio.wait_for(task, 2)
+            await asyncio.wait_for(task, 30)  # a cancel lost: the loop never ends
 
 
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12 reaps through pidfds itself")
@@ -46,7 +46,7 @@ async def test_children_are_reaped_through_a_pidfd_not_a_thread_each() -> None:
         proc = await asyncio.create_subprocess_exec(
             "/bin/sh", "-c", "exit 3", stdout=asyncio.subprocess.PIPE
         )
-        assert threading.active_count() == threads  # no waitpid thread for it
+        assert threading.active_count() <= threads  # no waitpid thread for it (others may end)
         assert await proc.wait() == 3
     finally:
         undo()

@@ -89,7 +89,7 @@ def run(args: list[str]) -> Any:
 @settings(
     max_examples=int(os.environ.get("CNIDRA_CLI_FUZZ_EXAMPLES", "150")),
     deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
     command=st.sampled_from(sorted(FLAGS)),

@@ -121,7 +121,7 @@ def test_a_link_change_in_the_nodes_namespace_wakes_the_publisher(in_node: Path)
     with netlink_events(RTMGRP_LINK) as sock:
         assert drain(sock) == 0
         ip(in_node, "link", "add", "nlwake0", "type", "bridge")
-        assert select.select([sock], [], [], 5)[0], "no event within 5 s"
+        assert select.select([sock], [], [], 30)[0], "no event within 30 s"
         assert drain(sock) >= 1
         assert drain(sock) == 0
 
@@ -176,10 +176,12 @@ def test_nothing_is_published_while_the_node_cannot_be_read() -> None:
         def __init__(self) -> None:
             self.reads = 0
             self.applied: list[object] = []
+            self.up = False  # unreachable until the test says (not until a 4th read, which a
+            # loaded machine's late look at the reads could come after)
 
         async def get(self, kind: object, name: str) -> object:
             self.reads += 1
-            if self.reads < 4:
+            if not self.up:
                 raise OSError("apiserver unreachable")
             addresses = [{"type": "InternalIP", "address": "192.0.2.7"}]
             return {
@@ -204,12 +206,13 @@ def test_nothing_is_published_while_the_node_cannot_be_read() -> None:
         view = await publisher.refresh_view()
         assert view.protected == {"eth0"} and "eth1" in view.links
         task = asyncio.create_task(publisher.run())
-        for _ in range(200):  # two failed reads of the Node (0.2 s, 0.4 s, ... of backoff)
+        for _ in range(1500):  # two failed reads of the Node (0.2 s, 0.4 s, ... of backoff)
             if client.reads >= 2:
                 break
             await asyncio.sleep(0.02)
         assert client.applied == [] and client.reads >= 2
-        for _ in range(100):
+        client.up = True
+        for _ in range(600):  # 30 s: the next read is a backoff (0.4 s, 0.8 s, ...) away
             await asyncio.sleep(0.05)
             if client.applied:
                 break
@@ -308,18 +311,25 @@ def test_slices_deleted_after_kubelet_registers_the_plugin_are_written_again() -
             for obj in list(self.slices.values()):
                 yield obj
 
-    async def until(check: object, seconds: float = 3.0) -> bool:
+    async def until(check: object, seconds: float = 30.0) -> bool:
         for _ in range(int(seconds / 0.02)):
             if check():  # type: ignore[operator]
                 return True
             await asyncio.sleep(0.02)
         return False
 
+    rounds = 0
+
+    def links() -> list[Link]:  # read once a round: the rounds that elapsed, counted
+        nonlocal rounds
+        rounds += 1
+        return [link("tt0", 3)]
+
     async def scenario() -> None:
         apiserver = Apiserver()
         publisher = SlicePublisher(
             apiserver,  # type: ignore[arg-type]
-            SliceSettings("n1"), [], resync=0.3, min_interval=0.01, links=lambda: [link("tt0", 3)],
+            SliceSettings("n1"), [], resync=0.3, min_interval=0.01, links=links,
         )  # fmt: skip
         task = asyncio.create_task(publisher.run())
         try:
@@ -330,7 +340,11 @@ def test_slices_deleted_after_kubelet_registers_the_plugin_are_written_again() -
             assert publisher.generation == 2
             apiserver.slices.clear()  # a deletion retried, after the registration
             assert await until(lambda: "n1-cni-dra-0" in apiserver.slices), "not at a resync"
-            await asyncio.sleep(1.0)  # more resyncs: nothing written, nothing listed
+            # the three checked rounds, then two resyncs at rest: nothing written, nothing
+            # listed (counted in rounds, not seconds: a loaded machine runs fewer a second)
+            assert await until(lambda: apiserver.lists >= 1 + 3, 60), apiserver.lists
+            at_rest = rounds
+            assert await until(lambda: rounds >= at_rest + 2, 60), rounds
             assert apiserver.applied == 3
             assert apiserver.lists == 1 + 3  # the adoption at the start, three checked rounds
         finally:

@@ -4,6 +4,7 @@ ignored (nohup, `make test &`), and the exit status says which half failed."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -12,15 +13,21 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-# a stand-in for pytest: `unit` exits with the status given; `testbed` writes "interrupted"
-# to its file on KeyboardInterrupt (as pytest's teardown would run), else sleeps and exits 0
+# a stand-in for pytest: `unit` exits with the status given once the test bed's half is
+# running (its file `.ready` made: a unit half that ended before the other got to Python's
+# `try` interrupted the interpreter's start, not the half, on a slow machine); `testbed`
+# writes "interrupted" to its file on KeyboardInterrupt (as pytest's teardown would run),
+# else sleeps and exits 0
 FAKE = """
-import sys, time
+import os, sys, time
 half, arg = sys.argv[1], sys.argv[2]
 if half == "unit":
-    time.sleep(0.3)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.environ["FAKE_READY"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
     sys.exit(int(arg))
 try:
+    open(os.environ["FAKE_READY"], "w").close()
     time.sleep(float(sys.argv[3]))
 except KeyboardInterrupt:
     open(arg, "w").write("interrupted")
@@ -38,7 +45,8 @@ def run(tmp_path: Path, unit_rc: int, testbed_seconds: float) -> tuple[int, str,
         [sys.executable, str(ROOT / "hack" / "run-tests.py"), str(fake),
          "--unit", "unit", str(unit_rc), "--testbed", "testbed", str(marker),
          str(testbed_seconds)],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "FAKE_READY": str(tmp_path / "testbed.ready")},
         # as under nohup: the halves must not inherit the ignored SIGINT
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )  # fmt: skip

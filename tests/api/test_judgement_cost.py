@@ -102,9 +102,9 @@ def assert_linear(judge_of: Callable[[int], Callable[[], object]], n: int) -> No
 
 
 def test_800_identical_ranges_report_a_bounded_number_of_errors_and_count_the_rest() -> None:
-    start = time.monotonic()
+    start = time.process_time()  # this process's CPU: a loaded machine's wait does not count
     [report] = validate_documents([cniconfig(network(identical(800)))])
-    assert time.monotonic() - start < 5  # 46 s and 361 MB before
+    assert time.process_time() - start < 5  # 46 s and 361 MB before
     errors = report.issues.errors
     shown = list(errors)
     # each range after the first overlaps the first: 799 errors found, once each
@@ -156,9 +156,9 @@ def test_800_identical_ranges_in_a_claim_are_refused_with_a_short_message_everyw
 
 
 def test_2200_distinct_ranges_are_valid() -> None:
-    start = time.monotonic()
+    start = time.process_time()  # this process's CPU: a loaded machine's wait does not count
     [report] = validate_documents([cniconfig(network(distinct(2200)))])
-    assert time.monotonic() - start < 5  # 2.5 s of CPU on every prepare before
+    assert time.process_time() - start < 5  # 2.5 s of CPU on every prepare before
     assert not report.issues.errors, list(report.issues.errors)[:3]
 
 

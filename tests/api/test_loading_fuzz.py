@@ -62,9 +62,9 @@ def test_json_shapes_never_crash(pieces: list[str]) -> None:
 def test_any_depth_is_refused_or_read_quickly(depth: int, opener: str) -> None:
     closer = {"[": "]", '{"a": ': "}", "- ": ""}[opener]
     body = (opener * depth + "1" + closer * depth).encode()
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU: a loaded machine's wait does not count
     readers(body)
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5
 
 
 def test_an_alias_bomb_is_refused_without_expanding() -> None:
@@ -72,13 +72,13 @@ def test_an_alias_bomb_is_refused_without_expanding() -> None:
     for i in range(1, 10):
         prev, cur = chr(ord("a") + i - 1), chr(ord("a") + i)
         lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU: a loaded machine's wait does not count
     try:
         load_yaml("\n".join(lines).encode())
         raise AssertionError("an alias bomb was read")
     except LoadError as exc:
         assert "expands to more than" in str(exc)
-    assert time.perf_counter() - start < 1
+    assert time.process_time() - start < 1
 
 
 def test_the_parameters_bound_is_iterative() -> None:

@@ -442,7 +442,7 @@ def test_a_hanging_bench_is_stopped_with_what_it_started(tmp_path: Path) -> None
     assert pidfile.exists(), f"the fake never ran its code in 10 s: {entry['stderr_tail']!r}"
     assert "KeyboardInterrupt" in entry["stderr_tail"]
     child = int(pidfile.read_text())
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while not _gone(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _gone(child)
@@ -458,7 +458,7 @@ def test_a_bench_deaf_to_sigint_and_sigterm_is_killed(tmp_path: Path) -> None:
     bench, argv = fake("deaf", code)
     started = time.monotonic()
     entry = run.run_one(bench, tmp_path, 1, argv, grace_s=0.5)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # not the fake's 300 s
     assert entry["status"] == "timeout"
     assert entry["exit_code"] == -9
 

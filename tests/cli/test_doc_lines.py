@@ -48,7 +48,7 @@ def test_troubleshootings_log_lines_are_what_the_driver_logs_before_it_reads_its
         publisher = SlicePublisher(Client(), SliceSettings("n1"), [])  # type: ignore[arg-type]
         task = asyncio.create_task(publisher._node_owner())
         try:
-            await asyncio.wait_for(asyncio.shield(task), 5)
+            await asyncio.wait_for(asyncio.shield(task), 30)  # two retries, ~0.6 s: a hang's bound
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):

@@ -842,7 +842,8 @@ def ping(dst: str, payload: int = 56, timeout: float = 1.0, tries: int = 2) -> s
             except OSError as exc:
                 return f"send failed: {exc.strerror}"
             deadline = time.monotonic() + timeout
-            while (left := deadline - time.monotonic()) > 0:
+            while True:  # past the deadline, once more without waiting: what is queued counts
+                left = max(deadline - time.monotonic(), 0.0)
                 ready, _, _ = select.select([s], [], [], left)
                 if not ready:
                     break
@@ -879,8 +880,11 @@ def arp_answers(
                 arp += bytes(6) + socket.inet_aton(target)
                 s.send(b"\xff" * 6 + mine + struct.pack("!H", ETH_P_ARP) + arp)
         deadline = time.monotonic() + wait
-        while (left := deadline - time.monotonic()) > 0:
+        while True:  # past the deadline, once more without waiting: what is queued counts
+            left = max(deadline - time.monotonic(), 0.0)
             ready, _, _ = select.select(list(sockets), [], [], left)
+            if not ready:
+                break
             for s in ready:
                 frame, where = s.recvfrom(2048)
                 if where[0] != sockets[s]:
@@ -949,7 +953,7 @@ def probe(node: Node, pod: PodView | None = None) -> list[str]:
         }
         answers = arp_answers(queries, wait=0.1)
         if any(answers[k] != want for k, want in wants.items()):  # a slow answer: once more
-            answers = arp_answers(queries, wait=0.6)
+            answers = arp_answers(queries, wait=3.0)  # a loaded machine's slow answer
         failures: list[str] = []
         for e in EXPECTATIONS:
             for address, owners in e.owners.items():

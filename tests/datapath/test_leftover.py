@@ -1,12 +1,17 @@
 """Issue 44, "unreserved pods cannot crowd reserved ones", measured with TCP in namespaces of
-the test's own: two "pods" and a sink on one bridge (the shared link, taken as 300 Mbit/s),
-pod r reserved 200M and pod u nothing under the default `whenUnreserved: Leftover`. The
-keeper (cnidra.nri.bandwidth, with the real cnidra.datapath.shaping) holds r to 200M and u to
-what r leaves, 100M; pushing at once, each gets its own, in both directions, and together no
+the test's own: two "pods" and a sink on one bridge (the shared link, taken as 30 Mbit/s),
+pod r reserved 20M and pod u nothing under the default `whenUnreserved: Leftover`. The
+keeper (cnidra.nri.bandwidth, with the real cnidra.datapath.shaping) holds r to 20M and u to
+what r leaves, 10M; pushing at once, each gets its own, in both directions, and together no
 more than the link. When r's interface goes, the keeper gives u the whole link; when the
-class then holds unreserved claims to 50M, u follows it while it runs.
+class then holds unreserved claims to 5M, u follows it while it runs.
 
 A second test: a reserved pod that may burst borrows only its share of what the grants leave.
+
+The rates are a tenth of a real link's: what the shaper holds, not what the machine can push,
+must set each rate, and a loaded CI machine (make test's unit half beside the test bed's on 2
+cores) pushed a single TCP flow at only 261 Mbit/s into a 300M limit (a 2-core machine alone
+pushes the shaping tests' 80M with room to spare).
 
 Only the test's namespaces and links, 198.18.45.0/24. Each measurement is 2 s; the file takes
 about 20 s."""
@@ -31,14 +36,14 @@ from cnidra.nri.bandwidth import BandwidthKeeper
 from cnidra.state.layout import StateLayout
 from cnidra.state.sandboxes import Attached, SandboxRecord, SandboxStore, State
 from cnidra.util.locks import KeyedLocks
-from tests.datapath.traffic import PORT, Transfer, ip, send, wait_for_carrier
+from tests.datapath.traffic import PAYLOAD_SHARE, PORT, Transfer, ip, send, wait_for_carrier
 from tests.nri.fakes import RecordingStatus
 
 pytestmark = pytest.mark.netns
 
 M = 10**6
-LINK = 300 * M  # the bridge's speed as the node would publish it
-RESERVED = 200 * M
+LINK = 30 * M  # the bridge's speed as the node would publish it
+RESERVED = 20 * M
 SECONDS = 2.0
 SINK_IP = "198.18.45.100"
 PODS = {"r": "198.18.45.1", "u": "198.18.45.2"}
@@ -114,7 +119,9 @@ def at_once(flows: dict[str, tuple[Path, Path, str]]) -> dict[str, Transfer]:
 
 
 def within(measured_mbps: float, limit_bps: int, share: float = 0.10) -> bool:
-    return abs(measured_mbps - limit_bps / M) <= share * limit_bps / M
+    """The payload rate within `share` of what the limit lets through as payload."""
+    expected = limit_bps / M * PAYLOAD_SHARE
+    return abs(measured_mbps - expected) <= share * expected
 
 
 async def test_an_unreserved_pod_takes_only_what_the_reservation_leaves(
@@ -135,7 +142,7 @@ async def test_an_unreserved_pod_takes_only_what_the_reservation_leaves(
     out = at_once({n: (link.pods[n], link.sink, SINK_IP) for n in PODS})
     into = at_once({n: (link.sink, link.pods[n], a) for n, a in PODS.items()})
     print(
-        f"\nr reserved 200M, u nothing, at once on a 300M link: "
+        f"\nr reserved 20M, u nothing, at once on a 30M link: "
         f"out r {out['r'].mbps:.1f} u {out['u'].mbps:.1f}; "
         f"into r {into['r'].mbps:.1f} u {into['u'].mbps:.1f} Mbit/s"
     )
@@ -153,7 +160,7 @@ async def test_an_unreserved_pod_takes_only_what_the_reservation_leaves(
     egress = shaping.read(link.pods["u"], IF_NAME).egress
     assert egress is not None and egress.limit == Rate(LINK, LINK)
 
-    # the admin's class now holds unreserved claims to 50M: the running pod follows it live
+    # the admin's class now holds unreserved claims to 5M: the running pod follows it live
     keeper.class_changed(
         "MODIFIED",
         {
@@ -166,7 +173,7 @@ async def test_an_unreserved_pod_takes_only_what_the_reservation_leaves(
                             "parameters": {
                                 "apiVersion": API_VERSION,
                                 "kind": "CNIPolicy",
-                                "bandwidth": {"whenUnreserved": "50M"},
+                                "bandwidth": {"whenUnreserved": "5M"},
                             },
                         }
                     }
@@ -176,31 +183,31 @@ async def test_an_unreserved_pod_takes_only_what_the_reservation_leaves(
     )
     assert await keeper.reconcile() == 1
     slow = at_once({"u": (link.pods["u"], link.sink, SINK_IP)})
-    print(f"u after its class said 50M: out {slow['u'].mbps:.1f} Mbit/s")
-    assert within(slow["u"].mbps, 50 * M), slow
+    print(f"u after its class said 5M: out {slow['u'].mbps:.1f} Mbit/s")
+    assert within(slow["u"].mbps, 5 * M), slow
 
 
 async def test_a_reserved_pod_that_may_burst_borrows_only_its_share_of_the_rest(
     link: Link, tmp_path: Path
 ) -> None:
-    """r reserved 100M and may burst, u reserved nothing, on the 300M link: the 200M r's grant
-    leaves is shared by the two, so r alone bursts to 200M (not the link's 300M), and at once
+    """r reserved 10M and may burst, u reserved nothing, on the 30M link: the 20M r's grant
+    leaves is shared by the two, so r alone bursts to 20M (not the link's 30M), and at once
     they take no more than the link."""
     store = SandboxStore(StateLayout(tmp_path))
     keeper = BandwidthKeeper(store, RecordingStatus(), KeyedLocks())
     keeper.replace_classes([])
     bursting = BandwidthRules.model_validate({"burst": "Allowed"})
-    await store.put(record("r", link.pods["r"], 100 * M, bursting))
+    await store.put(record("r", link.pods["r"], 10 * M, bursting))
     await store.put(record("u", link.pods["u"], None))
     assert await keeper.reconcile() == 2
     egress = shaping.read(link.pods["r"], IF_NAME).egress
-    assert egress is not None and egress.limit == Rate(100 * M, 200 * M)
+    assert egress is not None and egress.limit == Rate(10 * M, 20 * M)
     alone = at_once({"r": (link.pods["r"], link.sink, SINK_IP)})
     both = at_once({n: (link.pods[n], link.sink, SINK_IP) for n in PODS})
     print(
-        f"\nr reserved 100M and may burst, u nothing, on a 300M link: r alone "
+        f"\nr reserved 10M and may burst, u nothing, on a 30M link: r alone "
         f"{alone['r'].mbps:.1f}; at once r {both['r'].mbps:.1f} u {both['u'].mbps:.1f} Mbit/s"
     )
-    assert within(alone["r"].mbps, 200 * M), alone
-    assert both["r"].mbps >= 0.9 * 100 and within(both["u"].mbps, 100 * M), both
+    assert within(alone["r"].mbps, 20 * M), alone
+    assert both["r"].mbps >= 0.9 * 10 and within(both["u"].mbps, 10 * M), both
     assert both["r"].mbps + both["u"].mbps <= LINK / M, both

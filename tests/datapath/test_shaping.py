@@ -18,7 +18,15 @@ import pytest
 from cnidra.api.bandwidth import Rate
 from cnidra.cni import netns
 from cnidra.datapath import shaping
-from tests.datapath.traffic import PEER_IP, POD_IF, POD_IP, Pair, send, veth_pair
+from tests.datapath.traffic import (
+    PAYLOAD_SHARE,
+    PEER_IP,
+    POD_IF,
+    POD_IP,
+    Pair,
+    send,
+    veth_pair,
+)
 
 pytestmark = pytest.mark.netns
 
@@ -56,7 +64,10 @@ def ingress(pair: Pair) -> float:
 
 
 def within(measured: float, limit_mbps: float, share: float = 0.10) -> bool:
-    return abs(measured - limit_mbps) <= share * limit_mbps
+    """The payload rate `measured` within `share` of what `limit_mbps` lets through as
+    payload (a loaded machine's sender had half the room below that it had above)."""
+    expected = limit_mbps * PAYLOAD_SHARE
+    return abs(measured - expected) <= share * expected
 
 
 @pytest.mark.slow
@@ -87,17 +98,38 @@ def test_bursts_reach_the_ceiling_only_where_allowed(pair: Pair) -> None:
 
 
 def test_a_change_takes_effect_live_and_never_unshaped(pair: Pair) -> None:
+    """The change is made 1 s after the flow's first bytes reach the shaper, and judged from
+    0.5 s after it was done (the queue at 20 drained): not at fixed seconds of the flow, which
+    a loaded machine shifts (a slow connect, a slow apply)."""
     import threading
+    import time
 
     shaping.apply(pair.pod, POD_IF, Rate(20 * M, 20 * M))
-    changed = threading.Timer(1.0, shaping.apply, (pair.pod, POD_IF, Rate(60 * M, 60 * M)))
+    begun = time.monotonic()  # at or before the flow's start, its buckets' zero
+    done: list[float] = []
+
+    def change() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            counted = shaping.read(pair.pod, POD_IF).egress
+            if counted is not None and counted.sent_bytes > 0:
+                break
+            time.sleep(0.02)
+        time.sleep(1.0)
+        shaping.apply(pair.pod, POD_IF, Rate(60 * M, 60 * M))
+        done.append(time.monotonic())
+
+    changed = threading.Thread(target=change)
     changed.start()
     try:
-        moved = send(pair.pod, pair.peer, PEER_IP, 2.5, skip=0.3)
+        moved = send(pair.pod, pair.peer, PEER_IP, 3.5, skip=0.3)
     finally:
-        changed.join()
-    before = moved.buckets_mbps[3:9]  # 0.3-0.9 s: at 20
-    after = moved.buckets_mbps[15:25]  # 1.5-2.5 s: at 60
+        changed.join(60)
+    assert done, "the change was not made during the flow"
+    before = moved.buckets_mbps[3:9]  # 0.3-0.9 s: at 20 (the change comes 1 s in, or later)
+    settled = int((done[0] - begun) / 0.1) + 5  # a bucket 0.5 s after the change, or later
+    after = moved.buckets_mbps[settled:]
+    assert len(after) >= 5, f"the change was done {done[0] - begun:.1f} s into a 3.5 s flow"
     assert within(sum(before) / len(before), 20, 0.15), before
     assert within(sum(after) / len(after), 60, 0.15), after
     # unshaped, this veth carries about 10 Gbit/s: a moment without a limit would show as a
@@ -106,7 +138,7 @@ def test_a_change_takes_effect_live_and_never_unshaped(pair: Pair) -> None:
     b = moved.buckets_mbps
     windows = [sum(b[i : i + 5]) / 5 for i in range(len(b) - 4)]
     assert max(windows) < 60 * 1.5, b
-    allowed = (20 * 1.0 + 60 * 1.6) * M / 8  # 1 s at 20, then 1.5 s and a queue at 60
+    allowed = (20 * 1.0 + 60 * 2.6) * M / 8  # 1 s at 20 (or more), then 2.5 s and a queue at 60
     assert moved.total_bytes < allowed * 1.15, (moved.total_bytes, allowed)
 
 
@@ -194,20 +226,27 @@ def test_a_namespace_that_is_gone() -> None:
 
 
 def test_every_operation_is_bounded_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
     import time
 
     slow = shaping._read
 
+    release = threading.Event()
+
     def stuck(ipr: object, interface: str) -> shaping.Shaping | None:
-        time.sleep(1.0)
+        release.wait(30)  # a read stuck until the test lets it go (30 s: a hang's bound)
         return slow(ipr, interface)
 
     monkeypatch.setattr(shaping, "_read", stuck)
     with netns.temporary("cnidra-shp-slow") as path:
         began = time.monotonic()
-        with pytest.raises(shaping.ShapingTimeout, match=r"not done within 0.2s"):
-            shaping.read_many(path, ["eth0"], timeout=0.2)
-        assert time.monotonic() - began < 0.8
+        try:
+            with pytest.raises(shaping.ShapingTimeout, match=r"not done within 0.2s"):
+                shaping.read_many(path, ["eth0"], timeout=0.2)
+            # it gave up on the stuck read: a read_many that waited for it took its 30 s
+            assert time.monotonic() - began < 15
+        finally:
+            release.set()
 
 
 def test_an_ifb_deleted_by_hand_is_made_again_on_the_next_apply(pair: Pair) -> None:

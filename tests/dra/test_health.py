@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cnidra._proto.drahealth.v1alpha1 import api_pb2 as health
-from cnidra.dra.plugin import DRAService
+from cnidra.dra.plugin import HEALTH_REFRESH_SECONDS, DRAService
 from cnidra.inventory.links import Link
 from cnidra.inventory.publisher import HealthBoard, device_failures
 
@@ -28,9 +28,9 @@ async def test_the_stream_says_each_devices_health_and_again_when_it_changes() -
     ]
     assert first.devices[0].health_check_timeout_seconds > 0
     board.update({"eth1": "link eth1: down", "net-data": "link eth1: down"})
-    second = health.NodeWatchResourcesResponse.FromString(
-        await asyncio.wait_for(anext(stream), 2)  # on the change, not the refresh
-    )
+    # on the change, not the refresh (half its period: a bound a slow machine does not reach)
+    changed = await asyncio.wait_for(anext(stream), HEALTH_REFRESH_SECONDS / 2)
+    second = health.NodeWatchResourcesResponse.FromString(changed)
     assert {d.device.device_name: (d.health, d.message) for d in second.devices} == {
         "eth1": (health.UNHEALTHY, "link eth1: down"),
         "net-data": (health.UNHEALTHY, "link eth1: down"),

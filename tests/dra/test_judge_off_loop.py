@@ -88,7 +88,7 @@ async def test_a_claim_past_the_budget_fails_alone_naming_the_claim_and_the_budg
     assert p.checkpoint.get("u-a") is None and p.checkpoint.get("u-b") is not None
     # the thread ends on its own; its slot is free again, and a is judged anew next time
     release.set()
-    for _ in range(100):
+    for _ in range(600):  # 30 s: a hang's bound
         if not p._judge_slots.locked() and p._judge_slots._value == prepare_module.JUDGE_SLOTS:
             break
         await asyncio.sleep(0.05)
@@ -107,7 +107,7 @@ async def test_judgements_at_once_are_bounded_and_a_slot_is_held_until_the_threa
     assert p._judge_slots._value == prepare_module.JUDGE_SLOTS - 1
     assert (await asyncio.wait_for(p.prepare(B), 10)).ref == B
     release.set()
-    for _ in range(100):
+    for _ in range(600):  # 30 s: a hang's bound
         if p._judge_slots._value == prepare_module.JUDGE_SLOTS:
             break
         await asyncio.sleep(0.05)

@@ -141,7 +141,7 @@ async def test_at_most_a_bounded_number_of_claims_ask_the_apiserver_at_once(
     batch = asyncio.create_task(
         preparer.prepare_batch([ObjectRef("ns", f"c{i}", uid) for i, uid in enumerate(uids)])
     )
-    for _ in range(250):  # every slot taken: the rest wait for one
+    for _ in range(3000):  # every slot taken: the rest wait for one
         if source.open == APISERVER_SLOTS:
             break
         await asyncio.sleep(0.01)

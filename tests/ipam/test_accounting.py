@@ -268,14 +268,14 @@ async def test_run_follows_blocks_and_the_scheduler(tmp_path: Path) -> None:
     pending_pod(cluster, "p3", "p3-c0")
     task = asyncio.create_task(books.run())
     try:
-        for _ in range(200):
+        for _ in range(3000):  # 30 s: a hang's bound
             await asyncio.sleep(0.01)
             if cluster.statuses.get("pool-a", {}).get("held") == 1:
                 break
         assert cluster.statuses["pool-a"]["free"] == 1
         await cluster.block_events.put(("MODIFIED", block("pool-a.0.0", "pool-a", 2)))
         await cluster.scheduler.put(("ADDED", failed("p3")))
-        for _ in range(200):
+        for _ in range(3000):  # 30 s: a hang's bound
             await asyncio.sleep(0.01)
             if cluster.warnings and cluster.statuses["pool-a"]["free"] == 0:
                 break
@@ -288,7 +288,7 @@ async def test_run_follows_blocks_and_the_scheduler(tmp_path: Path) -> None:
             "poolBlocks": 1,
         }
         await cluster.block_events.put(("DELETED", block("pool-a.0.0", "pool-a", 2)))
-        for _ in range(200):
+        for _ in range(3000):  # 30 s: a hang's bound
             await asyncio.sleep(0.01)
             if cluster.statuses["pool-a"]["held"] == 0:
                 break
@@ -368,7 +368,7 @@ async def test_only_the_lease_holder_runs_the_accountant() -> None:
             runs.append("stop")
 
     task = asyncio.create_task(run_while_leading(work, lead, renew_every=0.01, retry_every=0.01))
-    for _ in range(300):
+    for _ in range(3000):  # 30 s: a hang's bound
         await asyncio.sleep(0.01)
         if asked >= 8:
             break
@@ -394,7 +394,7 @@ async def test_metrics_per_pool_from_the_last_flush_only_while_leading() -> None
     registry = CollectorRegistry()
     registry.register(collector)
     task = asyncio.create_task(books.run())
-    for _ in range(200):
+    for _ in range(3000):  # 30 s: a hang's bound
         await asyncio.sleep(0.01)
         if books.latest:
             break
@@ -456,7 +456,7 @@ async def test_a_watch_that_ends_ends_the_other_and_everything_is_listed_again()
     cluster.watch_blocks = block_watch  # type: ignore[method-assign]
     books = accountant(cluster)
     task = asyncio.create_task(books._follow())
-    for _ in range(200):
+    for _ in range(3000):  # 30 s: a hang's bound
         await asyncio.sleep(0.01)
         if cluster.reads.count("list blocks") >= 2 and blocks_open == 1:
             break

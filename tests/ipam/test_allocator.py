@@ -437,7 +437,7 @@ async def test_a_down_apiserver_fails_a_reconcile_pass_not_the_task(
     await asyncio.sleep(0.1)
     assert not task.done()  # still passing, every pass failing
     api.down = False
-    for _ in range(250):  # the pass after the outage frees the orphan
+    for _ in range(1500):  # the pass after the outage frees the orphan
         if not node.state.leases:
             break
         await asyncio.sleep(0.02)

@@ -4,7 +4,7 @@ changed, when the watch restarts, or when the listing is older than its max age.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,8 @@ class FakeClient:
         self.lists = 0
         self.watches = 0
         self.events: asyncio.Queue[str | None] = asyncio.Queue()
+        # set once a watch has sent every object (the watcher has taken them) and waits
+        self.open = asyncio.Event()
 
     async def list(self, _kind: Any, **_: Any) -> AsyncIterator[dict[str, Any]]:
         self.lists += 1
@@ -45,9 +47,18 @@ class FakeClient:
         self.watches += 1
         for data in list(self.objects.values()):  # as the apiserver opens a watch without RV
             yield "ADDED", data
+        self.open.set()
         while (name := await self.events.get()) is not None:
             yield "MODIFIED", self.objects[name]
         raise ConnectionError("watch ended")
+
+
+async def until(check: Callable[[], bool]) -> None:
+    for _ in range(3000):  # 30 s: a bound for a hang, not for a slow machine
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not within 30 s")
 
 
 async def test_a_resync_at_rest_lists_nothing(tmp_path: Path) -> None:
@@ -58,7 +69,9 @@ async def test_a_resync_at_rest_lists_nothing(tmp_path: Path) -> None:
     changes: list[int] = []
     watch = asyncio.create_task(served.watch(lambda: changes.append(1)))
     try:
-        await asyncio.sleep(0.05)  # the watch opens with every object: stale once
+        # the watch opens with every object: stale once (waited for as an event, up to 30 s:
+        # a fixed 50 ms on a loaded machine may come before the watch has opened)
+        await asyncio.wait_for(client.open.wait(), 30)
         assert [n for n, _ in await served.served()] == ["a"]
         assert client.lists == 1
         for _ in range(5):  # resyncs at rest
@@ -66,9 +79,9 @@ async def test_a_resync_at_rest_lists_nothing(tmp_path: Path) -> None:
         assert client.lists == 1
 
         client.objects["b"] = network("b")
+        poked = len(changes)
         client.events.put_nowait("b")
-        await asyncio.sleep(0.05)
-        assert changes  # the publisher was poked
+        await until(lambda: len(changes) > poked)  # the publisher was poked
         assert [n for n, _ in await served.served()] == ["a", "b"]
         assert client.lists == 2
 
@@ -85,11 +98,11 @@ async def test_a_watch_that_ends_makes_the_next_resync_list(tmp_path: Path) -> N
     served = ServedNetworks(client, tmp_path, poll=0.01)  # type: ignore[arg-type]
     watch = asyncio.create_task(served._watch_objects(lambda: None))
     try:
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(client.open.wait(), 30)
         await served.served()
         assert client.lists == 1
         client.events.put_nowait(None)  # the apiserver ends the watch
-        await asyncio.sleep(0.05)
+        await until(lambda: client.events.empty() and served._stale)  # the end was seen
         await served.served()
         assert client.lists == 2  # events may have been missed while no watch was held
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -160,6 +161,25 @@ def test_the_cli_says_when_no_driver_answers(tmp_path: Path) -> None:
     assert f"no cnidra driver answers on {tmp_path / 'x.sock'}" in out.stderr
 
 
+async def until(check: Callable[[], bool], what: str) -> None:
+    for _ in range(3000):  # 30 s: a hang's bound
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not {what} within 30 s")
+
+
+async def served(client: api_grpc.NodeNetworksStub) -> None:
+    for _ in range(300):
+        try:
+            await client.ListPodNetworks(api.ListPodNetworksRequest(), timeout=30)
+            return
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+        await asyncio.sleep(0.1)
+    raise AssertionError("never served again once the streams were cancelled")
+
+
 async def test_calls_beyond_the_bound_and_oversized_requests_are_refused(tmp_path: Path) -> None:
     """A runaway client (held follow streams, a flood of calls, a huge request) gets errors,
     never an unbounded share of the driver."""
@@ -171,17 +191,20 @@ async def test_calls_beyond_the_bound_and_oversized_requests_are_refused(tmp_pat
         async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
             client = api_grpc.NodeNetworksStub(channel)
             streams = [client.WatchEvents(api.WatchEventsRequest(follow=True)) for _ in range(4)]
-            await asyncio.sleep(0.3)  # all four held open
+            # once the server holds all four (its journal's watchers, up to 30 s: not a fixed
+            # 0.3 s a loaded machine may not open them in, nor a call polled meanwhile, which
+            # takes a slot from a stream not yet open), a call is refused
+            await until(lambda: len(node.lifecycle.journal.watchers) == 4, "four streams held")
             with pytest.raises(grpc.aio.AioRpcError) as busy:
-                await client.ListPodNetworks(api.ListPodNetworksRequest(), timeout=2)
+                await client.ListPodNetworks(api.ListPodNetworksRequest(), timeout=30)
             assert busy.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
             for stream in streams:
                 stream.cancel()
-            await asyncio.sleep(0.3)
-            await client.ListPodNetworks(api.ListPodNetworksRequest(), timeout=2)  # served again
+            await until(lambda: not node.lifecycle.journal.watchers, "the streams gone")
+            await served(client)  # served again once they are gone
             with pytest.raises(grpc.aio.AioRpcError) as huge:
                 await client.ListPodNetworks(
-                    api.ListPodNetworksRequest(namespace="x" * 100_000), timeout=2
+                    api.ListPodNetworksRequest(namespace="x" * 100_000), timeout=30
                 )
             assert huge.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
     finally:

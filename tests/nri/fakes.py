@@ -341,8 +341,8 @@ class Node:
         return self.lifecycle.checkpoint
 
     async def settle(self) -> None:
-        """Wait until no detach retry is in flight."""
-        for _ in range(500):
+        """Wait until no detach retry is in flight (up to 30 s: a bound for a hang)."""
+        for _ in range(3000):
             if not self.lifecycle.retries:
                 return
             await asyncio.sleep(0.01)

@@ -266,7 +266,7 @@ async def test_the_keeper_runs_when_told(tmp_path: Path) -> None:
     try:
         claimed(node, "r", 400)
         await start(node, "r")  # the hook tells it
-        for _ in range(200):
+        for _ in range(3000):  # 30 s: a hang's bound
             if held(shaper, "u") == rate(600):
                 break
             await asyncio.sleep(0.01)
@@ -306,7 +306,7 @@ async def test_the_classes_are_listed_then_watched_into_the_keeper(tmp_path: Pat
     )
     task = asyncio.create_task(follow_device_classes(cast(Api, api), k))
     try:
-        for _ in range(200):
+        for _ in range(3000):  # 30 s: a hang's bound
             if k.classes == {"gold": rules(burst="Allowed")}:
                 break
             await asyncio.sleep(0.01)

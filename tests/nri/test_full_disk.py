@@ -28,7 +28,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(root)], check=False)
 
 
-async def until(condition: Callable[[], bool], within: float = 10.0) -> None:
+async def until(condition: Callable[[], bool], within: float = 30.0) -> None:
     for _ in range(int(within / 0.02)):
         if condition():
             return

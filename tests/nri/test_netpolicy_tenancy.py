@@ -237,7 +237,9 @@ JSONISH = st.recursive(
 
 
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
     targets=st.lists(TARGETS, min_size=1, max_size=3),

@@ -118,12 +118,15 @@ async def test_a_cancelled_hook_is_rolled_back_from_its_record(
         ("net2", network("slow", "sleepy")),
     )
     hook = asyncio.create_task(node.hooks.run_pod_sandbox(pod("a")))
-    await asyncio.sleep(0.05)
+    for _ in range(3000):  # until the slow plugin runs (not a fixed 50 ms: a loaded machine)
+        if plugins.commands("ADD") and plugins.commands("ADD")[-1].plugin == "sleepy":
+            break
+        await asyncio.sleep(0.01)
     assert node.store.get("a-sandbox").state is State.ADDING  # type: ignore[union-attr]
     hook.cancel()
     with pytest.raises(asyncio.CancelledError):
         await hook
-    for _ in range(100):
+    for _ in range(3000):
         if len(node.store) == 0:
             break
         await asyncio.sleep(0.01)

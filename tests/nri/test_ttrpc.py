@@ -146,16 +146,18 @@ async def test_errors_unknown_methods_and_deadlines() -> None:
             await client.call("svc", "Echo", b"2", deadline=0.2)
         # the server enforces the timeout_nano it receives, too: a raw request whose caller
         # waits longer than the deadline it sent gets DEADLINE_EXCEEDED at 0.1 s, not the echo
+        # (of 60 s: a server that ignored the deadline fails wait_for's 30 s, a slow machine
+        # does not)
         request = ttrpc_pb2.Request(
-            service="svc", method="Echo", payload=b"2", timeout_nano=100_000_000
+            service="svc", method="Echo", payload=b"60", timeout_nano=100_000_000
         )
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[ttrpc_pb2.Response] = loop.create_future()
         client._pending[101] = answer  # the client's own table: the reply is matched by stream
         start = loop.time()
         await client.write(encode(101, TYPE_REQUEST, request.SerializeToString()))
-        response = await asyncio.wait_for(answer, 1.5)
-        assert loop.time() - start < 1.0
+        response = await asyncio.wait_for(answer, 30)
+        assert loop.time() - start < 30
         assert response.status.code == DEADLINE_EXCEEDED
         assert response.status.message == "Echo did not finish within 0.1s"
         assert response.payload == b""
@@ -325,7 +327,7 @@ async def test_plugin_registers_configures_syncs_and_serves_hooks(tmp_path: Path
 async def test_plugin_waits_for_a_runtime_that_is_not_there(tmp_path: Path) -> None:
     plugin = NRIPlugin(Hooks(), str(tmp_path / "absent.sock"))
     task = asyncio.create_task(plugin.run())
-    for _ in range(250):  # its first attempt made and failed
+    for _ in range(1500):  # its first attempt made and failed (30 s: a hang's bound)
         if plugin.last_error is not None:
             break
         await asyncio.sleep(0.02)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
 import socket
 import threading
 import time
@@ -33,7 +34,9 @@ def endpoint() -> Iterator[tuple[HTTPEndpoint, dict[str, Any]]]:
 
 
 def get(port: int, path: str, method: str = "GET") -> tuple[int, str, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    # bound for a hang only: an answer queued behind held connections (cut at the head
+    # timeout, 60 s where a test holds them) times out here
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
         conn.request(method, path)
         response = conn.getresponse()
@@ -55,24 +58,30 @@ def test_health_metrics_and_nothing_else(endpoint: tuple[HTTPEndpoint, dict[str,
 
 
 def test_idle_connections_hold_no_threads_and_probes_still_answer(
-    endpoint: tuple[HTTPEndpoint, dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    served, _ = endpoint
+    """Still catches a thread per connection (the thread count) and a probe that waits for
+    the idle ones: they are cut only at the head timeout, 60 s here, past get's 30 s; and
+    they are all still held when the probe has answered (no wall-clock bound of its own: on
+    a loaded machine one second was not always enough)."""
+    monkeypatch.setattr(module, "HEAD_TIMEOUT_SECONDS", 60.0)
+    served = HTTPEndpoint(f"127.0.0.1:{free_port()}", lambda: (True, {}))
+    served.start()
     before = threading.active_count()
     idle = []
     try:
         for _ in range(300):  # within the limit: each holds a socket, for seconds
-            idle.append(socket.create_connection(("127.0.0.1", served.port), timeout=2))
+            idle.append(socket.create_connection(("127.0.0.1", served.port), timeout=30))
         # the server has taken every one of them (then a thread per connection would show)
         connections = served.server.server_state.connections
-        assert until(lambda: len(connections) >= len(idle), 5), len(connections)
+        assert until(lambda: len(connections) >= len(idle), 30), len(connections)
         assert threading.active_count() <= before + 2
-        started = time.monotonic()
         assert get(served.port, "/healthz")[0] == 200
-        assert time.monotonic() - started < 1.0
+        assert len(connections) >= len(idle), "the probe was answered once idle ones were cut"
     finally:
         for sock in idle:
             sock.close()
+        served.stop()
 
 
 def until(condition: Callable[[], bool], within: float) -> bool:
@@ -82,6 +91,13 @@ def until(condition: Callable[[], bool], within: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
 
 
 # the cut-off as the server applies it, shortened: the behaviour is the same at 1 s as at 5 s
@@ -94,13 +110,17 @@ def test_connections_beyond_the_limit_get_503_until_the_idle_ones_are_closed(
     monkeypatch.setattr(module, "HEAD_TIMEOUT_SECONDS", SHORT_HEAD)
     served = HTTPEndpoint(f"127.0.0.1:{free_port()}", lambda: (True, {}), max_connections=16)
     served.start()
-    held = [socket.create_connection(("127.0.0.1", served.port), timeout=2) for _ in range(20)]
+    held = [socket.create_connection(("127.0.0.1", served.port), timeout=30) for _ in range(20)]
     try:
         # uvicorn's "Exceeded concurrency limit", once it has accepted the twenty
-        assert until(lambda: get(served.port, "/healthz")[0] == 503, 5)
-        started = time.monotonic()
-        assert until(lambda: get(served.port, "/healthz")[0] == 200, SHORT_HEAD + 3)
-        assert time.monotonic() - started >= SHORT_HEAD / 2  # not at once: once they were cut
+        assert until(lambda: get(served.port, "/healthz")[0] == 503, 30)
+        # bound for a hang only (the held ones never cut): a slow machine is late, not wrong
+        assert until(lambda: get(served.port, "/healthz")[0] == 200, SHORT_HEAD + 30)
+        # not at once: once the server had cut enough held ones to be under its limit (an
+        # event, not the wall time between the 503 and the 200 that a loaded machine shortens)
+        readable, _, _ = select.select(held, [], [], 0)
+        cut = sum(1 for sock in readable if closed_by_peer(sock))
+        assert cut >= len(held) - 16, f"answered with only {cut} of {len(held)} cut"
     finally:
         for sock in held:
             sock.close()
@@ -113,7 +133,7 @@ def test_a_client_that_never_finishes_its_request_is_cut_off(
     monkeypatch.setattr(module, "HEAD_TIMEOUT_SECONDS", SHORT_HEAD)
     served = HTTPEndpoint(f"127.0.0.1:{free_port()}", lambda: (True, {}))
     served.start()
-    slow = socket.create_connection(("127.0.0.1", served.port), timeout=10)
+    slow = socket.create_connection(("127.0.0.1", served.port), timeout=SHORT_HEAD + 30)
     try:
         slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never the blank line
         started = time.monotonic()
@@ -125,11 +145,11 @@ def test_a_client_that_never_finishes_its_request_is_cut_off(
                 slow.sendall(b"X-Drip: 1\r\n")  # a dribbling slowloris
             except (ConnectionResetError, BrokenPipeError):
                 break
-            assert time.monotonic() - started < SHORT_HEAD + 3
+            assert time.monotonic() - started < SHORT_HEAD + 30  # never cut: a hang
     finally:
         slow.close()
         served.stop()
-    assert time.monotonic() - started <= SHORT_HEAD + 3
+    assert time.monotonic() - started <= SHORT_HEAD + 30
 
 
 def test_stop_frees_the_port_and_a_taken_address_is_named() -> None:

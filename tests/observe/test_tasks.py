@@ -30,7 +30,7 @@ async def test_a_task_that_dies_is_restarted_and_health_says_so_meanwhile(
     await asyncio.sleep(0.02)
     assert not supervisor.healthy()  # down, waiting to restart
     assert supervisor.report()["flaky"]["lastError"] == "RuntimeError: watch broke"
-    await asyncio.wait_for(alive.wait(), 1)
+    await asyncio.wait_for(alive.wait(), 30)  # restarted after its 0.05 s backoff
     assert supervisor.healthy() and supervisor.report()["flaky"]["restarts"] == 1
     assert "background task flaky died" in caplog.text
     await supervisor.stop()

@@ -82,8 +82,10 @@ def test_it_lets_the_container_go_as_soon_as_the_hook_records_the_pod(tmp_path: 
     time.sleep(0.5)
     store.put_blocking(record(State.ADDED))
     started = time.monotonic()
-    assert proc.wait(10) == 0
-    assert time.monotonic() - started < 1
+    assert proc.wait(30) == 0
+    # as soon as the record says so (it looks every 0.2 s), not at the end of its 10 s: half
+    # of them is the bound, not 1 s, which a loaded machine can take to wake a shell
+    assert time.monotonic() - started < 5
 
 
 def test_no_record_or_no_sandbox_id_is_refused(tmp_path: Path) -> None:

@@ -60,7 +60,7 @@ def pod(name: str) -> ObjectRef:
     return ObjectRef("ns", name, f"uid-{name}")
 
 
-async def settle(writer: StatusWriter, within: float = 2.0) -> None:
+async def settle(writer: StatusWriter, within: float = 30.0) -> None:  # a hang's bound
     async with asyncio.timeout(within):
         await writer.flushed()
 
@@ -73,7 +73,7 @@ async def test_one_pod_failing_does_not_hold_up_the_others() -> None:
     async with running(writer):
         for name in ("stuck", "forbidden", "a", "b"):
             writer.pod_networks(pod(name), [OURS])
-        for _ in range(250):  # the others written, whatever "stuck" does meanwhile
+        for _ in range(1500):  # the others written, whatever "stuck" does meanwhile
             if {"a", "b"} <= set(api.annotations):
                 break
             await asyncio.sleep(0.02)
@@ -161,7 +161,7 @@ async def test_a_slow_apiserver_call_times_out_and_the_rest_proceed(monkeypatch:
     async with running(writer):
         writer.pod_networks(pod("hangs"), [OURS])
         writer.pod_networks(pod("fine"), [OURS])
-        async with asyncio.timeout(2):
+        async with asyncio.timeout(30):  # a hang's bound
             await fine.wait()
     assert api.entries("fine") == [OURS]
 

@@ -8,8 +8,11 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cnidra.api.refs import ObjectRef
 from cnidra.status.writer import StatusWriter
+from cnidra.util.backoff import Backoff
 
 CLAIM = ObjectRef("ns", "c", "uid-c")
 
@@ -35,7 +38,7 @@ class Apiserver:
 async def drain(writer: StatusWriter) -> None:
     worker = asyncio.create_task(writer.run())
     try:
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(30):  # a hang's bound
             await writer.flushed()
     finally:
         worker.cancel()
@@ -90,20 +93,26 @@ class FlakyApiserver(Apiserver):
         await super().patch(resource, name, body, **kw)
 
 
-async def test_a_release_does_not_wait_out_the_backoff_of_an_earlier_failed_write() -> None:
+async def test_a_release_does_not_wait_out_the_backoff_of_an_earlier_failed_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Seen in CI: a status write failed during a rolling upgrade, the claim's retry was
-    queued seconds ahead, and the finalizer removal after the pod's DEL sat behind it."""
+    queued seconds ahead, and the finalizer removal after the pod's DEL sat behind it. The
+    retries' pace is the test's: two quick ones, then one 60 s ahead (not 0.5 s, 1 s and 2 s
+    of the real pace, which a loaded machine blurs into the 0.5 s the removal was given)."""
+    paces = iter([0.05, 0.05])
+    monkeypatch.setattr(Backoff, "next", lambda self: next(paces, 60.0))
     apiserver = FlakyApiserver(failures=3)
     writer = StatusWriter(apiserver)  # type: ignore[arg-type]
     writer.finalizer(CLAIM, True)
     worker = asyncio.create_task(writer.run())
     try:
-        async with asyncio.timeout(2):  # 0.5 s, then 1 s: the next retry is ~2 s away
+        async with asyncio.timeout(30):  # a hang's bound: two retries 50 ms apart
             while apiserver.failures:
                 apiserver.called.clear()
                 await apiserver.called.wait()
         writer.finalizer(CLAIM, False)
-        async with asyncio.timeout(0.5):  # TimeoutError: the removal waited out the backoff
+        async with asyncio.timeout(30):  # TimeoutError: the removal waited out the 60 s
             while apiserver.finalizers.get("c") != []:
                 apiserver.called.clear()
                 await apiserver.called.wait()
