@@ -86,6 +86,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("judge", ("--timeout", "60", "--json"), 1800, 8, ""),
     Bench("prepare_inproc", ("--json",), 1200, 0.5, "", optional=True),
     Bench("pod_cpu", ("--json",), 900, 1, "", optional=True),
+    # the container gate's CPU a container, against the gate before it and a hook doing nothing
+    Bench("gate", ("--json",), 300, 0.1, ""),
     # a claim's rate limit against the same traffic unshaped, in namespaces (about 17 s)
     Bench("shaping", ("--json",), 300, 0.3, ""),
     # network policy: 1,000 policies and pods compiled; the largest table and a set update with
