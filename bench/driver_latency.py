@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import tempfile
 import time
@@ -580,6 +581,8 @@ def prepare_and_memory(
             out.update(prepare_ahead(bed, driver, parent, pools, args.rounds))
             out.update(prepare_latency(bed, driver, ns, names, args.rounds))
         out[f"rss_{args.claims}_prepared_mib"] = round(driver.rss_kib() / 1024, 1)
+        if args.tracemalloc:
+            os.kill(driver.pid, signal.SIGUSR2)  # what grew, written by the driver
         out["claim_gets"] = metric(driver, "cnidra_claim_lookups_total")
     finally:
         tb.start_controllers(bed.bins)
@@ -603,6 +606,12 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
     parser.add_argument(
         "--profile", type=Path, help="record a py-spy flame graph (SVG) of prepare here"
     )
+    parser.add_argument(
+        "--tracemalloc",
+        type=Path,
+        help="what the driver's memory grew by from idle to the claims prepared, by source line, "
+        "here (text; the driver traced from its start by bench/memtrace: slower, and RSS larger)",
+    )
     args = parser.parse_args()
     if args.claims > 8000:
         parser.error(f"--claims: at most 8000 (the addresses of {PREPARE_SUBNET})")
@@ -614,16 +623,26 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
         bed.install_cnidra_api()  # the CRDs and DeviceClasses, as the chart ships them
         subprocess.run(["ip", "link", "add", parent, "type", "bridge"], check=True)
         subprocess.run(["ip", "link", "set", parent, "up"], check=True)
+        traced = (
+            {
+                "PYTHONPATH": str(ROOT / "bench" / "memtrace"),
+                "CNIDRA_BENCH_TRACEMALLOC": str(args.tracemalloc.resolve()),
+            }
+            if args.tracemalloc
+            else {}
+        )
         driver = DriverProcess(
             bed,
             Path(tmp),
-            extra_env={"CNIDRA_SUB_INTERFACES": "1000"},  # pods share one parent
+            extra_env={"CNIDRA_SUB_INTERFACES": "1000", **traced},  # pods share one parent
         )
         try:
             driver.start()
             bed.wait("the NRI plugin to connect", lambda: driver.health().get("nriConnected"), 30)
             time.sleep(2)
             results["rss_idle_mib"] = round(driver.rss_kib() / 1024, 1)
+            if args.tracemalloc:
+                os.kill(driver.pid, signal.SIGUSR2)  # the baseline
             if args.only != "pods":
                 results.update(prepare_and_memory(bed, driver, parent, args, pools))
             if args.only == "prepare":
