@@ -87,6 +87,11 @@ class IPAMState:
             self._by_owner.setdefault(lease.owner, []).append(lease)
             self._take(lease)
 
+    def close(self) -> None:
+        """A clean stop: both stores settle into their files (cnidra.state.store)."""
+        self.blocks.close()
+        self.leases.close()
+
     def held_blocks(self, pool: str, range_index: int | None = None) -> list[HeldBlock]:
         return sorted(
             (
