@@ -534,7 +534,6 @@ class Driver:
         except Exception as exc:
             log.warning("closing the apiserver client: %s", exc)
 
-
     def _close_stores(self) -> None:
         self.checkpoint.close()
         self.ipam.state.close()

@@ -357,6 +357,8 @@ async def test_a_crash_at_any_write_keeps_every_acknowledged_change_and_no_other
         in_flight, last = await run_script(root, acked)
         if last is not None:
             await last.quiet()  # a settle after an acknowledged change, crashed too
+            if last._writer is not None and not last._writer.cancelled():
+                last._writer.exception()  # retrieved: the crash it ended with
         crash.armed = False
         outside = {k: v["value"] for k, v in read_records(root / "records").items()}
         again = values(open_store(root))
