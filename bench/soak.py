@@ -43,6 +43,7 @@ from typing import Any
 
 from bench.pools import delete_pool, in_namespace
 from cnidra.state.layout import DEFAULT_STATE_ROOT
+from cnidra.state.store import read_records
 from testbed import cluster as tb
 from testbed.harness import Cluster, DriverProcess
 
@@ -202,9 +203,9 @@ def counts(bed: Cluster, driver: DriverProcess, namespace: str) -> dict[str, int
         "netns": len(list(run_netns.glob("*"))) if run_netns.exists() else 0,
         "links": len(json.loads(links.stdout)),
         "files": sum(1 for p in state.rglob("*") if p.is_file()),
-        "leases": len(list((state / "pools" / "addresses").glob("*.json"))),
+        "leases": len(read_records(state / "pools" / "addresses")),
         "finalizers": sum(1 for c in claims if c["metadata"].get("finalizers")),
-        "records": len(list((state / "claims").glob("*.json")))
+        "records": len(read_records(state / "claims"))
         + len(list((state / "sandboxes").glob("*.json"))),
         "cdi_specs": len(list(CDI_DIR.glob(f"{DRIVER}_*"))) if CDI_DIR.exists() else 0,
         "metrics_series": len(series),

@@ -22,6 +22,7 @@ import grpc
 from cnidra._proto.dra.v1 import api_pb2 as dra
 from cnidra._proto.dra.v1 import api_pb2_grpc as dra_grpc
 from cnidra.state.layout import DEFAULT_STATE_ROOT
+from cnidra.state.store import read_records
 from testbed import cluster as tb
 
 ROOT = Path(__file__).parents[1]
@@ -257,6 +258,8 @@ def wait_for_log(path: Path, text: str, timeout: float = 30) -> None:
 
 
 def read_checkpoint(state_root: Path) -> list[dict[str, Any]]:
-    """The prepared claims a driver with this state root has checkpointed."""
-    claims = state_root / "claims"
-    return [json.loads(p.read_text()) for p in sorted(claims.glob("*.json"))]
+    """The prepared claims a driver with this state root has checkpointed: the checkpoint's
+    files with its log replayed over them (a running driver writes the files only when its
+    store settles), in the order of their keys."""
+    records = read_records(state_root / "claims")
+    return [records[key] for key in sorted(records)]

@@ -524,10 +524,19 @@ class Driver:
             self.layout.node_socket,
         ):
             sock.unlink(missing_ok=True)
+        # the durable stores settle: their files written whole and their logs emptied (what
+        # an older driver, which reads the files alone, needs after a downgrade)
+        for store in (self.checkpoint, self.ipam.state.blocks, self.ipam.state.leases):
+            await store.quiet()
+        await asyncio.to_thread(self._close_stores)
         try:
             await self.client.close()
         except Exception as exc:
             log.warning("closing the apiserver client: %s", exc)
+
+    def _close_stores(self) -> None:
+        self.checkpoint.close()
+        self.ipam.state.close()
 
 
 async def run(settings: DriverSettings) -> None:

@@ -1,10 +1,10 @@
 """The node's part of cnidra's cluster-wide IPAM, on disk: the blocks it holds and which owner
 has each address it handed out from them (docs/ipam.md).
 
-Write-through like the checkpoint: an address is on disk (fsynced) before prepare checkpoints the
-claim that uses it, so a crash between the two leaves an address the reconciler frees, never a
-claim whose address is unrecorded. One file per block and per address under
-`<state>/pools/{blocks,addresses}/`."""
+Write-through like the checkpoint: an address is on disk (its store's log fsynced) before
+prepare checkpoints the claim that uses it, so a crash between the two leaves an address the
+reconciler frees, never a claim whose address is unrecorded. One file per block and per address
+under `<state>/pools/{blocks,addresses}/`, written when the stores settle (cnidra.state.store)."""
 
 from __future__ import annotations
 
@@ -86,6 +86,11 @@ class IPAMState:
         for lease in self.leases.all():
             self._by_owner.setdefault(lease.owner, []).append(lease)
             self._take(lease)
+
+    def close(self) -> None:
+        """A clean stop: both stores settle into their files (cnidra.state.store)."""
+        self.blocks.close()
+        self.leases.close()
 
     def held_blocks(self, pool: str, range_index: int | None = None) -> list[HeldBlock]:
         return sorted(

@@ -4,15 +4,18 @@ prepared-claims checkpoint and the sandbox records.
 Writes are on disk before they are visible. A durable store (the checkpoint, the IPAM state)
 makes every change durable with one fsync, whatever the number of records it changes (a
 prepare of 100 claims is one fsync, not 101): the change is appended to the store's log
-(`claims.log` beside `claims/`, one frame with its length and CRC) and the log fsynced; then
-each record's file is replaced, atomically but without fsync. On opening, the files are read,
-then the log's whole frames replayed over them (a torn last frame, never acknowledged, is
-ignored), the files it names written durably and the log emptied; a log grown past LOG_MAX
-is emptied the same way while the driver runs. All of it in a worker thread, so the event
-loop keeps serving other hooks. A store that needs only to survive the process (the sandbox
-records: a machine crash ends every sandbox they describe) writes in place, atomically,
-without fsync and without a log. `put_blocking` is for code that runs before the loop does
-(start-up, migration, tools)."""
+(`claims.log` beside `claims/`, one frame with its length and CRC) and the log fsynced, and
+that is all it writes: the log is the durable record, the memory the one read while running.
+The records' files are written only when the store settles: on opening (the files read, the
+log's whole frames replayed over them, a torn last frame, never acknowledged, ignored), when
+the log has grown past LOG_MAX (after the change that grew it is acknowledged), and on a
+clean `close()`; settling writes the files the log names durably, then empties the log. So
+the files alone may be behind: whatever reads a durable store from outside reads it with
+`read_records`, the files with the log replayed over them. All of it in a worker thread, so
+the event loop keeps serving other hooks. A store that needs only to survive the process (the
+sandbox records: a machine crash ends every sandbox they describe) writes its files in place,
+atomically, without fsync and without a log. `put_blocking` is for code that runs before the
+loop does (start-up, migration, tools)."""
 
 from __future__ import annotations
 
@@ -116,8 +119,10 @@ class JsonDirStore(Generic[T]):
             raise
 
     def _settle(self) -> None:
-        """The files of the changes the log holds made durable (each file and the directory
-        fsynced), then the log emptied: what opening does, and a long log while running."""
+        """The files of the changes the log holds written and made durable (each file and the
+        directory fsynced), then the log emptied: what opening, a long log while running and
+        a clean close do. A crash anywhere in it leaves the log whole, replayed again on
+        opening (a frame holds its records whole, so replaying it twice is replaying it once)."""
         files = []
         for key in sorted(self._unsettled):
             item = self._items.get(key)
@@ -135,17 +140,17 @@ class JsonDirStore(Generic[T]):
 
     def _change(self, put: list[tuple[str, bytes, T]], remove: list[str]) -> None:
         """A durable store's change: logged with one fsync (removals without: as an unlink,
-        they need not survive a power loss), then the files written without fsync."""
+        they need not survive a power loss) and made visible; no file written."""
         with self._lock:
             self._append(_logged(put, remove), sync=bool(put))
-            self._apply(put, remove, [key for key, _, _ in put])
+            self._mirror(put, remove)
+        self._settle_if_long()
 
     def _changes(self, changes: list[_Change[T]]) -> None:
         """Several callers' changes in one go (group commit): each its own frame, in the
-        order they were asked for, then one fsync for all of them, then each change's files
-        written and made visible. A frame that cannot be written (or the fsync) fails every
-        change of the group, its frames cut off again; a file that cannot be written fails
-        only its own change, whose frame stands (replayed when the store is opened again)."""
+        order they were asked for, then one fsync for all of them, then each change made
+        visible. A frame that cannot be written (or the fsync) fails every change of the
+        group, its frames cut off again."""
         with self._lock:
             size = os.fstat(self._log_fd).st_size
             try:
@@ -159,23 +164,30 @@ class JsonDirStore(Generic[T]):
                     change.error = exc
                 return
             for change in changes:
-                try:
-                    self._apply(change.put, change.remove, [key for key, _, _ in change.put])
-                except BaseException as exc:
-                    change.error = exc
+                self._mirror(change.put, change.remove)
 
-    def _apply(self, put: list[tuple[str, bytes, T]], remove: list[str], logged: list[str]) -> None:
-        """A logged change's files written (without fsync) and the records made visible."""
-        for key, data, item in put:
-            write_atomically(self.dir / f"{key}.json", data, durable=False)
-            self._items[key] = item  # visible once on disk
+    def _mirror(self, put: list[tuple[str, bytes, T]], remove: list[str]) -> None:
+        """A logged change made visible in memory, its keys left for the next settle."""
+        for key, _, item in put:
+            self._items[key] = item
+            self._unsettled.add(key)
         for key in remove:
-            (self.dir / f"{key}.json").unlink(missing_ok=True)
             self._items.pop(key, None)
-        self._unsettled.update(logged)
-        self._unsettled.update(remove)
-        if os.fstat(self._log_fd).st_size > LOG_MAX:
-            self._settle()
+            self._unsettled.add(key)
+
+    def _log_is_long(self) -> bool:
+        return self._log_fd >= 0 and os.fstat(self._log_fd).st_size > LOG_MAX
+
+    def _settle_if_long(self) -> None:
+        """Settle a log grown past LOG_MAX. The changes in it are durable already: a settle
+        that fails is said and tried again after the next change, the log kept meanwhile."""
+        with self._lock:
+            if not self._log_is_long():
+                return
+            try:
+                self._settle()
+            except Exception as exc:
+                log.error("settling %s into its files failed, the log kept: %s", self.dir, exc)
 
     async def _commit(self, put: list[tuple[str, bytes, T]], remove: list[str]) -> None:
         """A durable change, done together with the changes other callers ask for meanwhile:
@@ -200,6 +212,15 @@ class JsonDirStore(Generic[T]):
                     self._settle_group(group)
                     raise
             self._settle_group(group)
+            if self._log_is_long():  # after the group is acknowledged: not in its latency
+                try:
+                    await asyncio.to_thread(self._settle_if_long)
+                except BaseException as exc:  # the loop stops: no change left waiting
+                    waiting, self._waiting = self._waiting, []
+                    for change in waiting:
+                        change.error = exc
+                    self._settle_group(waiting)
+                    raise
 
     def _settle_group(self, group: list[_Change[T]]) -> None:
         for change in group:
@@ -212,8 +233,23 @@ class JsonDirStore(Generic[T]):
             else:
                 change.done.set_exception(change.error)
 
+    async def quiet(self) -> None:
+        """Returns once no change is being written and no settle runs (a clean stop's first
+        step; tests)."""
+        while self._writer is not None and not self._writer.done():
+            await asyncio.wait([self._writer])
+
     def close(self) -> None:
-        if self._log_fd >= 0:
+        """A clean stop, after the last change: a durable store settles (its files written
+        whole, the log emptied), so its files alone say what it holds."""
+        if self._log_fd < 0:
+            return
+        with self._lock:
+            try:
+                if self._unsettled or os.fstat(self._log_fd).st_size:
+                    self._settle()
+            except Exception as exc:
+                log.error("settling %s on close failed, the log kept: %s", self.dir, exc)
             self._closer()
             self._log_fd = -1
 
@@ -307,6 +343,39 @@ def _write_frame(fd: int, change: Mapping[str, Any] | bytes) -> None:
 
 def compact_json(data: Mapping[str, Any]) -> str:
     return json.dumps(data, separators=(",", ":"))
+
+
+def read_records(directory: Path) -> dict[str, Any]:
+    """What a durable store of `directory` holds, read from outside it (a CLI, a test, a
+    harness): each record's JSON by key, its files with its log's whole frames replayed over
+    them, as opening it would, but writing nothing. A store that settles while this reads
+    (its log emptied between the files and the log) is read again; each record read is one
+    the store held, though not all of them at the same moment if it is changing."""
+    log_path = directory.with_name(f"{directory.name}{LOG_SUFFIX}")
+    for _ in range(10):
+        before = _read_or_empty(log_path)
+        records: dict[str, Any] = {}
+        for path in sorted(directory.glob("*.json")):
+            try:
+                records[path.stem] = json.loads(path.read_bytes())
+            except (OSError, ValueError):
+                continue  # removed meanwhile, or unreadable (opening moves it aside)
+        after = _read_or_empty(log_path)
+        if after.startswith(before):
+            break
+    for change in _frames(after):
+        for key, data in (change.get("put") or {}).items():
+            records[key] = data
+        for key in change.get("remove") or []:
+            records.pop(key, None)
+    return records
+
+
+def _read_or_empty(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
 
 
 def _frames(raw: bytes) -> list[dict[str, Any]]:

@@ -1,6 +1,8 @@
 """A durable store's changes cost one fsync each, however many records they write (the
-checkpoint of a 100-claim prepare is one fsync), and stay crash-safe: what a change wrote is
-there after a crash at any of its writes once it returned, and a torn change is not."""
+checkpoint of a 100-claim prepare is one fsync), write no record file until the store
+settles, and stay crash-safe: what a change wrote is there after a crash at any write the
+store makes (its log's, a settle's, an opening's, a close's) once it returned, and a torn
+change is not."""
 
 from __future__ import annotations
 
@@ -8,14 +10,12 @@ import asyncio
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from cnidra.state import store as store_module
-from cnidra.state.store import JsonDirStore
-
-store_module_real = store_module.write_atomically
+from cnidra.state.store import JsonDirStore, read_records
 
 
 @dataclass(frozen=True)
@@ -64,42 +64,6 @@ async def test_a_batch_of_n_records_costs_one_fsync(
     )
 
 
-async def test_a_batch_is_whole_after_a_crash_before_its_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A crash after the logged change, at each of its file writes: reopened, all of it."""
-    for crash_at in range(3):
-        root = tmp_path / str(crash_at)
-        s = open_store(root)
-        await s.put(Rec("a", 0))
-        real = store_module.write_atomically
-        writes = [0]
-
-        def crashing(
-            path: Path,
-            data: bytes,
-            *args: Any,
-            at: int = crash_at,
-            writes: list[int] = writes,
-            **kwargs: Any,
-        ) -> None:
-            if writes[0] == at:
-                raise SystemExit("crash")
-            writes[0] += 1
-            store_module_real(path, data, *args, **kwargs)
-
-        monkeypatch.setattr(store_module, "write_atomically", crashing)
-        with pytest.raises(SystemExit):
-            await s.put_many([Rec("a", 1), Rec("b", 2), Rec("c", 3)])
-        monkeypatch.setattr(store_module, "write_atomically", real)
-        again = open_store(root)
-        assert {r.key: r.value for r in again.all()} == {"a": 1, "b": 2, "c": 3}
-        # and the files say so too, for any reader of the directory: the log was emptied
-        assert (root / "records.log").stat().st_size == 0
-        files = sorted(p.name for p in (root / "records").glob("*.json"))
-        assert files == ["a.json", "b.json", "c.json"]
-
-
 async def test_a_torn_change_is_not_replayed_and_the_rest_is(tmp_path: Path) -> None:
     s = open_store(tmp_path)
     await s.put_many([Rec("a", 1), Rec("b", 2)])
@@ -135,6 +99,7 @@ async def test_a_long_log_is_settled_into_the_files(
     s = open_store(tmp_path)
     for i in range(20):
         await s.put(Rec(f"r{i}", i))
+    await s.quiet()  # the settle runs after the change that grew the log is acknowledged
     assert (tmp_path / "records.log").stat().st_size <= 200
     await s.remove("r0")
     assert {r.key for r in open_store(tmp_path).all()} == {f"r{i}" for i in range(1, 20)}
@@ -210,24 +175,194 @@ async def test_a_failed_group_fails_each_of_its_changes_and_leaves_no_frame(
     assert {r.key for r in open_store(tmp_path).all()} == {"before", "after"}
 
 
-async def test_a_failed_file_of_a_group_fails_that_change_alone(
+def files(root: Path) -> dict[str, int]:
+    return {
+        p.stem: int(p.read_text().split('"value":')[1].rstrip("}"))
+        for p in (root / "records").glob("*.json")
+    }
+
+
+def values(store: JsonDirStore[Rec]) -> dict[str, int]:
+    return {r.key: r.value for r in store.all()}
+
+
+async def test_a_change_writes_no_record_file_until_the_store_settles(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The group's frames are durable: the change whose file write failed is replayed on
-    opening, the others are there at once."""
     s = open_store(tmp_path)
-    await s.put(Rec("warm", 0))
+    await s.put_many([Rec("a", 1), Rec("b", 2)])
+    await s.put(Rec("c", 3))
+    s.put_blocking(Rec("d", 4))
+    await s.remove("b")
+    assert files(tmp_path) == {}  # only the log: one frame a change
+    assert values(s) == {"a": 1, "c": 3, "d": 4}  # read from memory while running
+    s.close()  # a clean stop settles: the files whole, the log empty
+    assert files(tmp_path) == {"a": 1, "c": 3, "d": 4}
+    assert (tmp_path / "records.log").stat().st_size == 0
+    # a log past LOG_MAX settles too, after the change that grew it
+    monkeypatch.setattr(store_module, "LOG_MAX", 150)
+    s = open_store(tmp_path)
+    await s.put(Rec("e", 5))
+    assert "e" not in files(tmp_path)
+    for i in range(6):
+        await s.put(Rec(f"f{i}", i))
+    await s.quiet()
+    assert files(tmp_path).items() >= {"e": 5, "f0": 0}.items()
+    assert (tmp_path / "records.log").stat().st_size <= 150
 
-    def crashing(path: Path, data: bytes, *args: Any, **kwargs: Any) -> None:
-        if path.name == "b.json":
-            raise OSError(28, "No space left on device")
-        store_module_real(path, data, *args, **kwargs)
 
-    monkeypatch.setattr(store_module, "write_atomically", crashing)
-    results = await asyncio.gather(
-        s.put(Rec("a", 1)), s.put(Rec("b", 2)), s.put(Rec("c", 3)), return_exceptions=True
-    )
-    assert [type(r) for r in results] == [type(None), OSError, type(None)]
-    monkeypatch.setattr(store_module, "write_atomically", store_module_real)
-    again = open_store(tmp_path)
-    assert {r.key: r.value for r in again.all()} == {"warm": 0, "a": 1, "b": 2, "c": 3}
+async def test_the_reader_from_outside_sees_what_only_the_log_holds(tmp_path: Path) -> None:
+    s = open_store(tmp_path)
+    await s.put_many([Rec("a", 1), Rec("b", 2)])
+    s.close()
+    s = open_store(tmp_path)
+    await s.put(Rec("a", 10))  # only in the log
+    await s.put(Rec("c", 3))
+    await s.remove("b")  # its file still there
+    assert files(tmp_path) == {"a": 1, "b": 2}
+    log_before = (tmp_path / "records.log").read_bytes()
+    listing = sorted(p.name for p in tmp_path.rglob("*"))
+    records = read_records(tmp_path / "records")
+    assert {k: v["value"] for k, v in records.items()} == {"a": 10, "c": 3}
+    # read-only: nothing written, the log not emptied
+    assert (tmp_path / "records.log").read_bytes() == log_before
+    assert sorted(p.name for p in tmp_path.rglob("*")) == listing
+    assert read_records(tmp_path / "missing") == {}
+
+
+class Crash(BaseException):
+    """The process dies here: nothing after it runs (every later write fails too)."""
+
+
+class CrashAt:
+    """Every write the store makes under `root` counted (a file or name created, bytes
+    written, an fsync, a rename, an unlink, a truncation); the `at`-th and all after it
+    raise Crash, as if the process had died there. `at` None counts without crashing."""
+
+    CALLS: ClassVar[tuple[str, ...]] = ("open", "write", "fsync", "ftruncate", "replace", "unlink")
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, root: Path, at: int | None) -> None:
+        self.root = str(root)
+        self.at = at
+        self.seen: list[str] = []
+        self.armed = True
+        for name in self.CALLS:
+            monkeypatch.setattr(os, name, self._wrap(name, getattr(os, name)))
+
+    def _ours(self, name: str, args: tuple[Any, ...]) -> bool:
+        if name == "open":
+            return str(args[0]).startswith(self.root) and bool(args[1] & os.O_CREAT)
+        if name in ("replace", "unlink"):
+            return str(args[-1] if name == "replace" else args[0]).startswith(self.root)
+        try:
+            return os.readlink(f"/proc/self/fd/{args[0]}").startswith(self.root)
+        except OSError:
+            return False
+
+    def _wrap(self, name: str, real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.armed and self._ours(name, args):
+                if self.at is not None and len(self.seen) >= self.at:
+                    raise Crash(f"crashed at write #{self.at}: {name}")
+                self.seen.append(name)
+            return real(*args, **kwargs)
+
+        return call
+
+
+def script() -> list[tuple[str, Any]]:
+    """Changes of every kind, reopenings (a settle on opening) and a clean close, with a
+    LOG_MAX small enough that the log settles while running too."""
+    ops: list[tuple[str, Any]] = []
+    for i in range(6):
+        ops.append(("put_many", [Rec(f"r{i}", i), Rec(f"r{i + 1}", 10 * i)]))
+        ops.append(("put", Rec(f"s{i}", i)))
+        if i % 2 == 1:
+            ops.append(("remove_many", [f"r{i - 1}", f"s{i - 1}"]))
+        if i % 3 == 2:
+            ops.append(("put_blocking", Rec(f"b{i}", i)))
+            ops.append(("remove", f"s{i}"))
+        if i == 3:
+            ops.append(("reopen", None))
+    ops.append(("close", None))
+    return ops
+
+
+def applied(model: dict[str, int], op: str, arg: Any) -> dict[str, int]:
+    out = dict(model)
+    if op in ("put", "put_blocking"):
+        out[arg.key] = arg.value
+    elif op == "put_many":
+        out.update({r.key: r.value for r in arg})
+    elif op == "remove":
+        out.pop(arg, None)
+    elif op == "remove_many":
+        for key in arg:
+            out.pop(key, None)
+    return out
+
+
+async def run_script(
+    root: Path, model: dict[str, int]
+) -> tuple[tuple[str, Any] | None, JsonDirStore[Rec] | None]:
+    """The script against a store of `root`, `model` kept to what was acknowledged; returns
+    the change in flight when the crash came (None: none, or it came after the last ack) and
+    the store last open."""
+    s: JsonDirStore[Rec] | None = None
+    for op, arg in [("reopen", None), *script()]:
+        try:
+            if op == "reopen":
+                s = open_store(root)
+            elif op == "close":
+                assert s is not None
+                await s.quiet()
+                s.close()
+            elif op == "put_blocking":
+                assert s is not None
+                s.put_blocking(arg)
+            else:
+                await getattr(s, op)(arg)
+        except Crash:
+            return (op, arg), s
+        new = applied(model, op, arg)
+        model.clear()
+        model.update(new)
+        if op != "close" and s is not None:
+            assert values(s) == model  # what it reads is what was acknowledged
+    return None, s
+
+
+async def test_a_crash_at_any_write_keeps_every_acknowledged_change_and_no_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each write of the whole script crashed at in turn: the changes' frames and fsyncs,
+    the settles' files, renames, unlinks and truncations while running, on opening and on
+    closing. Reopened (and read from outside before that), the store holds what was
+    acknowledged, plus the change in flight whole or not at all."""
+    monkeypatch.setattr(store_module, "LOG_MAX", 300)
+    clean = tmp_path / "clean"
+    counter = CrashAt(monkeypatch, clean, None)
+    expected: dict[str, int] = {}
+    assert (await run_script(clean, expected))[0] is None
+    counter.armed = False
+    total = len(counter.seen)
+    # every kind of write the store makes is among those crashed at, settles' included
+    assert set(counter.seen) == set(CrashAt.CALLS), counter.seen
+    assert counter.seen.count("ftruncate") >= 3  # settles: while running, on opening, on close
+    assert files(clean) == expected
+    for at in range(total):
+        root = tmp_path / str(at)
+        crash = CrashAt(monkeypatch, root, at)
+        acked: dict[str, int] = {}
+        in_flight, last = await run_script(root, acked)
+        if last is not None:
+            await last.quiet()  # a settle after an acknowledged change, crashed too
+            if last._writer is not None and not last._writer.cancelled():
+                last._writer.exception()  # retrieved: the crash it ended with
+        crash.armed = False
+        outside = {k: v["value"] for k, v in read_records(root / "records").items()}
+        again = values(open_store(root))
+        whole = [acked] + ([applied(acked, *in_flight)] if in_flight else [])
+        assert again in whole, (at, crash.seen[-3:], in_flight)
+        assert outside == again, at
+        assert files(root) == again and (root / "records.log").stat().st_size == 0

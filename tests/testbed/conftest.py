@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from cnidra.state.layout import DEFAULT_STATE_ROOT
+from cnidra.state.store import read_records
 from testbed import cluster as tb
 from testbed.harness import ROOT, Cluster, DriverProcess
 from testbed.incluster import Release, wait_gone
@@ -132,11 +133,7 @@ def pool_leases(state_root: Path, pool: str | None = None) -> dict[str, dict[str
     address -> its Lease (pool, address, block, owner `claim/<uid>/<request>` or
     `ipamclaim/...`, holder `claim <namespace>/<name>`): cnidra.state.ipam's files."""
     out = {}
-    for path in (state_root / "pools" / "addresses").glob("*.json"):
-        try:
-            lease = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # freed meanwhile
+    for lease in read_records(state_root / "pools" / "addresses").values():
         if pool is None or lease.get("pool") == pool:
             out[lease["address"]] = lease
     return out

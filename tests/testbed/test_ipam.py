@@ -19,13 +19,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
 from cnidra.ipam.accounting import LEASE_NAME
+from cnidra.state.store import read_records
 from testbed import cluster as tb
 from testbed.harness import ROOT, Cluster, DriverProcess, read_checkpoint
 from tests.testbed.conftest import Drivers
@@ -521,8 +521,10 @@ def held_addresses(*drivers: DriverProcess) -> list[str]:
     ]
 
 
-def leases(driver: DriverProcess) -> list[Path]:
-    return sorted((driver.state_root / "pools" / "addresses").glob("*.json"))
+def leases(driver: DriverProcess) -> list[dict[str, Any]]:
+    """The driver's leases: its lease store's files with the log replayed (read_records)."""
+    records = read_records(driver.state_root / "pools" / "addresses")
+    return [records[key] for key in sorted(records)]
 
 
 def attempt(driver: DriverProcess, batch: list[tuple[str, str, str]]) -> None:
@@ -669,7 +671,7 @@ def test_a_lost_nodes_blocks_are_collected_and_its_ipamclaims_addresses_stay_hel
     ready(cluster, ns, "vm")
     assert pod_addresses(cluster, ns, "vm", "net1") == {address}
     assert tb.NODE1.name in blocks(cluster, network).values()
-    kept = [json.loads(p.read_text()) for p in leases(node1)]
+    kept = leases(node1)
     assert [x["owner"].split("/")[:3] for x in kept if x["address"] == address.split("/")[0]] == [
         ["ipamclaim", ns, "vm-c.data"]
     ]
