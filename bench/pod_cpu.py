@@ -1,7 +1,7 @@
 """The driver's CPU and apiserver requests per pod, in one process, without the test bed (not a
 test: numbers).
 
-    python -m bench.pod_cpu [--pods 200] [--fake-plugins] [--multus] [--no-normal-events]
+    python -m bench.pod_cpu [--pods 200] [--fake-plugins] [--multus] [--normal-events added|all|none]
                             [--claim-finalizer on-attach] [--profile top|FILE.prof] [--json]
 
 Each pod goes through the driver itself (cnidra.agent.driver.Driver, tests/fakenode.py):
@@ -105,13 +105,15 @@ def main() -> None:
     )
     parser.add_argument("--multus", action="store_true",
                         help="Multus writes each pod's network-status annotation too")  # fmt: skip
-    parser.add_argument("--no-normal-events", action="store_true")
+    parser.add_argument("--normal-events", choices=("added", "all", "none"),
+                        help="which Normal Events the driver writes (its default: added)")  # fmt: skip
+    parser.add_argument("--no-normal-events", action="store_true", help="--normal-events none")
     parser.add_argument("--claim-finalizer", choices=("on-failure", "on-attach"))
     parser.add_argument("--json", action="store_true", help="only the JSON line")
     args = parser.parse_args()
     settings: dict[str, Any] = {}
-    if args.no_normal_events:
-        settings["normal_events"] = False
+    if args.normal_events or args.no_normal_events:
+        settings["normal_events"] = "none" if args.no_normal_events else args.normal_events
     if args.claim_finalizer:
         settings["claim_finalizer"] = args.claim_finalizer
     # CPU time, not wall time: the machine may be busy with other work

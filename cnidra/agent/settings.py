@@ -213,11 +213,13 @@ class DriverSettings:
         flag="--bridge-policy-on-host/--no-bridge-policy-on-host",
         chart=True,
     )
-    normal_events: bool = setting(
-        True,
-        "write the Normal Events (AddedInterface and RemovedInterface on pods, Prepared on "
-        "claims; one apiserver request each, three per pod); Warnings are always written",
-        flag="--normal-events/--no-normal-events",
+    normal_events: str = setting(
+        "added",
+        "which Normal Events are written: added, an AddedInterface on the pod for each interface "
+        "attached (the Events Multus writes; one apiserver request each); all, besides, "
+        "RemovedInterface on pods and Prepared on claims (three requests a pod); none. "
+        "Warnings are always written",
+        choices=("added", "all", "none"),
         chart=True,
     )
     read_claims_ahead: bool = setting(

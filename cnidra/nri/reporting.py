@@ -92,7 +92,7 @@ class Reporting:
 
     def removed(self, pod: ObjectRef, attachments: Sequence[Attachment]) -> None:
         names = ", ".join(f"{a.if_name} ({a.network_label})" for a in attachments)
-        self.status.event(pod, REASON_REMOVED, f"Removed {names}", "Normal")
+        self.status.event(pod, REASON_REMOVED, f"Removed {names}", "Normal", detail=True)
 
     def released(self, claim: ObjectRef, generated: bool) -> None:
         """kubelet is done with the claim (NodeUnprepareResources)."""

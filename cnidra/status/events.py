@@ -28,8 +28,13 @@ def involved(ref: ObjectRef, kind: str) -> Involved:
     return Involved(kind, ref.name, ref.namespace, ref.uid)
 
 
+NORMAL_EVENTS = ("added", "all", "none")
+
+
 class EventWriter:
-    """`normal_events` False: only Warning Events are written (each Event is one request)."""
+    """`normal_events`: which Normal Events are written (each is one request): "added", those
+    that say what a pod got (AddedInterface, as Multus writes), not the `detail` ones (a claim
+    prepared, an interface removed); "all"; "none", only Warnings."""
 
     def __init__(
         self,
@@ -38,8 +43,10 @@ class EventWriter:
         lane: Lane[str],
         wake: Callable[[], None],
         *,
-        normal_events: bool = True,
+        normal_events: str = "added",
     ) -> None:
+        if normal_events not in NORMAL_EVENTS:
+            raise ValueError(f"normal_events: {normal_events!r}: one of {', '.join(NORMAL_EVENTS)}")
         self.api = api
         self.recorder = recorder
         self.lane = lane
@@ -47,14 +54,27 @@ class EventWriter:
         self.normal_events = normal_events
         self.queue: deque[EventRecord] = deque(maxlen=MAX_EVENTS)
 
-    def event(self, pod: ObjectRef, reason: str, message: str, type_: str = "Warning") -> None:
-        if type_ == "Normal" and not self.normal_events:
-            return
-        self._queue(EventRecord(involved(pod, "Pod"), reason, message, type_))
+    def _written(self, type_: str, detail: bool) -> bool:
+        if type_ != "Normal":
+            return True
+        return self.normal_events == "all" or (self.normal_events == "added" and not detail)
+
+    def event(
+        self,
+        pod: ObjectRef,
+        reason: str,
+        message: str,
+        type_: str = "Warning",
+        *,
+        detail: bool = False,
+    ) -> None:
+        if self._written(type_, detail):
+            self._queue(EventRecord(involved(pod, "Pod"), reason, message, type_))
 
     def claim_event(self, claim: ObjectRef, reason: str, message: str) -> None:
-        """A Normal Event on a ResourceClaim (same queue, bounds and retries as pods')."""
-        if self.normal_events:
+        """A Normal Event on a ResourceClaim, a detail (same queue, bounds and retries as
+        pods')."""
+        if self._written("Normal", True):
             self._queue(EventRecord(involved(claim, "ResourceClaim"), reason, message, "Normal"))
 
     def object_event(
@@ -63,9 +83,8 @@ class EventWriter:
         """An Event on any object (a network policy: cnidra.status.netpolicy). `name`: one every
         node reporting the same thing gives it, so the cluster has one Event however many
         nodes report (an Event of that name already there is taken as written)."""
-        if type_ == "Normal" and not self.normal_events:
-            return
-        self._queue(EventRecord(about, reason, message, type_, name=name))
+        if self._written(type_, False):
+            self._queue(EventRecord(about, reason, message, type_, name=name))
 
     def node_event(self, node: str, reason: str, message: str, type_: str = "Normal") -> None:
         """An Event on the Node object (what `kubectl describe node` shows)."""

@@ -53,7 +53,15 @@ class StatusSink(Protocol):
     def drop(self, claim: ObjectRef, keys: list[DeviceKey], *, later: bool = False) -> None: ...
     def finalizer(self, claim: ObjectRef, present: bool) -> None: ...
     def released(self, claim: ObjectRef, generated: bool) -> None: ...
-    def event(self, pod: ObjectRef, reason: str, message: str, type_: str = "Warning") -> None: ...
+    def event(
+        self,
+        pod: ObjectRef,
+        reason: str,
+        message: str,
+        type_: str = "Warning",
+        *,
+        detail: bool = False,
+    ) -> None: ...
     def pod_networks(
         self,
         pod: ObjectRef,
@@ -70,13 +78,13 @@ class StatusWriter:
         component: str = "cnidra",
         releases: Path | None = None,
         *,
-        normal_events: bool = True,
+        normal_events: str = "added",
         node: str = "",
     ) -> None:
         """`releases`: a directory where a finalizer removal waits on disk until the apiserver
         took it, so a restart (rolling upgrade, crash) never leaves a claim held whose
-        interfaces are all gone. `normal_events` False: only Warning Events are written (each
-        Event is one request). `node`: the node the Events come from (their source host and
+        interfaces are all gone. `normal_events`: which Normal Events are written
+        (cnidra.status.events; each Event is one request). `node`: the node the Events come from (their source host and
         reporting instance, as kubelet's)."""
         self.client = client
         self.api = Api(client, REQUEST_TIMEOUT) if client is not None else None
@@ -125,8 +133,16 @@ class StatusWriter:
     def restore_releases(self, held: set[ObjectRef]) -> int:
         return self.claims.restore_releases(held)
 
-    def event(self, pod: ObjectRef, reason: str, message: str, type_: str = "Warning") -> None:
-        self.events.event(pod, reason, message, type_)
+    def event(
+        self,
+        pod: ObjectRef,
+        reason: str,
+        message: str,
+        type_: str = "Warning",
+        *,
+        detail: bool = False,
+    ) -> None:
+        self.events.event(pod, reason, message, type_, detail=detail)
 
     def claim_event(self, claim: ObjectRef, reason: str, message: str) -> None:
         self.events.claim_event(claim, reason, message)

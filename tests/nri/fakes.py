@@ -220,6 +220,7 @@ class RecordingStatus:
         self.finalizers: dict[ObjectRef, bool] = {}
         self.events: list[tuple[ObjectRef, str, str]] = []
         self.event_types: list[str] = []
+        self.event_details: list[bool] = []
         self.networks: dict[ObjectRef, list[dict[str, Any]]] = {}
         self.seen: dict[ObjectRef, SeenAnnotations | None] = {}
         self.gone: list[ObjectRef] = []
@@ -252,9 +253,18 @@ class RecordingStatus:
         else:
             held[type_] = condition
 
-    def event(self, pod: ObjectRef, reason: str, message: str, type_: str = "Warning") -> None:
+    def event(
+        self,
+        pod: ObjectRef,
+        reason: str,
+        message: str,
+        type_: str = "Warning",
+        *,
+        detail: bool = False,
+    ) -> None:
         self.events.append((pod, reason, message))
         self.event_types.append(type_)
+        self.event_details.append(detail)
 
     def released(self, claim: ObjectRef, generated: bool) -> None:
         self.released_claims.append((claim, generated))

@@ -277,7 +277,8 @@ async def test_a_del_never_enters_the_nodes_namespace(tmp_path: Path) -> None:
 
 
 async def test_normal_events_say_what_was_added_and_removed(tmp_path: Path) -> None:
-    """As Multus' AddedInterface: what `kubectl describe pod` shows first."""
+    """As Multus' AddedInterface: what `kubectl describe pod` shows first; the removal is a
+    detail (written with `--normal-events=all`)."""
     node = Node.start(tmp_path)
     prepare(node.checkpoint, "c", "a-uid", ("net1", network("data", "macvlan")))
     await node.hooks.run_pod_sandbox(pod("a"))
@@ -289,6 +290,9 @@ async def test_normal_events_say_what_was_added_and_removed(tmp_path: Path) -> N
     added, removed = (message for _, _, message in normal)
     assert added.startswith("Add net1 [198.18.0.2/24] from data") and "claim c" in added
     assert removed == "Removed net1 (data)"
+    details = [d for d, t in zip(node.status.event_details, node.status.event_types, strict=True)
+               if t == "Normal"]  # fmt: skip
+    assert details == [False, True]
 
 
 async def test_attach_and_detach_are_timed_and_failures_counted_by_network_and_reason(

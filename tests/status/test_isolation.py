@@ -168,7 +168,7 @@ async def test_a_slow_apiserver_call_times_out_and_the_rest_proceed(monkeypatch:
 
 async def test_a_claims_normal_event_is_about_the_resourceclaim() -> None:
     api = Pods()
-    writer = StatusWriter(api)  # type: ignore[arg-type]
+    writer = StatusWriter(api, normal_events="all")  # type: ignore[arg-type]
     writer.claim_event(ObjectRef("ns", "c", "uid-c"), "Prepared", "Prepared on node n")
     async with running(writer):
         await settle(writer)

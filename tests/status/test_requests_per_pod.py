@@ -64,16 +64,29 @@ async def test_a_pod_costs_the_claims_get_one_status_write_one_pod_patch_and_its
         "get resourceclaims 200": 1,  # prepare
         "apply resourceclaims/status 200": 1,  # status.devices
         "patch pods 200": 1,  # the network-status annotation, one JSON patch
-        "create events 201": 3,  # AddedInterface, RemovedInterface (pod), Prepared (claim)
+        "create events 201": 1,  # AddedInterface, one per interface (as Multus)
     }
-    assert [e["reason"] for e in api.events] == ["Prepared", "AddedInterface", "RemovedInterface"]
+    assert [e["reason"] for e in api.events] == ["AddedInterface"]
     assert counted._value.get() - before == 1  # the driver's own counter saw it too
     assert not api.claims  # deallocated and deleted: nothing of ours held it
 
 
+async def test_with_every_normal_event_a_pod_adds_its_removal_and_the_claims_preparation(
+    tmp_path: Path,
+) -> None:
+    api = FakeApiserver()
+    node = FakeNode(tmp_path, api, fake_plugins=True, normal_events="all")
+    async with node.running():
+        running = await node.start(0)
+        await node.settle()
+        await node.stop(running)
+    assert kinds(api)["create events 201"] == 3
+    assert [e["reason"] for e in api.events] == ["Prepared", "AddedInterface", "RemovedInterface"]
+
+
 async def test_without_normal_events_a_pod_is_three_requests(tmp_path: Path) -> None:
     api = FakeApiserver()
-    node = FakeNode(tmp_path, api, fake_plugins=True, normal_events=False)
+    node = FakeNode(tmp_path, api, fake_plugins=True, normal_events="none")
     async with node.running():
         for i in range(3):
             await node.pod(i)
@@ -90,7 +103,7 @@ async def test_another_writers_entry_made_after_the_sandbox_is_kept(tmp_path: Pa
     gave the sandbox the pod's annotations: the JSON patch's test fails, the pod is read and
     merged; the next pods are read first (2 requests, not 3)."""
     api = FakeApiserver()
-    node = FakeNode(tmp_path, api, fake_plugins=True, normal_events=False)
+    node = FakeNode(tmp_path, api, fake_plugins=True, normal_events="none")
     async with node.running():
         first = await node.start(0, multus=True)
         await node.settle()
@@ -117,7 +130,7 @@ async def test_another_writers_entry_made_after_the_sandbox_is_kept(tmp_path: Pa
 
 async def test_a_pod_without_annotations_gets_the_map(tmp_path: Path) -> None:
     api = FakeApiserver()
-    node = FakeNode(tmp_path, api, fake_plugins=True, normal_events=False)
+    node = FakeNode(tmp_path, api, fake_plugins=True, normal_events="none")
     async with node.running():
         running = await node.start(0, annotations=False)
         await node.settle()
@@ -151,7 +164,7 @@ async def test_a_pod_being_deleted_or_replaced_is_not_written() -> None:
 async def test_holding_claims_from_attach_costs_two_requests_more(tmp_path: Path) -> None:
     api = FakeApiserver()
     node = FakeNode(
-        tmp_path, api, fake_plugins=True, normal_events=False, claim_finalizer="on-attach"
+        tmp_path, api, fake_plugins=True, normal_events="none", claim_finalizer="on-attach"
     )
     async with node.running():
         running = await node.start(0)
@@ -166,7 +179,7 @@ async def test_holding_claims_from_attach_costs_two_requests_more(tmp_path: Path
 async def test_a_failed_del_holds_the_claim_until_it_succeeds(tmp_path: Path) -> None:
     """The finalizer the default adds only when it is needed, with the real writer."""
     api = FakeApiserver()
-    node = FakeNode(tmp_path, api, fake_plugins=True, normal_events=False)
+    node = FakeNode(tmp_path, api, fake_plugins=True, normal_events="none")
     plugins = FakePlugins(failing={"macvlan": "DEL"})
     node.driver.lifecycle.runtime.exec = plugins  # type: ignore[attr-defined]
     node.driver.lifecycle.retry = lambda: module.Backoff(0.01, 0.05, jitter=0)
@@ -199,7 +212,7 @@ async def test_a_sandbox_made_again_is_one_status_write(tmp_path: Path) -> None:
     """The sandbox of a running pod dies and kubelet makes another: the removal of the first's
     entries waits DROP_GRACE, and the second's replace them: one write, not two."""
     api = FakeApiserver()
-    node = FakeNode(tmp_path, api, fake_plugins=True, normal_events=False)
+    node = FakeNode(tmp_path, api, fake_plugins=True, normal_events="none")
     async with node.running():
         running = await node.start(0)
         await node.settle()
@@ -221,7 +234,7 @@ async def test_a_removal_not_followed_by_a_release_is_written_after_the_grace(
     DROP_GRACE; a claim not made from a template is written at once when released."""
     monkeypatch.setattr(claimstatus, "DROP_GRACE", 0.05)
     api = FakeApiserver()
-    node = FakeNode(tmp_path, api, fake_plugins=True, normal_events=False)
+    node = FakeNode(tmp_path, api, fake_plugins=True, normal_events="none")
     async with node.running():
         running = await node.start(0)
         await node.settle()
