@@ -361,7 +361,7 @@ def _requests_vs_multus(run: Run) -> Row:
 
 def _by_kind(run: Run, key: str) -> list[str]:
     """For the requests row: which requests a pod costs, and the count without the Normal
-    Events (issue 24's, which `--no-normal-events` leaves out), so the goal's three writes can
+    Events (issue 24's, which `--normal-events=none` leaves out), so the goal's three writes can
     be told from them."""
     if key != "apiserver_requests_per_pod":
         return []

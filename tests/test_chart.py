@@ -95,11 +95,15 @@ def test_defaults_and_every_option_render() -> None:
         "hostPaths.state=relative/path",
         "image.pullPolicy=Sometimes",
         "driver.nope=1",
+        "driver.normalEvents=true",  # a boolean before issue 42's added, all, none
+        "driver.normalEvents=false",
     ],
 )
 def test_the_schema_refuses_bad_values(bad: str) -> None:
     out = render(bad)
     assert out.returncode != 0 and "values don't meet the specifications" in out.stderr, out.stderr
+    if bad.startswith("driver.normalEvents"):
+        assert "/driver/normalEvents': got boolean, want string" in out.stderr, out.stderr
 
 
 def test_what_it_renders_cnidra_accepts() -> None:
