@@ -9,8 +9,12 @@ that is all it writes: the log is the durable record, the memory the one read wh
 The records' files are written only when the store settles: on opening (the files read, the
 log's whole frames replayed over them, a torn last frame, never acknowledged, ignored), when
 the log has grown past LOG_MAX (after the change that grew it is acknowledged), and on a
-clean `close()`; settling writes the files the log names durably, then empties the log. So
-the files alone may be behind: whatever reads a durable store from outside reads it with
+clean `close()`; settling writes the files the log names durably, then empties the log. A
+settle while running never holds up a change: the long log is renamed aside (`claims.settling`)
+and a new one begun under the store's lock, and the files of what the old one holds are
+written in a worker thread while changes go on into the new log; the old log is removed once
+its files are durable (opening replays it first, then the log). So the files alone may be
+behind: whatever reads a durable store from outside reads it with
 `read_records`, the files with the log replayed over them. All of it in a worker thread, so
 the event loop keeps serving other hooks. A store that needs only to survive the process (the
 sandbox records: a machine crash ends every sandbox they describe) writes its files in place,
@@ -36,6 +40,7 @@ from cnidra.util.files import fsync_dir, write_all_atomically, write_atomically
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 LOG_SUFFIX = ".log"  # the log of <dir> is <dir>.log, beside it
+SETTLING_SUFFIX = ".settling"  # a log renamed aside while its files are written (<dir>.settling)
 LOG_MAX = 4 * 1024 * 1024  # bytes of log after which the files are made durable and it emptied
 _HEADER = struct.Struct(">II")  # a frame: payload length, CRC-32 of the payload
 
@@ -67,8 +72,10 @@ class JsonDirStore(Generic[T]):
                 continue
             self._items[key(item)] = item
         self._lock = threading.Lock()  # one change at a time: the log's frames in order
+        self._settle_lock = threading.Lock()  # one settle writing files at a time
         self._unsettled: set[str] = set()  # keys whose files are not yet durable
         self._log_fd = -1
+        self._settler: asyncio.Future[None] | None = None  # a settle while running
         # group commit: the changes waiting for the next write, and the task writing them
         self._waiting: list[_Change[T]] = []
         self._writer: asyncio.Future[None] | None = None
@@ -83,11 +90,19 @@ class JsonDirStore(Generic[T]):
         records."""
         return self.dir.with_name(f"{self.dir.name}{LOG_SUFFIX}")
 
+    @property
+    def settling_path(self) -> Path:
+        """A log renamed aside while a settle writes the files of what it holds."""
+        return self.dir.with_name(f"{self.dir.name}{SETTLING_SUFFIX}")
+
     def _open_log(self, decode: Callable[[Mapping[str, Any]], T]) -> None:
-        """Replay what the log holds over the files, make it durable in them, empty the log."""
+        """Replay what the logs hold over the files (a log left aside by a settle that did not
+        finish, then the log), make it durable in them, empty the log."""
         created = not self.log_path.exists()
         replayed: set[str] = set()
-        for change in [] if created else _frames(self.log_path.read_bytes()):
+        logged = _read_or_empty(self.settling_path)
+        frames = _frames(logged) + ([] if created else _frames(self.log_path.read_bytes()))
+        for change in frames:
             for key, data in (change.get("put") or {}).items():
                 try:
                     self._items[key] = decode(data)
@@ -101,7 +116,7 @@ class JsonDirStore(Generic[T]):
         self._log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._closer = weakref.finalize(self, os.close, self._log_fd)
         self._unsettled = replayed
-        if replayed or os.fstat(self._log_fd).st_size:
+        if replayed or logged or os.fstat(self._log_fd).st_size:
             self._settle()
         elif created:
             fsync_dir(self.log_path.parent)  # the log's own name, once
@@ -122,21 +137,72 @@ class JsonDirStore(Generic[T]):
         """The files of the changes the log holds written and made durable (each file and the
         directory fsynced), then the log emptied: what opening, a long log while running and
         a clean close do. A crash anywhere in it leaves the log whole, replayed again on
-        opening (a frame holds its records whole, so replaying it twice is replaying it once)."""
-        files = []
-        for key in sorted(self._unsettled):
+        opening (a frame holds its records whole, so replaying it twice is replaying it once).
+        A log left aside goes once the files are durable, before the log is emptied (replayed
+        after the log was, it would undo the log's later changes to the files)."""
+        self._write_files(self._snapshot(self._unsettled))
+        self.settling_path.unlink(missing_ok=True)
+        os.ftruncate(self._log_fd, 0)
+        os.fsync(self._log_fd)
+        self._unsettled = set()
+
+    def _snapshot(self, keys: Iterable[str]) -> list[tuple[str, bytes | None]]:
+        """The records of `keys` as their files should hold them now (None: no file)."""
+        out: list[tuple[str, bytes | None]] = []
+        for key in sorted(keys):
             item = self._items.get(key)
-            if item is None:
+            out.append((key, None if item is None else self._serialize(item)[1]))
+        return out
+
+    def _write_files(self, snapshot: list[tuple[str, bytes | None]]) -> None:
+        """The files of a snapshot, durable (each file and the directory fsynced)."""
+        files = []
+        for key, data in snapshot:
+            if data is None:
                 (self.dir / f"{key}.json").unlink(missing_ok=True)
             else:
-                files.append((self.dir / f"{key}.json", self._serialize(item)[1]))
+                files.append((self.dir / f"{key}.json", data))
         if files:
             write_all_atomically(files)
         else:
             fsync_dir(self.dir)  # the removals
-        os.ftruncate(self._log_fd, 0)
-        os.fsync(self._log_fd)
-        self._unsettled = set()
+
+    def _set_aside(self) -> list[tuple[str, bytes | None]] | None:
+        """Under the lock, a long log renamed aside and a new one begun (its name durable before
+        any change is acknowledged in it); the snapshot of the records the old one changed,
+        whose files `_settle_aside` writes without the lock. None: the log is not long, or a
+        log is still aside (its settle failed: the next settle is a whole one)."""
+        with self._lock:
+            if not self._log_is_long() or self.settling_path.exists():
+                return None
+            os.replace(self.log_path, self.settling_path)
+            fd = -1
+            try:
+                fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                fsync_dir(self.log_path.parent)
+            except Exception:  # the log as it was: its name back, appended to as before
+                if fd >= 0:
+                    os.close(fd)
+                os.replace(self.settling_path, self.log_path)
+                raise
+            self._closer()
+            self._log_fd = fd
+            self._closer = weakref.finalize(self, os.close, fd)
+            snapshot = self._snapshot(self._unsettled)
+            self._unsettled = set()
+            return snapshot
+
+    def _settle_aside(self, snapshot: list[tuple[str, bytes | None]]) -> None:
+        """The files of a log set aside written durably, then that log removed. A failure is
+        said; its records wait for the next settle, a whole one (the log aside kept, so
+        opening replays it)."""
+        try:
+            self._write_files(snapshot)
+            self.settling_path.unlink()
+        except Exception as exc:
+            log.error("settling %s into its files failed, the log kept: %s", self.dir, exc)
+            with self._lock:
+                self._unsettled.update(key for key, _ in snapshot)
 
     def _change(self, put: list[tuple[str, bytes, T]], remove: list[str]) -> None:
         """A durable store's change: logged with one fsync (removals without: as an unlink,
@@ -179,15 +245,51 @@ class JsonDirStore(Generic[T]):
         return self._log_fd >= 0 and os.fstat(self._log_fd).st_size > LOG_MAX
 
     def _settle_if_long(self) -> None:
-        """Settle a log grown past LOG_MAX. The changes in it are durable already: a settle
-        that fails is said and tried again after the next change, the log kept meanwhile."""
-        with self._lock:
-            if not self._log_is_long():
-                return
+        """Settle a log grown past LOG_MAX (in the caller's thread: start-up, tools). The
+        changes in it are durable already: a settle that fails is said and tried again after
+        the next change, the log kept meanwhile."""
+        snapshot = self._aside_or_whole()
+        if snapshot is not None:
+            with self._settle_lock:
+                self._settle_aside(snapshot)
+
+    def _aside_or_whole(self) -> list[tuple[str, bytes | None]] | None:
+        """A long log set aside (its snapshot returned), or, when one still is from a settle
+        that failed, a whole settle under the lock (None returned)."""
+        with self._settle_lock:
             try:
-                self._settle()
+                snapshot = self._set_aside()
             except Exception as exc:
-                log.error("settling %s into its files failed, the log kept: %s", self.dir, exc)
+                log.error("setting %s's log aside failed, the log kept: %s", self.dir, exc)
+                return None
+            if snapshot is not None or not self.settling_path.exists():
+                return snapshot
+            with self._lock:
+                if not self._log_is_long():
+                    return None
+                try:
+                    self._settle()
+                except Exception as exc:
+                    log.error("settling %s into its files failed, the log kept: %s", self.dir, exc)
+            return None
+
+    async def _settle_in_background(self) -> None:
+        """A long log's settle while changes go on (`_settle_while_long`), unless one runs."""
+        if self._settler is None or self._settler.done():
+            self._settler = asyncio.ensure_future(self._settle_while_long())
+
+    async def _settle_while_long(self) -> None:
+        """Set aside, then its files written in a worker thread that holds up no change; again
+        while what was logged meanwhile makes the log long."""
+        while self._log_is_long():
+            snapshot = await asyncio.to_thread(self._aside_or_whole)
+            if snapshot is None:
+                return
+            await asyncio.to_thread(self._settle_aside_locked, snapshot)
+
+    def _settle_aside_locked(self, snapshot: list[tuple[str, bytes | None]]) -> None:
+        with self._settle_lock:
+            self._settle_aside(snapshot)
 
     async def _commit(self, put: list[tuple[str, bytes, T]], remove: list[str]) -> None:
         """A durable change, done together with the changes other callers ask for meanwhile:
@@ -214,7 +316,7 @@ class JsonDirStore(Generic[T]):
             self._settle_group(group)
             if self._log_is_long():  # after the group is acknowledged: not in its latency
                 try:
-                    await asyncio.to_thread(self._settle_if_long)
+                    await self._settle_in_background()
                 except BaseException as exc:  # the loop stops: no change left waiting
                     waiting, self._waiting = self._waiting, []
                     for change in waiting:
@@ -236,17 +338,19 @@ class JsonDirStore(Generic[T]):
     async def quiet(self) -> None:
         """Returns once no change is being written and no settle runs (a clean stop's first
         step; tests)."""
-        while self._writer is not None and not self._writer.done():
-            await asyncio.wait([self._writer])
+        while (self._writer is not None and not self._writer.done()) or (
+            self._settler is not None and not self._settler.done()
+        ):
+            await asyncio.wait([f for f in (self._writer, self._settler) if f is not None])
 
     def close(self) -> None:
         """A clean stop, after the last change: a durable store settles (its files written
         whole, the log emptied), so its files alone say what it holds."""
         if self._log_fd < 0:
             return
-        with self._lock:
+        with self._settle_lock, self._lock:
             try:
-                if self._unsettled or os.fstat(self._log_fd).st_size:
+                if self._unsettled or os.fstat(self._log_fd).st_size or self.settling_path.exists():
                     self._settle()
             except Exception as exc:
                 log.error("settling %s on close failed, the log kept: %s", self.dir, exc)
@@ -352,8 +456,9 @@ def read_records(directory: Path) -> dict[str, Any]:
     (its log emptied between the files and the log) is read again; each record read is one
     the store held, though not all of them at the same moment if it is changing."""
     log_path = directory.with_name(f"{directory.name}{LOG_SUFFIX}")
+    aside_path = directory.with_name(f"{directory.name}{SETTLING_SUFFIX}")
     for _ in range(10):
-        before = _read_or_empty(log_path)
+        aside, before = _read_or_empty(aside_path), _read_or_empty(log_path)
         records: dict[str, Any] = {}
         for path in sorted(directory.glob("*.json")):
             try:
@@ -361,9 +466,9 @@ def read_records(directory: Path) -> dict[str, Any]:
             except (OSError, ValueError):
                 continue  # removed meanwhile, or unreadable (opening moves it aside)
         after = _read_or_empty(log_path)
-        if after.startswith(before):
+        if after.startswith(before) and _read_or_empty(aside_path) == aside:
             break
-    for change in _frames(after):
+    for change in _frames(aside) + _frames(after):
         for key, data in (change.get("put") or {}).items():
             records[key] = data
         for key in change.get("remove") or []:
