@@ -15,6 +15,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from cnidra.api.issues import FieldPath, Issues
@@ -44,6 +45,11 @@ class NodeFacts:
     links: Mapping[str, LinkFacts] = field(default_factory=dict)
 
     def addresses(self) -> frozenset[Address]:
+        """Parsed once for these facts (a node with a thousand links judges each claim)."""
+        return self._addresses
+
+    @cached_property
+    def _addresses(self) -> frozenset[Address]:
         out: set[Address] = set()
         for link in self.links.values():
             for cidr in link.addresses:

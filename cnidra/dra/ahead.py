@@ -208,6 +208,7 @@ class ReadAhead:
         self._slots = asyncio.Semaphore(max_reads)
         self._reading: set[asyncio.Task[None]] = set()
         self._read: OrderedDict[tuple[str, str], None] = OrderedDict()  # (pod UID, claim)
+        self._read_of: dict[str, list[tuple[str, str]]] = {}  # pod UID -> its keys in _read
         self.clock = clock
         self.reads = 0
         self.watch_failures = 0
@@ -256,8 +257,8 @@ class ReadAhead:
         meta = _meta(pod)
         pod_uid, namespace = _str(meta.get("uid")), _str(meta.get("namespace"))
         if event == "DELETED":
-            for key in [k for k in self._read if k[0] == pod_uid]:
-                del self._read[key]
+            for key in self._read_of.pop(pod_uid, ()):
+                self._read.pop(key, None)
             return
         status = pod.get("status")
         phase = status.get("phase") if isinstance(status, Mapping) else None
@@ -273,8 +274,14 @@ class ReadAhead:
                 self.skipped += 1  # prepare GETs it
                 continue
             self._read[key] = None
+            self._read_of.setdefault(pod_uid, []).append(key)
             while len(self._read) > SEEN_PODS:
-                self._read.popitem(last=False)
+                (uid, _), _ = self._read.popitem(last=False)
+                keys = self._read_of.get(uid)
+                if keys is not None:
+                    keys[:] = [k for k in keys if k in self._read]
+                    if not keys:
+                        del self._read_of[uid]
             self.cache.forget(namespace, name)
             task = asyncio.create_task(self._read_claim(namespace, name, pod_uid))
             self._reading.add(task)

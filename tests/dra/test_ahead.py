@@ -321,3 +321,34 @@ async def test_fed_from_the_policy_watch_of_every_pod_reads_only_the_nodes_pods(
     served.cancel()
     with pytest.raises(asyncio.CancelledError):
         await served
+
+
+async def test_the_pods_read_are_remembered_within_bounds_and_forgotten_when_deleted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A deleted pod's keys go by its UID (not by scanning every pod remembered), and the
+    oldest pods remembered give way past SEEN_PODS, their index with them."""
+    from cnidra.dra import ahead as ahead_module
+
+    monkeypatch.setattr(ahead_module, "SEEN_PODS", 3)
+    reader = ReadAhead(watching(), CountingClaims(stored()), ClaimsAhead())
+    for i in range(5):
+        reader.on_pod("ADDED", pod(f"pod-{i}"))
+    await reader.drained()
+    assert [uid for uid, _ in reader._read] == ["pod-2", "pod-3", "pod-4"]
+    assert set(reader._read_of) == {"pod-2", "pod-3", "pod-4"}
+    reader.on_pod("DELETED", pod("pod-3"))
+    assert [uid for uid, _ in reader._read] == ["pod-2", "pod-4"]
+    assert set(reader._read_of) == {"pod-2", "pod-4"}
+    reader.on_pod("ADDED", pod("pod-3"))  # bound again (a new pod of that UID is not): read
+    await reader.drained()
+    assert reader.reads == 6
+
+
+def test_the_nodes_addresses_are_parsed_once_for_its_facts() -> None:
+    from cnidra.api.hostside import LinkFacts, NodeFacts
+
+    facts = NodeFacts({"eth1": LinkFacts("eth1", "physical", 1500, ("198.18.0.1/24", "bad"))})
+    first = facts.addresses()
+    assert {str(a) for a in first} == {"198.18.0.1"}
+    assert facts.addresses() is first
