@@ -25,7 +25,7 @@ from cnidra.api.constants import DRIVER_NAME
 from cnidra.cni.runtime import CNIRuntime
 from cnidra.datapath import netpolicy as netpolicy_datapath
 from cnidra.datapath import shaping
-from cnidra.dra.ahead import ClaimsAhead, NodeFeed, ReadAhead
+from cnidra.dra.ahead import ClaimsAhead, ReadAhead
 from cnidra.dra.plugin import DRAService, RegistrationService
 from cnidra.dra.prepare import Preparer
 from cnidra.inventory.links import LinkFilter
@@ -39,7 +39,7 @@ from cnidra.kube.claims import ClaimGetter, NamespaceGetter
 from cnidra.kube.client import ClusterFeatures, dra_api_problem, make_client, probe_features
 from cnidra.kube.deviceclasses import Feeds, follow_device_classes
 from cnidra.kube.ipam import KubeIPAM
-from cnidra.kube.netpolicy import Feed, follow_all
+from cnidra.kube.netpolicy import follow_all
 from cnidra.kube.networks import NetworkReader, ServedNetworks
 from cnidra.kube.pods import NodePods
 from cnidra.nodeapi.service import NodeNetworksService
@@ -98,25 +98,6 @@ def prepared_message(claim: PreparedClaim, node: str) -> str:
         for d in claim.devices
     ]
     return f"Prepared on node {node}: " + "; ".join(parts)
-
-
-class PolicyAndAhead:
-    """The network policy's watches (cnidra.kube.netpolicy's Feed), their pods of this node
-    handed to the claims' read-ahead too (cnidra.dra.ahead.NodeFeed)."""
-
-    def __init__(self, policy: Feed, ahead: NodeFeed) -> None:
-        self.policy = policy
-        self.ahead = ahead
-
-    def replace(self, kind: str, objects: Sequence[Mapping[str, Any]]) -> None:
-        self.policy.replace(kind, objects)
-        if kind == "Pod":
-            self.ahead.replace(objects)
-
-    def changed(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
-        self.policy.changed(kind, event, obj)
-        if kind == "Pod":
-            self.ahead.changed(event, obj)
 
 
 class Driver:
@@ -434,24 +415,18 @@ class Driver:
         )
 
     def _watch_pods(self) -> None:
-        """The claims' read-ahead and network policy, each watching what it needs of the pods;
-        neither critical to the driver (without the read-ahead prepare GETs each claim)."""
+        """The claims' read-ahead (the node-scoped watch of its pods) and network policy (every
+        pod, while a policy exists: cnidra.kube.netpolicy.PolicyGate); neither critical to the
+        driver (without the read-ahead prepare GETs each claim)."""
         s = self.settings
-        watched: Feed = self.policy
         if self.read_ahead is not None:
-            ahead = self.read_ahead.run  # its own watch: the node-scoped one
-            if s.network_policy:
-                # the policy watches every pod, this node's among them: the read-ahead is fed
-                # those rather than watch them again (one pod watch, each event decoded once)
-                watched = PolicyAndAhead(self.policy, self.read_ahead.feed(s.node_name))
-                ahead = self.read_ahead.fed
-            self.tasks.spawn("claims-ahead", ahead, critical=False)
+            self.tasks.spawn("claims-ahead", self.read_ahead.run, critical=False)
         if s.network_policy:
             self.policy.restore()  # the tables of the pods attached before a restart
             self.tasks.spawn("netpolicy", self.policy.run)
             self.tasks.spawn("netpolicy-status", self.policy_status.run, critical=False)
             api = Api(self.client, s.api_timeout)
-            self.tasks.spawn("netpolicy-watches", lambda: follow_all(api, watched))
+            self.tasks.spawn("netpolicy-watches", lambda: follow_all(api, self.policy))
 
     def _network_policy(self) -> tuple[PolicyStatusWriter, PolicyEnforcer]:
         """The enforcer, and the writer of a policy's problems on this node (an Event and the

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -231,18 +231,6 @@ class ReadAhead:
                 log.info("the watch of the node's pods ended (%s); prepare GETs meanwhile", exc)
             await asyncio.sleep(backoff.after_run(self.clock() - started, settled=60.0))
 
-    async def fed(self) -> None:
-        """The read-ahead when another watch feeds `on_pod` (the network policy's watch of every
-        pod holds this node's: the driver hands them over, `NodeFeed`, rather than watch them
-        twice): nothing to watch, for as long as the driver runs; the reads started are
-        cancelled with it."""
-        try:
-            await asyncio.get_running_loop().create_future()
-        except asyncio.CancelledError:
-            for task in list(self._reading):
-                task.cancel()
-            raise
-
     async def watch_once(self) -> None:
         """One watch, until the apiserver ends it (returns) or it fails (raises)."""
         try:
@@ -287,10 +275,6 @@ class ReadAhead:
             self._reading.add(task)
             task.add_done_callback(self._reading.discard)
 
-    def feed(self, node: str) -> NodeFeed:
-        """What hands `node`'s pods over from a watch of every pod (`fed`)."""
-        return NodeFeed(self, node)
-
     async def _read_claim(self, namespace: str, name: str, pod_uid: str) -> None:
         async with self._slots:
             try:
@@ -314,29 +298,3 @@ class ReadAhead:
         """Every read started so far finished (tests)."""
         while self._reading:
             await asyncio.gather(*self._reading, return_exceptions=True)
-
-
-class NodeFeed:
-    """This node's pods out of a watch of every pod (the network policy's: cnidra.kube.netpolicy
-    `follow`, whose Feed it joins), to `ReadAhead.on_pod`, as the node-scoped watch would have
-    given them: a list's pods as ADDED, then each change."""
-
-    def __init__(self, ahead: ReadAhead, node: str) -> None:
-        self.ahead = ahead
-        self.node = node
-
-    def _ours(self, pod: Mapping[str, Any]) -> bool:
-        spec = pod.get("spec")
-        return bool(self.node) and isinstance(spec, Mapping) and spec.get("nodeName") == self.node
-
-    def replace(self, pods: Sequence[Mapping[str, Any]]) -> None:
-        for pod in pods:
-            self.changed("ADDED", pod)
-
-    def changed(self, event: str, pod: Mapping[str, Any]) -> None:
-        if not self._ours(pod):
-            return
-        try:
-            self.ahead.on_pod(event, pod)
-        except Exception:  # never the policy's watch's failure: prepare GETs the claims
-            log.exception("a pod of the node not read ahead")

@@ -17,6 +17,7 @@ pods through `reservedFor`, and names no network."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +41,11 @@ RESOURCES: Mapping[str, tuple[Any, bool]] = {  # kind -> (resource, namespaced)
     "CNINetwork": (CNINetwork, False),
 }
 LIST_TIMEOUT = 60.0
+POLICY_KINDS = ("MultiNetworkPolicy", "CNIAdminNetworkPolicy")
+# followed only while a policy exists: every pod of the cluster is the costliest watch a node
+# holds (each pod's every change, on every node), and without a policy nothing reads them
+WHILE_POLICIES = ("Namespace", "Pod")
+IDLE_SECONDS = 60.0  # after the last policy went, before the pods' and namespaces' watches stop
 
 
 class Feed(Protocol):
@@ -52,9 +58,149 @@ def as_dict(obj: Any) -> Mapping[str, Any]:
     return obj if isinstance(obj, Mapping) else {}
 
 
-async def follow_all(api: Api, feed: Feed, clock: Callable[[], float] = time.monotonic) -> None:
-    """Every kind policy needs, each followed for ever (`follow`)."""
-    await asyncio.gather(*(follow(api, kind, feed, clock) for kind in RESOURCES))
+async def follow_all(
+    api: Api,
+    feed: Feed,
+    clock: Callable[[], float] = time.monotonic,
+    *,
+    idle: float = IDLE_SECONDS,
+) -> None:
+    """The policies and CNINetworks followed for ever (`follow`); Namespaces and Pods only
+    while a policy exists (`PolicyGate`), and for `idle` seconds after the last one went."""
+    gate = PolicyGate(feed)
+
+    async def while_policies() -> None:
+        while True:
+            await gate.wanted.wait()
+            tasks = [
+                asyncio.ensure_future(follow(api, kind, gate, clock)) for kind in WHILE_POLICIES
+            ]
+            try:
+                await gate.unwanted_for(idle, clock)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            gate.closed()
+
+    always = [follow(api, kind, gate, clock) for kind in RESOURCES if kind not in WHILE_POLICIES]
+    await asyncio.gather(*always, while_policies())
+
+
+class PolicyGate:
+    """Between the watches and the enforcer's Feed: Namespaces and Pods are watched only while
+    a policy exists. Without one, the feed is told there are none of either (nothing reads
+    them: no policy, no table), so the enforcer is synced. When a policy comes, it is held
+    back, with every change after it, until both kinds are listed; then the lists go to the
+    feed, then what was held, in the order it came: the enforcer never judges a policy against
+    pods it does not know yet (which would leave a pod the policy selects open until the
+    list). When the last policy goes, the watches stop after `idle` seconds without one
+    (`follow_all`), and the feed is told again there are none."""
+
+    def __init__(self, feed: Feed) -> None:
+        self.feed = feed
+        self.policies: dict[str, set[tuple[str, str]]] = {kind: set() for kind in POLICY_KINDS}
+        self.policies_listed: set[str] = set()
+        self.wanted = asyncio.Event()  # a policy exists: Namespaces and Pods are followed
+        self.open = False  # what comes goes to the feed; else it is held
+        self.listed: dict[str, Sequence[Mapping[str, Any]]] = {}  # while opening
+        self.held: list[tuple[str, str, Any]] = []  # (event or "replace", kind, what)
+        self._none_since: float | None = None
+        self._changed = asyncio.Event()
+
+    @staticmethod
+    def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+        meta = as_dict(obj.get("metadata"))
+        return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+    def _any(self) -> bool:
+        return any(self.policies.values())
+
+    def replace(self, kind: str, objects: Sequence[Mapping[str, Any]]) -> None:
+        if kind in POLICY_KINDS:
+            self.policies[kind] = {self._key(o) for o in objects}
+            self.policies_listed.add(kind)
+            self._policies_changed()
+        elif kind in WHILE_POLICIES and not self.open:
+            self.listed[kind] = objects
+            if set(self.listed) >= set(WHILE_POLICIES):
+                self._open(self.listed)
+            return
+        self._pass_or_hold("replace", kind, objects)
+
+    def changed(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
+        if kind in POLICY_KINDS:
+            keys = self.policies[kind]
+            if event == "DELETED":
+                keys.discard(self._key(obj))
+            else:
+                keys.add(self._key(obj))
+            self._policies_changed()
+        self._pass_or_hold(event, kind, obj)
+
+    def _policies_changed(self) -> None:
+        """Before the change is passed on: a first policy holds what comes until Namespaces
+        and Pods are listed; none (both kinds of policy listed, no watch running) opens the
+        gate with none of either."""
+        self._changed.set()
+        if self._any():
+            self._none_since = None
+            if not self.wanted.is_set():
+                self.wanted.set()
+                self.open = False
+                self.listed = {}
+        elif (
+            self.policies_listed >= set(POLICY_KINDS) and not self.wanted.is_set() and not self.open
+        ):
+            self._open({kind: [] for kind in WHILE_POLICIES})
+
+    def _pass_or_hold(self, what: str, kind: str, arg: Any) -> None:
+        if self.open:
+            self._send(what, kind, arg)
+        elif kind not in WHILE_POLICIES or kind in self.listed:
+            self.held.append((what, kind, arg))
+        # else: a Namespace or Pod before its own list (none comes: a watch follows its list)
+
+    def _send(self, what: str, kind: str, arg: Any) -> None:
+        if what == "replace":
+            self.feed.replace(kind, arg)
+        else:
+            self.feed.changed(kind, what, arg)
+
+    def _open(self, lists: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+        """Namespaces' and Pods' lists to the feed, then what was held, in order."""
+        for kind in WHILE_POLICIES:
+            self.feed.replace(kind, lists[kind])
+        self.listed = {}
+        self.open = True
+        held, self.held = self.held, []
+        for what, kind, arg in held:
+            self._send(what, kind, arg)
+
+    async def unwanted_for(self, idle: float, clock: Callable[[], float]) -> None:
+        """Returns once no policy has existed for `idle` seconds."""
+        while True:
+            now = clock()
+            if self._any():
+                self._none_since = None
+            elif self._none_since is None:
+                self._none_since = now
+            elif now - self._none_since >= idle:
+                return
+            self._changed.clear()
+            wait = idle if self._none_since is None else idle - (now - self._none_since)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), max(wait, 0.0) + 0.01)
+
+    def closed(self) -> None:
+        """The watches stopped: the feed told there are no namespaces and pods. Unless a
+        policy came as they stopped: then they are followed again at once (their lists
+        replace what the feed knows)."""
+        if self._any():
+            return
+        self.wanted.clear()
+        self.open = False
+        self._open({kind: [] for kind in WHILE_POLICIES})
 
 
 async def follow(

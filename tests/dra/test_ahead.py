@@ -283,46 +283,6 @@ async def test_the_claims_of_pods_running_or_going_are_not_read() -> None:
     assert claims.gets == 0
 
 
-async def test_fed_from_the_policy_watch_of_every_pod_reads_only_the_nodes_pods(
-    tmp_path: Path,
-) -> None:
-    """With network policy on, the driver feeds the read-ahead the node's pods out of the
-    policy's watch of every pod (one pod watch, not two): a list's pods as ADDED, then each
-    change; another node's pod and an unbound one are not read, and a failure of the read-ahead
-    never reaches the policy's watch."""
-    claims = CountingClaims(stored())
-    p = preparer(tmp_path, claims, ClaimsAhead())
-    assert p.ahead is not None
-    never: Any = watching(then=AssertionError("the read-ahead watches nothing of its own"))
-    ahead = ReadAhead(never, claims, p.ahead, p.warm)
-    feed = ahead.feed("n1")
-    elsewhere = pod(uid="pod-2")
-    elsewhere["spec"]["nodeName"] = "n2"
-    unbound = pod(uid="pod-3")
-    del unbound["spec"]["nodeName"]
-    running = pod(uid="pod-4", phase="Running")
-    feed.replace([elsewhere, unbound, running])
-    await ahead.drained()
-    assert claims.gets == 0
-    feed.changed("MODIFIED", pod())  # bound to this node now
-    feed.changed("MODIFIED", pod(phase="Pending"))  # its update: not read again
-    await ahead.drained()
-    assert claims.gets == 1
-    prepared = await p.prepare(REF)
-    assert claims.gets == 1 and prepared.uid == "uid-1" and p.ahead.hits == 1
-
-    def broken(event: str, obj: Mapping[str, Any]) -> None:
-        raise RuntimeError("a bug")
-
-    ahead.on_pod = broken  # type: ignore[method-assign]
-    feed.changed("MODIFIED", pod(uid="pod-5"))  # logged, not raised into the policy's watch
-    served = asyncio.create_task(ahead.fed())
-    await asyncio.sleep(0)
-    served.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await served
-
-
 async def test_the_pods_read_are_remembered_within_bounds_and_forgotten_when_deleted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
