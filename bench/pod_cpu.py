@@ -1,8 +1,9 @@
 """The driver's CPU and apiserver requests per pod, in one process, without the test bed (not a
 test: numbers).
 
-    python -m bench.pod_cpu [--pods 200] [--fake-plugins] [--multus] [--normal-events added|all|none]
-                            [--claim-finalizer on-attach] [--profile top|FILE.prof] [--json]
+    python -m bench.pod_cpu [--pods 200] [--fake-plugins] [--multus]
+                            [--normal-events added|all|none] [--claim-finalizer on-attach]
+                            [--profile top|FILE.prof] [--json]
 
 Each pod goes through the driver itself (cnidra.agent.driver.Driver, tests/fakenode.py):
 kubelet's NodePrepareResources for its claim (made from a template: the GET of the claim, the
@@ -106,7 +107,7 @@ def main() -> None:
     parser.add_argument("--multus", action="store_true",
                         help="Multus writes each pod's network-status annotation too")  # fmt: skip
     parser.add_argument("--normal-events", choices=("added", "all", "none"),
-                        help="which Normal Events the driver writes (its default: added)")  # fmt: skip
+                        help="the driver's Normal Events (its default: added)")  # fmt: skip
     parser.add_argument("--no-normal-events", action="store_true", help="--normal-events none")
     parser.add_argument("--claim-finalizer", choices=("on-failure", "on-attach"))
     parser.add_argument("--json", action="store_true", help="only the JSON line")

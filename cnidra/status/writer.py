@@ -84,8 +84,8 @@ class StatusWriter:
         """`releases`: a directory where a finalizer removal waits on disk until the apiserver
         took it, so a restart (rolling upgrade, crash) never leaves a claim held whose
         interfaces are all gone. `normal_events`: which Normal Events are written
-        (cnidra.status.events; each Event is one request). `node`: the node the Events come from (their source host and
-        reporting instance, as kubelet's)."""
+        (cnidra.status.events; each Event is one request). `node`: the node the Events come
+        from (their source host and reporting instance, as kubelet's)."""
         self.client = client
         self.api = Api(client, REQUEST_TIMEOUT) if client is not None else None
         self.component = component
