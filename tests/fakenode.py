@@ -4,7 +4,8 @@ life through it as kubelet, containerd and the claim controller drive it: for co
 pod costs the apiserver (tests/status/test_requests_per_pod.py) and the driver's CPU
 (bench/pod_cpu.py), without a cluster.
 
-Not started: no gRPC, ttrpc or HTTP server, no slice publisher; the status writer runs (`run`).
+Not started: no gRPC, ttrpc or HTTP server, no slice publisher, no watch (a pod's deletion is
+handed to network policy as its watch of every pod would); the status writer runs (`run`).
 The CNI plugins are a shell script on the CNI path, exec'd by the real runtime, or in-memory
 fakes (`fake_plugins`)."""
 
@@ -223,7 +224,10 @@ class FakeNode:
             dra.NodeUnprepareResourcesRequest(claims=[claim]), None
         )
         assert not answer.claims[claim.uid].error, answer.claims[claim.uid].error
-        del self.api.pods[NAMESPACE, running.name]
+        pod = self.api.pods.pop((NAMESPACE, running.name))
+        # what network policy's watch of every pod brings in a cluster (none runs here): else
+        # the pods it knows only grow, and each attach's tables are built over all of them
+        self.driver.policy.changed("Pod", "DELETED", pod)
         self.api.deallocate(NAMESPACE, claim.name)
         self.api.delete_claim(NAMESPACE, claim.name)
 

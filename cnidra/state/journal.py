@@ -13,11 +13,12 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cnidra.api.refs import ObjectRef
+from cnidra.state.store import compact_json
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,21 @@ class Entry:
         return ObjectRef(self.pod_namespace, self.pod_name, self.pod_uid)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """What dataclasses.asdict gave, built directly (asdict walks every field and the
+        details recursively: 30 times the time, twice a pod on the hook path); the details are
+        JSON values (the journal's lines), copied one level as asdict copied them."""
+        return {
+            "seq": self.seq,
+            "time": self.time,
+            "kind": self.kind,
+            "pod_namespace": self.pod_namespace,
+            "pod_name": self.pod_name,
+            "pod_uid": self.pod_uid,
+            "sandbox_id": self.sandbox_id,
+            "message": self.message,
+            "duration_ms": self.duration_ms,
+            "details": dict(self.details),
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Entry:
@@ -120,7 +135,7 @@ class Journal:
             if self._lines >= 2 * self.keep:
                 self._rewrite()
             with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(entry.to_json(), separators=(",", ":")) + "\n")
+                f.write(compact_json(entry.to_json()) + "\n")
             self._lines += 1
         except OSError as exc:  # the journal informs; it never fails a pod
             log.warning("journal %s: %s", self.path, exc)
@@ -130,7 +145,7 @@ class Journal:
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             for entry in self.entries:
-                f.write(json.dumps(entry.to_json(), separators=(",", ":")) + "\n")
+                f.write(compact_json(entry.to_json()) + "\n")
         os.replace(tmp, self.path)
         self._lines = len(self.entries)
 

@@ -445,8 +445,13 @@ def _write_frame(fd: int, change: Mapping[str, Any] | bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+# json.dumps with `separators` makes a JSONEncoder each call; this one is made once (the same
+# text: the other options are json.dumps's defaults)
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 def compact_json(data: Mapping[str, Any]) -> str:
-    return json.dumps(data, separators=(",", ":"))
+    return _COMPACT.encode(data)
 
 
 def read_records(directory: Path) -> dict[str, Any]:
