@@ -18,6 +18,7 @@ import gc
 import os
 import signal
 import sys
+import tempfile
 import threading
 import tracemalloc
 from collections import Counter
@@ -90,6 +91,38 @@ def mappings() -> dict[tuple[str, str], tuple[int, int, int]]:
     return out
 
 
+def pymalloc() -> dict[str, int]:
+    """pymalloc's own totals (sys._debugmallocstats, which prints them on the C stderr): its
+    arenas, the bytes in blocks in use, free in its pools, and lost to their rounding."""
+    wanted = {
+        "arenas allocated current": "arenas",
+        "bytes in allocated blocks": "in_blocks",
+        "bytes in available blocks": "free_blocks",
+        "bytes lost to pool headers": "pool_headers",
+        "bytes lost to quantization": "quantization",
+        "bytes lost to arena alignment": "alignment",
+    }
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile("w+") as out:
+        os.dup2(out.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read()
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition("=")
+        name = name.strip().removeprefix("# ")
+        key = "free_pools" if name.endswith("unused pools * 16384 bytes") else wanted.get(name)
+        if key is not None:
+            found[key] = int(value.strip().replace(",", ""))
+    return found
+
+
 def status() -> dict[str, int]:
     out = {}
     with open("/proc/self/status") as f:
@@ -105,6 +138,7 @@ class State:
     status: dict[str, int]
     maps: dict[tuple[str, str], tuple[int, int, int]]
     malloc: dict[str, int]
+    pymalloc: dict[str, int]
     blocks: int
     modules: set[str]
     threads: list[str]
@@ -118,6 +152,7 @@ def state() -> State:
         status=status(),
         maps=mappings(),
         malloc=mallinfo(),
+        pymalloc=pymalloc(),
         blocks=sys.getallocatedblocks(),
         modules=set(sys.modules),
         threads=[t.name for t in threading.enumerate()],
@@ -140,6 +175,14 @@ def report(base: State, now: State) -> list[str]:
         )
     )
     lines.append(f"pymalloc blocks allocated: {base.blocks} -> {now.blocks}")
+    lines.append(
+        "pymalloc, MiB (arenas: a count): "
+        + ", ".join(
+            f"{k} {base.pymalloc.get(k, 0) / (1 if k == 'arenas' else MIB):.2f} -> "
+            f"{v / (1 if k == 'arenas' else MIB):.2f}"
+            for k, v in now.pymalloc.items()
+        )
+    )
     lines.append(f"Python threads: {base.threads} -> {now.threads}")
     new_modules = sorted(now.modules - base.modules)
     lines.append(f"modules imported since the baseline ({len(new_modules)}): {new_modules}")
