@@ -626,8 +626,9 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
         "--tracemalloc",
         type=Path,
         help="what the driver's memory grew by from idle to the claims prepared, here (text, "
-        "by bench/memtrace: the places tracemalloc saw, the mappings, threads, modules, and "
-        "objects by type; the figures of RSS beside it are larger)",
+        "by bench/memtrace: the places tracemalloc saw, the mappings, malloc's and pymalloc's "
+        "totals, threads, modules, and objects by type; traced, the RSS figures beside it are "
+        "larger: --trace-frames 0 leaves them as they are)",
     )
     parser.add_argument(
         "--trace-from",
@@ -641,7 +642,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
         type=int,
         default=2,
         help="with --tracemalloc: frames per place (0: no tracemalloc, "
-        "the report's other parts with the driver untraced)",
+        "the report's other parts with the driver untraced; 8 was too slow: read-ahead timed out)",
     )
     args = parser.parse_args()
     if args.claims > 8000:
