@@ -563,6 +563,22 @@ def policy_samples() -> list[dict[str, Any]]:
     ]
 
 
+def rss(driver: DriverProcess, when: str) -> dict[str, float]:
+    """The driver's resident memory (/proc/PID/status), MiB: VmRSS, and its anonymous part
+    RssAnon (the heap, what the driver's own work holds) beside the file-backed RssFile (the
+    shared libraries' and modules' pages, which the kernel can drop and read again)."""
+    fields: dict[str, float] = {}
+    for line in Path(f"/proc/{driver.pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "RssAnon", "RssFile"):
+            fields[name] = round(int(value.split()[0]) / 1024, 1)
+    return {
+        f"rss_{when}_mib": fields["VmRSS"],
+        f"rss_{when}_anon_mib": fields["RssAnon"],
+        f"rss_{when}_file_mib": fields["RssFile"],
+    }
+
+
 def prepare_and_memory(
     bed: Cluster, driver: DriverProcess, parent: str, args: argparse.Namespace, pools: list[str]
 ) -> dict[str, Any]:
@@ -580,7 +596,7 @@ def prepare_and_memory(
         with profiled(driver, args.profile, "cnidra-prepare"):
             out.update(prepare_ahead(bed, driver, parent, pools, args.rounds))
             out.update(prepare_latency(bed, driver, ns, names, args.rounds))
-        out[f"rss_{args.claims}_prepared_mib"] = round(driver.rss_kib() / 1024, 1)
+        out.update(rss(driver, f"{args.claims}_prepared"))
         if args.tracemalloc:
             os.kill(driver.pid, signal.SIGUSR2)  # what grew, written by the driver
         out["claim_gets"] = metric(driver, "cnidra_claim_lookups_total")
@@ -609,8 +625,24 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
     parser.add_argument(
         "--tracemalloc",
         type=Path,
-        help="what the driver's memory grew by from idle to the claims prepared, by source line, "
-        "here (text; the driver traced from its start by bench/memtrace: slower, and RSS larger)",
+        help="what the driver's memory grew by from idle to the claims prepared, here (text, "
+        "by bench/memtrace: the places tracemalloc saw, the mappings, malloc's and pymalloc's "
+        "totals, threads, modules, and objects by type; traced, the RSS figures beside it are "
+        "larger: --trace-frames 0 leaves them as they are)",
+    )
+    parser.add_argument(
+        "--trace-from",
+        choices=["idle", "start"],
+        default="idle",
+        help="with --tracemalloc: trace allocations from idle on (the default, cheap) or from "
+        "the driver's start (every place, slow enough that read-ahead may time out)",
+    )
+    parser.add_argument(
+        "--trace-frames",
+        type=int,
+        default=2,
+        help="with --tracemalloc: frames per place (0: no tracemalloc, "
+        "the report's other parts with the driver untraced; 8 was too slow: read-ahead timed out)",
     )
     args = parser.parse_args()
     if args.claims > 8000:
@@ -627,6 +659,8 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
             {
                 "PYTHONPATH": str(ROOT / "bench" / "memtrace"),
                 "CNIDRA_BENCH_TRACEMALLOC": str(args.tracemalloc.resolve()),
+                "CNIDRA_BENCH_TRACE_FROM": args.trace_from,
+                "CNIDRA_BENCH_TRACE_FRAMES": str(args.trace_frames),
             }
             if args.tracemalloc
             else {}
@@ -640,7 +674,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
             driver.start()
             bed.wait("the NRI plugin to connect", lambda: driver.health().get("nriConnected"), 30)
             time.sleep(2)
-            results["rss_idle_mib"] = round(driver.rss_kib() / 1024, 1)
+            results.update(rss(driver, "idle"))
             if args.tracemalloc:
                 os.kill(driver.pid, signal.SIGUSR2)  # the baseline
             if args.only != "pods":

@@ -121,3 +121,26 @@ def test_the_driver_started_by_the_cli_loads_no_rich_no_test_framework_no_uvicor
         """
     )  # uvicorn.run first: its __init__, run then, binds the same Config and Server
     assert out.strip().split("\n") == ["[]", "True True True", "TestCase Console"]
+
+
+def test_the_driver_loads_no_jsonschema_until_a_network_is_validated() -> None:
+    """jsonschema (and referencing, rpds) validates a network a claim or class embeds; the
+    driver at rest holds none of it (about 3 MiB of RSS), and the first validation loads it."""
+    out = run(
+        """
+        import sys
+        import cnidra.agent.driver
+        from cnidra.api.issues import ROOT, Issues
+        from cnidra.api.netconf import validate_network_config
+
+        schema = ("jsonschema", "referencing", "rpds")
+        print(sorted(m for m in sys.modules if m.split(".")[0] in schema))
+        issues = Issues()
+        config = {"cniVersion": "1.0.0", "name": "n", "type": "macvlan", "mtu": 12}
+        validate_network_config(config, ROOT, issues, complete=True)
+        print(issues.error_count, "jsonschema" in sys.modules)
+        """
+    )
+    lines = out.strip().split("\n")
+    assert lines[0] == "[]"
+    assert lines[1] == "1 True"  # the mtu's format, checked by the lazily made checker

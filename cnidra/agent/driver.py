@@ -67,7 +67,7 @@ from cnidra.status.metadata import DeviceMetadata
 from cnidra.status.netpolicy import PolicyStatusWriter
 from cnidra.status.writer import StatusWriter
 from cnidra.util.aio import reap_children_by_pidfd
-from cnidra.util.memory import cap_malloc_arenas
+from cnidra.util.memory import cap_malloc_arenas, small_tls_reads
 from cnidra.util.workers import start_workers
 
 log = logging.getLogger(__name__)
@@ -516,6 +516,7 @@ class Driver:
 
 async def run(settings: DriverSettings) -> None:
     cap_malloc_arenas()
+    small_tls_reads()
     start_workers(asyncio.get_running_loop())
     driver = Driver(settings)
     if problem := await dra_api_problem(driver.client):

@@ -7,9 +7,7 @@ import ipaddress
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
-
-from jsonschema import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from cnidra.api.constants import (
     DEFAULT_CNI_VERSION,
@@ -25,6 +23,9 @@ from cnidra.api.plugin_schema import (
     parse_ip,
     schema_for,
 )
+
+if TYPE_CHECKING:
+    from jsonschema import ValidationError
 
 # The CNI spec's rule for network names, and a bare executable name for `type`.
 NETWORK_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")

@@ -191,6 +191,23 @@ def test_the_cache_is_bounded() -> None:
     assert cache.ready(ObjectRef("ns", "c0", "u0")) is None
 
 
+def test_versions_are_remembered_only_for_the_claims_kept() -> None:
+    """prepare tells the cache of every claim it GETs (`seen`): a claim not kept is not
+    remembered (1,000 prepared claims held 0.1 MiB of versions no one read), and the reads of
+    many others never make a kept one look stale."""
+    cache = ClaimsAhead(size=2)
+    assert cache.put(stored())
+    for i in range(20):
+        c = stored("9")
+        c["metadata"].update(name=f"other{i}", uid=f"other-{i}")
+        cache.seen(c)
+    assert set(cache._newest) == {"uid-1"}
+    assert cache.ready(REF) is not None and cache.hits == 1
+    assert not cache._newest  # used: forgotten with its entry
+    cache.seen(stored("8"))  # read again after it was used: nothing kept to be stale
+    assert not cache._newest
+
+
 def test_a_kept_claim_is_used_once_and_without_its_managed_fields() -> None:
     """bench.fleet measured 13.3 KB a kept claim, 41 % of it managedFields, which prepare never
     reads; kubelet prepares a claim once, so a hit frees its entry."""
