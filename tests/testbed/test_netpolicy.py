@@ -238,11 +238,28 @@ def address_of(cluster: Cluster, namespace: str, pod: str) -> str:
     return found.partition("/")[0]
 
 
+def pods_listed(driver: DriverProcess) -> float:
+    """The LISTs of pods the driver's client made (network policy's, every namespace's)."""
+    return sum(
+        float(line.split()[-1])
+        for line in driver.metrics().splitlines()
+        if line.startswith("cnidra_apiserver_requests_total{")
+        and 'verb="list"' in line
+        and 'resource="pods"' in line
+    )
+
+
 def test_the_policy_matrix_holds_through_a_driver_restart(
     cluster: Cluster, attach: Callable[..., Attached]
 ) -> None:
     made = attach(SUBNET, pod="b")  # a client
     ns = made.namespace
+    # no policy in the cluster: the driver lists and watches no pod but its node's
+    # (cnidra.kube.netpolicy.PolicyGate); the first policy below makes it list them
+    for kind in ("multi-networkpolicies", "cniadminnetworkpolicies"):
+        assert not cluster.kubectl("get", kind, "-A", "-o", "name").stdout.strip(), kind
+    assert made.driver.health().get("networkPolicySynced") is True
+    assert pods_listed(made.driver) == 0
     d = claiming_pod("d", made.template)
     d["metadata"]["labels"] = {"app": "web"}
     apply(cluster, ns, d, server(made.template))
@@ -263,6 +280,7 @@ def test_the_policy_matrix_holds_through_a_driver_restart(
         for row in table:
             in_force(cluster, ns, row)
             settles(made, a, row.expected, row.what)
+        assert pods_listed(made.driver) >= 1
         # the driver stopped: the tables stay in the pods' namespaces; started again: read
         # back, still holding, and following the next change
         last = table[-1]
