@@ -457,7 +457,9 @@ def test_the_watches_are_cninetworks_the_nodes_pods_the_accountants_and_network_
     )
     assert "DeviceClasses (`deviceclasses.py`: a LIST and a cluster-wide watch, the other" in DOC
     # the pods' watch is the node's own: its field selector is the node's name
-    assert 'fields = {"spec.nodeName": self.node}' in code("cnidra/kube/pods.py")
+    assert 'fields = {"spec.nodeName": self.node, "status.phase": "Pending"}' in code(
+        "cnidra/kube/pods.py"
+    )
     assert "the node-scoped watch kubelet itself uses" in DOC
     # the pool accountant's, held only by the driver that holds its Lease
     accountant = {ast.unparse(c.args[0]) for c in calls("cnidra/kube/ipam.py", "watch")}

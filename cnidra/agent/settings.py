@@ -224,8 +224,8 @@ class DriverSettings:
     )
     read_claims_ahead: bool = setting(
         True,
-        "watch the node's pods (fieldSelector spec.nodeName; with network policy on, its "
-        "watch of every pod gives them instead) and read and judge a bound pod's claims before "
+        "watch the node's pods still starting (fieldSelector spec.nodeName and "
+        "status.phase=Pending) and read and judge a bound pod's claims before "
         "kubelet asks, so NodePrepareResources needs no GET; a claim not read ahead is a GET as "
         "without it",
         flag="--read-claims-ahead/--no-read-claims-ahead",

@@ -81,7 +81,7 @@ async def test_a_bound_pods_claim_is_prepared_without_a_get(tmp_path: Path) -> N
             await ahead.watch_once()
         await ahead.drained()
     watch = api.watches[0]  # every namespace's pods, this node's only
-    assert watch.get("fieldSelector") == [f"spec.nodeName={NODE}"]
+    assert watch.get("fieldSelector") == [f"spec.nodeName={NODE},status.phase=Pending"]
     assert [verb for verb, _, _ in api.log] == ["get"]  # the claim, read ahead
     api.log.clear()
     prepared = await preparer.prepare(ObjectRef("team-a", "web-0-dev-x", "claim-uid"))
