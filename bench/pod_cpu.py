@@ -39,6 +39,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from cnidra.util.memory import settle_gc
 from tests.fakenode import NAMESPACE, FakeNode, configs
 from tests.kube.fakeapi import FakeApiserver, allocated_claim
 
@@ -64,6 +65,7 @@ async def run(
             for i in range(warmup):
                 await node.pod(i, multus=multus)
             await node.driver.status.flushed()
+            settle_gc()  # as `cnidra driver` does once up
             before = len(api.log)
             cpu, wall, served = time.process_time(), time.perf_counter(), api.cpu
             if profile is not None:

@@ -349,6 +349,7 @@ def kubelet(socket: str, refs_file: str, rounds: int, batches: int) -> None:
             prepare(stub, claims[i * BATCH : (i + 1) * BATCH])
             unprepare(stub, claims[i * BATCH : (i + 1) * BATCH])
         say("idle")
+        time.sleep(1.0)  # the driver settles its collector (cnidra.util.memory.settle_gc)
         one: list[float] = []
         for r in range(rounds):
             batch = [claims[(r * 7) % len(claims)]]
@@ -568,6 +569,8 @@ async def follow(
 ) -> tuple[dict[str, float], dict[str, list[float]]]:
     """The kubelet stand-in's phases: the driver's CPU at each, RSS idle and with every claim
     prepared, the profilers over the measured phases; its timings at the end."""
+    from cnidra.util.memory import settle_gc
+
     assert kubelet_proc.stdout is not None and kubelet_proc.stdin is not None
     profiler: Any = None
     spy: asyncio.subprocess.Process | None = None
@@ -580,6 +583,7 @@ async def follow(
         if line.startswith("{"):
             return cpu, json.loads(line)
         if line == "idle":
+            settle_gc()  # as `cnidra driver` does once up
             out["rss_idle_mib"] = rss_mib()
             if args.tracemalloc:
                 tracemalloc.start(8)

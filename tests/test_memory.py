@@ -35,3 +35,23 @@ def test_tls_connections_made_after_read_at_most_the_bound(
 def test_a_smaller_size_in_force_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sslproto.SSLProtocol, "max_size", 16 * 1024)
     assert small_tls_reads() == 16 * 1024
+
+
+def test_settle_gc_freezes_what_is_held_and_collects_the_young_later() -> None:
+    import gc
+
+    from cnidra.util.memory import YOUNG_COLLECTION, settle_gc
+
+    before = gc.get_threshold()
+    try:
+        frozen = settle_gc()
+        assert frozen == gc.get_freeze_count() > 0  # this process's modules, at least
+        assert gc.get_threshold() == (YOUNG_COLLECTION, before[1], before[2])
+        # cyclic garbage made after is still collected
+        cycle: list[object] = []
+        cycle.append(cycle)
+        del cycle
+        assert gc.collect() >= 1
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
