@@ -176,6 +176,9 @@ class Ruleset:
     chains: tuple[Chain, ...]
     sets: tuple[NftSet, ...]
     table: str = TABLE
+    # False: no policy governs the pod on its interfaces, and the table accepts everything, as
+    # no table does (so a new interface needs none yet); not part of what a table is
+    isolating: bool = field(default=True, compare=False)
 
     @property
     def rule_count(self) -> int:
@@ -309,7 +312,7 @@ def host_side(ruleset: Ruleset, host_ifname: str, table: str) -> Ruleset:
         Chain("output", (f"oifname {name} jump {ins[0]}",), "output"),
     )
     inner = tuple(c for c in ruleset.chains if c.hook is None)
-    return Ruleset(base + inner, ruleset.sets, table)
+    return Ruleset(base + inner, ruleset.sets, table, ruleset.isolating)
 
 
 @dataclass(frozen=True)
@@ -417,7 +420,7 @@ def bridge_host_side(ruleset: Ruleset, port: BridgePort, table: str) -> Ruleset:
         Chain("output", tuple(to_pod), "output"),
     )
     inner = tuple(c for c in ruleset.chains if c.hook is None)
-    return Ruleset(base + inner, ruleset.sets, table)
+    return Ruleset(base + inner, ruleset.sets, table, ruleset.isolating)
 
 
 BRIDGE_FAMILY = "bridge"
@@ -745,6 +748,7 @@ def compile_pod(
     dispatch_in: list[str] = []
     dispatch_out: list[str] = []
     chains: list[Chain] = []
+    isolating = False
     for index, iface in enumerate(interfaces):
         prefix = f"if{index}"
         _check_ifname(iface.ifname)
@@ -758,13 +762,14 @@ def compile_pod(
             if p.selects(pod.namespace, pod.labels) and any(t.key == key for t in p.targets)
         ]
         theirs = [p for p in admin if any(t.key == key for t in p.targets)]
+        isolating = isolating or bool(mine or theirs)
         for ingress in (True, False):
             chains += _direction(builder, prefix, ingress, pod, iface.network, mine, theirs)
     base = [
         Chain("input", tuple(dispatch_in), "input"),
         Chain("output", tuple(dispatch_out), "output"),
     ]
-    return Ruleset(tuple(base + chains), tuple(builder.sets), table)
+    return Ruleset(tuple(base + chains), tuple(builder.sets), table, isolating)
 
 
 # ---------------------------------------------------------------- where it can be enforced

@@ -308,6 +308,10 @@ class PolicyEnforcer:
         self.synced_kinds: set[str] = set()
         self.local: dict[PodKey, Local] = {}
         self.applied: dict[tuple[str, str], Ruleset] = {}  # (netns, table) -> last applied
+        # (netns, table) of new interfaces no policy governs: no table made, as it would only
+        # accept everything (an nft run at each ADD and DEL of every pod on a network without
+        # a policy); made when a policy comes to govern it (`apply_dirty`)
+        self.unneeded: set[tuple[str, str]] = set()
         self.dirty: set[Change] = set()
         self.failures = 0
         self._wake = asyncio.Event()
@@ -583,18 +587,7 @@ class PolicyEnforcer:
             known.ports if known else (),
             {network: ()},
         )
-        try:
-            if self.synced:
-                changes = self.node.set_local(facts, network, att.if_name)
-                self._rejudge(nads_only=True, namespace=key[0])  # its namespace is on it now
-                ruleset = self.node.ruleset(key, network)
-                self._mark(changes - {(key, network)})
-            else:
-                self.node.set_local(facts, network, att.if_name)
-                ruleset = deny_all(facts.on(network), network, att.if_name)
-        except UnenforceableInterface as exc:
-            self.node.remove_local(key, network)  # never compiled again: it is refused
-            raise SetupFailed(f"network policy on {att.if_name}: {exc}", REASON_POLICY) from exc
+        ruleset = self._compiled_at_add(key, facts, network, att.if_name)
         if ruleset is None:
             return
         timeout = NFT_TIMEOUT if deadline is None else min(NFT_TIMEOUT, deadline.remaining())
@@ -605,6 +598,10 @@ class PolicyEnforcer:
             )
         try:
             netns, ruleset = self._placed(local, network, ruleset)
+            where = (netns, ruleset.table)
+            if port is None and not ruleset.isolating and where not in self.applied:
+                self.unneeded.add(where)  # nothing to enforce yet: no table
+                return
             if port is not None:  # the port held to the pod's addresses, the bridge switched
                 await self._bridge_up(network, port, timeout)
             await asyncio.to_thread(self.datapath.apply, netns, ruleset, None, timeout=timeout)
@@ -616,6 +613,23 @@ class PolicyEnforcer:
                 f"network policy on {att.if_name} could not be applied: {exc}", REASON_POLICY
             ) from exc
         self.applied[(netns, ruleset.table)] = ruleset
+
+    def _compiled_at_add(
+        self, key: PodKey, facts: PodFacts, network: str, if_name: str
+    ) -> Ruleset | None:
+        """The pod's table of `network` with its new interface on it: as the policies say once
+        synced, a default deny before. SetupFailed when the interface cannot be enforced."""
+        try:
+            if self.synced:
+                changes = self.node.set_local(facts, network, if_name)
+                self._rejudge(nads_only=True, namespace=key[0])  # its namespace is on it now
+                self._mark(changes - {(key, network)})
+                return self.node.ruleset(key, network)
+            self.node.set_local(facts, network, if_name)
+            return deny_all(facts.on(network), network, if_name)
+        except UnenforceableInterface as exc:
+            self.node.remove_local(key, network)  # never compiled again: it is refused
+            raise SetupFailed(f"network policy on {if_name}: {exc}", REASON_POLICY) from exc
 
     def _not_enforced(
         self, record: SandboxRecord, local: Local, if_name: str, network: str, why: str
@@ -748,6 +762,9 @@ class PolicyEnforcer:
             if host_if is not None:
                 netns, table = self.host_netns, host_table_name(network, host_if)
             self.applied.pop((netns, table), None)
+            if (netns, table) in self.unneeded:
+                self.unneeded.discard((netns, table))  # never made
+                continue
             if self.enabled:
                 try:
                     await asyncio.to_thread(self.datapath.remove, netns, table, timeout=NFT_TIMEOUT)
@@ -770,11 +787,15 @@ class PolicyEnforcer:
         for network, host_if in gone.host.items():  # the host's tables outlive the pod
             where = (self.host_netns, host_table_name(network, host_if))
             self.applied.pop(where, None)
+            if where in self.unneeded:
+                self.unneeded.discard(where)  # never made
+                continue
             self.doomed.add(where)
             self._wake.set()
         self.node.remove_local(key)
         for applied in [k for k in self.applied if k[0] == record.netns]:
             del self.applied[applied]
+        self.unneeded = {k for k in self.unneeded if k[0] != record.netns}
 
     def restore(self) -> None:
         """After a restart: the interfaces the sandbox records say are attached are this
@@ -922,6 +943,8 @@ class PolicyEnforcer:
                 log.warning("pod %s/%s: network policy on %s: %s", *key, network, exc)
                 return
             where = (netns, ruleset.table)
+            if where in self.unneeded and not ruleset.isolating:
+                return  # still nothing to enforce
             async with gate:
                 started = time.perf_counter()
                 try:
@@ -941,6 +964,7 @@ class PolicyEnforcer:
                     retry.add((key, network))
                     return
             self.applied[where] = ruleset
+            self.unneeded.discard(where)
             metrics.POLICY_APPLY.observe(time.perf_counter() - started)
 
         await asyncio.gather(*(one(key, network) for key, network in sorted(dirty)))

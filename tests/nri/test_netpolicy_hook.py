@@ -163,11 +163,13 @@ async def test_changes_reach_the_kernel_within_a_second_through_the_task(tmp_pat
     node, enforcer = started(tmp_path, datapath)
     sync(enforcer)
     await node.hooks.run_pod_sandbox(pod("a"))
+    assert datapath.calls == []  # no policy governs it: no table to make
     task = asyncio.create_task(enforcer.run())
     try:
         enforcer.changed("MultiNetworkPolicy", "ADDED", mnp("deny", {"podSelector": {}}))
         for _ in range(3000):  # within 30 s: a bound for a hang, not for a slow machine
-            if "default-deny" in rules(datapath.tables[(NETNS, TABLE)]):
+            table = datapath.tables.get((NETNS, TABLE))
+            if table is not None and "default-deny" in rules(table):
                 break
             await asyncio.sleep(0.01)
         assert "default-deny ingress (ns/deny)" in rules(datapath.tables[(NETNS, TABLE)])
@@ -179,11 +181,42 @@ async def test_changes_reach_the_kernel_within_a_second_through_the_task(tmp_pat
 async def test_a_table_that_cannot_be_applied_fails_the_pod_closed(tmp_path: Path) -> None:
     datapath = FakeNft(failing=True)
     node, enforcer = started(tmp_path, datapath)
-    sync(enforcer)
+    sync(enforcer, MultiNetworkPolicy=[mnp("deny", {"podSelector": {}})])
     with pytest.raises(AttachError, match="network policy on net1 could not be applied"):
         await node.hooks.run_pod_sandbox(pod("a"))
     assert node.store.get("a-sandbox") is None  # rolled back
     assert [c.command for c in node.plugins.calls][-1] == "DEL"
+
+
+async def test_no_policy_governing_a_new_interface_no_table_is_made_or_removed(
+    tmp_path: Path,
+) -> None:
+    """Synced, and no policy for the pod's network: its table would accept everything, as no
+    table does, so its ADD runs no nft; a policy that comes makes it."""
+    datapath = FakeNft(failing=True)  # any nft run would fail the pod
+    node, enforcer = started(tmp_path, datapath)
+    sync(enforcer, MultiNetworkPolicy=[mnp("elsewhere", {"podSelector": {}}, network="ns/other")])
+    await node.hooks.run_pod_sandbox(pod("a"))
+    assert datapath.calls == [] and enforcer.unneeded == {(NETNS, TABLE)}
+    await enforcer.apply_dirty()  # a pod's change or a peer's: still nothing to make
+    assert datapath.calls == []
+    await node.hooks.stop_pod_sandbox(pod("a"))
+    assert datapath.calls == [] and enforcer.unneeded == set()
+    # a second pod, then a policy for its network: the table is made, and removed at its DEL
+    datapath.failing = False
+    prepare(
+        node.checkpoint, "c2", "b-uid", ("net1", network("blue", "macvlan")), policy_network=NET
+    )
+    await node.hooks.run_pod_sandbox(pod("b"))
+    assert datapath.calls == []
+    enforcer.changed("MultiNetworkPolicy", "ADDED", mnp("deny", {"podSelector": {}}))
+    await enforcer.apply_dirty()
+    b_netns = "/run/netns/b-sandbox"
+    assert "default-deny ingress (ns/deny)" in rules(datapath.tables[(b_netns, TABLE)])
+    assert enforcer.unneeded == set()
+    calls = len(datapath.calls)
+    await node.hooks.stop_pod_sandbox(pod("b"))  # the table goes with the namespace
+    assert len(datapath.calls) == calls and enforcer.applied == {}
 
 
 async def test_an_interface_policy_cannot_reach_is_flagged_not_failed(tmp_path: Path) -> None:
@@ -239,14 +272,26 @@ async def test_an_unplug_removes_the_networks_table_and_a_gone_sandbox_is_forgot
 ) -> None:
     datapath = FakeNft()
     node, enforcer = started(tmp_path, datapath)
+    sync(enforcer, MultiNetworkPolicy=[mnp("deny", {"podSelector": {}})])
+    await node.hooks.run_pod_sandbox(pod("a"))
+    record = node.store.get("a-sandbox")
+    assert record is not None and (NETNS, TABLE) in datapath.tables
+    await enforcer.detached(record, [a.attachment for a in record.attachments])
+    assert (NETNS, TABLE) not in datapath.tables and enforcer.node.local == {}
+    assert datapath.calls[-1] == ("remove", NETNS, None)
+    enforcer.forget(record)
+    assert enforcer.local == {}
+
+
+async def test_an_unplug_of_an_interface_no_policy_governs_runs_no_nft(tmp_path: Path) -> None:
+    datapath = FakeNft()
+    node, enforcer = started(tmp_path, datapath)
     sync(enforcer)
     await node.hooks.run_pod_sandbox(pod("a"))
     record = node.store.get("a-sandbox")
-    assert record is not None
+    assert record is not None and datapath.calls == []
     await enforcer.detached(record, [a.attachment for a in record.attachments])
-    assert (NETNS, TABLE) not in datapath.tables and enforcer.node.local == {}
-    enforcer.forget(record)
-    assert enforcer.local == {}
+    assert datapath.calls == [] and enforcer.unneeded == set() and enforcer.node.local == {}
 
 
 def test_drops_are_read_per_network_and_policy(tmp_path: Path) -> None:
