@@ -37,10 +37,10 @@ from typing import Any
 import grpc
 import yaml
 
+from bench import grpc_stubs as dra_grpc
 from bench.pools import cnidra_ipam, delete_pool, in_namespace, pool_name, pool_object
 from bench.profile import profiled
 from cnidra._proto.dra.v1 import api_pb2 as dra
-from cnidra._proto.dra.v1 import api_pb2_grpc as dra_grpc
 from cnidra.cni import netns
 from testbed import cluster as tb
 from testbed.harness import ROOT, Cluster, DriverProcess
@@ -210,7 +210,7 @@ def claim_refs(bed: Cluster, namespace: str, names: list[str]) -> list[dra.Claim
     return [dra.Claim(namespace=namespace, name=n, uid=refs[n]) for n in names]
 
 
-def time_prepares(stub: dra_grpc.DRAPluginStub, calls: list[list[dra.Claim]]) -> list[float]:
+def time_prepares(stub: Any, calls: list[list[dra.Claim]]) -> list[float]:
     """Each call's NodePrepareResources in milliseconds (every claim prepared without an
     error), each followed by its NodeUnprepareResources (not timed)."""
     times: list[float] = []
