@@ -71,8 +71,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.driver_latency import pct, summary
 from bench.pools import cnidra_ipam, pool_object
+from bench.stats import pct, summary
 
 DRIVER = "cni.dra.networking.x-k8s.io"
 NODE = "bench-node"
