@@ -25,6 +25,8 @@ from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 
+from cnidra.util.aio import wait_set
+
 __all__ = ["GRPCError", "Status"]
 
 # grpc's default bound on a received message
@@ -181,8 +183,7 @@ class RPCServer:
         then are cancelled; the socket goes (unless another server has replaced it)."""
         self.calls.closing = True
         if grace:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.calls.idle.wait(), grace)
+            await wait_set(self.calls.idle, grace)
         self.server.close()
         await self.server.wait_closed()
         if self.socket is not None:
