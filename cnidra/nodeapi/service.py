@@ -26,10 +26,14 @@ from cnidra.util.rpc import Context, Method, Methods, RPCServer, Status, service
 
 log = logging.getLogger(__name__)
 # the socket is root's alone, but a stuck or runaway client must not take the driver with it:
-# calls beyond the bound get RESOURCE_EXHAUSTED, requests are small, idle connections close
+# calls beyond the bound get RESOURCE_EXHAUSTED, requests are small (64 KiB), a peer that stops
+# answering pings while a call is open is dropped (grpclib has no idle-connection timeout, which
+# grpcio's server had at 5 minutes: a connection without calls stays until its client closes it)
 MAX_CONCURRENT_RPCS = 64
 MAX_RECEIVE = 64 * 1024
-KEEPALIVE = (60.0, 20.0)  # an idle connection pinged every minute, closed without an answer
+# a connection with a call open is pinged after 60 s without data (then, as grpc's core does,
+# at most every 5 minutes), and closed when no answer comes within 20 s
+KEEPALIVE = (60.0, 20.0)
 
 
 # how long a query waits for the rate limits of a pod's interfaces (read in the pod's namespace)
