@@ -1,4 +1,4 @@
-"""The one build step pyproject.toml cannot say: generating the gRPC/protobuf modules from
+"""The one build step pyproject.toml cannot say: generating the protobuf modules from
 cnidra's .proto files into the build, so a wheel or an sdist install works without the Makefile
 (the generated code is build output and never committed)."""
 
@@ -18,9 +18,7 @@ class BuildWithProtos(build_py):
         root = Path(__file__).parent
         protos = sorted(str(p) for p in (root / "cnidra" / "_proto").rglob("*.proto"))
         out = self.build_lib
-        code = protoc.main(
-            ["protoc", f"-I{root}", f"--python_out={out}", f"--grpc_python_out={out}", *protos]
-        )
+        code = protoc.main(["protoc", f"-I{root}", f"--python_out={out}", *protos])
         if code != 0:
             raise RuntimeError(f"protoc failed ({code}) on {protos}")
 

@@ -37,10 +37,11 @@ from typing import Any
 import grpc
 import yaml
 
+from bench import grpc_stubs as dra_grpc
 from bench.pools import cnidra_ipam, delete_pool, in_namespace, pool_name, pool_object
 from bench.profile import profiled
+from bench.stats import pct, summary
 from cnidra._proto.dra.v1 import api_pb2 as dra
-from cnidra._proto.dra.v1 import api_pb2_grpc as dra_grpc
 from cnidra.cni import netns
 from testbed import cluster as tb
 from testbed.harness import ROOT, Cluster, DriverProcess
@@ -50,20 +51,6 @@ NODE = tb.NODE
 PREPARE_SUBNET = "198.18.32.0/19"  # --claims prepared at once: 8192 addresses
 AHEAD_SUBNET = "198.18.64.0/22"  # the claims read ahead: 1024 addresses
 READY_SUBNETS = [f"198.18.{100 + a}.0/24" for a in range(3)]  # the pods' attachments
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {
-        "p50": round(pct(values, 0.5), 2),
-        "p99": round(pct(values, 0.99), 2),
-        "max": round(max(values), 2),
-        "n": len(values),
-    }
 
 
 def apply_many(bed: Cluster, docs: list[dict[str, Any]], namespace: str | None = None) -> None:
@@ -210,7 +197,7 @@ def claim_refs(bed: Cluster, namespace: str, names: list[str]) -> list[dra.Claim
     return [dra.Claim(namespace=namespace, name=n, uid=refs[n]) for n in names]
 
 
-def time_prepares(stub: dra_grpc.DRAPluginStub, calls: list[list[dra.Claim]]) -> list[float]:
+def time_prepares(stub: Any, calls: list[list[dra.Claim]]) -> list[float]:
     """Each call's NodePrepareResources in milliseconds (every claim prepared without an
     error), each followed by its NodeUnprepareResources (not timed)."""
     times: list[float] = []

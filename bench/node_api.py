@@ -29,10 +29,10 @@ from typing import Any
 
 import grpc
 
+from bench import grpc_stubs as api_grpc
 from bench.driver_latency import pct
 from bench.pools import in_namespace, ip_pool, pool_name, pool_object
 from cnidra._proto.node.v1alpha1 import api_pb2 as api
-from cnidra._proto.node.v1alpha1 import api_pb2_grpc as api_grpc
 from cnidra.kube.api import Pod, ResourceClaim
 from cnidra.kube.client import make_sync_client
 from testbed import cluster as tb

@@ -71,8 +71,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.driver_latency import pct, summary
 from bench.pools import cnidra_ipam, pool_object
+from bench.stats import pct, summary
 
 DRIVER = "cni.dra.networking.x-k8s.io"
 NODE = "bench-node"
@@ -318,8 +318,8 @@ def kubelet(socket: str, refs_file: str, rounds: int, batches: int) -> None:
     process reads its CPU at each), and the timings last. Runs in its own process."""
     import grpc
 
+    from bench import grpc_stubs as dra_grpc
     from cnidra._proto.dra.v1 import api_pb2 as dra
-    from cnidra._proto.dra.v1 import api_pb2_grpc as dra_grpc
 
     refs = json.loads(Path(refs_file).read_text())
     claims = [dra.Claim(namespace=r[0], name=r[1], uid=r[2]) for r in refs]
@@ -484,13 +484,12 @@ def wire(client: Any, tmp: Path, run: Path) -> tuple[Any, Any]:
 
 
 async def drive(args: argparse.Namespace, tmp: Path, run: Path) -> dict[str, Any]:
-    import grpc
-
     import cnidra.agent.driver
     import cnidra.cli.main  # noqa: F401 - what `cnidra driver` loads, for its RSS
     from bench import fake_apiserver
     from cnidra.kube.client import make_client
     from cnidra.util.memory import cap_malloc_arenas
+    from cnidra.util.rpc import RPCServer
 
     cap_malloc_arenas()  # as the driver does at start
     # made by another process: 1000 claims' dicts would stay in this one's heap
@@ -521,11 +520,9 @@ async def drive(args: argparse.Namespace, tmp: Path, run: Path) -> dict[str, Any
         times: dict[int, list[float]] = {}
         ahead = await read_ahead(preparer, refs) if args.ahead else None
         service.node_prepare_resources = timed(service.node_prepare_resources, times, ahead)
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers(tuple(service.handlers()))
+        server = RPCServer(service.methods())  # as the driver serves it
         socket = tmp / "dra.sock"
-        server.add_insecure_port(f"unix://{socket}")
-        await server.start()
+        await server.start(socket)
         stack.push_async_callback(server.stop, None)
         kubelet_proc = await child(
             stack, "bench.prepare_inproc", "--kubelet", str(socket), "--refs", str(refs),

@@ -19,8 +19,8 @@ from typing import Any
 
 import grpc
 
+from bench import grpc_stubs as dra_grpc
 from cnidra._proto.dra.v1 import api_pb2 as dra
-from cnidra._proto.dra.v1 import api_pb2_grpc as dra_grpc
 from cnidra.state.layout import DEFAULT_STATE_ROOT
 from cnidra.state.store import read_records
 from testbed import cluster as tb

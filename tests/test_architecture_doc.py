@@ -401,7 +401,7 @@ def test_the_libraries_the_doc_names_are_used() -> None:
         "PyYAML": "yaml",
         "typer": "typer",
         "rich": "rich",
-        "grpcio": "grpc",
+        "grpclib": "grpclib",
         "aiohttp": "aiohttp",
         "prometheus_client": "prometheus_client",
         "uvicorn": "uvicorn",

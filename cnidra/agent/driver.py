@@ -15,11 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health as grpc_health
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpclib.health.check import ServiceStatus
+from grpclib.health.service import OVERALL, Health
 
-from cnidra._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from cnidra.agent.settings import DriverSettings
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.cni.runtime import CNIRuntime
@@ -68,6 +66,7 @@ from cnidra.status.netpolicy import PolicyStatusWriter
 from cnidra.status.writer import StatusWriter
 from cnidra.util.aio import reap_children_by_pidfd
 from cnidra.util.memory import cap_malloc_arenas, settle_gc, small_tls_reads
+from cnidra.util.rpc import RPCServer
 from cnidra.util.workers import start_workers
 
 log = logging.getLogger(__name__)
@@ -247,9 +246,10 @@ class Driver:
             policy_counters=read_policy_counters,
         )
         self.tasks = Supervisor()
-        self.health = grpc_health.aio.HealthServicer()  # type: ignore[attr-defined]
+        # grpc's health service on the DRA socket: the whole server's status only
+        self.health = ServiceStatus()
         self.http = HTTPEndpoint(settings.http_address, self.healthz)
-        self._servers: list[grpc.aio.Server] = []
+        self._servers: list[RPCServer] = []
         self.started = time.time()
 
     def _node_addresses(self) -> frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address]:
@@ -369,20 +369,15 @@ class Driver:
         for sock in (s.registration_socket, s.dra_socket):
             sock.parent.mkdir(parents=True, exist_ok=True)
             sock.unlink(missing_ok=True)
-        dra_server = grpc.aio.server()
-        dra_server.add_generic_rpc_handlers(tuple(self.dra.handlers()))
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, dra_server)
-        dra_server.add_insecure_port(f"unix://{s.dra_socket}")
-        await dra_server.start()
-        reg_server = grpc.aio.server()
-        reg_grpc.add_RegistrationServicer_to_server(self.registration, reg_server)
-        reg_server.add_insecure_port(f"unix://{s.registration_socket}")
-        await reg_server.start()  # kubelet's watcher notices this socket and registers us
+        dra_server = RPCServer(self.dra.methods(), extra=[Health({OVERALL: [self.health]})])
+        await dra_server.start(s.dra_socket)
+        reg_server = RPCServer(self.registration.methods())
+        await reg_server.start(s.registration_socket)  # kubelet's watcher registers us
         for sock in (s.registration_socket, s.dra_socket):
             os.chmod(sock, 0o600)
         node_server = await serve_node_api(self.node_api, self.layout.node_socket)
         self._servers = [node_server, dra_server, reg_server]
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.health.set(True)
         self.http.start()
         self.lifecycle.reporting.restore()
         held = {claim for record in self.sandboxes.all() for claim in record.claims()}
@@ -481,7 +476,7 @@ class Driver:
 
     async def stop(self) -> None:
         """Registration socket first (kubelet stops sending), then DRA, then the rest."""
-        await self.health.enter_graceful_shutdown()
+        self.health.set(False)
         for server in reversed(self._servers):
             await server.stop(grace=2)
         self._servers = []

@@ -17,11 +17,10 @@ from cnidra.cli.output import LazyConsole, escape, output_option
 from cnidra.state.layout import StateLayout
 
 if TYPE_CHECKING:  # gRPC loads only when a node command runs: `cnidra validate` stays quick
-    import grpc
     from google.protobuf.message import Message
 
     from cnidra._proto.node.v1alpha1 import api_pb2 as api
-    from cnidra._proto.node.v1alpha1 import api_pb2_grpc as api_grpc
+    from cnidra.nodeapi.client import NodeAPIError, NodeClient
 
 HOW = (
     "Runs on the node, as root (the node API's socket is root's): inside the driver's pod, "
@@ -47,29 +46,25 @@ Namespace = Annotated[str, typer.Option("--namespace", "-n", help="only this nam
 DEFAULT_SOCKET = StateLayout(DEFAULTS.state_dir).node_socket
 
 
-def stub(socket: Path) -> tuple[grpc.Channel, api_grpc.NodeNetworksStub]:
-    import grpc
+def stub(socket: Path) -> NodeClient:
+    from cnidra.nodeapi.client import NodeClient
 
-    from cnidra._proto.node.v1alpha1 import api_pb2_grpc as api_grpc
-
-    channel = grpc.insecure_channel(f"unix://{socket}")
-    return channel, api_grpc.NodeNetworksStub(channel)
+    return NodeClient(socket)
 
 
-def fail(exc: grpc.RpcError, socket: Path) -> typer.Exit:
-    import grpc
+def fail(exc: NodeAPIError, socket: Path) -> typer.Exit:
+    from cnidra.util.rpc import Status
 
-    code = exc.code()
-    if code is grpc.StatusCode.UNAVAILABLE:
+    if exc.code is Status.UNAVAILABLE:
         why = (
             "permission denied: the node API is root's"
-            if "ermission" in str(exc.details())
+            if "ermission" in exc.details
             else ("is the driver running on this node?")
         )
         err.print(f"[red]error:[/] {escape(f'no cnidra driver answers on {socket} ({why})')}")
         err.print(escape(HOW), markup=False)
     else:
-        err.print(f"[red]error:[/] {escape(str(exc.details()))}")
+        err.print(f"[red]error:[/] {escape(exc.details)}")
     return typer.Exit(1)
 
 
@@ -100,18 +95,18 @@ def pods(
     socket: Socket = DEFAULT_SOCKET,
 ) -> None:
     """Every pod on this node with cnidra claims or interfaces."""
-    import grpc
-
     from cnidra._proto.node.v1alpha1 import api_pb2 as api
+    from cnidra.nodeapi.client import NodeAPIError
 
-    channel, client = stub(socket)
-    with channel:
-        try:
-            reply = client.ListPodNetworks(
-                api.ListPodNetworksRequest(namespace=namespace), timeout=CALL_TIMEOUT
-            )
-        except grpc.RpcError as exc:
-            raise fail(exc, socket) from None
+    try:
+        reply = stub(socket).call(
+            "ListPodNetworks",
+            api.ListPodNetworksRequest(namespace=namespace),
+            api.ListPodNetworksResponse,
+            CALL_TIMEOUT,
+        )
+    except NodeAPIError as exc:
+        raise fail(exc, socket) from None
     if output in ("json", "yaml"):
         emit([as_data(p) for p in reply.pods], output)
         return
@@ -145,21 +140,18 @@ def describe(
     socket: Socket = DEFAULT_SOCKET,
 ) -> None:
     """One pod's networks: every attachment, its result and state, and why one is missing."""
-    import grpc
-
     from cnidra._proto.node.v1alpha1 import api_pb2 as api
+    from cnidra.nodeapi.client import NodeAPIError
 
     request = (
         api.QueryPodNetworkRequest(uid=pod)
         if uid
         else api.QueryPodNetworkRequest(namespace=namespace, name=pod)
     )
-    channel, client = stub(socket)
-    with channel:
-        try:
-            view = client.QueryPodNetwork(request, timeout=CALL_TIMEOUT)
-        except grpc.RpcError as exc:
-            raise fail(exc, socket) from None
+    try:
+        view = stub(socket).call("QueryPodNetwork", request, api.PodNetwork, CALL_TIMEOUT)
+    except NodeAPIError as exc:
+        raise fail(exc, socket) from None
     if output in ("json", "yaml"):
         emit(as_data(view), output)
         return
@@ -284,25 +276,26 @@ def events(
     socket: Socket = DEFAULT_SOCKET,
 ) -> None:
     """The node's journal of attaches and detaches; with --follow, as they happen."""
-    import grpc
-
     from cnidra._proto.node.v1alpha1 import api_pb2 as api
+    from cnidra.nodeapi.client import NodeAPIError
+
+    def show(event: api.Event) -> None:
+        if output == "json":  # one object a line, as they come (JSON Lines)
+            typer.echo(json.dumps(as_data(event), sort_keys=True))
+        elif output == "yaml":  # one document each
+            typer.echo("---\n" + yaml.safe_dump(as_data(event), sort_keys=True).rstrip())
+        else:
+            out.print(line(event, wide=output == "wide"))
 
     request = api.WatchEventsRequest(namespace=namespace, name=pod, follow=follow)
-    channel, client = stub(socket)
-    with channel:
-        try:
-            for event in client.WatchEvents(request, timeout=None if follow else CALL_TIMEOUT):
-                if output == "json":  # one object a line, as they come (JSON Lines)
-                    typer.echo(json.dumps(as_data(event), sort_keys=True))
-                elif output == "yaml":  # one document each
-                    typer.echo("---\n" + yaml.safe_dump(as_data(event), sort_keys=True).rstrip())
-                else:
-                    out.print(line(event, wide=output == "wide"))
-        except grpc.RpcError as exc:
-            raise fail(exc, socket) from None
-        except KeyboardInterrupt:
-            pass
+    try:
+        stub(socket).stream(
+            "WatchEvents", request, api.Event, None if follow else CALL_TIMEOUT, show
+        )
+    except NodeAPIError as exc:
+        raise fail(exc, socket) from None
+    except KeyboardInterrupt:
+        pass
 
 
 Claim = Annotated[str, typer.Option("--claim", help="the claim's name, or the pod's name for it")]
@@ -310,20 +303,19 @@ Request = Annotated[str, typer.Option("--request", help="the claim's request")]
 
 
 def hotplug(attach: bool, pod: str, namespace: str, claim: str, request: str, socket: Path) -> None:
-    import grpc
-
     from cnidra._proto.node.v1alpha1 import api_pb2 as api
+    from cnidra.nodeapi.client import NodeAPIError
 
     fields = {"namespace": namespace, "name": pod, "claim": claim, "request": request}
-    channel, client = stub(socket)
-    with channel:
-        try:
-            if attach:
-                view = client.AttachNetwork(api.AttachNetworkRequest(**fields), timeout=30)
-            else:
-                view = client.DetachNetwork(api.DetachNetworkRequest(**fields), timeout=30)
-        except grpc.RpcError as exc:
-            raise fail(exc, socket) from None
+    call: Any = (
+        ("AttachNetwork", api.AttachNetworkRequest(**fields))
+        if attach
+        else ("DetachNetwork", api.DetachNetworkRequest(**fields))
+    )
+    try:
+        view = stub(socket).call(call[0], call[1], api.PodNetwork, 30)
+    except NodeAPIError as exc:
+        raise fail(exc, socket) from None
     out.print(f"{namespace}/{pod}: {interfaces(view) or 'no cnidra interfaces'}")
 
 

@@ -12,12 +12,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
-import grpc
-
 from cnidra._proto.dra.v1 import api_pb2 as dra
 from cnidra._proto.drahealth.v1alpha1 import api_pb2 as health
 from cnidra._proto.pluginregistration.v1 import api_pb2 as reg
-from cnidra._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.refs import ObjectRef
 from cnidra.dra.prepare import PrepareError, Preparer
@@ -25,6 +22,7 @@ from cnidra.inventory.publisher import HealthBoard
 from cnidra.observe import metrics
 from cnidra.observe.logs import fields
 from cnidra.state.checkpoint import PreparedClaim
+from cnidra.util.rpc import Method, Methods, service_methods
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +37,7 @@ DRA_SERVICES = (
 HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", *HEALTH_SERVICES)
 PLUGIN_TYPE = "DRAPlugin"
+REGISTRATION_SERVICE = "pluginregistration.Registration"
 
 
 class DRAService:
@@ -123,31 +122,30 @@ class DRAService:
             dra.NodeUnprepareResourceResponse(error=f"claim {ref}: {exc}")
         )
 
-    def handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:
-        methods = {
-            "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
+    def methods(self) -> Methods:
+        """Both DRA versions' services and both health services, one implementation each."""
+        dra_methods = {
+            "NodePrepareResources": Method(
                 self.node_prepare_resources,
-                request_deserializer=dra.NodePrepareResourcesRequest.FromString,
-                response_serializer=dra.NodePrepareResourcesResponse.SerializeToString,
+                dra.NodePrepareResourcesRequest,
+                dra.NodePrepareResourcesResponse,
             ),
-            "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
+            "NodeUnprepareResources": Method(
                 self.node_unprepare_resources,
-                request_deserializer=dra.NodeUnprepareResourcesRequest.FromString,
-                response_serializer=dra.NodeUnprepareResourcesResponse.SerializeToString,
+                dra.NodeUnprepareResourcesRequest,
+                dra.NodeUnprepareResourcesResponse,
             ),
         }
-        handlers = [grpc.method_handlers_generic_handler(name, methods) for name in DRA_SERVICES]
+        # the request is empty and the replies serialized once for both health services
         health_methods = {
-            "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
-                self.node_watch_resources,
-                request_deserializer=bytes,
-                response_serializer=bytes,
-            )
+            "NodeWatchResources": Method(self.node_watch_resources, bytes, bytes, stream=True)
         }
-        handlers.extend(
-            grpc.method_handlers_generic_handler(name, health_methods) for name in HEALTH_SERVICES
-        )
-        return handlers
+        methods: dict[str, Method] = {}
+        for name in DRA_SERVICES:
+            methods.update(service_methods(name, dra_methods))
+        for name in HEALTH_SERVICES:
+            methods.update(service_methods(name, health_methods))
+        return methods
 
     async def node_watch_resources(self, request: bytes, context: Any) -> AsyncIterator[bytes]:
         """kubelet's device-health stream (KEP-4680): every published device's health at once,
@@ -195,7 +193,7 @@ class _measure:
         metrics.REQUESTS.labels(self.method, "error" if exc_type else "ok").inc()
 
 
-class RegistrationService(reg_grpc.RegistrationServicer):
+class RegistrationService:
     """kubelet's plugin watcher finds our socket in plugins_registry and asks who we are."""
 
     def __init__(self, endpoint: str) -> None:
@@ -231,3 +229,16 @@ class RegistrationService(reg_grpc.RegistrationServicer):
             self.registered.clear()
             log.error("kubelet refused the plugin: %s", request.error)
         return reg.RegistrationStatusResponse()
+
+    def methods(self) -> Methods:
+        return service_methods(
+            REGISTRATION_SERVICE,
+            {
+                "GetInfo": Method(self.GetInfo, reg.InfoRequest, reg.PluginInfo),
+                "NotifyRegistrationStatus": Method(
+                    self.NotifyRegistrationStatus,
+                    reg.RegistrationStatus,
+                    reg.RegistrationStatusResponse,
+                ),
+            },
+        )

@@ -10,11 +10,9 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-import grpc
-
 from cnidra._proto.node.v1alpha1 import api_pb2 as api
-from cnidra._proto.node.v1alpha1 import api_pb2_grpc as api_grpc
 from cnidra.datapath import shaping
+from cnidra.nodeapi.client import SERVICE
 from cnidra.nodeapi.views import (
     NodeRecords,
     add_enforced,
@@ -24,18 +22,18 @@ from cnidra.nodeapi.views import (
     shaped_names,
 )
 from cnidra.state.journal import Entry, Journal
+from cnidra.util.rpc import Context, Method, Methods, RPCServer, Status, service_methods
 
 log = logging.getLogger(__name__)
 # the socket is root's alone, but a stuck or runaway client must not take the driver with it:
-# calls beyond the bound get RESOURCE_EXHAUSTED, requests are small, idle connections close
+# calls beyond the bound get RESOURCE_EXHAUSTED, requests are small (64 KiB), a peer that stops
+# answering pings while a call is open is dropped (grpclib has no idle-connection timeout, which
+# grpcio's server had at 5 minutes: a connection without calls stays until its client closes it)
 MAX_CONCURRENT_RPCS = 64
-SERVER_OPTIONS = (
-    ("grpc.max_receive_message_length", 64 * 1024),
-    ("grpc.max_concurrent_streams", MAX_CONCURRENT_RPCS),
-    ("grpc.max_connection_idle_ms", 300_000),
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
-)
+MAX_RECEIVE = 64 * 1024
+# a connection with a call open is pinged after 60 s without data (then, as grpc's core does,
+# at most every 5 minutes), and closed when no answer comes within 20 s
+KEEPALIVE = (60.0, 20.0)
 
 
 # how long a query waits for the rate limits of a pod's interfaces (read in the pod's namespace)
@@ -52,7 +50,7 @@ class Plugger(Protocol):
     async def unplug(self, sandbox_id: str, claim: str, request: str) -> None: ...
 
 
-class NodeNetworksService(api_grpc.NodeNetworksServicer):
+class NodeNetworksService:
     def __init__(
         self,
         records: Callable[[], NodeRecords],
@@ -81,17 +79,17 @@ class NodeNetworksService(api_grpc.NodeNetworksServicer):
         return api.ListPodNetworksResponse(pods=pod_networks(self.records(), request.namespace))
 
     async def QueryPodNetwork(
-        self, request: api.QueryPodNetworkRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: api.QueryPodNetworkRequest, context: Context
     ) -> api.PodNetwork:
         if not request.uid and not (request.namespace and request.name):
             await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "give the pod's namespace and name, or its uid"
+                Status.INVALID_ARGUMENT, "give the pod's namespace and name, or its uid"
             )
         found = find_pod(self.records(), request.namespace, request.name, request.uid)
         if found is None:
             who = request.uid or f"{request.namespace}/{request.name}"
             await context.abort(
-                grpc.StatusCode.NOT_FOUND,
+                Status.NOT_FOUND,
                 f"pod {who} has no cnidra claim prepared and no interfaces on this node",
             )
         assert found is not None
@@ -157,32 +155,32 @@ class NodeNetworksService(api_grpc.NodeNetworksServicer):
             add_enforced(view, found)
 
     async def AttachNetwork(
-        self, request: api.AttachNetworkRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: api.AttachNetworkRequest, context: Context
     ) -> api.PodNetwork:
         return await self._hotplug(request, context, attach=True)
 
     async def DetachNetwork(
-        self, request: api.DetachNetworkRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: api.DetachNetworkRequest, context: Context
     ) -> api.PodNetwork:
         return await self._hotplug(request, context, attach=False)
 
     async def _hotplug(
         self,
         request: api.AttachNetworkRequest | api.DetachNetworkRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
+        context: Context,
         attach: bool,
     ) -> api.PodNetwork:
         if self.plugger is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "hot-plug is not served here")
+            await context.abort(Status.UNIMPLEMENTED, "hot-plug is not served here")
         if not (request.namespace and request.name and request.claim and request.request):
             await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
+                Status.INVALID_ARGUMENT,
                 "give the pod's namespace and name, a claim, a request",
             )
         view = find_pod(self.records(), request.namespace, request.name, "")
         if view is None or view.state != "attached":
             await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
+                Status.FAILED_PRECONDITION,
                 f"pod {request.namespace}/{request.name} has no running sandbox cnidra attached",
             )
         assert view is not None and self.plugger is not None
@@ -192,11 +190,33 @@ class NodeNetworksService(api_grpc.NodeNetworksServicer):
             else:
                 await self.plugger.unplug(view.sandbox_id, request.claim, request.request)
         except self.refusals as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            await context.abort(Status.FAILED_PRECONDITION, str(exc))
         found = find_pod(self.records(), request.namespace, request.name, "")
         assert found is not None
         await self._read_limits(found)
         return found
+
+    def methods(self) -> Methods:
+        return service_methods(
+            SERVICE,
+            {
+                "ListPodNetworks": Method(
+                    self.ListPodNetworks, api.ListPodNetworksRequest, api.ListPodNetworksResponse
+                ),
+                "QueryPodNetwork": Method(
+                    self.QueryPodNetwork, api.QueryPodNetworkRequest, api.PodNetwork
+                ),
+                "WatchEvents": Method(
+                    self.WatchEvents, api.WatchEventsRequest, api.Event, stream=True
+                ),
+                "AttachNetwork": Method(
+                    self.AttachNetwork, api.AttachNetworkRequest, api.PodNetwork
+                ),
+                "DetachNetwork": Method(
+                    self.DetachNetwork, api.DetachNetworkRequest, api.PodNetwork
+                ),
+            },
+        )
 
     async def WatchEvents(
         self, request: api.WatchEventsRequest, context: Any
@@ -221,15 +241,15 @@ class NodeNetworksService(api_grpc.NodeNetworksServicer):
 
 async def serve(
     service: NodeNetworksService, socket: Path, *, max_rpcs: int = MAX_CONCURRENT_RPCS
-) -> grpc.aio.Server:
+) -> RPCServer:
     """Listen on `socket`, readable and writable by root only, with bounded calls."""
     _clear(socket)
-    server = grpc.aio.server(maximum_concurrent_rpcs=max_rpcs, options=SERVER_OPTIONS)
-    api_grpc.add_NodeNetworksServicer_to_server(service, server)
-    server.add_insecure_port(f"unix://{socket}")
+    server = RPCServer(
+        service.methods(), max_rpcs=max_rpcs, max_receive=MAX_RECEIVE, keepalive=KEEPALIVE
+    )
     old = os.umask(0o077)  # no moment at which others could connect
     try:
-        await server.start()
+        await server.start(socket)
     finally:
         os.umask(old)
     os.chmod(socket, 0o600)

@@ -8,12 +8,13 @@ import asyncio
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
+from bench import grpc_stubs as api_grpc
 from cnidra._proto.node.v1alpha1 import api_pb2 as api
-from cnidra._proto.node.v1alpha1 import api_pb2_grpc as api_grpc
 from cnidra.nodeapi.service import NodeNetworksService, serve
 from cnidra.nodeapi.views import NodeRecords, find_pod, pod_networks
 from cnidra.nri.lifecycle import AttachError, PlugError
@@ -169,7 +170,7 @@ async def until(check: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"not {what} within 30 s")
 
 
-async def served(client: api_grpc.NodeNetworksStub) -> None:
+async def served(client: Any) -> None:
     for _ in range(300):
         try:
             await client.ListPodNetworks(api.ListPodNetworksRequest(), timeout=30)

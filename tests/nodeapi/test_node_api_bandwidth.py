@@ -13,8 +13,8 @@ from pathlib import Path
 
 import grpc
 
+from bench import grpc_stubs as api_grpc
 from cnidra._proto.node.v1alpha1 import api_pb2 as api
-from cnidra._proto.node.v1alpha1 import api_pb2_grpc as api_grpc
 from cnidra.api.bandwidth import DEFAULT_RULES, Rate, Terms
 from cnidra.datapath.shaping import Direction, NamespaceGone, Shaping
 from cnidra.nodeapi.service import NodeNetworksService, serve

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import grpc
 
+from bench import grpc_stubs as api_grpc
 from cnidra._proto.node.v1alpha1 import api_pb2 as api
-from cnidra._proto.node.v1alpha1 import api_pb2_grpc as api_grpc
 from cnidra.datapath.netpolicy import NftError, RuleCounter
 from cnidra.nodeapi.service import NodeNetworksService, serve
 from tests.nodeapi.test_node_api import records
