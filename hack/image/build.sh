@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make image`: the driver's (and webhook's) OCI image, built here without Docker or a registry.
-#   base layer: Debian bookworm essential packages + python3, libstdc++6 (grpcio) and nftables
+#   base layer: Debian bookworm essential packages + python3, libstdc++6 (protobuf's upb and frozenlist link it) and nftables
 #               (network policy runs `nft` in the pods' namespaces) (mmdebstrap, reproducible with
 #               SOURCE_DATE_EPOCH), shells and apt removed;
 #   app layer:  the cnidra wheel and its dependencies (binary wheels for CPython 3.11 from
