@@ -355,6 +355,14 @@ class Pool:
             self._usable_texts[block.name] = pairs
         return pairs
 
+    def usable_texts_at(self, range_index: int, index: int) -> tuple[tuple[Address, str], ...]:
+        """`usable_texts(self.block(range_index, index))`, without making the block again when
+        its addresses are kept (they are kept by the block's name, which its indexes make)."""
+        kept = self._usable_texts.get(block_name(self.name, range_index, index))
+        if kept is not None:
+            return kept
+        return self.usable_texts(self.block(range_index, index))
+
     def range_capacity(self, range_index: int) -> int:
         """How many addresses of a range pods can get (counted, not walked: an IPv6 range may
         hold 2**64)."""

@@ -166,21 +166,18 @@ class Allocator:
         get the same addresses every time (kubelet prepares a claim again after a restart). The
         static addresses a tenant wrote are leased first, the network left as written. A
         refusal gives back what this call leased (what the claim held before stays)."""
-        mine = f"claim/{prepared.uid}/"
         before = {
             lease.key
-            for owner in self.state.owners()
-            if owner.startswith(mine)
+            for owner in self.state.claim_owners(prepared.uid)
             for lease in self.state.of_owner(owner)
         }
         try:
             return await self._assign(prepared, pods)
         except AllocationError:
-            for owner in self.state.owners():
-                if owner.startswith(mine):
-                    for lease in self.state.of_owner(owner):
-                        if lease.key not in before:
-                            await self.state.unlease(lease)
+            for owner in self.state.claim_owners(prepared.uid):
+                for lease in self.state.of_owner(owner):
+                    if lease.key not in before:
+                        await self.state.unlease(lease)
             raise
 
     async def _assign(self, prepared: PreparedClaim, pods: Sequence[str]) -> PreparedClaim:
@@ -326,9 +323,8 @@ class Allocator:
             )
 
         for held in self.state.held_blocks(pool.name, range_index):
-            block = pool.block(range_index, held.index)
             taken = self.state.taken_in(held.name)
-            for address, text in pool.usable_texts(block):
+            for address, text in pool.usable_texts_at(range_index, held.index):
                 if text not in taken and free(address):
                     return address, held
         held = await self._reserve_block(pool, range_index)

@@ -184,3 +184,31 @@ def test_only_the_networks_dns_and_routes_reach_the_static_plugin() -> None:
         "addresses": [{"address": "198.18.130.9/24"}],
         "routes": [{"dst": "198.51.100.0/24"}],
     }
+
+
+def test_usable_texts_at_is_usable_texts_of_the_block() -> None:
+    """The allocation's look at a held block's addresses, kept or not, is the block's own."""
+    from cnidra.api.ipam import PoolSpec
+
+    spec = PoolSpec.model_validate(
+        {
+            "ranges": [
+                {"subnet": "10.1.0.0/24", "gateway": "10.1.0.1", "rangeStart": "10.1.0.5"},
+                {"subnet": "fd00::/120"},
+            ],
+            "blockSize": 16,
+            "exclude": ["10.1.0.16/30"],
+        }
+    )
+    for fresh in (True, False):
+        pool = Pool("p", spec)
+        for range_index in (0, 1):
+            for index in pool.block_indices(range_index):
+                block = pool.block(range_index, index)
+                expected = tuple((a, str(a)) for a in pool.usable(block))
+                if fresh:  # first asked by indexes, then by the block: one answer
+                    assert pool.usable_texts_at(range_index, index) == expected
+                    assert pool.usable_texts(block) == expected
+                else:
+                    assert pool.usable_texts(block) == expected
+                    assert pool.usable_texts_at(range_index, index) == expected
