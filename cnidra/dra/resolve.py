@@ -33,7 +33,7 @@ from cnidra.api.policy import PARENT_FIELDS, admin_paths, bind_to_device, govern
 from cnidra.api.refs import ObjectRef
 from cnidra.api.tenant import written_by
 from cnidra.api.verdict import ResolvedRequest, check_request
-from cnidra.cni.attach import Attachment
+from cnidra.cni.attach import Attachment, changed
 from cnidra.dra.verdicts import VerdictCache
 
 
@@ -136,7 +136,7 @@ def resolve_attachment(
         )
         if len(issues.errors) > before:
             return None
-    return replace(  # one copy made with every change (the network with its host side pinned)
+    return changed(  # one copy made with every change (the network with its host side pinned)
         attachment,
         network=network_as_pinned,
         node_link_allowed=attachment.parent in node_links,

@@ -30,7 +30,7 @@ from cnidra.api.ipam import (
     with_static_ipam,
 )
 from cnidra.api.refs import ObjectRef
-from cnidra.cni.attach import Attachment
+from cnidra.cni.attach import Attachment, changed
 from cnidra.observe.metrics import PoolUsage
 from cnidra.state.checkpoint import PreparedClaim
 from cnidra.state.ipam import (
@@ -213,7 +213,7 @@ class Allocator:
                 pinned = await self._reserved(pool, prepared.ref.namespace, pods, owner, holder)
                 addresses = await self._allocate(pool, owner, holder, static, pinned)
             network = with_static_ipam(attachment.network, pool, addresses)
-            devices.append(replace(attachment, network=network))
+            devices.append(changed(attachment, network=network))
         return replace(prepared, devices=tuple(devices))
 
     async def release_claim(self, uid: str) -> int:
