@@ -23,45 +23,58 @@ MAX_DEPTH = 32
 MAX_BYTES = 64 * 1024
 
 
-def _within(item: Any, depth: int) -> bool:
-    """Whether `_walk` finds nothing wrong below `item` (at `depth`): the same rules, answered
-    faster for the exact JSON types every config is made of (no ABC check per value); the
-    message, only for a config that has a problem, is `_walk`'s. Recursion at most MAX_DEPTH
-    deep: a value deeper is a problem at once."""
+# The most characters json.dumps writes for one character of a string (ensure_ascii: a
+# character beyond the BMP is two \uXXXX escapes), and for a float (its repr: sign, 17 digits,
+# point, exponent; or -Infinity)
+_PER_CHAR = 12
+_FLOAT_CHARS = 24
+_INT_BOUND = 10**20  # an int below it in size is at most 21 characters
+
+
+def _bound(item: Any, depth: int) -> int | None:
+    """At least the length of `item`'s compact JSON text (at `depth`), when it is made of
+    JSON's exact types (dict with str keys, list, str, int, float, bool, None) and `_walk`
+    finds nothing wrong in it; None otherwise (then the exact path answers). No ABC check per
+    value and no text written: what a config of the usual few KiB costs. Recursion at most
+    MAX_DEPTH deep: a value deeper is None at once."""
     if depth > MAX_DEPTH:
-        return False
+        return None
     kind = type(item)
     if kind is str:
-        return len(item) <= MAX_BYTES
+        return _PER_CHAR * len(item) + 2 if len(item) <= MAX_BYTES else None
     if kind is dict:
-        children: Any = item.values()
-    elif kind is list:
-        children = item
-    elif kind is int or kind is float or kind is bool or item is None:
-        return True
-    elif isinstance(item, Mapping):
-        children = item.values()
-    elif isinstance(item, list):
-        children = item
-    else:
-        return not isinstance(item, str) or len(item) <= MAX_BYTES
-    below = depth + 1
-    for child in children:
-        kind = type(child)
-        if kind is str:
-            if len(child) > MAX_BYTES or below > MAX_DEPTH:
-                return False
-        elif kind is int or kind is bool or child is None:
-            if below > MAX_DEPTH:
-                return False
-        elif not _within(child, below):
-            return False
-    return True
+        total = 2
+        for key, value in item.items():
+            if type(key) is not str:
+                return None
+            size = _bound(value, depth + 1)
+            if size is None:
+                return None
+            total += _PER_CHAR * len(key) + 4 + size  # "key":value,
+        return total
+    if kind is list:
+        total = 2
+        for value in item:
+            size = _bound(value, depth + 1)
+            if size is None:
+                return None
+            total += size + 1
+        return total
+    if kind is int:
+        return 21 if -_INT_BOUND < item < _INT_BOUND else None
+    if kind is float:
+        return _FLOAT_CHARS
+    if kind is bool or item is None:
+        return 5
+    return None
 
 
 def bounds_problem(value: Any) -> str | None:
     """Why a config is refused before it is read any further, or None."""
-    problem = None if _within(value, 1) else _walk(value)
+    bound = _bound(value, 1)
+    if bound is not None and bound <= MAX_BYTES:
+        return None  # within the depth, no string too long, and its text is short enough
+    problem = _walk(value)
     if problem is not None:
         return problem
     try:

@@ -83,8 +83,8 @@ VALUES = st.recursive(
 )
 
 
-@settings(max_examples=400, deadline=None)
-@given(VALUES, st.integers(1, 6), st.integers(0, 40))
+@settings(max_examples=600, deadline=None)
+@given(VALUES, st.integers(1, 6), st.one_of(st.integers(0, 40), st.integers(40, 3000)))
 def test_the_fast_check_answers_as_the_walk(value: Any, depth: int, size: int) -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(parameters, "MAX_DEPTH", depth)
@@ -119,5 +119,37 @@ def test_at_and_past_the_size_limit() -> None:
         [nested(40, 1), "x" * (limit + 1)],
         {"a": "x" * (limit // 2), "b": "y" * (limit // 2)},
         {"a": {1, 2}},
+        {"a": "\u00e9" * (limit // 8)},  # its bound is past the limit, its text is not
+        {"a": "\u00e9" * (limit // 6)},  # nor is its text
+        {1: "a"},  # not the exact JSON types: the exact path answers
+        {"a": (1, 2)},
     ):
-        assert bounds_problem(value) == reference(value, parameters.MAX_DEPTH, limit)
+        assert bounds_problem(value) == reference(value, parameters.MAX_DEPTH, limit), value
+    assert bounds_problem({"a": "\u00e9" * (limit // 8)}) is None
+    assert "bytes; at most" in str(bounds_problem({"a": "\u00e9" * (limit // 6)}))
+
+
+JSON_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**25), max_value=10**25),
+    st.sampled_from([10**20 - 1, -(10**20) + 1, 10**20, -(10**20)]),
+    st.floats(),  # NaN and the infinities too: json.dumps writes them
+    st.sampled_from([-1.2345678901234567e-308, -2.2250738585072014e-308, 5e-324, -1.7e308]),
+    st.text(),  # every code point: escapes of 6 and 12 characters
+    st.sampled_from(["\U0001f600" * 3, '\x00\x1f\\"', "\ud800"]),
+)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(st.text(), inner)),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(JSON_VALUES)
+def test_the_bound_is_never_below_the_text(value: Any) -> None:
+    """What lets the fast check skip json.dumps: its bound is never short of the text."""
+    bound = parameters._bound(value, 1)
+    if bound is not None:
+        assert bound >= len(json.dumps(value, separators=(",", ":")))
