@@ -489,7 +489,7 @@ async def drive(args: argparse.Namespace, tmp: Path, run: Path) -> dict[str, Any
     import cnidra.cli.main  # noqa: F401 - what `cnidra driver` loads, for its RSS
     from bench import fake_apiserver
     from cnidra.kube.client import make_client
-    from cnidra.util.memory import cap_malloc_arenas
+    from cnidra.util.memory import cap_malloc_arenas, freeze_startup_heap
 
     cap_malloc_arenas()  # as the driver does at start
     # made by another process: 1000 claims' dicts would stay in this one's heap
@@ -517,6 +517,7 @@ async def drive(args: argparse.Namespace, tmp: Path, run: Path) -> dict[str, Any
         config.write_text(json.dumps(fake_apiserver.kubeconfig(port, cert)))
         client = make_client(str(config), 10.0)
         preparer, service = wire(client, tmp, run)
+        freeze_startup_heap()  # as the driver does once started, before the node's claims
         times: dict[int, list[float]] = {}
         ahead = await read_ahead(preparer, refs) if args.ahead else None
         service.node_prepare_resources = timed(service.node_prepare_resources, times, ahead)

@@ -67,7 +67,7 @@ from cnidra.status.metadata import DeviceMetadata
 from cnidra.status.netpolicy import PolicyStatusWriter
 from cnidra.status.writer import StatusWriter
 from cnidra.util.aio import reap_children_by_pidfd
-from cnidra.util.memory import cap_malloc_arenas, small_tls_reads
+from cnidra.util.memory import cap_malloc_arenas, freeze_startup_heap, small_tls_reads
 from cnidra.util.workers import start_workers
 
 log = logging.getLogger(__name__)
@@ -523,6 +523,7 @@ async def run(settings: DriverSettings) -> None:
         log.error("%s", problem)  # the pod's log says why it restarts, before anything else
         raise SystemExit(f"cnidra driver: {problem}")
     await driver.start()
+    freeze_startup_heap()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
