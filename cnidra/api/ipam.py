@@ -400,13 +400,21 @@ class Pool:
                 return ipaddress.ip_interface(f"{address}/{r.subnet.prefixlen}")
         raise ValueError(f"{address} is in no range of CNIIPPool {self.name}")
 
+    def interface_text(self, address: Address) -> str:
+        """`str(self.interface(address))`, without parsing the text it is made of again: an
+        address's text (compressed, no scope) and its range's prefix length."""
+        for r in self.spec.ranges:
+            if address.version == r.subnet.version and address in r.subnet:
+                return f"{address}/{r.subnet.prefixlen}"
+        raise ValueError(f"{address} is in no range of CNIIPPool {self.name}")
+
     def static_ipam(self, addresses: Sequence[Address], extra: Mapping[str, Any]) -> dict[str, Any]:
         """What the plugin gets: the `static` IPAM plugin with the chosen addresses, the pool's
         gateways and routes, and the network's own routes and dns (pod-side only); no other
         field of a network's ipam object reaches the plugin."""
         entries = []
         for address in addresses:
-            entry: dict[str, Any] = {"address": str(self.interface(address))}
+            entry: dict[str, Any] = {"address": self.interface_text(address)}
             gateway = next(
                 (
                     r.gateway

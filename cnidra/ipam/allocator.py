@@ -548,7 +548,7 @@ class Allocator:
                     self._reserved_elsewhere(pool, ip.ip, _pod(claim.namespace, pods), what)
                 return await self._claimed(pool, what, [i.ip for i in ips], owner)
             addresses = await self._allocate(pool, owner, f"IPAMClaim {claim.namespace}/{name}")
-            cidrs = [str(pool.interface(a)) for a in addresses]
+            cidrs = [pool.interface_text(a) for a in addresses]
             try:
                 bound = await self.cluster.bind_ipamclaim(
                     obj, cidrs, pods[0] if pods else "", self.node

@@ -212,3 +212,32 @@ def test_usable_texts_at_is_usable_texts_of_the_block() -> None:
                 else:
                     assert pool.usable_texts(block) == expected
                     assert pool.usable_texts_at(range_index, index) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 2**128 - 1))
+def test_interface_text_is_the_interface_written(v4: int, v6: int) -> None:
+    """The text static IPAM gets for an address is `str(pool.interface(address))`, for every
+    address of either family, and the same refusal for one in no range."""
+    from cnidra.api.ipam import PoolSpec
+
+    spec = PoolSpec.model_validate(
+        {"ranges": [{"subnet": "10.128.0.0/9"}, {"subnet": "fd00:0:0:1::/64"}]}
+    )
+    pool = Pool("p", spec)
+    for address in (
+        ipaddress.IPv4Address(v4),
+        ipaddress.IPv6Address(v6),
+        ipaddress.IPv4Address("10.128.0.1"),
+        ipaddress.IPv6Address("fd00:0:0:1::1"),
+        ipaddress.IPv6Address("fd00:0:0:1:ffff:0:0:0"),
+        ipaddress.IPv6Address("fd00:0:0:1:0:ffff:a00:1"),
+    ):
+        try:
+            expected = str(pool.interface(address))
+        except ValueError as exc:
+            with pytest.raises(ValueError, match="in no range") as caught:
+                pool.interface_text(address)
+            assert str(caught.value) == str(exc)
+            continue
+        assert pool.interface_text(address) == expected
