@@ -349,7 +349,6 @@ def kubelet(socket: str, refs_file: str, rounds: int, batches: int) -> None:
             prepare(stub, claims[i * BATCH : (i + 1) * BATCH])
             unprepare(stub, claims[i * BATCH : (i + 1) * BATCH])
         say("idle")
-        time.sleep(1.0)  # the driver settles its collector (cnidra.util.memory.settle_gc)
         one: list[float] = []
         for r in range(rounds):
             batch = [claims[(r * 7) % len(claims)]]
@@ -488,7 +487,7 @@ async def drive(args: argparse.Namespace, tmp: Path, run: Path) -> dict[str, Any
     import cnidra.cli.main  # noqa: F401 - what `cnidra driver` loads, for its RSS
     from bench import fake_apiserver
     from cnidra.kube.client import make_client
-    from cnidra.util.memory import cap_malloc_arenas
+    from cnidra.util.memory import cap_malloc_arenas, settle_gc
     from cnidra.util.rpc import RPCServer
 
     cap_malloc_arenas()  # as the driver does at start
@@ -517,6 +516,7 @@ async def drive(args: argparse.Namespace, tmp: Path, run: Path) -> dict[str, Any
         config.write_text(json.dumps(fake_apiserver.kubeconfig(port, cert)))
         client = make_client(str(config), 10.0)
         preparer, service = wire(client, tmp, run)
+        settle_gc()  # as the driver does once started, before the node's claims
         times: dict[int, list[float]] = {}
         ahead = await read_ahead(preparer, refs) if args.ahead else None
         service.node_prepare_resources = timed(service.node_prepare_resources, times, ahead)
@@ -566,8 +566,6 @@ async def follow(
 ) -> tuple[dict[str, float], dict[str, list[float]]]:
     """The kubelet stand-in's phases: the driver's CPU at each, RSS idle and with every claim
     prepared, the profilers over the measured phases; its timings at the end."""
-    from cnidra.util.memory import settle_gc
-
     assert kubelet_proc.stdout is not None and kubelet_proc.stdin is not None
     profiler: Any = None
     spy: asyncio.subprocess.Process | None = None
@@ -580,7 +578,6 @@ async def follow(
         if line.startswith("{"):
             return cpu, json.loads(line)
         if line == "idle":
-            settle_gc()  # as `cnidra driver` does once up
             out["rss_idle_mib"] = rss_mib()
             if args.tracemalloc:
                 tracemalloc.start(8)

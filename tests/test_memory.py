@@ -1,8 +1,10 @@
-"""cnidra.util.memory: the bound on asyncio's TLS read buffers."""
+"""cnidra.util.memory: the bound on asyncio's TLS read buffers; the startup heap set aside from
+the garbage collector."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import ssl
 from asyncio import sslproto
 
@@ -38,7 +40,6 @@ def test_a_smaller_size_in_force_is_kept(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_settle_gc_freezes_what_is_held_and_collects_the_young_later() -> None:
-    import gc
 
     from cnidra.util.memory import YOUNG_COLLECTION, settle_gc
 

@@ -355,6 +355,14 @@ class Pool:
             self._usable_texts[block.name] = pairs
         return pairs
 
+    def usable_texts_at(self, range_index: int, index: int) -> tuple[tuple[Address, str], ...]:
+        """`usable_texts(self.block(range_index, index))`, without making the block again when
+        its addresses are kept (they are kept by the block's name, which its indexes make)."""
+        kept = self._usable_texts.get(block_name(self.name, range_index, index))
+        if kept is not None:
+            return kept
+        return self.usable_texts(self.block(range_index, index))
+
     def range_capacity(self, range_index: int) -> int:
         """How many addresses of a range pods can get (counted, not walked: an IPv6 range may
         hold 2**64)."""
@@ -392,13 +400,21 @@ class Pool:
                 return ipaddress.ip_interface(f"{address}/{r.subnet.prefixlen}")
         raise ValueError(f"{address} is in no range of CNIIPPool {self.name}")
 
+    def interface_text(self, address: Address) -> str:
+        """`str(self.interface(address))`, without parsing the text it is made of again: an
+        address's text (compressed, no scope) and its range's prefix length."""
+        for r in self.spec.ranges:
+            if address.version == r.subnet.version and address in r.subnet:
+                return f"{address}/{r.subnet.prefixlen}"
+        raise ValueError(f"{address} is in no range of CNIIPPool {self.name}")
+
     def static_ipam(self, addresses: Sequence[Address], extra: Mapping[str, Any]) -> dict[str, Any]:
         """What the plugin gets: the `static` IPAM plugin with the chosen addresses, the pool's
         gateways and routes, and the network's own routes and dns (pod-side only); no other
         field of a network's ipam object reaches the plugin."""
         entries = []
         for address in addresses:
-            entry: dict[str, Any] = {"address": str(self.interface(address))}
+            entry: dict[str, Any] = {"address": self.interface_text(address)}
             gateway = next(
                 (
                     r.gateway

@@ -39,7 +39,7 @@ from cnidra.api.nodes import NodeView, named_nodes, selects
 from cnidra.api.ownership import PrivateDirs
 from cnidra.api.refs import ObjectRef
 from cnidra.api.verdict import judged_once
-from cnidra.cni.attach import Attachment
+from cnidra.cni.attach import Attachment, changed
 from cnidra.dra.ahead import ClaimsAhead
 from cnidra.dra.claim import (
     ALLOCATION_CONFIG,
@@ -209,7 +209,7 @@ def name_pod_interfaces(
     ]
     names = iter(assign_names(slots, taken))
     return [
-        replace(c, devices=tuple(replace(a, if_name=next(names)) for a in c.devices)) for c in batch
+        replace(c, devices=tuple(changed(a, if_name=next(names)) for a in c.devices)) for c in batch
     ]
 
 
@@ -273,7 +273,7 @@ class SharedNetworks:
                 self._by_text.popitem(last=False)
             return attachment
         self._by_text.move_to_end(text)
-        return attachment if known is attachment.network else replace(attachment, network=known)
+        return attachment if known is attachment.network else changed(attachment, network=known)
 
 
 class NetworkLookup(Protocol):

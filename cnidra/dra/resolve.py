@@ -33,7 +33,7 @@ from cnidra.api.policy import PARENT_FIELDS, admin_paths, bind_to_device, govern
 from cnidra.api.refs import ObjectRef
 from cnidra.api.tenant import written_by
 from cnidra.api.verdict import ResolvedRequest, check_request
-from cnidra.cni.attach import Attachment
+from cnidra.cni.attach import Attachment, changed
 from cnidra.dra.verdicts import VerdictCache
 
 
@@ -124,20 +124,21 @@ def resolve_attachment(
     ranges = rules.ip_ranges if rules is not None else None
     tenant = tenant_writer(resolved, class_entries)
     static = tenant_static_ipam(attachment.network, tenant)
+    network_as_pinned = attachment.network
     if node is not None and attachment.parent:
         before = len(issues.errors)
         anchor = next(
             (e.path / "config" for e in reversed(resolved.entries) if "config" in e.parameters),
             where,
         )
-        pinned = judge_host_side(
+        network_as_pinned = judge_host_side(
             attachment.network, attachment.parent, node, tenant, issues, anchor
         )
         if len(issues.errors) > before:
             return None
-        attachment = replace(attachment, network=pinned)
-    return replace(
+    return changed(  # one copy made with every change (the network with its host side pinned)
         attachment,
+        network=network_as_pinned,
         node_link_allowed=attachment.parent in node_links,
         tenant_pool=tenant_chose_pool(resolved, class_entries),
         pool_ranges=tuple(ranges) if ranges is not None else None,

@@ -30,7 +30,7 @@ from cnidra.api.ipam import (
     with_static_ipam,
 )
 from cnidra.api.refs import ObjectRef
-from cnidra.cni.attach import Attachment
+from cnidra.cni.attach import Attachment, changed
 from cnidra.observe.metrics import PoolUsage
 from cnidra.state.checkpoint import PreparedClaim
 from cnidra.state.ipam import (
@@ -166,21 +166,18 @@ class Allocator:
         get the same addresses every time (kubelet prepares a claim again after a restart). The
         static addresses a tenant wrote are leased first, the network left as written. A
         refusal gives back what this call leased (what the claim held before stays)."""
-        mine = f"claim/{prepared.uid}/"
         before = {
             lease.key
-            for owner in self.state.owners()
-            if owner.startswith(mine)
+            for owner in self.state.claim_owners(prepared.uid)
             for lease in self.state.of_owner(owner)
         }
         try:
             return await self._assign(prepared, pods)
         except AllocationError:
-            for owner in self.state.owners():
-                if owner.startswith(mine):
-                    for lease in self.state.of_owner(owner):
-                        if lease.key not in before:
-                            await self.state.unlease(lease)
+            for owner in self.state.claim_owners(prepared.uid):
+                for lease in self.state.of_owner(owner):
+                    if lease.key not in before:
+                        await self.state.unlease(lease)
             raise
 
     async def _assign(self, prepared: PreparedClaim, pods: Sequence[str]) -> PreparedClaim:
@@ -216,7 +213,7 @@ class Allocator:
                 pinned = await self._reserved(pool, prepared.ref.namespace, pods, owner, holder)
                 addresses = await self._allocate(pool, owner, holder, static, pinned)
             network = with_static_ipam(attachment.network, pool, addresses)
-            devices.append(replace(attachment, network=network))
+            devices.append(changed(attachment, network=network))
         return replace(prepared, devices=tuple(devices))
 
     async def release_claim(self, uid: str) -> int:
@@ -326,9 +323,8 @@ class Allocator:
             )
 
         for held in self.state.held_blocks(pool.name, range_index):
-            block = pool.block(range_index, held.index)
             taken = self.state.taken_in(held.name)
-            for address, text in pool.usable_texts(block):
+            for address, text in pool.usable_texts_at(range_index, held.index):
                 if text not in taken and free(address):
                     return address, held
         held = await self._reserve_block(pool, range_index)
@@ -552,7 +548,7 @@ class Allocator:
                     self._reserved_elsewhere(pool, ip.ip, _pod(claim.namespace, pods), what)
                 return await self._claimed(pool, what, [i.ip for i in ips], owner)
             addresses = await self._allocate(pool, owner, f"IPAMClaim {claim.namespace}/{name}")
-            cidrs = [str(pool.interface(a)) for a in addresses]
+            cidrs = [pool.interface_text(a) for a in addresses]
             try:
                 bound = await self.cluster.bind_ipamclaim(
                     obj, cidrs, pods[0] if pods else "", self.node

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from cnidra.state.layout import StateLayout
@@ -71,12 +71,43 @@ def _block(data: Mapping[str, Any]) -> HeldBlock:
     return HeldBlock(**{k: data[k] for k in HeldBlock.__dataclass_fields__})
 
 
+# A record as dataclasses.asdict writes it (every field, in the order declared), without
+# asdict's deep copy of each value: the fields are all str, int or float
+def _lease_record(lease: Lease) -> dict[str, Any]:
+    return {
+        "pool": lease.pool,
+        "address": lease.address,
+        "block": lease.block,
+        "owner": lease.owner,
+        "holder": lease.holder,
+        "since": lease.since,
+    }
+
+
+def _block_record(block: HeldBlock) -> dict[str, Any]:
+    return {
+        "pool": block.pool,
+        "name": block.name,
+        "range_index": block.range_index,
+        "index": block.index,
+        "cidr": block.cidr,
+        "uid": block.uid,
+    }
+
+
 class IPAMState:
     def __init__(self, layout: StateLayout) -> None:
         root = layout.root / "pools"
-        self.blocks = JsonDirStore[HeldBlock](root / "blocks", _block, asdict, lambda b: b.name)
-        self.leases = JsonDirStore[Lease](root / "addresses", _lease, asdict, lambda a: a.key)
+        self.blocks = JsonDirStore[HeldBlock](
+            root / "blocks", _block, _block_record, lambda b: b.name
+        )
+        self.leases = JsonDirStore[Lease](
+            root / "addresses", _lease, _lease_record, lambda a: a.key
+        )
         self._by_owner: dict[str, list[Lease]] = {}
+        # a claim's UID -> its owners (`claim/<uid>/<request>`) in `_by_owner`'s order: what a
+        # prepare looks up without walking every owner of the node
+        self._claim_owners: dict[str, dict[str, None]] = {}
         # leases handed out and being written (`reserve`, then `commit`): taken for every
         # other allocation from the moment they are reserved, though not yet durable
         self._reserved: dict[str, Lease] = {}
@@ -84,7 +115,7 @@ class IPAMState:
         # skips without building each address's key
         self._taken: dict[str, set[str]] = {}
         for lease in self.leases.all():
-            self._by_owner.setdefault(lease.owner, []).append(lease)
+            self._own(lease)
             self._take(lease)
 
     def close(self) -> None:
@@ -135,6 +166,32 @@ class IPAMState:
     def owners(self) -> Iterable[str]:
         return list(self._by_owner)
 
+    def claim_owners(self, uid: str) -> list[str]:
+        """`owners()` that start with `claim/<uid>/`, in its order."""
+        prefix = f"claim/{uid}/"
+        if "/" in uid:  # not a UID Kubernetes makes: not what the index keys
+            return [o for o in self._by_owner if o.startswith(prefix)]
+        return [o for o in self._claim_owners.get(uid, ()) if o.startswith(prefix)]
+
+    def _own(self, lease: Lease) -> None:
+        held = self._by_owner.get(lease.owner)
+        if held is None:
+            held = self._by_owner[lease.owner] = []
+            uid = owner_claim_uid(lease.owner)
+            if uid is not None:
+                self._claim_owners.setdefault(uid, {})[lease.owner] = None
+        held.append(lease)
+
+    def _disown(self, owner: str) -> list[Lease]:
+        held = self._by_owner.pop(owner, [])
+        uid = owner_claim_uid(owner)
+        owners = self._claim_owners.get(uid) if uid is not None else None
+        if owners is not None:
+            owners.pop(owner, None)
+            if not owners:
+                del self._claim_owners[uid]  # type: ignore[arg-type]
+        return held
+
     async def hold(self, block: HeldBlock) -> None:
         await self.blocks.put(block)
 
@@ -151,7 +208,14 @@ class IPAMState:
         for the disk: `commit` makes it durable, or gives it back if that fails. So the pool's
         lock need not be held while the lease is written, and the leases of concurrent
         prepares are written together (one fsync, cnidra.state.store)."""
-        lease = Lease(**{**asdict(lease), "since": lease.since or time.time()})
+        lease = Lease(
+            lease.pool,
+            lease.address,
+            lease.block,
+            lease.owner,
+            lease.holder,
+            lease.since or time.time(),
+        )
         self._reserved[lease.key] = lease
         self._take(lease)
         return lease
@@ -172,7 +236,7 @@ class IPAMState:
         for lease in leases:
             self._reserved.pop(lease.key, None)
         for lease in leases:
-            self._by_owner.setdefault(lease.owner, []).append(lease)
+            self._own(lease)
 
     async def unlease(self, lease: Lease) -> None:
         """Free one address (a prepare that failed after leasing it gives it back)."""
@@ -180,7 +244,7 @@ class IPAMState:
         if kept:
             self._by_owner[lease.owner] = kept
         else:
-            self._by_owner.pop(lease.owner, None)
+            self._disown(lease.owner)
         await self.leases.remove(lease.key)
         self._untake(lease)
 
@@ -189,7 +253,7 @@ class IPAMState:
 
     async def release_many(self, owners: Iterable[str]) -> list[Lease]:
         """What the owners hold, freed as one change."""
-        released = [lease for owner in owners for lease in self._by_owner.pop(owner, [])]
+        released = [lease for owner in owners for lease in self._disown(owner)]
         await self.leases.remove_many([lease.key for lease in released])
         for lease in released:
             self._untake(lease)

@@ -184,3 +184,60 @@ def test_only_the_networks_dns_and_routes_reach_the_static_plugin() -> None:
         "addresses": [{"address": "198.18.130.9/24"}],
         "routes": [{"dst": "198.51.100.0/24"}],
     }
+
+
+def test_usable_texts_at_is_usable_texts_of_the_block() -> None:
+    """The allocation's look at a held block's addresses, kept or not, is the block's own."""
+    from cnidra.api.ipam import PoolSpec
+
+    spec = PoolSpec.model_validate(
+        {
+            "ranges": [
+                {"subnet": "10.1.0.0/24", "gateway": "10.1.0.1", "rangeStart": "10.1.0.5"},
+                {"subnet": "fd00::/120"},
+            ],
+            "blockSize": 16,
+            "exclude": ["10.1.0.16/30"],
+        }
+    )
+    for fresh in (True, False):
+        pool = Pool("p", spec)
+        for range_index in (0, 1):
+            for index in pool.block_indices(range_index):
+                block = pool.block(range_index, index)
+                expected = tuple((a, str(a)) for a in pool.usable(block))
+                if fresh:  # first asked by indexes, then by the block: one answer
+                    assert pool.usable_texts_at(range_index, index) == expected
+                    assert pool.usable_texts(block) == expected
+                else:
+                    assert pool.usable_texts(block) == expected
+                    assert pool.usable_texts_at(range_index, index) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 2**128 - 1))
+def test_interface_text_is_the_interface_written(v4: int, v6: int) -> None:
+    """The text static IPAM gets for an address is `str(pool.interface(address))`, for every
+    address of either family, and the same refusal for one in no range."""
+    from cnidra.api.ipam import PoolSpec
+
+    spec = PoolSpec.model_validate(
+        {"ranges": [{"subnet": "10.128.0.0/9"}, {"subnet": "fd00:0:0:1::/64"}]}
+    )
+    pool = Pool("p", spec)
+    for address in (
+        ipaddress.IPv4Address(v4),
+        ipaddress.IPv6Address(v6),
+        ipaddress.IPv4Address("10.128.0.1"),
+        ipaddress.IPv6Address("fd00:0:0:1::1"),
+        ipaddress.IPv6Address("fd00:0:0:1:ffff:0:0:0"),
+        ipaddress.IPv6Address("fd00:0:0:1:0:ffff:a00:1"),
+    ):
+        try:
+            expected = str(pool.interface(address))
+        except ValueError as exc:
+            with pytest.raises(ValueError, match="in no range") as caught:
+                pool.interface_text(address)
+            assert str(caught.value) == str(exc)
+            continue
+        assert pool.interface_text(address) == expected
