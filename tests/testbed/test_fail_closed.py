@@ -184,6 +184,9 @@ def test_a_driver_starved_of_cpu_as_containerd_restarts_never_lets_a_container_r
         for name in ("a", "s0", "s1"):
             ready(cluster, namespace, name, "180s")
             assert pod_addresses(cluster, namespace, name, "net1"), name
+        # the watch saw containers run (on a loaded machine its crictl calls are slow, and a
+        # driver that kept up on its 1 % leaves it only seconds before the pods are ready)
+        cluster.wait("the watch to have sampled running containers", lambda: watch.samples > 10, 60)
     finally:
         watch.stop()
     assert driver.proc.poll() is None  # starved, not killed
