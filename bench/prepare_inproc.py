@@ -29,21 +29,25 @@ method).
 
 `--ahead` models the driver's read-ahead (cnidra.dra.ahead, on by default in `cnidra driver`):
 the driver reads every claim once at start, as it does when a claim's pod is bound, and puts
-each claim of a NodePrepareResources into its `ClaimsAhead` just before the call is timed (the
-read-ahead's entries are used once); prepare then finds them there and checks their UID and
-resourceVersion instead of a GET. The driver's CPU then counts the cache's `put` but not the
-read ahead's GET (which a node spends when the pod is bound, not in prepare).
+each claim of a NodePrepareResources into its `ClaimsAhead` and judges it there
+(`Preparer.warm`, as the read-ahead does after its GET) before the kubelet stand-in makes the
+call, which waits for that (its pod "bound" first; the read-ahead's entries are used once);
+prepare then finds them there, checks their UID and resourceVersion instead of a GET, and takes
+the judgement made on the node's view when the view is still that one. The driver's CPU counts
+the cache's `put` and that judging (work the node does when the pod is bound, before kubelet
+asks) but not the read-ahead's GET.
 
 Phases: `--rounds` single-claim prepares (each unprepared after), `--batches` prepares of 100
 claims (unprepared after), then all `--claims` prepared in batches of 100 and the driver's RSS
 read with them held. The last line printed is one JSON object: prepare_1_p50_ms/p99_ms,
-prepare_100_p50_ms/p99_ms (as kubelet sees them), the same inside the driver (`driver_*`),
-the driver's CPU per call with its unprepare (every thread), rss_idle_mib (wired, warmed,
-nothing prepared) and rss_mib with all the claims prepared. The state and kubelet's plugin
-directory go under --state-root (a disk, as on a node), the CDI specs under --run-root (a
-tmpfs, as /var/run/cdi is). This process imports every module `cnidra driver` imports, so its
-RSS counts the same libraries; it does not run the driver's other parts (publisher, NRI, HTTP
-endpoint, status writer), which the real driver's idle RSS adds (docs/performance.md).
+prepare_100_p50_ms/p99_ms (as kubelet sees them), the same inside the driver (`driver_*`), the
+driver's CPU per call with its unprepare (every thread), rss_idle_mib (wired, warmed, nothing
+prepared) and rss_mib with all the claims prepared. The state and kubelet's plugin directory go
+under --state-root (a disk, as on a node), the CDI specs and the device metadata files beside
+them under --run-root (a tmpfs, as /var/run/cdi is). This process imports every module `cnidra
+driver` imports, so its RSS counts the same libraries; it does not run the driver's other parts
+(publisher, NRI, HTTP endpoint, status writer), which the real driver's idle RSS adds
+(docs/performance.md).
 
 `--cprofile FILE` writes cProfile statistics of the event loop's thread over the measured
 phases; `--pyspy FILE` records a py-spy flame graph (SVG; collapsed stacks for a
@@ -329,6 +333,9 @@ def kubelet(socket: str, refs_file: str, rounds: int, batches: int) -> None:
         sys.stdin.readline()  # the driver has read its CPU
 
     def prepare(stub: Any, batch: list[Any]) -> float:
+        # the pod is bound first: the driver reads its claims ahead (with --ahead), untimed
+        print("bind " + json.dumps([c.uid for c in batch]), flush=True)
+        sys.stdin.readline()
         start = time.perf_counter()
         reply = stub.NodePrepareResources(dra.NodePrepareResourcesRequest(claims=batch), timeout=60)
         took = (time.perf_counter() - start) * 1000
@@ -379,13 +386,10 @@ def rss_mib() -> float:
     return 0.0
 
 
-def timed(call: Any, times: dict[int, list[float]], ahead: Any = None) -> Any:
-    """The DRA service's prepare, timed inside the driver (what its latency metric sees);
-    with `ahead` (a callable), the request's claims read ahead first, untimed."""
+def timed(call: Any, times: dict[int, list[float]]) -> Any:
+    """The DRA service's prepare, timed inside the driver (what its latency metric sees)."""
 
     async def prepare(request: Any, context: Any) -> Any:
-        if ahead is not None:
-            ahead(request)
         start = time.perf_counter()
         try:
             return await call(request, context)
@@ -398,7 +402,8 @@ def timed(call: Any, times: dict[int, list[float]], ahead: Any = None) -> Any:
 
 async def read_ahead(preparer: Any, refs: Path) -> Any:
     """Every claim read once, as the driver's read-ahead reads a claim when its pod is bound
-    (the same GET), and what puts a request's claims into the preparer's ClaimsAhead."""
+    (the same GET), and what puts a request's claims into the preparer's ClaimsAhead and judges
+    them there (`Preparer.warm`, as the read-ahead does after its GET)."""
     from cnidra.dra.ahead import ClaimsAhead
 
     preparer.ahead = ClaimsAhead(size=MAX_CLAIMS)
@@ -408,9 +413,11 @@ async def read_ahead(preparer: Any, refs: Path) -> Any:
         assert claim is not None and claim["metadata"]["uid"] == uid
         read[uid] = claim
 
-    def put(request: Any) -> None:
-        for c in request.claims:
-            preparer.ahead.put(read[c.uid])
+    async def put(uids: list[str]) -> None:
+        for uid in uids:
+            claim = read[uid]
+            preparer.ahead.put(claim)
+            await preparer.warm(claim)  # as the read-ahead judges it once it is read
 
     return put
 
@@ -519,7 +526,7 @@ async def drive(args: argparse.Namespace, tmp: Path, run: Path) -> dict[str, Any
         settle_gc()  # as the driver does once started, before the node's claims
         times: dict[int, list[float]] = {}
         ahead = await read_ahead(preparer, refs) if args.ahead else None
-        service.node_prepare_resources = timed(service.node_prepare_resources, times, ahead)
+        service.node_prepare_resources = timed(service.node_prepare_resources, times)
         server = RPCServer(service.methods())  # as the driver serves it
         socket = tmp / "dra.sock"
         await server.start(socket)
@@ -528,7 +535,9 @@ async def drive(args: argparse.Namespace, tmp: Path, run: Path) -> dict[str, Any
             stack, "bench.prepare_inproc", "--kubelet", str(socket), "--refs", str(refs),
             "--rounds", str(args.rounds), "--batches", str(args.batches),
         )  # fmt: skip
-        cpu, timings = await follow(kubelet_proc, args, out, times, len_of=preparer.checkpoint)
+        cpu, timings = await follow(
+            kubelet_proc, args, out, times, len_of=preparer.checkpoint, ahead=ahead
+        )
         if preparer.ahead is not None:
             out["read_ahead_hits"] = preparer.ahead.hits
         if await kubelet_proc.wait():
@@ -557,12 +566,22 @@ async def drive(args: argparse.Namespace, tmp: Path, run: Path) -> dict[str, Any
     return out
 
 
+async def bound(kubelet_proc: asyncio.subprocess.Process, ahead: Any, uids: list[str]) -> None:
+    """The claims of a pod just bound read ahead (with --ahead), then the stand-in told."""
+    assert kubelet_proc.stdin is not None
+    if ahead is not None:
+        await ahead(uids)
+    kubelet_proc.stdin.write(b"\n")
+    await kubelet_proc.stdin.drain()
+
+
 async def follow(
     kubelet_proc: asyncio.subprocess.Process,
     args: argparse.Namespace,
     out: dict[str, Any],
     times: dict[int, list[float]],
     len_of: Any,
+    ahead: Any = None,
 ) -> tuple[dict[str, float], dict[str, list[float]]]:
     """The kubelet stand-in's phases: the driver's CPU at each, RSS idle and with every claim
     prepared, the profilers over the measured phases; its timings at the end."""
@@ -577,6 +596,9 @@ async def follow(
             raise SystemExit("the kubelet stand-in ended early")
         if line.startswith("{"):
             return cpu, json.loads(line)
+        if line.startswith("bind "):  # a pod bound: its claims read ahead (--ahead) first
+            await bound(kubelet_proc, ahead, json.loads(line[len("bind ") :]))
+            continue
         if line == "idle":
             out["rss_idle_mib"] = rss_mib()
             if args.tracemalloc:

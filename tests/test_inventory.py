@@ -353,3 +353,42 @@ def test_slices_deleted_after_kubelet_registers_the_plugin_are_written_again() -
                 await task
 
     asyncio.run(scenario())
+
+
+def test_the_view_stays_the_same_object_while_the_node_does_not_change() -> None:
+    """Prepare uses a judgement the read-ahead made only on the very view it would judge on
+    (cnidra.dra.ahead): a round that finds the node as it was keeps its view, one that finds
+    a change makes a new one."""
+    import asyncio
+
+    from cnidra.inventory.publisher import SlicePublisher
+
+    class Apiserver:
+        async def get(self, kind: object, name: str) -> object:
+            return {"metadata": {"labels": {}, "uid": "node-uid"}, "status": {"addresses": []}}
+
+        async def patch(self, kind: object, name: str, obj: object, **_: object) -> None: ...
+
+        async def delete(self, kind: object, name: str) -> None: ...
+
+    found = [link("eth1", 3)]
+
+    async def scenario() -> None:
+        publisher = SlicePublisher(
+            Apiserver(),  # type: ignore[arg-type]
+            SliceSettings("n1"), [], min_interval=0.01, links=lambda: list(found),
+        )  # fmt: skip
+        first = await publisher.refresh_view()
+        assert await publisher.refresh_view() is first
+        owner = {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "node-uid"}
+        await publisher.publish_if_changed(owner)
+        published = publisher.view()
+        assert published.attributes  # the slices' attributes, a change
+        await publisher.publish_if_changed(owner)
+        assert publisher.view() is published
+        found.append(link("eth2", 4))
+        await publisher.publish_if_changed(owner)
+        changed = publisher.view()
+        assert changed is not published and "eth2" in changed.links.values()
+
+    asyncio.run(scenario())

@@ -1,14 +1,19 @@
 """Claims read before kubelet asks (issue 42): the driver watches the pods bound to its node
 (cnidra.kube.pods, the node-scoped watch kubelet itself uses); when one with resource claims is
-bound, it reads those claims and judges them (the verdicts prepare will ask for warmed in
-prepare's own `VerdictCache`), and keeps each claim read in a bounded cache (`ClaimsAhead`).
-NodePrepareResources then finds the claim there and checks only its UID (kubelet's) and its
-resourceVersion (the newest this node has read of it) instead of a GET; a claim not seen, stale
-or expired falls back to the GET it always made.
+bound, it reads those claims and judges them, and keeps each claim read in a bounded cache
+(`ClaimsAhead`) with what judging it made: its typed reading, and, for a claim whose judgement
+needs nothing but the node's view (no namespace labels, no named network), the judgement
+itself with the view it was made on. NodePrepareResources then finds the claim there and
+checks only its UID (kubelet's) and its resourceVersion (the newest this node has read of it)
+instead of a GET, and takes the judgement when the node's view is still the one it was made on;
+a claim not seen, stale or expired falls back to the GET it always made.
 
 Never a weaker prepare: what is cached is the claim as the apiserver answered a GET after the
 pod was bound (its allocation written and the pod in its reservedFor, or it is not kept), and
-prepare judges it exactly as one it fetched, with the node as it is then; only the GET is
+prepare judges it exactly as one it fetched, with the node as it is then: a judgement made
+ahead is used only when every input of it is the one prepare would pass (the same claim
+version, the same view object: the publisher keeps its view while the node does not change),
+else prepare judges again (its verdicts warmed); only the GET and the repeated work are
 saved. Bounded: at most `size` claims, each for `ttl` seconds; at most `max_reads` reads
 pending. The watch runs as a supervised task: when it fails, prepare simply GETs."""
 
@@ -19,11 +24,14 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from cnidra.api.nodes import NodeView
 from cnidra.api.refs import ObjectRef
+from cnidra.dra.claim import AllocatedClaim
 from cnidra.observe import metrics
+from cnidra.state.checkpoint import PreparedClaim
 from cnidra.util.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -54,11 +62,25 @@ def _str(value: object) -> str:
 
 
 @dataclass(frozen=True)
+class Ahead:
+    """A claim read ahead as prepare takes it: the claim, and what judging it made (None: not
+    judged yet, or its judgement needs more than the view)."""
+
+    claim: Mapping[str, Any]
+    typed: AllocatedClaim | None = None
+    judged: PreparedClaim | None = None
+    view: NodeView | None = None  # the view `judged` was made on
+
+
+@dataclass(frozen=True)
 class _Entry:
     uid: str
     version: str
     claim: Mapping[str, Any]
     until: float
+    typed: AllocatedClaim | None = None
+    judged: PreparedClaim | None = None
+    view: NodeView | None = None
 
 
 class ClaimsAhead:
@@ -126,13 +148,29 @@ class ClaimsAhead:
             self._uids.pop((_str(meta.get("namespace")), _str(meta.get("name"))), None)
         return True
 
+    def judged(
+        self,
+        claim: Mapping[str, Any],
+        typed: AllocatedClaim,
+        judged: PreparedClaim | None,
+        view: NodeView | None,
+    ) -> None:
+        """What judging `claim` made, kept with it: only while the entry is this very version
+        of the claim (a newer one put since is not given an older judgement)."""
+        meta = _meta(claim)
+        uid = _str(meta.get("uid"))
+        entry = self._entries.get(uid)
+        if entry is None or entry.version != _str(meta.get("resourceVersion")):
+            return
+        self._entries[uid] = replace(entry, typed=typed, judged=judged, view=view)
+
     def forget(self, namespace: str, name: str) -> None:
         """The claim is being read again (another pod bound to it): not used until then."""
         uid = self._uids.pop((namespace, name), None)
         if uid is not None:
             self._drop(uid)
 
-    def ready(self, ref: ObjectRef) -> Mapping[str, Any] | None:
+    def ready(self, ref: ObjectRef) -> Ahead | None:
         entry = self._entries.get(ref.uid)
         meta = _meta(entry.claim) if entry is not None else {}
         if entry is None or (_str(meta.get("namespace")), _str(meta.get("name"))) != (
@@ -155,7 +193,7 @@ class ClaimsAhead:
         self._drop(ref.uid)
         if self._uids.get((ref.namespace, ref.name)) == ref.uid:
             del self._uids[(ref.namespace, ref.name)]
-        return entry.claim
+        return Ahead(entry.claim, entry.typed, entry.judged, entry.view)
 
 
 def claim_names(pod: Mapping[str, Any]) -> list[str]:

@@ -396,7 +396,10 @@ class Preparer:
         # resourceVersion this node read, not expired; else the GET
         ahead = self.ahead.ready(ref) if self.ahead is not None else None
         if ahead is not None:
-            return await self._judged(ahead, ref)
+            if ahead.judged is not None and ahead.typed is not None and ahead.view is self.view():
+                # judged when the pod was bound, on the view prepare would judge it on now
+                return await self._addressed(ahead.judged, ahead.typed)
+            return await self._judged(ahead.typed or ahead.claim, ref)
         try:
             claim = await self.claims.get(ref.namespace, ref.name)
         except UnusableObject as exc:
@@ -417,25 +420,60 @@ class Preparer:
         return await self._judged(claim, ref)
 
     async def warm(self, claim: Mapping[str, Any]) -> None:
-        """Judge a claim read ahead (cnidra.dra.ahead) as prepare will, for the verdicts it
-        keeps (`self.verdicts`): off the loop, one at a time, never in prepare's judging slots;
-        nothing else is kept, and what it finds wrong is prepare's to say."""
+        """Judge a claim read ahead (cnidra.dra.ahead) as prepare will: off the loop, one at a
+        time, never in prepare's judging slots. Its verdicts stay in `self.verdicts`; its typed
+        reading, and its judgement when that needs nothing but the node's view (no namespace
+        labels, no named network: `_view_only`), go to the read-ahead's entry with the view
+        it was made on. What it finds wrong is prepare's to say."""
         meta = claim.get("metadata") or {}
         ref = ObjectRef(
             str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", ""))
         )
         view = self.view()
 
-        def judge() -> None:
-            with judged_once():
-                resolve_claim(claim, ref, self.node, self.dirs, view, verdicts=self.verdicts)
+        def judge() -> tuple[AllocatedClaim, PreparedClaim | None] | None:
+            try:
+                typed = read(claim, ref)
+            except PrepareError:
+                return None  # prepare reads it again, and says what is wrong
+            with judged_once(), contextlib.suppress(PrepareError):
+                networks = self._view_only(typed, ref, view)
+                if networks is None:  # prepare reads what it needs, then judges: verdicts only
+                    resolve_claim(typed, ref, self.node, self.dirs, view, verdicts=self.verdicts)
+                    return typed, None
+                judged = resolve_claim(
+                    typed, ref, self.node, self.dirs, view, None, None, networks, self.verdicts
+                )
+                return typed, judged
+            return typed, None
 
         async with self._warm_slot:
-            with contextlib.suppress(PrepareError):
-                await asyncio.to_thread(judge)
+            made = await asyncio.to_thread(judge)
+        if made is None:
+            return
+        typed, judged = made
+        if self.ahead is not None:
+            self.ahead.judged(claim, typed, judged, view if judged is not None else None)
 
-    async def _judged(self, claim: Mapping[str, Any], ref: ObjectRef) -> PreparedClaim:
-        typed = read(claim, ref)
+    def _view_only(
+        self, claim: AllocatedClaim, ref: ObjectRef, view: NodeView
+    ) -> dict[str, NamedNetwork] | None:
+        """The device networks `_judged` would judge the claim with when it needs nothing read
+        beyond `view` (no namespace labels, no network reference, no allocated named network
+        whose node conf is read again); None when it needs more."""
+        if claim.selects_namespaces() or network_references(claim, ref.namespace):
+            return None
+        if self.networks is not None:
+            return None if any(r.device in view.networks for r in claim.ours) else {}
+        networks = dict(view.networks)
+        if any(n.namespace_selector is not None for n in networks.values()):
+            return None
+        return networks
+
+    async def _judged(
+        self, claim: Mapping[str, Any] | AllocatedClaim, ref: ObjectRef
+    ) -> PreparedClaim:
+        typed = claim if isinstance(claim, AllocatedClaim) else read(claim, ref)
         view = self.view()
         catalog, device_networks = await self._networks(typed, ref, view)
         labels = None
@@ -468,7 +506,7 @@ class Preparer:
         except NotCached:
             pass
         else:
-            return self.shared_networks.share(await self._addresses(prepared, typed))
+            return await self._addressed(prepared, typed)
         # off the loop, within the budget; a slot is held until the thread is done, even when
         # the claim failed on its budget, so such threads never pile up
         await self._judge_slots.acquire()
@@ -489,7 +527,10 @@ class Preparer:
                 "too large to judge in time: make them smaller"
             )
         prepared = judging.result()
-        return self.shared_networks.share(await self._addresses(prepared, typed))
+        return await self._addressed(prepared, typed)
+
+    async def _addressed(self, prepared: PreparedClaim, claim: AllocatedClaim) -> PreparedClaim:
+        return self.shared_networks.share(await self._addresses(prepared, claim))
 
     async def _addresses(self, prepared: PreparedClaim, claim: AllocatedClaim) -> PreparedClaim:
         """cnidra-IPAM networks get their addresses now, while the apiserver can be asked, and

@@ -152,9 +152,14 @@ class SlicePublisher:
     async def refresh_view(self) -> NodeView:
         links = await asyncio.to_thread(self.read_links)
         await self._serve(links)
-        self._view = self._make_view(links)
+        self._view = self._same(self._make_view(links))
         self.watch.read(links, self._view.protected, self._view.links.values())
         return self._view
+
+    def _same(self, view: NodeView) -> NodeView:
+        """The view kept when the node has not changed: a judgement made ahead on it is used
+        by prepare only while it is the same object (cnidra.dra.ahead)."""
+        return self._view if self._view is not None and self._view == view else view
 
     def _protected(self, links: list[Link]) -> frozenset[str]:
         protected = carrying_node(links, self.node_ips)
@@ -287,7 +292,8 @@ class SlicePublisher:
         every = await asyncio.to_thread(self.read_links)
         await self._serve(every)
         view = self._make_view(every)
-        self._view = view
+        if self._view is None or replace(view, attributes=self._view.attributes) != self._view:
+            self._view = view  # until the slices give it its attributes
         self.watch.read(every, view.protected, view.links.values())
         published = {n for d, n in view.links.items() if d not in view.networks}
         links = [link for link in every if link.name in published]
@@ -302,9 +308,13 @@ class SlicePublisher:
             self._served,
             await self._addresses(),
         )
-        self._view = replace(
-            view,
-            attributes={d["name"]: d["attributes"] for s in slices for d in s["spec"]["devices"]},
+        self._view = self._same(
+            replace(
+                view,
+                attributes={
+                    d["name"]: d["attributes"] for s in slices for d in s["spec"]["devices"]
+                },
+            )
         )
         failures = device_failures(device_names(links), self._served)
         if content(slices) == self._published:

@@ -9,11 +9,16 @@ Wire facts (k8s.io/dynamic-resource-allocation v0.36 `api/metadata`, `kubeletplu
   <request>/<driver>-metadata.json, or .../resourceclaimtemplates/<pod claim name>/... for a
   claim made from a template;
 - on the node, upstream's helper writes <kubelet plugin dir>/dra-device-metadata/<namespace>_
-  <claim>/<request>/metadata.json; cnidra writes <kubelet plugin dir>/dra-device-metadata/
-  <namespace>_<claim>_<request>.json, one directory for all (no two directories made for every
-  claim: measured, they were the larger part of a prepare's CPU on an ext4 node disk; `_` is in
-  no namespace, claim or request name, so the name is unambiguous); what only the runtime reads
-  through the CDI spec; a file of the former layout is moved to this one at start (`restore`);
+  <claim>/<request>/metadata.json; cnidra writes <cdi dir>/<driver>-metadata/<namespace>_
+  <claim>_<request>.json, one directory for all (`_` is in no namespace, claim or request
+  name, so the name is unambiguous), beside the CDI specs that mount them: what only the
+  runtime reads through a CDI spec lives as long as the spec, on the same tmpfs (/var/run/cdi;
+  a reboot empties both), and a prepare writes no file to the node's disk (measured: a file
+  created on this project's test machine's disk costs about 1 ms, on its tmpfs 12 us). The
+  runtime's CDI scan skips subdirectories. Files an earlier cnidra wrote in the kubelet plugin
+  directory (flat, or one directory per claim) stay there for the claims that have them
+  (running containers mount their inodes): `restore` at start finds them, and the claim's
+  spec, its updates and its removal go on using them;
   CDI spec <cdi dir>/<driver>_metadata_<claim uid>_<request>.json of kind <driver>/metadata,
   device <claim uid>_<request>;
 - content: `metadata.resource.k8s.io/v1alpha1` DeviceMetadata, one JSON document per line.
@@ -60,23 +65,33 @@ class DeviceMetadata:
         gate: list[str] | None = None,
         gate_timeout: int = 30,
     ) -> None:
-        self.root = plugin_dir / "dra-device-metadata"
+        self.root = cdi_dir / f"{driver}-metadata"
+        # where an earlier cnidra wrote them, and the files found there at start
+        self.legacy_root = plugin_dir / "dra-device-metadata"
+        self._legacy: set[str] = set()
         self.cdi_dir = cdi_dir
         self.driver = driver
         self.mounts = mounts
         self.gate = gate
         self.gate_timeout = gate_timeout
         self._root_text = str(self.root)
+        self._legacy_text = str(self.legacy_root)
         self._cdi_text = str(self.cdi_dir)
 
     # ------------------------------------------------------------------ paths
 
     def legacy_claim_dir(self, claim: ObjectRef) -> Path:
         """Where the claim's files were before they were all in one directory."""
-        return self.root / f"{claim.namespace}_{claim.name}"
+        return self.legacy_root / f"{claim.namespace}_{claim.name}"
+
+    def legacy_file(self, claim: ObjectRef, request: str) -> Path:
+        """Where the claim's file was before it moved beside the CDI specs."""
+        return self.legacy_root / f"{claim.namespace}_{claim.name}_{request}.json"
 
     def host_file(self, claim: ObjectRef, request: str) -> Path:
-        return self.root / f"{claim.namespace}_{claim.name}_{request}.json"
+        """The request's file on the node: beside the CDI specs, or where an earlier cnidra
+        wrote it when `restore` found it there."""
+        return Path(self._host_text(claim, request))
 
     def container_file(self, claim: PreparedClaim, request: str) -> Path:
         if claim.pod_claim_name:
@@ -117,16 +132,24 @@ class DeviceMetadata:
     def restore(
         self, claim: PreparedClaim, attributes: Mapping[str, Mapping[str, Any]] | None = None
     ) -> None:
-        """`prepare` at start, a file of the former layout moved to this one first (the same
-        inode, with the network data the hook filled in: containers running mount it)."""
+        """`prepare` at start. A file an earlier cnidra wrote in the kubelet plugin directory
+        stays there and is used on (the same inode, with the network data the hook filled in:
+        containers running mount it); one of the per-claim directories before that is moved
+        to that directory's flat name first (the same file system: the same inode)."""
         legacy = self.legacy_claim_dir(claim.ref)
+        requests = list(dict.fromkeys(base_request(d.request) for d in claim.devices))
         if legacy.is_dir():
-            for request in dict.fromkeys(base_request(d.request) for d in claim.devices):
+            for request in requests:
                 old = legacy / request / "metadata.json"
-                new = self.host_file(claim.ref, request)
-                if old.exists() and not new.exists():
-                    os.replace(old, new)
+                flat = self.legacy_file(claim.ref, request)
+                if old.exists() and not flat.exists():
+                    os.replace(old, flat)
             shutil.rmtree(legacy, ignore_errors=True)
+        if self.legacy_root.is_dir():
+            for request in requests:
+                flat = self.legacy_file(claim.ref, request)
+                if flat.exists():
+                    self._legacy.add(str(flat))
         self.prepare(claim, attributes)
 
     def prepare_all(
@@ -165,17 +188,22 @@ class DeviceMetadata:
         (which holds a spec per prepared request of the node: a glob per unprepare made
         unprepare slower with every claim prepared)."""
         if requests is None:
-            hosts = list(self.root.glob(f"{claim.namespace}_{claim.name}_*.json"))
+            hosts = [
+                *self.root.glob(f"{claim.namespace}_{claim.name}_*.json"),
+                *self.legacy_root.glob(f"{claim.namespace}_{claim.name}_*.json"),
+            ]
             specs = list(self.cdi_dir.glob(f"{self.driver}_metadata_{claim.uid}_*.json"))
         else:
             bases = dict.fromkeys(base_request(r) for r in requests)
             hosts = [self.host_file(claim, r) for r in bases]
             specs = [self.cdi_file(claim.uid, r) for r in bases]
         for path in [*hosts, *specs]:
+            self._legacy.discard(str(path))
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-        # one prepared before the files were all in one directory, and not restored since
-        shutil.rmtree(self.legacy_claim_dir(claim), ignore_errors=True)
+        if self._legacy or requests is None:
+            # one prepared before the files were all in one directory, and not restored since
+            shutil.rmtree(self.legacy_claim_dir(claim), ignore_errors=True)
 
     def _document(
         self,
@@ -202,7 +230,12 @@ class DeviceMetadata:
 
     def _host_text(self, claim: ObjectRef, request: str) -> str:
         """`host_file`, as text."""
-        return f"{self._root_text}/{claim.namespace}_{claim.name}_{request}.json"
+        name = f"{claim.namespace}_{claim.name}_{request}.json"
+        if self._legacy:
+            legacy = f"{self._legacy_text}/{name}"
+            if legacy in self._legacy:
+                return legacy
+        return f"{self._root_text}/{name}"
 
     def _write_cdi_spec(self, claim: PreparedClaim, request: str, host: str) -> None:
         edits: dict[str, Any] = {}

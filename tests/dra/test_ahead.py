@@ -93,6 +93,91 @@ async def test_a_claim_read_when_its_pod_was_bound_is_prepared_with_no_get(
     assert p.ahead is not None and p.ahead.hits == 1
 
 
+async def test_a_claim_judged_when_its_pod_was_bound_is_not_judged_again_on_the_same_view(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read-ahead keeps the claim's typed reading and its judgement with the view it was
+    made on: prepare, on that same view, only leases addresses, names and checkpoints."""
+    import cnidra.dra.prepare as prepare_module
+
+    claims = CountingClaims(stored())
+    p = preparer(tmp_path, claims, ClaimsAhead())
+    await read_ahead(p, claims, ("ADDED", pod()))
+    assert p.ahead is not None
+    [entry] = p.ahead._entries.values()
+    assert entry.judged is not None and entry.view is VIEW
+    judged: list[object] = []
+    real = prepare_module.resolve_claim
+    monkeypatch.setattr(
+        prepare_module, "resolve_claim", lambda *a, **k: judged.append(a) or real(*a, **k)
+    )
+    monkeypatch.setattr(prepare_module, "read", lambda *a: pytest.fail("read again"))
+    claims.gets = 0
+    prepared = await p.prepare(REF)
+    assert judged == [] and claims.gets == 0
+    assert prepared.uid == "uid-1" and [d.if_name for d in prepared.devices] == ["net1"]
+
+
+async def test_a_judgement_made_on_another_view_is_made_again(tmp_path: Path) -> None:
+    """The node changed between the pod's binding and kubelet's call (a link, an address, a
+    label): the view is another object, and prepare judges the claim on the node as it is
+    then, exactly as one it fetched (from the typed reading kept: no GET)."""
+    from dataclasses import replace
+
+    views = [VIEW]
+    claims = CountingClaims(stored())
+    p = Preparer("n1", claims, Checkpoint(StateLayout(tmp_path)), DIRS, view=lambda: views[0])
+    p.ahead = ClaimsAhead()
+    await read_ahead(p, claims, ("ADDED", pod()))
+    views[0] = replace(VIEW, links={})  # the claim's link is gone from the node
+    claims.gets = 0
+    with pytest.raises(Exception, match="not a link or network of this node"):
+        await p.prepare(REF)
+    assert claims.gets == 0
+
+
+async def test_a_claim_whose_judgement_reads_namespace_labels_is_judged_at_prepare(
+    tmp_path: Path,
+) -> None:
+    """A named network that selects namespaces by label: the labels (and the network's node
+    conf) are read when prepare judges, as they may change after the binding; such a claim
+    keeps only its typed reading and verdicts from the read-ahead."""
+    from cnidra.api.networks import NamedNetwork, cninetwork
+    from cnidra.api.nodes import NodeView
+    from tests.dra.test_prepare import DRIVER, Labels, Networks
+    from tests.dra.test_prepare import claim as make_claim
+
+    data = cninetwork(
+        {
+            "metadata": {"name": "data"},
+            "spec": {
+                "config": {"type": "macvlan", "ipam": {"type": "static"}},
+                "namespaceSelector": {"matchLabels": {"tier": "data"}},
+            },
+        }
+    )
+    assert isinstance(data, NamedNetwork)
+    view = NodeView(links={"net-data": "eth1"}, networks={"net-data": data})
+    results = [{"request": "net", "driver": DRIVER, "pool": "n1", "device": "net-data"}]
+    c = make_claim(configs=[], results=results)
+    c["metadata"].update(namespace="ns", name="c", resourceVersion="7")
+    labels = Labels({"tier": "data"})
+    claims = CountingClaims(c)
+    p = Preparer(
+        "n1", claims, Checkpoint(StateLayout(tmp_path)), DIRS, view=lambda: view,
+        namespaces=labels, networks=Networks(),
+    )  # fmt: skip
+    p.ahead = ClaimsAhead()
+    await read_ahead(p, claims, ("ADDED", pod()))
+    [entry] = p.ahead._entries.values()
+    assert entry.typed is not None and entry.judged is None  # read and warmed, not judged
+    labels.value = {}  # the namespace lost its label after the pod was bound
+    claims.gets = 0
+    with pytest.raises(Exception, match="namespaceSelector does not select ns"):
+        await p.prepare(REF)
+    assert claims.gets == 0
+
+
 async def test_a_newer_resource_version_read_since_falls_back_to_the_get(tmp_path: Path) -> None:
     claims = CountingClaims(stored("7"))
     cache = ClaimsAhead()
@@ -215,8 +300,10 @@ def test_a_kept_claim_is_used_once_and_without_its_managed_fields() -> None:
     c = stored()
     c["metadata"].update(uid="uid-1", managedFields=[{"manager": "kube-scheduler"}] * 20)
     assert cache.put(c)
-    got = cache.ready(REF)
-    assert got is not None and "managedFields" not in got["metadata"]
+    ahead = cache.ready(REF)
+    assert ahead is not None
+    got = ahead.claim
+    assert "managedFields" not in got["metadata"]
     assert got["metadata"]["resourceVersion"] == "7" and got["status"] == c["status"]
     assert "managedFields" in c["metadata"]  # the caller's object untouched
     assert len(cache) == 0 and not cache._uids

@@ -38,7 +38,7 @@ async def test_prepare_writes_what_a_container_reads_and_the_hook_fills_it(
     prepared = await preparer.prepare(ref)
     assert preparer.cdi_device_ids(prepared, "r0") == [f"{DRIVER}/metadata=u-1_r0"]
 
-    host = tmp_path / "plugin" / "dra-device-metadata" / "ns_pod-net-abcde_r0.json"
+    host = tmp_path / "cdi" / f"{DRIVER}-metadata" / "ns_pod-net-abcde_r0.json"
     doc = read(host)
     assert doc["apiVersion"] == "metadata.resource.k8s.io/v1alpha1"
     assert doc["kind"] == "DeviceMetadata" and doc["podClaimName"] == "net"
@@ -82,8 +82,8 @@ async def test_prepare_writes_what_a_container_reads_and_the_hook_fills_it(
     assert read(host)["requests"][0]["devices"][0]["networkData"] == data
 
     await preparer.unprepare(ref)
-    assert not list((tmp_path / "plugin" / "dra-device-metadata").iterdir())
-    assert not list((tmp_path / "cdi").iterdir())
+    assert not [p for p in (tmp_path / "cdi").rglob("*") if not p.is_dir()]
+    assert not (tmp_path / "plugin").exists()  # nothing on the node's disk
 
 
 def test_a_claim_named_in_the_pod_spec_is_found_by_its_own_name(tmp_path: Path) -> None:
@@ -124,19 +124,20 @@ def test_a_subrequest_is_filed_under_its_parent_request(tmp_path: Path) -> None:
     ref = ObjectRef("ns", "c", "u-3")
     att = Attachment(ref, "nic/fast", "net1", {"name": "n"}, "n1", "eth1")
     metadata.prepare(PreparedClaim(ref, ("pod",), (att,)))
-    host = tmp_path / "plugin" / "dra-device-metadata" / "ns_c_nic.json"
+    host = tmp_path / "cdi" / f"{DRIVER}-metadata" / "ns_c_nic.json"
     assert read(host)["requests"][0]["name"] == "nic/fast"  # the allocation's own name inside
     assert (tmp_path / "cdi" / f"{DRIVER}_metadata_u-3_nic.json").exists()
     metadata.attached(ref, "nic/fast", "n1", "eth1", {"interfaceName": "net1"})
     assert read(host)["requests"][0]["devices"][0]["networkData"] == {"interfaceName": "net1"}
 
 
-def test_a_file_of_the_former_layout_is_moved_at_start_with_its_network_data(
+def test_a_file_of_the_per_claim_layout_is_moved_at_start_with_its_network_data(
     tmp_path: Path,
 ) -> None:
     """Before, each claim had directories of its own (<ns>_<claim>/<request>/metadata.json); at
-    start the file moves to the one directory, the same inode (a running container mounts
-    it) with the network data the hook wrote, and the CDI spec names it there."""
+    start the file moves to the flat name in the same directory, the same inode (a running
+    container mounts it) with the network data the hook wrote, and the CDI spec names it
+    there."""
     from cnidra.cni.attach import Attachment
     from cnidra.state.checkpoint import PreparedClaim
 
@@ -149,9 +150,45 @@ def test_a_file_of_the_former_layout_is_moved_at_start_with_its_network_data(
     inode = old.stat().st_ino
     metadata.restore(claim)
     host = metadata.host_file(ref, "nic")
+    assert host == tmp_path / "plugin" / "dra-device-metadata" / "ns_c_nic.json"
     assert host.stat().st_ino == inode and read(host)["requests"][0]["devices"][0]["networkData"]
     assert not (tmp_path / "plugin" / "dra-device-metadata" / "ns_c").exists()
     spec = json.loads((tmp_path / "cdi" / f"{DRIVER}_metadata_u-4_nic.json").read_text())
     assert spec["devices"][0]["containerEdits"]["mounts"][0]["hostPath"] == str(host)
     metadata.remove(ref, None)  # requests unknown: found by name
-    assert not host.exists() and not list((tmp_path / "cdi").iterdir())
+    assert not host.exists() and not list((tmp_path / "cdi").glob("*.json"))
+
+
+def test_a_file_an_earlier_cnidra_wrote_on_the_disk_stays_in_use_and_new_ones_go_to_the_tmpfs(
+    tmp_path: Path,
+) -> None:
+    """An upgrade: a claim prepared by a cnidra that wrote its file in the kubelet plugin
+    directory keeps that file (running containers mount its inode): the spec written again
+    at start names it, the hook's network data goes into it, unprepare removes it. A claim
+    prepared after goes beside the CDI specs."""
+    from cnidra.cni.attach import Attachment
+    from cnidra.state.checkpoint import PreparedClaim
+
+    metadata = DeviceMetadata(tmp_path / "plugin", tmp_path / "cdi")
+    old_ref, new_ref = ObjectRef("ns", "old", "u-5"), ObjectRef("ns", "new", "u-6")
+    old = PreparedClaim(old_ref, ("pod",), (Attachment(old_ref, "nic", "net1", {}, "n1", "eth1"),))
+    new = PreparedClaim(new_ref, ("pod",), (Attachment(new_ref, "nic", "net1", {}, "n1", "eth1"),))
+    disk = tmp_path / "plugin" / "dra-device-metadata" / "ns_old_nic.json"
+    disk.parent.mkdir(parents=True)
+    document = {"metadata": {"generation": 1}, "requests": [{"name": "nic", "devices": []}]}
+    disk.write_text(json.dumps(document) + "\n")
+    inode = disk.stat().st_ino
+    metadata.restore(old)
+    metadata.prepare(old)  # kubelet prepares it again after the restart
+    metadata.attached(old_ref, "nic", "n1", "eth1", {"interfaceName": "net1"})
+    assert disk.stat().st_ino == inode and read(disk)["metadata"]["generation"] == 2
+    spec = json.loads((tmp_path / "cdi" / f"{DRIVER}_metadata_u-5_nic.json").read_text())
+    assert spec["devices"][0]["containerEdits"]["mounts"][0]["hostPath"] == str(disk)
+    assert not (tmp_path / "cdi" / f"{DRIVER}-metadata" / "ns_old_nic.json").exists()
+    metadata.prepare(new)
+    fresh = tmp_path / "cdi" / f"{DRIVER}-metadata" / "ns_new_nic.json"
+    assert fresh.exists() and metadata.host_file(new_ref, "nic") == fresh
+    metadata.remove(old_ref, ["nic"])
+    assert not disk.exists()
+    metadata.prepare(old)  # prepared anew after: beside the CDI specs
+    assert metadata.host_file(old_ref, "nic").parent == tmp_path / "cdi" / f"{DRIVER}-metadata"

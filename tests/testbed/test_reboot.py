@@ -6,6 +6,7 @@ defaults and is down while the node is."""
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 from typing import Any
 
@@ -82,7 +83,8 @@ def test_a_rebooted_node_gives_its_pods_their_interfaces_and_addresses_back(
     def while_down() -> None:
         driver.stop(9)  # the driver dies with the node
         for spec in tb.NODE1.cdi.glob(f"{DRIVER}_*"):
-            spec.unlink()  # /var/run/cdi is a tmpfs
+            spec.unlink()  # /var/run/cdi is a tmpfs, the device metadata files on it too
+        shutil.rmtree(tb.NODE1.cdi / f"{DRIVER}-metadata", ignore_errors=True)
 
     tb.reboot(cluster.bins, tb.NODE1, between=while_down)
     driver.start(wait_registered=False)  # its DaemonSet pod comes back with the node
