@@ -19,7 +19,8 @@ cnidra       the same macvlan through cnidra (a ResourceClaimTemplate), addresse
 
 Each round runs, for each way in turn, one pod alone and then a burst of --pods at once; the
 time of a pod is from the watch event that shows it created to the one that shows it Ready
-(client clock, millisecond resolution). cnidra's time is split from its own metrics: prepare,
+(client clock, millisecond resolution). Each way's p50 and p99 are over all its rounds' bursts,
+and each round's alone in its `by_round`. cnidra's time is split from its own metrics: prepare,
 the RunPodSandbox hook, the plugins inside it, and the status write after it. What cnidra's
 driver costs per pod, over its whole rounds (the single pod and the burst, created and deleted,
 until its status queue is empty): `cpu_ms_per_pod` (its process's user + system time, from
@@ -910,6 +911,10 @@ def main() -> None:  # noqa: PLR0915 - one linear script of measurements
     result: dict[str, Any] = {"pods": args.pods, "rounds": args.rounds}
     for way in WAYS:
         result[way] = stats(samples[way])
+        # each round's burst alone: "below Multus in every round" is judged on these
+        result[way]["by_round"] = [
+            stats(samples[way][i * args.pods : (i + 1) * args.pods]) for i in range(args.rounds)
+        ]
     result["cnidra"].update(cost.per_pod())
     for way, spent in peer_cost.items():
         if spent.pods:

@@ -560,3 +560,32 @@ def test_the_requests_row_against_multus_names_every_peers_kinds() -> None:
     measured, verdict = rows(data)[goal]
     assert measured.startswith("cnidra 6 ≤ Multus thick 6.5")
     assert verdict == "met"
+
+
+def test_the_burst_is_judged_round_by_round_against_the_better_multus() -> None:
+    """The issue's "below Multus' in every round": each round's burst against the lower of
+    Multus thin's and thick's in that same round; the pooled rows take the better too."""
+    run_ = sample()
+    r = run_["benches"]["pod_ready"]["result"]
+    r["multus_thick"] = {"p50_s": 9.0, "p99_s": 18.0}
+    r["cnidra"].update(p50_s=9.5, p99_s=17.0)
+
+    def rounds(*pairs: tuple[float, float]) -> list[dict[str, float]]:
+        return [{"p50_s": p50, "p99_s": p99} for p50, p99 in pairs]
+
+    r["cnidra"]["by_round"] = rounds((8.0, 10.0), (9.0, 12.0))
+    r["multus"]["by_round"] = rounds((8.5, 11.0), (9.5, 11.5))
+    r["multus_thick"]["by_round"] = rounds((8.2, 12.0), (8.9, 13.0))
+    got = rows(run_)
+    measured, verdict = got["pod-ready ≤ Multus, 50 pods, every round"]
+    assert measured == (
+        "round 1: p50 8.00 ≤ 8.20 s (Multus thick), p99 10.00 ≤ 11.00 s (Multus thin); "
+        "round 2: p50 9.00 > 8.90 s (Multus thick), p99 12.00 > 11.50 s (Multus thin)"
+    )
+    assert verdict == "**not met** by 0.100 s at p50 in round 2, 0.500 s at p99 in round 2"
+    assert got["pod-ready ≤ Multus, 50 pods"] == (
+        "p50 9.50 s > 9.00 s (Multus thick), p99 17.00 s ≤ 18.00 s (Multus thick)",
+        "**not met** by 0.500 s (6 %) at p50",
+    )
+    del r["cnidra"]["by_round"]
+    assert rows(run_)["pod-ready ≤ Multus, 50 pods, every round"][1].startswith("not measured")
