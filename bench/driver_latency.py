@@ -291,6 +291,7 @@ def prepare_ahead(
     try:
         reads = metric(driver, "cnidra_claim_lookups_total", 'result="ok"')
         hits = metric(driver, "cnidra_claims_ahead_total", 'result="hit"')
+        used = metric(driver, "cnidra_claims_ahead_judgements_total", 'result="used"')
         bindings = [
             {
                 "apiVersion": "v1",
@@ -320,6 +321,7 @@ def prepare_ahead(
                 stub, [refs[rounds + 100 * b : rounds + 100 * (b + 1)] for b in range(batches)]
             )
         hit = metric(driver, "cnidra_claims_ahead_total", 'result="hit"') - hits
+        judged = metric(driver, "cnidra_claims_ahead_judgements_total", 'result="used"') - used
     finally:
         try:  # one DELETE a pod: a few hundred take a minute or more
             bed.kubectl(
@@ -334,7 +336,13 @@ def prepare_ahead(
     return {
         "prepare_1_claim_read_ahead_ms": summary(one),
         "prepare_100_claims_read_ahead_ms": summary(hundred),
-        "read_ahead": {"claims": count, "hits": hit, "all_read_s": round(read_in, 2)},
+        # hits: found read ahead (no GET); judged: of those, the judgement made ahead used
+        "read_ahead": {
+            "claims": count,
+            "hits": hit,
+            "judged": judged,
+            "all_read_s": round(read_in, 2),
+        },
     }
 
 

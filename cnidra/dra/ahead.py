@@ -156,13 +156,16 @@ class ClaimsAhead:
         view: NodeView | None,
     ) -> None:
         """What judging `claim` made, kept with it: only while the entry is this very version
-        of the claim (a newer one put since is not given an older judgement)."""
+        of the claim (a newer one put since is not given an older judgement). The claim's
+        text is then let go: prepare reads the typed claim."""
         meta = _meta(claim)
         uid = _str(meta.get("uid"))
         entry = self._entries.get(uid)
         if entry is None or entry.version != _str(meta.get("resourceVersion")):
             return
-        self._entries[uid] = replace(entry, typed=typed, judged=judged, view=view)
+        # the typed reading stands for the claim from here on: its whole text is let go
+        stub = {"metadata": {k: meta.get(k) for k in ("namespace", "name", "uid")}}
+        self._entries[uid] = replace(entry, claim=stub, typed=typed, judged=judged, view=view)
 
     def forget(self, namespace: str, name: str) -> None:
         """The claim is being read again (another pod bound to it): not used until then."""

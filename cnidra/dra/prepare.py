@@ -51,6 +51,7 @@ from cnidra.dra.claim import (
 from cnidra.dra.resolve import Device, resolve_attachment
 from cnidra.dra.verdicts import NotCached, VerdictCache, cached_only
 from cnidra.ipam.allocator import AllocationError, Allocator
+from cnidra.observe import metrics
 from cnidra.observe.logs import fields
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
 from cnidra.status.metadata import DeviceMetadata, base_request
@@ -398,7 +399,9 @@ class Preparer:
         if ahead is not None:
             if ahead.judged is not None and ahead.typed is not None and ahead.view is self.view():
                 # judged when the pod was bound, on the view prepare would judge it on now
+                metrics.CLAIMS_AHEAD_JUDGED.labels("used").inc()
                 return await self._addressed(ahead.judged, ahead.typed)
+            metrics.CLAIMS_AHEAD_JUDGED.labels("again").inc()
             return await self._judged(ahead.typed or ahead.claim, ref)
         try:
             claim = await self.claims.get(ref.namespace, ref.name)

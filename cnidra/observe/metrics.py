@@ -213,6 +213,13 @@ CLAIMS_AHEAD = Counter(
     ["result"],
     registry=REGISTRY,
 )
+CLAIMS_AHEAD_JUDGED = Counter(
+    "cnidra_claims_ahead_judgements_total",
+    "claims prepare found read ahead: judgement made ahead used (used), or judged at prepare "
+    "(again: the node's view changed since, or the judgement needs more than the view)",
+    ["result"],
+    registry=REGISTRY,
+)
 TASK_RESTARTS = Counter(
     "cnidra_task_restarts_total",
     "Background tasks restarted after they died, by task",

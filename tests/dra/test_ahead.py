@@ -16,6 +16,7 @@ from cnidra.api.refs import ObjectRef
 from cnidra.dra.ahead import ClaimsAhead, ReadAhead, claim_names
 from cnidra.dra.prepare import Preparer
 from cnidra.kube.api import Transient
+from cnidra.observe import metrics
 from cnidra.state.checkpoint import Checkpoint
 from cnidra.state.layout import StateLayout
 from tests.dra.test_prepare import DIRS, VIEW, claim
@@ -113,8 +114,10 @@ async def test_a_claim_judged_when_its_pod_was_bound_is_not_judged_again_on_the_
     )
     monkeypatch.setattr(prepare_module, "read", lambda *a: pytest.fail("read again"))
     claims.gets = 0
+    used = metrics.CLAIMS_AHEAD_JUDGED.labels("used")._value.get()
     prepared = await p.prepare(REF)
     assert judged == [] and claims.gets == 0
+    assert metrics.CLAIMS_AHEAD_JUDGED.labels("used")._value.get() == used + 1
     assert prepared.uid == "uid-1" and [d.if_name for d in prepared.devices] == ["net1"]
 
 
@@ -131,9 +134,11 @@ async def test_a_judgement_made_on_another_view_is_made_again(tmp_path: Path) ->
     await read_ahead(p, claims, ("ADDED", pod()))
     views[0] = replace(VIEW, links={})  # the claim's link is gone from the node
     claims.gets = 0
+    again = metrics.CLAIMS_AHEAD_JUDGED.labels("again")._value.get()
     with pytest.raises(Exception, match="not a link or network of this node"):
         await p.prepare(REF)
     assert claims.gets == 0
+    assert metrics.CLAIMS_AHEAD_JUDGED.labels("again")._value.get() == again + 1
 
 
 async def test_a_claim_whose_judgement_reads_namespace_labels_is_judged_at_prepare(
