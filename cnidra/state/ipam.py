@@ -71,39 +71,17 @@ def _block(data: Mapping[str, Any]) -> HeldBlock:
     return HeldBlock(**{k: data[k] for k in HeldBlock.__dataclass_fields__})
 
 
-# A record as dataclasses.asdict writes it (every field, in the order declared), without
-# asdict's deep copy of each value: the fields are all str, int or float
-def _lease_record(lease: Lease) -> dict[str, Any]:
-    return {
-        "pool": lease.pool,
-        "address": lease.address,
-        "block": lease.block,
-        "owner": lease.owner,
-        "holder": lease.holder,
-        "since": lease.since,
-    }
-
-
-def _block_record(block: HeldBlock) -> dict[str, Any]:
-    return {
-        "pool": block.pool,
-        "name": block.name,
-        "range_index": block.range_index,
-        "index": block.index,
-        "cidr": block.cidr,
-        "uid": block.uid,
-    }
+def _record(item: Lease | HeldBlock) -> dict[str, Any]:
+    """A record as dataclasses.asdict writes it (every field, in the order declared), without
+    asdict's deep copy of each value: the fields are all str, int or float."""
+    return {name: getattr(item, name) for name in item.__dataclass_fields__}
 
 
 class IPAMState:
     def __init__(self, layout: StateLayout) -> None:
         root = layout.root / "pools"
-        self.blocks = JsonDirStore[HeldBlock](
-            root / "blocks", _block, _block_record, lambda b: b.name
-        )
-        self.leases = JsonDirStore[Lease](
-            root / "addresses", _lease, _lease_record, lambda a: a.key
-        )
+        self.blocks = JsonDirStore[HeldBlock](root / "blocks", _block, _record, lambda b: b.name)
+        self.leases = JsonDirStore[Lease](root / "addresses", _lease, _record, lambda a: a.key)
         self._by_owner: dict[str, list[Lease]] = {}
         # a claim's UID -> its owners (`claim/<uid>/<request>`) in `_by_owner`'s order: what a
         # prepare looks up without walking every owner of the node

@@ -86,7 +86,7 @@ class DeviceMetadata:
 
     def legacy_file(self, claim: ObjectRef, request: str) -> Path:
         """Where the claim's file was before it moved beside the CDI specs."""
-        return self.legacy_root / f"{claim.namespace}_{claim.name}_{request}.json"
+        return self.legacy_root / _file_name(claim, request)
 
     def host_file(self, claim: ObjectRef, request: str) -> Path:
         """The request's file on the node: beside the CDI specs, or where an earlier cnidra
@@ -230,7 +230,7 @@ class DeviceMetadata:
 
     def _host_text(self, claim: ObjectRef, request: str) -> str:
         """`host_file`, as text."""
-        name = f"{claim.namespace}_{claim.name}_{request}.json"
+        name = _file_name(claim, request)
         if self._legacy:
             legacy = f"{self._legacy_text}/{name}"
             if legacy in self._legacy:
@@ -280,6 +280,10 @@ class DeviceMetadata:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+
+
+def _file_name(claim: ObjectRef, request: str) -> str:
+    return f"{claim.namespace}_{claim.name}_{request}.json"
 
 
 def _device(

@@ -8,7 +8,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from cnidra.state.ipam import HeldBlock, IPAMState, Lease, _block_record, _lease_record
+from cnidra.state.ipam import HeldBlock, IPAMState, Lease, _record
 from cnidra.state.layout import StateLayout
 from cnidra.state.store import read_records
 
@@ -16,11 +16,11 @@ from cnidra.state.store import read_records
 def test_records_are_asdict() -> None:
     lease = Lease("pool-a", "fd00::5", "pool-a-3", "claim/u/r", "claim ns/c", 12.5)
     block = HeldBlock("pool-a", "pool-a-3", 1, 3, "fd00::/124", "uid-1")
-    assert json.dumps(_lease_record(lease)) == json.dumps(dataclasses.asdict(lease))
-    assert json.dumps(_block_record(block)) == json.dumps(dataclasses.asdict(block))
+    assert json.dumps(_record(lease)) == json.dumps(dataclasses.asdict(lease))
+    assert json.dumps(_record(block)) == json.dumps(dataclasses.asdict(block))
     # a field added to either must be added to its record too
-    assert list(_lease_record(lease)) == [f.name for f in dataclasses.fields(Lease)]
-    assert list(_block_record(block)) == [f.name for f in dataclasses.fields(HeldBlock)]
+    assert list(_record(lease)) == [f.name for f in dataclasses.fields(Lease)]
+    assert list(_record(block)) == [f.name for f in dataclasses.fields(HeldBlock)]
 
 
 def test_reserve_stamps_once_and_round_trips(tmp_path: Path) -> None:
