@@ -292,6 +292,10 @@ def prepare_ahead(
         reads = metric(driver, "cnidra_claim_lookups_total", 'result="ok"')
         hits = metric(driver, "cnidra_claims_ahead_total", 'result="hit"')
         used = metric(driver, "cnidra_claims_ahead_judgements_total", 'result="used"')
+        blocks = {
+            when: metric(driver, "cnidra_ipam_blocks_reserved_total", f'when="{when}"')
+            for when in ("ahead", "prepare")
+        }
         bindings = [
             {
                 "apiVersion": "v1",
@@ -322,6 +326,10 @@ def prepare_ahead(
             )
         hit = metric(driver, "cnidra_claims_ahead_total", 'result="hit"') - hits
         judged = metric(driver, "cnidra_claims_ahead_judgements_total", 'result="used"') - used
+        blocks = {
+            when: metric(driver, "cnidra_ipam_blocks_reserved_total", f'when="{when}"') - before
+            for when, before in blocks.items()
+        }
     finally:
         try:  # one DELETE a pod: a few hundred take a minute or more
             bed.kubectl(
@@ -341,6 +349,9 @@ def prepare_ahead(
             "claims": count,
             "hits": hit,
             "judged": judged,
+            # the CNIIPBlocks their addresses took: reserved when the pods were bound, or at
+            # prepare (a claim that found no free address)
+            "blocks_reserved": blocks,
             "all_read_s": round(read_in, 2),
         },
     }

@@ -427,14 +427,16 @@ class Preparer:
         time, never in prepare's judging slots. Its verdicts stay in `self.verdicts`; its typed
         reading, and its judgement when that needs nothing but the node's view (no namespace
         labels, no named network: `_view_only`), go to the read-ahead's entry with the view
-        it was made on. What it finds wrong is prepare's to say."""
+        it was made on; the addresses it will ask for go to the allocator, which reserves the
+        blocks they need before kubelet asks (`Allocator.expect`). What it finds wrong is
+        prepare's to say."""
         meta = claim.get("metadata") or {}
         ref = ObjectRef(
             str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", ""))
         )
         view = self.view()
 
-        def judge() -> tuple[AllocatedClaim, PreparedClaim | None] | None:
+        def judge() -> tuple[AllocatedClaim, PreparedClaim | None, PreparedClaim | None] | None:
             try:
                 typed = read(claim, ref)
             except PrepareError:
@@ -442,21 +444,27 @@ class Preparer:
             with judged_once(), contextlib.suppress(PrepareError):
                 networks = self._view_only(typed, ref, view)
                 if networks is None:  # prepare reads what it needs, then judges: verdicts only
-                    resolve_claim(typed, ref, self.node, self.dirs, view, verdicts=self.verdicts)
-                    return typed, None
+                    near = resolve_claim(
+                        typed, ref, self.node, self.dirs, view, verdicts=self.verdicts
+                    )
+                    return typed, None, near
                 judged = resolve_claim(
                     typed, ref, self.node, self.dirs, view, None, None, networks, self.verdicts
                 )
-                return typed, judged
-            return typed, None
+                return typed, judged, judged
+            return typed, None, None
 
         async with self._warm_slot:
             made = await asyncio.to_thread(judge)
         if made is None:
             return
-        typed, judged = made
+        typed, judged, near = made
         if self.ahead is not None:
             self.ahead.judged(claim, typed, judged, view if judged is not None else None)
+        if self.ipam is not None and near is not None:
+            # the blocks its addresses need, reserved before kubelet asks (judged on the view
+            # alone, the pools may be a guess: prepare reserves what it still lacks)
+            self.ipam.expect(near)
 
     def _view_only(
         self, claim: AllocatedClaim, ref: ObjectRef, view: NodeView

@@ -7,13 +7,14 @@ anywhere get one address. docs/ipam.md."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import ipaddress
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from cnidra.api.ipam import (
@@ -31,6 +32,7 @@ from cnidra.api.ipam import (
 )
 from cnidra.api.refs import ObjectRef
 from cnidra.cni.attach import Attachment, changed
+from cnidra.observe import metrics
 from cnidra.observe.metrics import PoolUsage
 from cnidra.state.checkpoint import PreparedClaim
 from cnidra.state.ipam import (
@@ -50,6 +52,21 @@ POOL_TTL_SECONDS = 10.0
 # seen within this time: until then a node may promise an address another took, and prepare
 # refuses, naming the pool (it may anyway, near the end: nodes count the unheld blocks alike)
 CAPACITY_TTL_SECONDS = 300.0
+# how long the addresses a claim read ahead will ask for count towards the blocks reserved
+# ahead (as long as cnidra.dra.ahead keeps the claim), and how many claims are counted at most
+EXPECTED_SECONDS = 120.0
+EXPECTED_CLAIMS = 4096
+
+
+@dataclass(frozen=True)
+class _Wants:
+    """One address a claim read ahead will ask of a pool's every range, and what prepare checks
+    before it gives one."""
+
+    pool: str
+    namespace: str
+    tenant_pool: bool
+    ranges: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] | None
 
 
 class AllocationError(Exception):
@@ -154,10 +171,110 @@ class Allocator:
         self._taken: dict[str, tuple[float, set[str]]] = {}
         self.capacity_ttl = CAPACITY_TTL_SECONDS
         self._locks = KeyedLocks()
+        # held while a block is reserved (inside a pool's lock at prepare, alone ahead)
+        self._reserving = KeyedLocks()
+        # claim UID -> (when, what it will ask for): the claims read ahead, not yet prepared
+        self._expected: dict[str, tuple[float, tuple[_Wants, ...]]] = {}
+        self._topping: dict[str, asyncio.Task[None]] = {}  # pool -> its top-up running
+        self._again: set[str] = set()  # pools whose demand grew while topped up
 
     def pool_lock(self, pool: str) -> contextlib.AbstractAsyncContextManager[None]:
         """Held while a pool's addresses or blocks of this node change."""
         return self._locks.hold(pool)
+
+    # ------------------------------------------------------------------ ahead
+
+    def expect(self, prepared: PreparedClaim) -> None:
+        """A claim read ahead (cnidra.dra.ahead) will ask for these addresses: the blocks they
+        need are reserved now, in the background, so that its prepare asks the apiserver
+        nothing (and the pool is read again now if its GET is older than `pool_ttl`). Counted
+        only as prepare would serve them: a pool that does not serve the claim's namespace
+        reserves nothing for it. Forgotten when the claim is assigned or released, or after
+        EXPECTED_SECONDS; blocks stay the node's, as those reserved at prepare do."""
+        if self.state.claim_owners(prepared.uid):
+            return  # prepared before: it keeps what it holds
+        wants = tuple(
+            _Wants(
+                str(uses[0][1].get("pool", "")),
+                prepared.ref.namespace,
+                a.tenant_pool,
+                a.pool_ranges,
+            )
+            for a in prepared.devices
+            if not a.ipam_claim and len(uses := cnidra_ipam(a.network)) == 1
+        )
+        wants = tuple(w for w in wants if not pool_name_problem(w.pool))
+        if not wants:
+            return
+        self._expected.pop(prepared.uid, None)
+        self._expected[prepared.uid] = (self.clock(), wants)
+        while len(self._expected) > EXPECTED_CLAIMS:
+            del self._expected[next(iter(self._expected))]
+        for name in sorted({w.pool for w in wants}):
+            self._top_up_soon(name)
+
+    def expecting(self) -> int:
+        """How many claims read ahead are expected (not yet assigned, released or expired)."""
+        return len(self._expected)
+
+    def _demand(self, pool: Pool) -> int:
+        """How many addresses of each of the pool's ranges the claims read ahead will ask for."""
+        now = self.clock()
+        for uid in [u for u, (t, _) in self._expected.items() if now - t >= EXPECTED_SECONDS]:
+            del self._expected[uid]
+        return sum(
+            1
+            for _, wants in self._expected.values()
+            for w in wants
+            if w.pool == pool.name
+            and pool.allows_namespace(w.namespace)
+            and not (w.tenant_pool and pool.tenant_problem(w.namespace, w.ranges))
+        )
+
+    def _free_held(self, pool: Pool, range_index: int) -> int:
+        """The addresses of the node's blocks of a range that no one holds."""
+        free = 0
+        for held in self.state.held_blocks(pool.name, range_index):
+            taken = self.state.taken_in(held.name)
+            free += sum(
+                1 for _, text in pool.usable_texts_at(range_index, held.index) if text not in taken
+            )
+        return free
+
+    def _top_up_soon(self, name: str) -> None:
+        if name in self._topping:
+            self._again.add(name)
+            return
+        task = asyncio.create_task(self._top_up(name), name=f"ipam top-up {name}")
+        self._topping[name] = task
+        task.add_done_callback(lambda _: self._topping.pop(name, None))
+
+    async def _top_up(self, name: str) -> None:
+        """Reserve blocks of the pool until its free addresses on this node cover what the
+        claims read ahead will ask for. A failure is logged; their prepares reserve what they
+        still need, as without the read-ahead."""
+        try:
+            again = True
+            while again:
+                self._again.discard(name)
+                pool = await self.pool(name)
+                for index in range(len(pool.spec.ranges)):
+                    while True:
+                        async with self._reserving.hold(name):
+                            if self._free_held(pool, index) >= self._demand(pool):
+                                break
+                            await self._reserve_block(pool, index)
+                        metrics.IPAM_BLOCKS_RESERVED.labels("ahead").inc()
+                again = name in self._again
+        except AllocationError as exc:
+            log.info("no block reserved ahead: %s", exc)
+        except Exception:
+            log.exception("reserving blocks of CNIIPPool %s ahead failed", name)
+
+    async def topped_up(self) -> None:
+        """Every top-up started so far finished (tests, benchmarks)."""
+        while self._topping:
+            await asyncio.gather(*self._topping.values(), return_exceptions=True)
 
     # ------------------------------------------------------------------ prepare
 
@@ -166,6 +283,7 @@ class Allocator:
         get the same addresses every time (kubelet prepares a claim again after a restart). The
         static addresses a tenant wrote are leased first, the network left as written. A
         refusal gives back what this call leased (what the claim held before stays)."""
+        self._expected.pop(prepared.uid, None)
         before = {
             lease.key
             for owner in self.state.claim_owners(prepared.uid)
@@ -223,6 +341,8 @@ class Allocator:
     async def release_claims(self, uids: Sequence[str]) -> int:
         """`release_claim` for several claims, their leases removed as one change."""
         wanted = set(uids)
+        for uid in wanted:
+            self._expected.pop(uid, None)
         owners = [o for o in self.state.owners() if owner_claim_uid(o) in wanted]
         return len(await self.state.release_many(owners))
 
@@ -322,12 +442,23 @@ class Allocator:
                 and not self.state.is_taken(pool.name, str(address))
             )
 
-        for held in self.state.held_blocks(pool.name, range_index):
-            taken = self.state.taken_in(held.name)
-            for address, text in pool.usable_texts_at(range_index, held.index):
-                if text not in taken and free(address):
-                    return address, held
-        held = await self._reserve_block(pool, range_index)
+        def in_held() -> tuple[Address, HeldBlock] | None:
+            for held in self.state.held_blocks(pool.name, range_index):
+                taken = self.state.taken_in(held.name)
+                for address, text in pool.usable_texts_at(range_index, held.index):
+                    if text not in taken and free(address):
+                        return address, held
+            return None
+
+        found = in_held()
+        if found is not None:
+            return found
+        async with self._reserving.hold(pool.name):
+            found = in_held()  # a block reserved ahead while this waited
+            if found is not None:
+                return found
+            held = await self._reserve_block(pool, range_index)
+        metrics.IPAM_BLOCKS_RESERVED.labels("prepare").inc()
         block = pool.block(range_index, held.index)
         for address in pool.usable(block):
             if free(address):

@@ -213,6 +213,13 @@ CLAIMS_AHEAD = Counter(
     ["result"],
     registry=REGISTRY,
 )
+IPAM_BLOCKS_RESERVED = Counter(
+    "cnidra_ipam_blocks_reserved_total",
+    "CNIIPBlocks this node reserved: ahead, for the claims read ahead (prepare then asks the "
+    "apiserver nothing), or at prepare, for a claim that found no free address in them",
+    ["when"],
+    registry=REGISTRY,
+)
 CLAIMS_AHEAD_JUDGED = Counter(
     "cnidra_claims_ahead_judgements_total",
     "claims prepare found read ahead: judgement made ahead used (used), or judged at prepare "

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from cnidra.api.refs import ObjectRef
+from cnidra.dra.ahead import ClaimsAhead
 from cnidra.dra.prepare import APISERVER_SLOTS, PrepareError, Preparer
 from cnidra.state.checkpoint import Checkpoint, PreparedClaim
 from cnidra.state.layout import StateLayout
@@ -251,3 +252,35 @@ async def test_without_the_allocator_a_tenants_static_address_is_refused(
     ):
         await preparer.prepare(ObjectRef("ns", "a", "u-a"))
     assert preparer.checkpoint.get("u-a") is None
+
+
+async def test_a_claim_read_ahead_has_its_block_reserved_and_its_prepare_asks_nothing(
+    tmp_path: Path,
+) -> None:
+    """Issue 42: claims read before kubelet asks. The read-ahead's judgement tells the
+    allocator what the claim will ask for; the block is reserved then, and prepare, finding
+    the claim read and judged, makes no apiserver call at all (no GET of the claim, the pool,
+    or the blocks, no create)."""
+    api = FakeApiserver()
+    api.pool("data", DATA_POOL)
+    claims = [pooled(f"c{i}", f"u-{i}") for i in range(20)]
+    for c in claims:
+        c["metadata"].update(namespace="ns", resourceVersion="5")
+    preparer = ipam_preparer(tmp_path, *claims, api=api, limit=20)
+    preparer.ahead = ClaimsAhead()
+    for c in claims:
+        assert preparer.ahead.put(c)
+        await preparer.warm(c)
+    assert preparer.ipam is not None
+    await preparer.ipam.topped_up()
+    assert len(preparer.ipam.state.blocks.all()) == 2  # 20 addresses: two blocks of 16
+    api.calls.clear()
+    preparer.claims = NoGets()
+    answers = await preparer.prepare_batch([ObjectRef("ns", f"c{i}", f"u-{i}") for i in range(20)])
+    assert [a for a in answers if not isinstance(a, PreparedClaim)] == []
+    assert api.calls == []
+
+
+class NoGets(Claims):
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        raise AssertionError(f"GET {namespace}/{name}: the claim was read ahead")
