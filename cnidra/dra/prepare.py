@@ -423,8 +423,9 @@ class Preparer:
         return await self._judged(claim, ref)
 
     async def warm(self, claim: Mapping[str, Any]) -> None:
-        """Judge a claim read ahead (cnidra.dra.ahead) as prepare will: off the loop, one at a
-        time, never in prepare's judging slots. Its verdicts stay in `self.verdicts`; its typed
+        """Judge a claim read ahead (cnidra.dra.ahead) as prepare will: on the loop when every
+        verdict it needs is kept, else off the loop, one at a time, never in prepare's judging
+        slots. Its verdicts stay in `self.verdicts`; its typed
         reading, and its judgement when that needs nothing but the node's view (no namespace
         labels, no named network: `_view_only`), go to the read-ahead's entry with the view
         it was made on; the addresses it will ask for go to the allocator, which reserves the
@@ -454,8 +455,14 @@ class Preparer:
                 return typed, judged, judged
             return typed, None, None
 
-        async with self._warm_slot:
-            made = await asyncio.to_thread(judge)
+        # as at prepare: a claim all of whose verdicts are kept (a template's pods after the
+        # first) is judged at once, on the loop, where a thread hop would cost more than it
+        try:
+            with cached_only():
+                made = judge()
+        except NotCached:
+            async with self._warm_slot:
+                made = await asyncio.to_thread(judge)
         if made is None:
             return
         typed, judged, near = made

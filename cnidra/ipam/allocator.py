@@ -164,6 +164,7 @@ class Allocator:
         self.clock = clock
         self.blocks_changed = blocks_changed  # the inventory recounts the pools' addresses
         self._pools: dict[str, tuple[float, Pool]] = {}
+        self._reading: dict[str, asyncio.Future[Pool]] = {}  # pool -> its GET in flight
         self._pool_list: tuple[float, list[Pool]] | None = None
         self._counts: dict[str, tuple[float, int]] = {}
         # pool -> (when LISTed, the names of its blocks held then, with those this node tried
@@ -353,6 +354,21 @@ class Allocator:
         cached = self._pools.get(name)
         if cached is not None and self.clock() - cached[0] < self.pool_ttl:
             return cached[1]
+        # one GET a pool at a time: a burst's prepares (and the blocks reserved ahead) that
+        # find the pool's read old share the one that reads it again
+        reading = self._reading.get(name)
+        if reading is None:
+            reading = asyncio.ensure_future(self._read_pool(name, cached))
+            self._reading[name] = reading
+            reading.add_done_callback(functools.partial(self._read, name))
+        return await asyncio.shield(reading)
+
+    def _read(self, name: str, reading: asyncio.Future[Pool]) -> None:
+        self._reading.pop(name, None)
+        if not reading.cancelled():
+            reading.exception()  # retrieved: its callers, if any are left, got it
+
+    async def _read_pool(self, name: str, cached: tuple[float, Pool] | None) -> Pool:
         try:
             obj = await self.cluster.pool(name)
         except Exception as exc:

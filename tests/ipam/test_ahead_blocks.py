@@ -116,3 +116,20 @@ async def test_the_bound_on_claims_counted_holds(
     await node.topped_up()
     assert node.expecting() == 8
     assert len(node.state.blocks.all()) == 1
+
+
+async def test_a_burst_that_finds_the_pools_read_old_shares_one_get(
+    api: FakeApiserver, tmp_path: Path
+) -> None:
+    api.latency = 0.01
+    now = [0.0]
+    node = node_allocator(api, tmp_path, "node-a")
+    node.clock = lambda: now[0]
+    pools = await asyncio.gather(*(node.pool("data") for _ in range(20)))
+    assert len({id(p) for p in pools}) == 1
+    assert api.calls == ["get pool data"]
+    api.pools.pop("data")
+    now[0] += node.pool_ttl  # the pool's read is old
+    failed = await asyncio.gather(*(node.pool("data") for _ in range(5)), return_exceptions=True)
+    assert [str(f) for f in failed] == ["CNIIPPool data not found"] * 5
+    assert api.calls == ["get pool data"] * 2
