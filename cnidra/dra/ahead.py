@@ -102,6 +102,12 @@ class ClaimsAhead:
         # UID -> the newest resourceVersion read of a claim kept: only theirs, as only theirs
         # is ever compared (a put records its own version; one read before it is overridden)
         self._newest: dict[str, str] = {}
+        # (namespace, name) -> the read of it under way (its GET started): prepare waits for it
+        # rather than GET the claim a second time
+        self._reading: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # claims prepare read itself while their read ahead waited for a slot: that read is not
+        # made (bounded; forgotten when the claim is to be read again)
+        self._got: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.hits = 0
         self.misses = 0
         self.stale = 0
@@ -118,6 +124,28 @@ class ClaimsAhead:
         uid = _str(meta.get("uid"))
         if uid in self._entries:
             self._newest[uid] = _str(meta.get("resourceVersion"))
+
+    def reading(self, namespace: str, name: str) -> asyncio.Task[None] | None:
+        """The read ahead of this claim under way (its GET started), if any."""
+        return self._reading.get((namespace, name))
+
+    def begin_read(self, namespace: str, name: str, task: asyncio.Task[None]) -> bool:
+        """A read ahead of the claim starts its GET (prepare waits for it from here), unless
+        prepare read the claim itself meanwhile (False: the read is not made)."""
+        if (namespace, name) in self._got:
+            return False
+        self._reading[(namespace, name)] = task
+        return True
+
+    def end_read(self, namespace: str, name: str, task: asyncio.Task[None]) -> None:
+        if self._reading.get((namespace, name)) is task:
+            del self._reading[(namespace, name)]
+
+    def got(self, namespace: str, name: str) -> None:
+        """Prepare read the claim itself: a read ahead of it still waiting is not made."""
+        self._got[(namespace, name)] = None
+        while len(self._got) > self.size:
+            self._got.popitem(last=False)
 
     def _drop(self, uid: str) -> _Entry | None:
         self._newest.pop(uid, None)
@@ -169,6 +197,7 @@ class ClaimsAhead:
 
     def forget(self, namespace: str, name: str) -> None:
         """The claim is being read again (another pod bound to it): not used until then."""
+        self._got.pop((namespace, name), None)
         uid = self._uids.pop((namespace, name), None)
         if uid is not None:
             self._drop(uid)
@@ -260,6 +289,7 @@ class ReadAhead:
         self.watch_failures = 0
         self.failed = 0
         self.skipped = 0
+        self.late = 0  # reads not made: prepare read the claim first
 
     async def run(self) -> None:
         """Watch for as long as the driver runs: a watch the apiserver ends (as it does) or that
@@ -323,22 +353,32 @@ class ReadAhead:
 
     async def _read_claim(self, namespace: str, name: str, pod_uid: str) -> None:
         async with self._slots:
+            task = asyncio.current_task()
+            if task is None or not self.cache.begin_read(namespace, name, task):
+                self.late += 1  # prepare read it while this waited: not read twice
+                return
             try:
-                claim = await self.claims.get(namespace, name)
-            except Exception as exc:  # prepare GETs it
-                self.failed += 1
-                log.debug("claim %s/%s not read ahead: %s", namespace, name, exc)
-                return
-            self.reads += 1
-            if claim is None or not _reserved_for(claim, pod_uid):
-                return
-            if not self.cache.put(claim):
-                return
-            if self.judge is not None:
-                try:
-                    await self.judge(claim)
-                except Exception as exc:  # prepare judges it, and says what is wrong
-                    log.debug("claim %s/%s not judged ahead: %s", namespace, name, exc)
+                await self._fetch(namespace, name, pod_uid)
+            finally:
+                self.cache.end_read(namespace, name, task)
+
+    async def _fetch(self, namespace: str, name: str, pod_uid: str) -> None:
+        try:
+            claim = await self.claims.get(namespace, name)
+        except Exception as exc:  # prepare GETs it
+            self.failed += 1
+            log.debug("claim %s/%s not read ahead: %s", namespace, name, exc)
+            return
+        self.reads += 1
+        if claim is None or not _reserved_for(claim, pod_uid):
+            return
+        if not self.cache.put(claim):
+            return
+        if self.judge is not None:
+            try:
+                await self.judge(claim)
+            except Exception as exc:  # prepare judges it, and says what is wrong
+                log.debug("claim %s/%s not judged ahead: %s", namespace, name, exc)
 
     async def drained(self) -> None:
         """Every read started so far finished (tests)."""

@@ -68,6 +68,8 @@ APISERVER_SLOTS = 32
 # cache's key bound, so what is left is small; no thread hop).
 JUDGE_SLOTS = 2
 JUDGE_BUDGET_S = 2.0
+# how long prepare waits for a claim's read ahead whose GET is under way (then GETs it itself)
+READ_AHEAD_WAIT_S = 2.0
 
 
 class PrepareError(Exception):
@@ -395,7 +397,13 @@ class Preparer:
         known = self.checkpoint.get(ref.uid)
         # read ahead when its pod was bound (cnidra.dra.ahead): kubelet's UID, the newest
         # resourceVersion this node read, not expired; else the GET
-        ahead = self.ahead.ready(ref) if self.ahead is not None else None
+        ahead = None
+        if self.ahead is not None:
+            reading = self.ahead.reading(ref.namespace, ref.name)
+            if reading is not None:  # its GET is under way: waited for, not made twice
+                metrics.CLAIMS_AHEAD_WAITED.inc()
+                await asyncio.wait({reading}, timeout=READ_AHEAD_WAIT_S)
+            ahead = self.ahead.ready(ref)
         if ahead is not None:
             if ahead.judged is not None and ahead.typed is not None and ahead.view is self.view():
                 # judged when the pod was bound, on the view prepare would judge it on now
@@ -403,6 +411,8 @@ class Preparer:
                 return await self._addressed(ahead.judged, ahead.typed)
             metrics.CLAIMS_AHEAD_JUDGED.labels("again").inc()
             return await self._judged(ahead.typed or ahead.claim, ref)
+        if self.ahead is not None:
+            self.ahead.got(ref.namespace, ref.name)  # a read ahead of it still waiting is not made
         try:
             claim = await self.claims.get(ref.namespace, ref.name)
         except UnusableObject as exc:

@@ -213,6 +213,11 @@ CLAIMS_AHEAD = Counter(
     ["result"],
     registry=REGISTRY,
 )
+CLAIMS_AHEAD_WAITED = Counter(
+    "cnidra_claims_ahead_waited_total",
+    "claims prepare found being read ahead (their GET under way) and waited for, not GET twice",
+    registry=REGISTRY,
+)
 IPAM_BLOCKS_RESERVED = Counter(
     "cnidra_ipam_blocks_reserved_total",
     "CNIIPBlocks this node reserved: ahead, for the claims read ahead (prepare then asks the "

@@ -44,6 +44,7 @@ class CountingClaims:
     def __init__(self, *claims: dict[str, Any], fail: bool = False) -> None:
         self.claims = {c["metadata"]["name"]: c for c in claims}
         self.gets = 0
+        self.sent = 0  # GETs sent (`gets`: answered), for the subclasses that hold them
         self.fail = fail
 
     async def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
@@ -421,3 +422,70 @@ def test_the_nodes_addresses_are_parsed_once_for_its_facts() -> None:
     first = facts.addresses()
     assert {str(a) for a in first} == {"198.18.0.1"}
     assert facts.addresses() is first
+
+
+async def test_prepare_waits_for_a_read_ahead_under_way_rather_than_get_the_claim_twice(
+    tmp_path: Path,
+) -> None:
+    """A loaded node: kubelet asks while the read ahead's GET is still out. Prepare waits for
+    that read (and its judgement) and takes the claim from it: one GET in all."""
+    gate = asyncio.Event()
+
+    class Slow(CountingClaims):
+        async def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+            self.sent += 1
+            await gate.wait()
+            return await super().get(namespace, name)
+
+    claims = Slow(stored())
+    p = preparer(tmp_path, claims, ClaimsAhead())
+    assert p.ahead is not None
+    ahead = ReadAhead(watching(), claims, p.ahead, p.warm)
+    ahead.on_pod("ADDED", pod())
+    await asyncio.sleep(0)  # the read took its slot and sent its GET
+    assert p.ahead.reading("ns", "c") is not None
+    waited = metrics.CLAIMS_AHEAD_WAITED._value.get()
+    preparing = asyncio.create_task(p.prepare(REF))
+    await asyncio.sleep(0.01)
+    assert not preparing.done() and claims.sent == 1  # waiting, not GETting
+    gate.set()
+    prepared = await preparing
+    assert prepared.uid == "uid-1" and claims.sent == 1
+    assert p.ahead.hits == 1 and metrics.CLAIMS_AHEAD_WAITED._value.get() == waited + 1
+    assert p.ahead.reading("ns", "c") is None
+
+
+async def test_a_read_ahead_still_queued_when_prepare_gets_the_claim_is_not_made(
+    tmp_path: Path,
+) -> None:
+    """Reads wait for a slot (DEFAULT_READS at once): one whose claim prepare read itself
+    meanwhile is dropped, not made after it, and the claim is read ahead again for the next
+    pod bound to it."""
+    gate = asyncio.Event()
+
+    class Slow(CountingClaims):
+        async def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+            self.sent += 1
+            if name == "other":
+                await gate.wait()
+            return await super().get(namespace, name)
+
+    other = stored()
+    other["metadata"].update(name="other", uid="uid-other")
+    claims = Slow(stored(), other)
+    p = preparer(tmp_path, claims, ClaimsAhead())
+    assert p.ahead is not None
+    ahead = ReadAhead(watching(), claims, p.ahead, p.warm, max_reads=1)
+    blocker = pod(uid="pod-0")
+    blocker["spec"]["resourceClaims"] = [{"name": "net", "resourceClaimName": "other"}]
+    ahead.on_pod("ADDED", blocker)  # holds the one slot
+    ahead.on_pod("ADDED", pod())  # its read of c waits for the slot
+    await asyncio.sleep(0)
+    prepared = await p.prepare(REF)  # kubelet first: prepare GETs c
+    assert prepared.uid == "uid-1" and claims.sent == 2
+    gate.set()
+    await ahead.drained()
+    assert claims.sent == 2 and ahead.late == 1  # c was not read again
+    ahead.on_pod("ADDED", pod(uid="pod-2"))  # another pod bound to c: read ahead again
+    await ahead.drained()
+    assert claims.sent == 3
