@@ -13,8 +13,10 @@ pod-ready creation-to-Ready latency of N pods created at once, with and without 
 The claims' networks take their addresses from cnidra's cluster IPAM (host-local written by a
 claim is refused; bench/pools.py): CNIIPPools made for the run, 198.18.32.0/19 for the
 prepared claims and 198.18.100.0/24 to 198.18.102.0/24 for the pods' attachments, deleted after
-it. So prepare now includes the allocation (a lease file written and fsynced per address, and a
-block LIST and CREATE each time the node's blocks of 16 are full), and inside the hook the
+it. So prepare now includes the allocation (the leases written to the IPAM store's log, one
+fsync for a call's claims, and, for a claim not read ahead, a block LIST and CREATE each time
+the node's blocks of 16 are full: the read-ahead reserves those before kubelet asks,
+`read_ahead.blocks_reserved`), and inside the hook the
 plugins run macvlan with the static IPAM plugin prepare wrote them, where before they ran
 host-local; the raw side still execs macvlan + host-local, as a node without cnidra would.
 """

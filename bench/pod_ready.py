@@ -1,7 +1,8 @@
 """Pod creation to Ready, the same pods five ways in one run, alternating round by round (not a
 test: numbers).
 
-    python -m bench.pod_ready [--pods 50] [--rounds 3] [--json]
+    python -m bench.pod_ready [--pods 50] [--rounds 3] [--ways none,cnidra] [--profile DIR]
+                              [--json]
 
 none         pods with no secondary network
 dra_example  pods with a ResourceClaim served by dra-example-driver's kubelet plugin, a DRA
@@ -46,7 +47,9 @@ driver, multus-daemon, dra-example-driver's plugin); not the pods' own processes
 plane's (apiserver, etcd, scheduler, controller-manager: other machines in a real cluster) is
 beside, in `control_plane_cpu_ms_per_pod`. bench/node_cpu.py says exactly what is counted.
 
-The last line is one JSON object. `CNIDRA_ATTACH_BEHIND_SANDBOX=false` in the environment
+`--ways` runs some of the ways only (a profile of cnidra's driver beside the `none` baseline:
+`--ways none,cnidra --profile DIR`, py-spy on PATH; the goals need every way). The last line
+is one JSON object. `CNIDRA_ATTACH_BEHIND_SANDBOX=false` in the environment
 measures the ADDs inside the sandbox hook instead.
 
 Needs the test bed (`make test`'s cache) and the peers (hack/install-peers.sh, which `make

@@ -21,11 +21,12 @@ Deployment's pods do; `--distinct` gives every claim a config of its own (a netw
 The claims' network takes its addresses from cnidra's cluster IPAM at prepare, a CNIIPPool of
 198.18.192.0/20 serving the claims' namespace, which the fake apiserver serves with its blocks
 (their LIST and CREATE, and the Node the blocks are owned by): host-local written by a claim is
-refused (bench/pools.py). So prepare includes the allocation, as on a node: a lease file
-written and fsynced per address, the pool's GET (kept 10 s), a block's LIST and CREATE each 16
-addresses. Runs from before this had host-local in the claims, which prepare only passed on:
-prepare's figures are not comparable with them (`apiserver_requests` counts the requests by
-method).
+refused (bench/pools.py). So prepare includes the allocation, as on a node: the leases written
+to the IPAM store's log (one fsync for a call's claims), the pool's GET (kept 10 s), a block's
+LIST and CREATE each 16 addresses (with `--ahead`, reserved when the claims are "bound", as the
+driver's read-ahead does, unless the kubelet stand-in's call comes first). Runs from before
+this had host-local in the claims, which prepare only passed on: prepare's figures are not
+comparable with them (`apiserver_requests` counts the requests by method).
 
 `--ahead` models the driver's read-ahead (cnidra.dra.ahead, on by default in `cnidra driver`):
 the driver reads every claim once at start, as it does when a claim's pod is bound, and puts
