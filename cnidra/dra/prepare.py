@@ -447,23 +447,24 @@ class Preparer:
         )
         view = self.view()
 
-        def judge() -> tuple[AllocatedClaim, PreparedClaim | None, PreparedClaim | None] | None:
-            try:
-                typed = read(claim, ref)
-            except PrepareError:
-                return None  # prepare reads it again, and says what is wrong
+        try:
+            typed = read(claim, ref)  # on the loop, as prepare reads a claim it GETs
+        except PrepareError:
+            return  # prepare reads it again, and says what is wrong
+
+        def judge() -> tuple[PreparedClaim | None, PreparedClaim | None]:
             with judged_once(), contextlib.suppress(PrepareError):
                 networks = self._view_only(typed, ref, view)
                 if networks is None:  # prepare reads what it needs, then judges: verdicts only
                     near = resolve_claim(
                         typed, ref, self.node, self.dirs, view, verdicts=self.verdicts
                     )
-                    return typed, None, near
+                    return None, near
                 judged = resolve_claim(
                     typed, ref, self.node, self.dirs, view, None, None, networks, self.verdicts
                 )
-                return typed, judged, judged
-            return typed, None, None
+                return judged, judged
+            return None, None
 
         # as at prepare: a claim all of whose verdicts are kept (a template's pods after the
         # first) is judged at once, on the loop, where a thread hop would cost more than it
@@ -473,9 +474,7 @@ class Preparer:
         except NotCached:
             async with self._warm_slot:
                 made = await asyncio.to_thread(judge)
-        if made is None:
-            return
-        typed, judged, near = made
+        judged, near = made
         if self.ahead is not None:
             self.ahead.judged(claim, typed, judged, view if judged is not None else None)
         if self.ipam is not None and near is not None:

@@ -84,6 +84,14 @@ def test_the_readme_example_runs_with_the_shipped_defaults(
             assert {a: x["holder"] for a, x in leased.items()} == {
                 address.split("/")[0]: f"claim {namespace}/{claim['metadata']['name']}"
             }
+            # its block reserved once: ahead, when the pod was bound, or at its prepare, never
+            # both (none when the node held one of the pool's blocks already)
+            reserved = {
+                line.split('when="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+                for line in driver.metrics().splitlines()
+                if line.startswith("cnidra_ipam_blocks_reserved_total{")
+            }
+            assert sum(reserved.values()) <= 1, reserved
 
         def listed() -> bool:
             meta = cluster.get("pod", pod["metadata"]["name"], namespace)["metadata"]
