@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import tempfile
@@ -362,7 +363,9 @@ def prepare_ahead(
 def raw_cni_ms(plugins_dir: str, parent: str, attachments: int, rounds: int) -> dict[str, float]:
     """ADD of macvlan + host-local, the plugin binaries exec'd directly: what a node runs
     without cnidra (cnidra's hook runs macvlan with the static addresses its pool gave at
-    prepare)."""
+    prepare). Beside the wall times (`p50`, `p99`: what a pod waits), the ADD's CPU time
+    (`cpu_p50`, `cpu_p99`: the plugins' user + system time, macvlan's and the host-local it
+    execs, from the children's rusage)."""
 
     def run(command: str, container: str, pod: str, index: int, data_dir: str) -> None:
         conf = {
@@ -393,16 +396,23 @@ def raw_cni_ms(plugins_dir: str, parent: str, attachments: int, rounds: int) -> 
             check=True,
         )
 
-    times = []
+    def children_cpu() -> float:
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return used.ru_utime + used.ru_stime
+
+    times, cpu = [], []
     with tempfile.TemporaryDirectory() as tmp, netns.temporary("cnidra-bench-pod") as pod:
         for r in range(rounds):
-            start = time.perf_counter()
+            start, spent = time.perf_counter(), children_cpu()
             for a in range(attachments):
                 run("ADD", f"raw{r}", str(pod), a, tmp)
             times.append((time.perf_counter() - start) * 1000)
+            cpu.append((children_cpu() - spent) * 1000)
             for a in range(attachments):
                 run("DEL", f"raw{r}", str(pod), a, tmp)
-    return summary(times)
+    found = summary(times)
+    found.update({f"cpu_{q}": v for q, v in summary(cpu).items() if q in ("p50", "p99")})
+    return found
 
 
 def ready_template(parent: str, attachments: int, pools: list[str]) -> dict[str, Any]:

@@ -7,10 +7,11 @@ FILE (default docs/performance/bench-latest.json, written by `python -m bench.ru
 into the text between `<!-- bench:begin -->` and `<!-- bench:end -->` in the doc (--doc,
 or --readme as before; the table was the README's until issue 41 moved it), and
 nothing else is touched: the run's machine and date, the pod-ready table of bench.pod_ready,
-and one row per goal of issue 28 with the measured figure, the goal, and met or **not met** by
-how much. A benchmark that is missing from the run, failed or timed out gives "not run
-(reason)", a figure its result lacks "not measured"; never a traceback. Rendering is a pure
-function of the JSON, so rendering twice gives the same doc.
+and one row per goal with the measured figure, the goal, and met or **not met** by how much:
+issue 42's goals first (each marked so), then issue 28's that issue 42 does not restate. A
+benchmark that is missing from the run, failed or timed out gives "not run (reason)", a figure
+its result lacks "not measured"; never a traceback. Rendering is a pure function of the JSON,
+so rendering twice gives the same doc.
 
 --check exits 1 when the doc is not what FILE renders (and writes nothing); --print
 writes the block to stdout instead of the doc.
@@ -248,6 +249,45 @@ def _burst_every_round(run: Run) -> Row:
     return row
 
 
+BURST_SLACK = 0.10
+
+
+def _burst_vs_nothing(run: Run) -> Row:
+    """Issue 42's "within 10 % of the do-nothing DRA driver plus the plugins' own CPU time":
+    cnidra's burst p50 and p99 against dra-example-driver's, plus the raw ADD's CPU time at
+    the same percentile (its children's user + system time, `raw_cni_ms.cpu_p50`), plus 10 %.
+    A run from before the raw ADD's CPU was measured takes its wall time, which bounds the CPU
+    time from above (the bound is then the more lenient by at most that difference)."""
+    r = run.result("pod_ready")
+    pods = num(r, "pods", bench="pod_ready")
+    row = Row(_burst_vs_nothing_goal(pods), "pod_ready", "–", "")
+    cells, misses = [], []
+    raw = r.get("raw_cni_ms") if isinstance(r.get("raw_cni_ms"), dict) else {}
+    timed = "CPU" if all(_number(raw.get(f"cpu_{q}")) for q in ("p50", "p99")) else "wall"
+    for q in ("p50", "p99"):
+        mine = num(r, "cnidra", f"{q}_s", bench="pod_ready")
+        theirs = num(r, "dra_example", f"{q}_s", bench="pod_ready")
+        plugins = num(r, "raw_cni_ms", f"cpu_{q}" if timed == "CPU" else q, bench="pod_ready")
+        bound = (theirs + plugins / 1000) * (1 + BURST_SLACK)
+        ok = round(mine, 3) <= round(bound, 3)
+        cells.append(
+            f"{q} {s(mine)} s {'≤' if ok else '>'} {s(bound)} s "
+            f"(({s(theirs)} s + {ms(plugins)} ms) × {1 + BURST_SLACK:g})"
+        )
+        if not ok:
+            misses.append(f"{s(mine - bound)} s ({over(mine, bound)}) at {q}")
+    row.measured = ", ".join(cells) + f"; the plugins' time is the raw ADD's {timed} time"
+    row.verdict = not_met(*misses) if misses else MET
+    return row
+
+
+def _burst_vs_nothing_goal(pods: float = 50) -> str:
+    return (
+        f"pod-ready within {round(BURST_SLACK * 100)} % of dra-example + the plugins' own CPU "
+        f"time, {pods:.0f} pods (issue 42)"
+    )
+
+
 def _hooks(run: Run) -> Row:
     row = Row("NRI hooks ≤ raw CNI p99 + 5 ms", "pod_ready", "–", "")
     r = run.result("pod_ready")
@@ -478,8 +518,11 @@ def _prepare(run: Run, claims: int, goal_ms: float) -> Row:
     return row
 
 
+RSS_GOAL = "RSS ≤ 80 MiB VmRSS with 1,000 prepared claims, RssAnon beside (issue 42)"
+
+
 def _rss(run: Run, goal: float = 80) -> Row:
-    row = Row(f"RSS ≤ {g(goal)} MiB with 1,000 prepared claims", "driver_latency", "–", "")
+    row = Row(RSS_GOAL, "driver_latency", "–", "")
     r = run.result("driver_latency")
     prepared = [
         (k, v)
@@ -490,11 +533,16 @@ def _rss(run: Run, goal: float = 80) -> Row:
         raise Missing("not measured (no `rss_N_prepared_mib` in bench.driver_latency's result)")
     key, value = prepared[0]
     claims = key.removeprefix("rss_").removesuffix("_prepared_mib")
-    if claims.isdigit():
-        row.goal = f"RSS ≤ {g(goal)} MiB with {int(claims):,} prepared claims"
-    text = f"{g(value)} MiB"
+    if claims.isdigit() and claims != "1000":
+        row.goal = RSS_GOAL.replace("1,000", f"{int(claims):,}")
+    text = f"VmRSS {g(value)} MiB"
     with contextlib.suppress(Missing):
-        text += f" (idle {g(num(r, 'rss_idle_mib'))} MiB)"
+        text += f", RssAnon {g(num(r, f'rss_{claims}_prepared_anon_mib'))} MiB"
+    with contextlib.suppress(Missing):
+        idle = f"VmRSS {g(num(r, 'rss_idle_mib'))} MiB"
+        with contextlib.suppress(Missing):
+            idle += f", RssAnon {g(num(r, 'rss_idle_anon_mib'))} MiB"
+        text += f" (idle {idle})"
     row.measured = text
     row.verdict = MET if value <= goal else not_met(f"{g(value - goal)} MiB")
     return row
@@ -593,30 +641,23 @@ def _fleet_schedule(run: Run, factor: float = 1.2) -> Row:
     return row
 
 
-GOALS: tuple[tuple[str, str, Callable[[Run], Row]], ...] = (
+ISSUE_42 = " (issue 42)"
+CPU_GOAL = 20  # issue 42's (issue 28 asked 15)
+
+# (goal, bench, how its row is built, whether it is issue 42's): issue 42's first, then issue
+# 28's that issue 42 does not restate
+GOALS: tuple[tuple[str, str, Callable[[Run], Row], bool], ...] = (
     (
-        "pod-ready ≤ dra-example + raw CNI + 20 ms, 1 pod",
+        f"driver CPU per pod ≤ {CPU_GOAL} ms",
         "pod_ready",
-        lambda run: _pod_ready_vs(run, False, "dra_example"),
-    ),
-    (
-        "pod-ready ≤ dra-example + raw CNI + 20 ms, 50 pods",
-        "pod_ready",
-        lambda run: _pod_ready_vs(run, True, "dra_example"),
-    ),
-    ("pod-ready ≤ Multus, 1 pod", "pod_ready", lambda run: _pod_ready_vs(run, False, "multus")),
-    ("pod-ready ≤ Multus, 50 pods", "pod_ready", lambda run: _pod_ready_vs(run, True, "multus")),
-    ("pod-ready ≤ Multus, 50 pods, every round", "pod_ready", _burst_every_round),
-    ("NRI hooks ≤ raw CNI p99 + 5 ms", "pod_ready", _hooks),
-    (
-        "driver CPU per pod ≤ 15 ms",
-        "pod_ready",
-        lambda run: _per_pod(run, "cpu_ms_per_pod", 15, "ms", "driver CPU per pod"),
+        lambda run: _per_pod(run, "cpu_ms_per_pod", CPU_GOAL, "ms", "driver CPU per pod"),
+        True,
     ),
     (
         "node CPU per pod (driver + the plugins it execs) ≤ Multus'",
         "pod_ready",
         _node_cpu,
+        True,
     ),
     (
         REQUESTS_GOAL,
@@ -624,39 +665,77 @@ GOALS: tuple[tuple[str, str, Callable[[Run], Row]], ...] = (
         lambda run: _per_pod(
             run, "apiserver_requests_per_pod", 3, "requests", "apiserver requests per pod"
         ),
+        True,
     ),
     (
         "apiserver requests per pod ≤ Multus' (Normal Events on)",
         "pod_ready",
         _requests_vs_multus,
+        True,
     ),
     (
         "NodePrepareResources p99 ≤ 5 ms, 1 claim a call",
         "driver_latency",
         lambda run: _prepare(run, 1, 5),
+        True,
     ),
     (
         "NodePrepareResources p99 ≤ 50 ms, 100 claims a call",
         "driver_latency",
         lambda run: _prepare(run, 100, 50),
+        True,
     ),
-    ("RSS ≤ 80 MiB with 1,000 prepared claims", "driver_latency", _rss),
-    ("CNI runtime ADD+DEL ≤ 1.05x raw plugins", "cni_overhead", _cni_runtime),
-    ("IPAM ≥ 10x whereabouts' allocations/s, zero duplicates, zero leaks", "ipam", _ipam),
-    ("at rest, apiserver requests per node per minute ≤ 1", "fleet", _fleet_idle),
-    ("scheduling p99 ≤ 1.2x dra-example-driver's", "fleet", _fleet_schedule),
+    ("pod-ready ≤ Multus, 50 pods, every round", "pod_ready", _burst_every_round, True),
+    (_burst_vs_nothing_goal(), "pod_ready", _burst_vs_nothing, True),
+    (RSS_GOAL, "driver_latency", _rss, True),
+    (
+        "pod-ready ≤ dra-example + raw CNI + 20 ms, 1 pod",
+        "pod_ready",
+        lambda run: _pod_ready_vs(run, False, "dra_example"),
+        False,
+    ),
+    (
+        "pod-ready ≤ dra-example + raw CNI + 20 ms, 50 pods",
+        "pod_ready",
+        lambda run: _pod_ready_vs(run, True, "dra_example"),
+        False,
+    ),
+    (
+        "pod-ready ≤ Multus, 1 pod",
+        "pod_ready",
+        lambda run: _pod_ready_vs(run, False, "multus"),
+        False,
+    ),
+    (
+        "pod-ready ≤ Multus, 50 pods",
+        "pod_ready",
+        lambda run: _pod_ready_vs(run, True, "multus"),
+        False,
+    ),
+    ("NRI hooks ≤ raw CNI p99 + 5 ms", "pod_ready", _hooks, False),
+    ("CNI runtime ADD+DEL ≤ 1.05x raw plugins", "cni_overhead", _cni_runtime, False),
+    (
+        "IPAM ≥ 10x whereabouts' allocations/s, zero duplicates, zero leaks",
+        "ipam",
+        _ipam,
+        False,
+    ),
+    ("at rest, apiserver requests per node per minute ≤ 1", "fleet", _fleet_idle, False),
+    ("scheduling p99 ≤ 1.2x dra-example-driver's", "fleet", _fleet_schedule, False),
 )
 
 
 def goal_rows(run: Run) -> list[Row]:
     rows = []
-    for goal, bench, build in GOALS:
+    for goal, bench, build, ours in GOALS:
         try:
             row = build(run)
         except Missing as e:
             row = Row(goal, bench, "–", e.status)
         except Exception as e:  # a result of an unexpected shape: said, not raised
             row = Row(goal, bench, "–", f"not rendered ({type(e).__name__}: {e})"[:160])
+        if ours and not row.goal.endswith(ISSUE_42):
+            row.goal += ISSUE_42
         rows.append(row)
     return rows
 
@@ -749,7 +828,12 @@ def block(data: dict[str, Any], file: str) -> str:
     run = Run(data if isinstance(data, dict) else {})
     lines = [NOTE.format(file=file), "", machine_line(run, file), ""]
     lines += pod_ready_table(run)
-    lines += ["", "The goals (issue 28), and where they stand:", ""]
+    lines += [
+        "",
+        "The goals, and where they stand: issue 42's first (marked), then issue 28's that it "
+        "does not restate:",
+        "",
+    ]
     lines += ["| goal | bench | measured | |", "|---|---|---|---|"]
     for row in goal_rows(run):
         lines.append(
