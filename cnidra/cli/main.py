@@ -567,6 +567,7 @@ def try_(
             notes=notes,
             policy_documents=admin,
             namespace_labels=labels,
+            node=_machine_links(notes),
         )
     except NoParent as exc:  # and a CNIIPPool not in the input (PoolNotInInput)
         raise usage_error(f"{file}: {exc}") from None
@@ -608,6 +609,18 @@ def try_(
     err.print(f"[bold]ADD[/] {len(attachments)} attachment(s) in {where}", highlight=False)
     outcome = execute(plan, [p for p in cni_path.split(":") if p], state_dir, timeout)
     raise typer.Exit(_told(outcome, output))
+
+
+def _machine_links(notes: list[str]) -> Any:
+    """This machine's links as prepare judges a network's host-side effects against the node's
+    (`cnidra.inventory.links.node_facts`); None, with a note, when they cannot be read."""
+    from cnidra.inventory.links import node_facts, read_links
+
+    try:
+        return node_facts(read_links())
+    except OSError as exc:
+        notes.append(f"this machine's links could not be read ({exc}): host-side effects unjudged")
+        return None
 
 
 def _one_pods_names(attachments: Sequence[Any]) -> str | None:

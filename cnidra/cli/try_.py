@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cnidra.api.hostside import NodeFacts
 from cnidra.api.ipam import IPAM_TYPE, POOL_KIND, Pool, PoolError, cnidra_ipam, pool_from_object
 from cnidra.api.issues import Issues
 from cnidra.api.merge import Source
@@ -31,9 +32,16 @@ from cnidra.api.ownership import owned_network
 from cnidra.api.refs import ObjectRef
 from cnidra.api.validate import DocumentReport, ResolvedRequest, catalog_of
 from cnidra.cni import netns
-from cnidra.cni.attach import AttachFailed, Attachment, Outcome, attach_all, detach_all
+from cnidra.cni.attach import (
+    AttachFailed,
+    Attachment,
+    Outcome,
+    attach_all,
+    changed,
+    detach_all,
+)
 from cnidra.cni.runtime import CNIRuntime
-from cnidra.dra.resolve import Device, attachment_from, bound_by, resolve_attachment
+from cnidra.dra.resolve import Device, resolve_attachment
 from cnidra.state.layout import StateLayout
 from cnidra.status.devices import device_status
 
@@ -92,8 +100,9 @@ def plan_attachments(
     notes: list[str] | None = None,
     policy_documents: Sequence[Any] = (),
     namespace_labels: Mapping[str, str] | None = None,
+    node: NodeFacts | None = None,
 ) -> list[Attachment]:
-    """What the driver would attach, made the driver's way (`attachment_from`), for a pod
+    """What the driver would attach, made by prepare's own path (`resolve_attachment`), for a pod
     `cnidra-try` in namespace `cnidra-try`, state under the --host state root. A config that
     names no parent link (the claim selects its link by attribute and prepare fills the
     allocated one in) is bound to a stand-in link (allocated0, ...) in the throwaway node; on the
@@ -102,11 +111,14 @@ def plan_attachments(
     handed out locally (`local_pool_ipam`; PoolNotInInput when the pool is not there); what
     the user should know about that is appended to `notes`.
 
-    A request whose DeviceClass is known (in `policy_documents`, try's --policy, or in the
-    input) is judged as prepare judges it, by prepare's own path (`resolve_attachment`: the
-    class's CNIPolicy for the claim's namespace with `namespace_labels`, the merge, the binding
-    to the link); what it refuses raises Refused. A claim's request whose class is not given
-    runs unjudged by any policy (a note says so)."""
+    Every request takes prepare's path (`resolve_attachment`), judged in the claim's own
+    namespace (its class's CNIPolicy for that namespace with `namespace_labels`, the pools that
+    serve it) and named as a claim of try's: the merge, the binding to the link, the names and
+    directories cnidra owns, and, given `node` (the machine's links: `cnidra try` reads them),
+    the host-side judgement, which pins or refuses what would change a shared host object. A
+    request whose DeviceClass is known (in `policy_documents`, try's --policy, or in the input)
+    has its class's CNIPolicy judged too; one whose class is not given has everything but that
+    judged (a warning in its report says so). What prepare's path refuses raises Refused."""
     out: list[Attachment] = []
     pod = ObjectRef(TRY_NAMESPACE, TRY_NAMESPACE, str(uuid.uuid4()))
     stand_ins = 0
@@ -133,30 +145,31 @@ def plan_attachments(
                     )
                 link = f"{ALLOCATED}{stand_ins}"
                 stand_ins += 1
-            device = Device(pool, device_name(config) if link is None else link, link=link)
+            else:  # the link prepare would be allocated: the one the config names
+                link = named_parent(config)
+            name = link if missing else device_name(config)  # a device name is a DNS label
+            device = Device(pool, name, link=link)
             issues = Issues()
-            verdict = None
-            if resolved.class_known:
-                verdict = resolve_attachment(
-                    resolved.judged,
-                    resolved.request,
-                    judged_as,
-                    device,
-                    HOST_LAYOUT.private_dirs(),
-                    issues,
-                    resolved.where,
-                    namespace_labels=namespace_labels or {},
-                    catalog=catalog,
-                )
-                if verdict is None:
-                    raise Refused([f"{i.path}: {i.message}" for i in issues.errors])
-            attachment = attachment_from(
-                resolved, claim, device, HOST_LAYOUT.private_dirs(), issues
+            attachment = resolve_attachment(
+                resolved.judged,
+                resolved.request,
+                judged_as,
+                device,
+                HOST_LAYOUT.private_dirs(),
+                issues,
+                resolved.where,
+                namespace_labels=namespace_labels or {},
+                catalog=catalog,
+                node=node,
+                class_known=resolved.class_known,
+                named_as=claim,
             )
             if attachment is None:
-                raise NoParent("; ".join(f"{i.path}: {i.message}" for i in issues.errors))
-            if verdict is not None:  # what prepare's path decided of the class's policy
-                attachment = bound_by(attachment, verdict)
+                raise Refused([f"{i.path}: {i.message}" for i in issues.errors])
+            if resolved.config.if_name and not attachment.if_name:
+                # named as prepare names the pod's interfaces after resolving (the validator
+                # assigned the name with the same rules: cnidra.api.naming)
+                attachment = changed(attachment, if_name=resolved.config.if_name)
             taken = pool_name(attachment.network)
             if taken is not None:
                 where = f"request {resolved.request!r} (network {attachment.network_name})"
@@ -337,6 +350,19 @@ def unnamed_parent(config: Mapping[str, Any]) -> str | None:
         field = {**PARENT_FIELDS, "bridge": "bridge"}.get(str(plugin.get("type")))
         if field and not plugin.get(field):
             return f"{plugin.get('type')}.{field}"
+    return None
+
+
+def named_parent(config: Mapping[str, Any]) -> str | None:
+    """The link a config names as its plugins' parent (`macvlan.master`, the bridge a bridge
+    plugin makes or joins): the device a claim with it would be allocated, whose facts the
+    host-side judgement reads."""
+    plugins = config.get("plugins") or [config]
+    for plugin in plugins:
+        field = {**PARENT_FIELDS, "bridge": "bridge"}.get(str(plugin.get("type")))
+        named = plugin.get(field) if field else None
+        if isinstance(named, str) and named:
+            return named
     return None
 
 

@@ -11,7 +11,7 @@ the plugins read, so the bytes a plugin gets are the form that was judged."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from cnidra.api.bandwidth import (
     BANDWIDTH_CAPACITY,
@@ -54,6 +54,8 @@ def resolve_attachment(
     granted: Mapping[str, str | int] | None = None,
     granted_where: FieldPath | None = None,
     device_class: str | None = None,
+    class_known: bool = True,
+    named_as: ObjectRef | None = None,
 ) -> Attachment | None:
     """The one path from a claim's configs to what the runtime executes: checked against the
     class's CNIPolicy, merged and validated as `cnidra validate` does, bound to the allocated
@@ -65,7 +67,11 @@ def resolve_attachment(
     `consumedCapacity` (at `granted_where`), whose `bandwidth`, with the class's CNIPolicy's
     `bandwidth`, is the rate limit the interface is held to (`Attachment.rate`).
     `device_class`: the DeviceClass the request asked for (the network a policy names as
-    `deviceclass:<name>` when neither a reference nor the claim's config makes it)."""
+    `deviceclass:<name>` when neither a reference nor the claim's config makes it).
+    `class_known` False (`cnidra try` offline, the DeviceClass not given): the class's CNIPolicy
+    is not judged (a warning in `issues` says so), everything else is. `named_as`: the claim
+    the attachment is named and owned as when it is not `claim`, the one judged (`cnidra try`
+    judges a claim in its own namespace and runs it as one of its own)."""
     before = len(issues.errors)
     judge = verdicts.check_request if verdicts is not None else check_request
     resolved = judge(
@@ -75,7 +81,7 @@ def resolve_attachment(
         namespace_labels,
         issues,
         where,
-        class_known=True,
+        class_known=class_known,
         catalog=catalog,
         device_network=device_network,
     )
@@ -118,7 +124,7 @@ def resolve_attachment(
                 f'device.attributes["{DRIVER_NAME}"].network)',
             )
             return None
-    attachment = attachment_from(resolved, claim, device, dirs, issues, where)
+    attachment = attachment_from(resolved, named_as or claim, device, dirs, issues, where)
     if attachment is None:
         return None
     ranges = rules.ip_ranges if rules is not None else None
@@ -147,24 +153,6 @@ def resolve_attachment(
         bandwidth=terms,
         policy_network=policy_network(resolved, claim, attachment.network_label, device_class),
     )
-
-
-# What the class's CNIPolicy, through `resolve_attachment`, decides of an attachment beyond
-# its network: prepare checkpoints them; `cnidra try` runs its own names with these taken from
-# the same verdict (`bound_by`), so a field added here binds both
-POLICY_BOUND = (
-    "node_link_allowed",
-    "tenant_pool",
-    "pool_ranges",
-    "tenant_static",
-    "rate",
-    "bandwidth",
-)
-
-
-def bound_by(attachment: Attachment, verdict: Attachment) -> Attachment:
-    """`attachment` with what `resolve_attachment`'s `verdict` decided of the class's policy."""
-    return replace(attachment, **{name: getattr(verdict, name) for name in POLICY_BOUND})
 
 
 def policy_network(
