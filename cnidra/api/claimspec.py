@@ -63,6 +63,8 @@ class Request:
     count: object = 1
     mode: object = "ExactCount"
     spec_path: FieldPath | None = None  # where count and deviceClassName are (exactly's)
+    # the CEL expressions of its selectors, as written (those that are strings)
+    selectors: tuple[str, ...] = ()
 
     @property
     def fields(self) -> FieldPath:
@@ -278,6 +280,7 @@ def read_requests(
                             spath,
                             sub.get("count", 1),
                             sub.get("allocationMode", "ExactCount"),
+                            selectors=_expressions(sub),
                         )
                     )
         else:
@@ -292,9 +295,22 @@ def read_requests(
                     exactly.get("count", 1),
                     exactly.get("allocationMode", "ExactCount"),
                     where,
+                    _expressions(exactly),
                 )
             )
     return out
+
+
+def _expressions(fields: Mapping[str, Any]) -> tuple[str, ...]:
+    """The CEL expressions of a request's (or subrequest's) selectors that are strings."""
+    selectors = fields.get("selectors")
+    out = []
+    for selector in selectors if isinstance(selectors, list) else []:
+        cel = selector.get("cel") if isinstance(selector, Mapping) else None
+        expression = cel.get("expression") if isinstance(cel, Mapping) else None
+        if isinstance(expression, str):
+            out.append(expression)
+    return tuple(out)
 
 
 def request_order(devices: Mapping[str, Any], base: FieldPath) -> dict[str, int]:

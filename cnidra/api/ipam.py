@@ -39,7 +39,9 @@ from pydantic import (
     model_validator,
 )
 
+from cnidra.api.claimspec import read_requests
 from cnidra.api.constants import API_GROUP, API_VERSION
+from cnidra.api.issues import ROOT, Issues
 
 IPAM_TYPE = "cnidra"
 POOL_KIND = "CNIIPPool"
@@ -538,22 +540,18 @@ def claim_pools(
     """The pools an unallocated claim's requests ask addresses of: those its selectors name
     (`ipPool`), and those of the networks they name (`network_pools`: network -> pool, as the
     nodes publish them)."""
-    spec = claim.get("spec") or {}
-    requests = ((spec.get("devices") or {}).get("requests")) or []
+    spec = claim.get("spec")
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    if not isinstance(devices, Mapping):
+        return set()
+    # the one reader of a claim's spec, lenient: a request it cannot read asks no pool
+    requests = read_requests(devices, ROOT / "spec" / "devices", Issues())
     pools: set[str] = set()
-    for request in requests if isinstance(requests, list) else []:
-        if not isinstance(request, Mapping):
-            continue
-        exact = request.get("exactly") or request
-        subrequests = [exact, *(request.get("firstAvailable") or [])]
-        for sub in subrequests:
-            for selector in (sub.get("selectors") or []) if isinstance(sub, Mapping) else []:
-                cel = ((selector or {}).get("cel") or {}).get("expression")
-                if not isinstance(cel, str):
-                    continue
-                names = selector_names(cel, driver)
-                pools |= names["ipPool"]
-                pools |= {network_pools[n] for n in names["network"] if n in network_pools}
+    for request in requests:
+        for cel in request.selectors:
+            names = selector_names(cel, driver)
+            pools |= names["ipPool"]
+            pools |= {network_pools[n] for n in names["network"] if n in network_pools}
     return pools
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cnidra.api.admission_rules import POD_TEMPLATE_KINDS, namespace_of, pod_spec
-from cnidra.api.claimspec import devices_of, request_classes
+from cnidra.api.claimspec import configs_for, devices_of, read_configs, request_classes
+from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.issues import ROOT, Issues
 from cnidra.api.merge import Source
 from cnidra.api.naming import NamingError, Slot, assign_names
@@ -33,7 +34,7 @@ from cnidra.api.netpolicy import (
     tenancy_problems,
 )
 from cnidra.api.networks import NAD_KIND, NETWORK_KIND, NamedNetwork, StaticCatalog
-from cnidra.api.policy import CNIPolicy, is_policy, parse_policy
+from cnidra.api.policy import CLASS_CONFIG, CNIPolicy, is_policy, parse_policy
 from cnidra.api.verdict import ResolvedRequest
 
 SHOWN = 50  # interfaces listed per policy; beyond, counted
@@ -193,9 +194,8 @@ def class_policies(docs: Sequence[Any]) -> dict[str, CNIPolicy | None]:
         if not isinstance(name, str) or not isinstance(configs, list):
             continue
         policy = None
-        for entry in configs:
-            opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
-            params = opaque.get("parameters") if isinstance(opaque, Mapping) else None
+        for entry in configs_for(DRIVER_NAME, read_configs(configs, CLASS_CONFIG, Issues())):
+            params = entry.parameters
             if isinstance(params, Mapping) and is_policy(params):
                 policy = parse_policy(params, ROOT, Issues())
         found[name] = policy

@@ -29,8 +29,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from cnidra.api.bandwidth import DEFAULT_RULES, BandwidthRules
+from cnidra.api.claimspec import configs_for, read_configs
 from cnidra.api.constants import API_VERSION, DRIVER_NAME
-from cnidra.api.issues import FieldPath, Issues, listing
+from cnidra.api.issues import ROOT, FieldPath, Issues, listing
 from cnidra.api.merge import ConfigEntry, Source
 from cnidra.api.tenant import Path, TenantNetwork, address_outside, decode_network, is_zero
 
@@ -256,20 +257,20 @@ def is_policy(parameters: Any) -> bool:
     return isinstance(parameters, Mapping) and parameters.get("kind") == POLICY_KIND
 
 
+CLASS_CONFIG = ROOT / "spec" / "config"  # where a DeviceClass's config entries are
+
+
 def class_bandwidth(device_class: Mapping[str, Any], issues: Issues) -> BandwidthRules | None:
     """The `bandwidth` rules a DeviceClass (as the apiserver serves it) gives its claims: its
     CNIPolicy's, the defaults when it carries none; None (the reasons in `issues`) when its
     CNIPolicy is invalid or it carries more than one."""
     spec = device_class.get("spec") if isinstance(device_class, Mapping) else None
     configs = spec.get("config") if isinstance(spec, Mapping) else None
-    found: list[tuple[FieldPath, Mapping[str, Any]]] = []
-    for i, config in enumerate(configs if isinstance(configs, list) else []):
-        opaque = config.get("opaque") if isinstance(config, Mapping) else None
-        if not isinstance(opaque, Mapping) or opaque.get("driver") != DRIVER_NAME:
-            continue
-        parameters = opaque.get("parameters")
-        if isinstance(parameters, Mapping) and is_policy(parameters):
-            found.append((FieldPath(("spec", "config", i, "opaque", "parameters")), parameters))
+    found: list[tuple[FieldPath, Mapping[str, Any]]] = [
+        (entry.parameters_path, entry.parameters)
+        for entry in configs_for(DRIVER_NAME, read_configs(configs, CLASS_CONFIG, Issues()))
+        if isinstance(entry.parameters, Mapping) and is_policy(entry.parameters)
+    ]
     if not found:
         return DEFAULT_RULES
     if len(found) > 1:

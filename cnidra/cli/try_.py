@@ -135,7 +135,7 @@ def plan_attachments(
         for resolved in report.resolved:
             config = resolved.config.config
             assert config is not None
-            link = None
+            link: str | None = None
             missing = unnamed_parent(config)
             if missing:
                 if host:
@@ -147,8 +147,8 @@ def plan_attachments(
                 stand_ins += 1
             else:  # the link prepare would be allocated: the one the config names
                 link = named_parent(config)
-            name = link if missing else device_name(config)  # a device name is a DNS label
-            device = Device(pool, name, link=link)
+            # the device's name: the stand-in's, or the named parent's as a DNS label
+            device = Device(pool, link if missing and link else device_name(config), link=link)
             issues = Issues()
             attachment = resolve_attachment(
                 resolved.judged,

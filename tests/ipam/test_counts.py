@@ -52,7 +52,11 @@ def test_selectors_name_networks_and_pools_of_this_driver_only() -> None:
 def claim(*expressions: str, first_available: bool = False) -> dict[str, Any]:
     selectors = [{"cel": {"expression": e}} for e in expressions]
     if first_available:
-        request: dict[str, Any] = {"name": "r", "firstAvailable": [{"selectors": selectors}]}
+        # a subrequest has a name (the apiserver requires one; the claim reader reads it so)
+        request: dict[str, Any] = {
+            "name": "r",
+            "firstAvailable": [{"name": "s", "deviceClassName": "c", "selectors": selectors}],
+        }
     else:
         request = {"name": "r", "exactly": {"deviceClassName": "c", "selectors": selectors}}
     return {"spec": {"devices": {"requests": [request, "junk"]}}}
