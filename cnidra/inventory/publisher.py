@@ -415,7 +415,7 @@ class SlicePublisher:
         triggers a publish (coalesced: `_quiet`). The messages are read for the link they name
         only (cnidra.inventory.events, a few struct reads, not pyroute2's decoding): a burst of
         pods makes hundreds of them about the pods' veths, which never re-read the links."""
-        backoff = Backoff(initial=NETLINK_RETRY, maximum=NETLINK_RETRY)
+        backoff = Backoff(initial=NETLINK_RETRY, maximum=NETLINK_RETRY_MAX)
         while True:
             started = time.monotonic()
             try:
@@ -439,7 +439,8 @@ class SlicePublisher:
                 await asyncio.sleep(backoff.after_run(time.monotonic() - started))
 
 
-NETLINK_RETRY = 5.0  # seconds before a failed netlink monitor is opened again
+NETLINK_RETRY = 5.0  # seconds before a failed netlink monitor is opened again, at first
+NETLINK_RETRY_MAX = 60.0  # ... and at most (the publisher's resync covers the gap)
 API_TIMEOUT = 10.0  # one apiserver call of the publisher (a LIST of its slices: three)
 BURST_LIMIT = 10  # a publish waits at most this many min_intervals for events to pause
 # rounds after a registration that check the slices are there: at once, then the next two (at

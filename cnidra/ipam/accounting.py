@@ -51,6 +51,7 @@ from cnidra.api.ipam import (
 from cnidra.kube.api import NotFound
 from cnidra.observe.metrics import PoolAccount
 from cnidra.state.ipam import IPAMState
+from cnidra.util.backoff import Backoff
 
 log = logging.getLogger(__name__)
 FLUSH_SECONDS = 5.0
@@ -58,6 +59,7 @@ SETTLE_FLUSHES = 6  # a block's count that keeps changing is written after this 
 NETWORKS_TTL = 30.0
 NOTICES_KEPT = 4096
 RECENT_SECONDS = 60.0
+WATCH_BACKOFF_MAX = 300.0  # the longest wait before a failed watch is LISTed again
 
 
 class BlockStatusSink(Protocol):
@@ -381,7 +383,9 @@ class PoolAccountant:
             self._pending.clear()
 
     async def _follow(self) -> None:
+        backoff = Backoff(initial=self.interval, maximum=WATCH_BACKOFF_MAX)
         while True:
+            started = time.monotonic()
             try:
                 self.replace(await self.cluster.pool_objects(), await self.cluster.block_objects())
                 async with asyncio.TaskGroup() as group:  # one ends: both end, then a LIST
@@ -389,7 +393,8 @@ class PoolAccountant:
                     group.create_task(self._watch_blocks())
             except Exception as exc:
                 log.warning("pool accounting watch ended, listing again: %s", exc)
-            await asyncio.sleep(self.interval)
+            # the one pace (cnidra.util.backoff): a watch that had run a while starts it again
+            await asyncio.sleep(backoff.after_run(time.monotonic() - started))
 
     async def _watch_pools(self) -> None:
         async for kind, obj in self.cluster.watch_pools():
@@ -413,7 +418,9 @@ class PoolAccountant:
             await self.flush()
 
     async def _scheduler(self) -> None:
+        backoff = Backoff(initial=self.interval, maximum=WATCH_BACKOFF_MAX)
         while True:
+            started = time.monotonic()
             try:
                 async for kind, event in self.cluster.watch_failed_scheduling():
                     if kind in ("ADDED", "MODIFIED"):  # MODIFIED: the scheduler's count += 1
@@ -423,7 +430,7 @@ class PoolAccountant:
                             log.warning("exhausted pool not named on a Pending pod: %s", exc)
             except Exception as exc:
                 log.warning("FailedScheduling watch ended: %s", exc)
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(backoff.after_run(time.monotonic() - started))
 
 
 def _claim_names(pod: Mapping[str, Any]) -> list[str]:

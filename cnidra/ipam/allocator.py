@@ -43,6 +43,7 @@ from cnidra.state.ipam import (
     ipamclaim_owner,
     owner_claim_uid,
 )
+from cnidra.util.backoff import Backoff
 from cnidra.util.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
@@ -673,7 +674,12 @@ class Allocator:
                 f"{what} cannot be honoured: CNIIPPool {pool.name} does not allow persistent "
                 "IPs (spec.allowPersistentIPs is false)"
             )
-        for _ in range(5):  # an IPAMClaim another node binds meanwhile is read again
+        # an IPAMClaim another node binds meanwhile is read again, on the one pace (client-go's
+        # RetryOnConflict shape: a few short steps)
+        conflicts = Backoff(initial=0.01, maximum=0.2)
+        for attempt in range(5):
+            if attempt:
+                await asyncio.sleep(conflicts.next())
             try:
                 obj = await self.cluster.ipamclaim(claim.namespace, name)
             except Exception as exc:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any
 from cnidra.api.ipam import IPAMCLAIM_NODE_LABEL, parse_claim_ips
 from cnidra.ipam.allocator import Allocator, IPAMCluster
 from cnidra.state.ipam import ipamclaim_owner, owner_claim_uid
+from cnidra.util.backoff import Backoff
 
 log = logging.getLogger(__name__)
 GRACE_SECONDS = 120.0
@@ -206,6 +206,10 @@ class IPAMReconciler:
         passes. An apiserver that cannot be reached fails a pass, not the task: the next pass
         tries again, and the driver stays healthy."""
         synced = False
+        # a failed pass is tried again on the one pace (cnidra.util.backoff), up to `interval`;
+        # a pass that worked waits `interval` (with its jitter, so nodes do not scan in step)
+        failed = Backoff(initial=min(1.0, interval), maximum=interval)
+        steady = Backoff(initial=interval, maximum=interval)
         while True:
             try:
                 if not synced:
@@ -214,7 +218,10 @@ class IPAMReconciler:
                 report = await self.once(lost_nodes=self.passes % lost_node_every == 0)
                 if any(vars(report).values()):
                     log.info("IPAM reconcile: %s", report)
+                failed.reset()
+                wait = steady.next()
             except Exception as exc:
-                log.warning("IPAM reconcile pass failed, next in %.0f s: %s", interval, exc)
+                wait = failed.next()
+                log.warning("IPAM reconcile pass failed, next in %.1f s: %s", wait, exc)
             self.passes += 1
-            await asyncio.sleep(interval * random.uniform(0.9, 1.1))
+            await asyncio.sleep(wait)
