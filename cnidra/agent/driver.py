@@ -280,7 +280,7 @@ class Driver:
             "nriRuntime": self.nri.runtime,
             "nriError": self.nri.last_error,
             "sandboxes": len(self.sandboxes),
-            "detachRetries": len(self.lifecycle.retries),
+            "detachRetries": len(self.lifecycle.detaches),
             "statusPending": self.status.pending(),
             "tasks": self.tasks.report(),
             "stateProblem": self.reconciler.state_problem,

@@ -21,6 +21,7 @@ in `reconcile.py`, through the methods below."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -47,6 +48,7 @@ from cnidra.status.metadata import DeviceMetadata
 from cnidra.status.writer import StatusSink
 from cnidra.util.backoff import Backoff
 from cnidra.util.locks import Busy, KeyedLocks
+from cnidra.util.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +142,11 @@ class PodLifecycle:
         self.setup = InterfaceSetup(shaper, policy, self.journal)
         self.hotplug = HotPlug(self)
         self.locks = KeyedLocks()
-        # detach retries in flight, by sandbox; each removes itself when it ends
-        self.retries: dict[str, asyncio.Task[None]] = {}
+        # detaches to try again, keyed by sandbox, each due after its own backoff (the keyed
+        # work queue's shape, cnidra.util.workqueue), worked by one task while any is queued
+        self.detaches: WorkQueue[str] = WorkQueue(retry)
+        self._detach_worker: asyncio.Task[None] | None = None
+        self._detach_queued = asyncio.Event()
         # sandboxes the runtime removed (or that vanished) while cnidra still holds a record;
         # dropped with the record
         self.removed: set[str] = set()
@@ -449,32 +454,47 @@ class PodLifecycle:
         self.reporting.forgotten(record)
 
     def retry_detach(self, sandbox_id: str, first_delay: float | None = None) -> None:
-        if sandbox_id in self.retries:
+        """Queue the sandbox's detach to be tried again: after `first_delay` seconds, or its
+        backoff's first step; a sandbox queued already keeps its place."""
+        if sandbox_id in self.detaches:
             return
-        task = asyncio.create_task(
-            self._retry_loop(sandbox_id, first_delay), name=f"detach-{sandbox_id[:12]}"
-        )
-        self.retries[sandbox_id] = task
-        task.add_done_callback(lambda _: self.retries.pop(sandbox_id, None))
+        if first_delay is None:
+            self.detaches.retry(sandbox_id)
+        else:
+            self.detaches.add(sandbox_id, first_delay)
+        self._detach_queued.set()
+        if self._detach_worker is None or self._detach_worker.done():
+            self._detach_worker = asyncio.create_task(self._work_detaches(), name="detach-retries")
 
     def retrying(self, sandbox_id: str) -> bool:
-        return sandbox_id in self.retries
+        return sandbox_id in self.detaches
 
-    async def _retry_loop(self, sandbox_id: str, first_delay: float | None) -> None:
-        backoff = self.retry()
-        delay = backoff.next() if first_delay is None else first_delay
-        while True:
-            await asyncio.sleep(delay)
-            record = self.store.get(sandbox_id)
-            if record is None or not self._undone_anyway(record):
-                return  # undone meanwhile, or attached again since (a late attach): not ours
-            try:
-                if await self.detach(sandbox_id, None, unfinished_only=True):
-                    log.info("detached sandbox %s after retrying", sandbox_id[:12])
-                    return
-            except Exception:
-                log.exception("retrying the detach of sandbox %s", sandbox_id[:12])
-            delay = backoff.next()
+    async def _work_detaches(self) -> None:
+        """The queued detaches, each when due (those due together at once, each sandbox's DELs
+        under its own lock); one that fails is queued again after its next backoff step, one
+        done or no longer ours is dropped. Ends when none is queued."""
+        while (wait := self.detaches.wait()) is not None:
+            if wait > 0:
+                self._detach_queued.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await self._detach_queued.wait()
+                continue
+            await asyncio.gather(*(self._detach_again(s) for s in self.detaches.due()))
+
+    async def _detach_again(self, sandbox_id: str) -> None:
+        record = self.store.get(sandbox_id)
+        if record is None or not self._undone_anyway(record):
+            self.detaches.done(sandbox_id)  # undone meanwhile, or attached again: not ours
+            return
+        try:
+            if await self.detach(sandbox_id, None, unfinished_only=True):
+                log.info("detached sandbox %s after retrying", sandbox_id[:12])
+                self.detaches.done(sandbox_id)
+                return
+        except Exception:
+            log.exception("retrying the detach of sandbox %s", sandbox_id[:12])
+        self.detaches.retry(sandbox_id)
 
     # ------------------------------------------------------------------ the rooms' faces
     # (callers that hold the lifecycle as one face: the Reconciler, the tests)

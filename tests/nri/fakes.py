@@ -351,9 +351,9 @@ class Node:
         return self.lifecycle.checkpoint
 
     async def settle(self) -> None:
-        """Wait until no detach retry is in flight (up to 30 s: a bound for a hang)."""
+        """Wait until no detach is queued to be tried again (up to 30 s: a bound for a hang)."""
         for _ in range(3000):
-            if not self.lifecycle.retries:
+            if not self.lifecycle.detaches:
                 return
             await asyncio.sleep(0.01)
-        raise AssertionError(f"retries still running: {list(self.lifecycle.retries)}")
+        raise AssertionError(f"detaches still queued: {list(self.lifecycle.detaches)}")

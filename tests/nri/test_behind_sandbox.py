@@ -233,12 +233,12 @@ async def test_a_sandbox_stopped_during_a_long_add_answers_within_the_hooks_time
     await node.hooks.run_pod_sandbox(pod("a"))
     await adding(node)  # the ADD is running
     await asyncio.wait_for(node.hooks.stop_pod_sandbox(pod("a")), 30)
-    assert not node.lifecycle.retries  # done in the hook, not handed on at its deadline
+    assert not node.lifecycle.detaches  # done in the hook, not handed on at its deadline
     assert [c.command for c in node.plugins.calls] == ["ADD", "DEL"]
     assert node.store.get("a-sandbox") is None
     await node.hooks.remove_pod_sandbox(pod("a"))
     await asyncio.sleep(0.05)  # the cancelled ADD's rollback finds nothing left, and ends
-    assert node.store.get("a-sandbox") is None and not node.lifecycle.retries
+    assert node.store.get("a-sandbox") is None and not node.lifecycle.detaches
     assert [c.command for c in node.plugins.calls] == ["ADD", "DEL"]
 
 
@@ -265,12 +265,12 @@ async def test_a_stop_behind_a_reconnects_detach_still_answers_in_time(tmp_path:
     sync = asyncio.create_task(node.hooks.synchronize([pod("a")]))
     await until(lambda: waiting(node, "a-sandbox") >= 2, "Synchronize waiting for the lock")
     await asyncio.wait_for(node.hooks.stop_pod_sandbox(pod("a")), 30)
-    assert "a-sandbox" in node.lifecycle.retries  # handed on at its deadline
+    assert "a-sandbox" in node.lifecycle.detaches  # handed on at its deadline
     plugins.release.set()
     await asyncio.wait_for(sync, 30)
     await node.hooks.remove_pod_sandbox(pod("a"))
     await node.settle()
-    assert node.store.get("a-sandbox") is None and not node.lifecycle.retries
+    assert node.store.get("a-sandbox") is None and not node.lifecycle.detaches
     assert not node.lifecycle.stopped
 
 

@@ -97,7 +97,7 @@ async def test_a_failing_del_is_retried_with_backoff_and_holds_the_finalizer(
     node.plugins.failing.clear()  # the fault clears
     await node.settle()
     assert len(node.store) == 0 and node.status.finalizers[claim] is False
-    assert not node.lifecycle.retries and not node.lifecycle.held
+    assert not node.lifecycle.detaches and not node.lifecycle.held
 
 
 async def test_a_claim_held_by_an_earlier_process_is_released_after_a_restart(
@@ -125,7 +125,7 @@ async def test_a_removed_sandbox_whose_namespace_is_gone_stops_retrying(tmp_path
     await node.hooks.run_pod_sandbox(pod("a"))
     node.gone.add("/run/netns/a-sandbox")
     await node.hooks.remove_pod_sandbox(pod("a"))
-    assert len(node.store) == 0 and not node.lifecycle.retries and not node.lifecycle.removed
+    assert len(node.store) == 0 and not node.lifecycle.detaches and not node.lifecycle.removed
 
 
 async def test_a_shared_claim_keeps_its_finalizer_until_its_last_sandbox_is_gone(
@@ -195,7 +195,7 @@ async def test_state_stays_bounded_after_10000_pods(tmp_path: Path) -> None:
     await node.hooks.stop_pod_sandbox(pod("p0"))
     await node.hooks.remove_pod_sandbox(pod("p0"))
     life = node.lifecycle
-    assert (len(life.locks), len(life.retries), len(life.removed), len(node.store)) == (0, 0, 0, 0)
+    assert (len(life.locks), len(life.detaches), len(life.removed), len(node.store)) == (0, 0, 0, 0)
     assert len(node.plugins.calls) == 2  # one ADD and one DEL, for the one pod of cnidra's
 
 

@@ -198,7 +198,7 @@ async def test_a_failed_del_holds_the_claim_until_it_succeeds(tmp_path: Path) ->
         assert "still being removed" in answer.claims[running.claim.uid].error
         plugins.failing.clear()
         for _ in range(3000):  # 30 s: a hang's bound
-            if not node.driver.lifecycle.retries:
+            if not node.driver.lifecycle.detaches:
                 break
             await asyncio.sleep(0.01)
         await node.settle()
