@@ -419,7 +419,6 @@ class Driver:
         if s.network_policy:
             self.policy.restore()  # the tables of the pods attached before a restart
             self.tasks.spawn("netpolicy", self.policy.run)
-            self.tasks.spawn("netpolicy-status", self.policy_status.run, critical=False)
             api = Api(self.client, s.api_timeout)
             self.tasks.spawn("netpolicy-watches", lambda: follow_all(api, self.policy))
 
@@ -428,8 +427,13 @@ class Driver:
         policy's status entry of this node); the claims' conditions go to the status writer."""
         settings = self.settings
         reports = PolicyStatusWriter(
-            Api(self.client, settings.api_timeout), settings.node_name, self.status.object_event
+            Api(self.client, settings.api_timeout),
+            settings.node_name,
+            self.status.object_event,
+            lane=self.status.lane("policy"),
+            wake=self.status.wake,
         )
+        self.status.join(reports)  # written by the status writer's worker, on its one queue
         enforcer = PolicyEnforcer(
             self.sandboxes,
             events=self.status,

@@ -21,16 +21,17 @@ it, the others' answer 409 (taken as written), and N nodes give one Event, not N
 entry, which says which nodes refuse it. A NotEnforced Event names the node's own interfaces:
 one per node, as before.
 
-The producers (`report`) never block and never fail; one worker writes with a timeout per
-call and retries with backoff. A policy that is gone, or a CRD without the status subresource
-(Multus' own MultiNetworkPolicy CRD has none), answers 404: the Event is then all there is."""
+The producers (`report`) never block and never fail; the status writer's one worker writes
+(its queue's `policy` lane) with a timeout per call and retries with backoff. A policy that
+is gone, or a CRD without the status subresource (Multus' own MultiNetworkPolicy CRD has
+none), answers 404: the Event is then all there is."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -39,9 +40,7 @@ from cnidra.api.netpolicy import ADMIN_API_VERSION, MNP_API_VERSION, MNP_KIND
 from cnidra.kube.api import Api, RefusedForGood
 from cnidra.kube.events import Involved
 from cnidra.kube.netpolicy import CNIAdminNetworkPolicy, MultiNetworkPolicy
-from cnidra.util.aio import wait_set
-from cnidra.util.backoff import Backoff
-from cnidra.util.workqueue import WorkQueue
+from cnidra.util.workqueue import Lane, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -150,15 +149,21 @@ class PolicyStatusWriter:
         api: Api | None,
         node: str,
         events: EventSink | None = None,
+        *,
+        lane: Lane[PolicyRef] | None = None,
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
+        """`lane`: its share of the status writer's one queue (`StatusWriter.lane`), whose
+        worker calls `write_due`; `wake`: that worker's wake-up. Alone (no lane: a queue of its
+        own), `write_due` is the caller's to call."""
         self.api = api
         self.node = node
         self.events = events
         self.manager = f"cnidra-netpolicy-{node}"
         self.wanted: dict[PolicyRef, tuple[str, ...]] = {}
         self.written: dict[PolicyRef, tuple[str, ...]] = {}
-        self.queue: WorkQueue[PolicyRef] = WorkQueue(lambda: Backoff(0.5, 30.0))
-        self._wake = asyncio.Event()
+        self.lane: Lane[PolicyRef] = Lane(WorkQueue(), "policy") if lane is None else lane
+        self.wake = wake
 
     def report(self, ref: PolicyRef, problems: Sequence[str], *, event: bool = True) -> None:
         """The policy's problems on this node now (empty: none). A problem not reported before
@@ -186,11 +191,11 @@ class PolicyStatusWriter:
                 f"policy {ref} selects interfaces on node {self.node} where it cannot be "
                 f"enforced: {'; '.join(new[:MAX_LISTED])}",
             )
-        self.queue.add(ref)
-        self._wake.set()
+        self.lane.add(ref)
+        self.wake()
 
     def pending(self) -> int:
-        return len(self.queue)
+        return len(self.lane)
 
     async def write(self, ref: PolicyRef) -> None:
         problems = self.wanted.get(ref, ())
@@ -211,25 +216,21 @@ class PolicyStatusWriter:
             self.wanted.pop(ref, None)
             self.written.pop(ref, None)
 
-    async def run(self) -> None:
-        while True:
-            for ref in self.queue.due():
-                try:
-                    await self.write(ref)
-                except asyncio.CancelledError:
-                    raise
-                except RefusedForGood as exc:  # gone, or a CRD without status: the Event stays
-                    log.info("status of %s %s not written: %s", ref.kind, ref, exc)
-                    self.wanted.pop(ref, None)
-                    self.written.pop(ref, None)
-                except Exception as exc:
-                    delay = self.queue.retry(ref)
-                    log.warning(
-                        "status of %s %s not written (%s); retry in %.1fs", ref.kind, ref, exc,
-                        delay,
-                    )  # fmt: skip
-                    continue
-                self.queue.done(ref)
-            wait = self.queue.wait()
-            self._wake.clear()
-            await wait_set(self._wake, None if wait is None else max(0.05, wait))
+    async def write_due(self) -> None:
+        """Each policy due on its own backoff (the status writer's worker calls this)."""
+        for ref in self.lane.due():
+            try:
+                await self.write(ref)
+            except asyncio.CancelledError:
+                raise
+            except RefusedForGood as exc:  # gone, or a CRD without status: the Event stays
+                log.info("status of %s %s not written: %s", ref.kind, ref, exc)
+                self.wanted.pop(ref, None)
+                self.written.pop(ref, None)
+            except Exception as exc:
+                delay = self.lane.retry(ref)
+                log.warning(
+                    "status of %s %s not written (%s); retry in %.1fs", ref.kind, ref, exc, delay
+                )
+                continue
+            self.lane.done(ref)

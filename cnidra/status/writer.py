@@ -71,6 +71,13 @@ class StatusSink(Protocol):
     def pod_gone(self, pod: ObjectRef) -> None: ...
 
 
+class SmallWriter(Protocol):
+    """A writer of another room on the one queue (cnidra.status.netpolicy.PolicyStatusWriter)."""
+
+    def pending(self) -> int: ...
+    async def write_due(self) -> None: ...
+
+
 class StatusWriter:
     def __init__(
         self,
@@ -110,6 +117,19 @@ class StatusWriter:
         self.pods = PodNetworksWriter(
             self.api, Lane(self.queue, "pod"), self._wake.set, REQUEST_TIMEOUT
         )
+        self.joined: list[SmallWriter] = []  # writers of other rooms on this queue (`join`)
+
+    def lane(self, name: str) -> Lane[Any]:
+        """A share of the one queue for a writer of another room (network policy's reports),
+        which `join` then hands to the worker."""
+        return Lane(self.queue, name)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def join(self, writer: SmallWriter) -> None:
+        """`writer`'s due work done by this worker, on its lane of the one queue."""
+        self.joined.append(writer)
 
     # -- producers: cheap, synchronous, never touch the network
 
@@ -167,7 +187,8 @@ class StatusWriter:
         self.pods.pod_gone(pod)
 
     def pending(self) -> int:
-        return self.claims.pending() + self.events.pending() + self.pods.pending()
+        mine = self.claims.pending() + self.events.pending() + self.pods.pending()
+        return mine + sum(w.pending() for w in self.joined)
 
     async def flushed(self) -> None:
         """Return once everything queued is written, removals waiting out DROP_GRACE included
@@ -185,6 +206,8 @@ class StatusWriter:
             await self.claims.write_due()
             await self.events.write_due()
             await self.pods.write_due()
+            for writer in self.joined:
+                await writer.write_due()
             if not self.pending():
                 self._drained.set()
             wait = self.queue.wait()

@@ -29,11 +29,10 @@ from cnidra.status.netpolicy import (
     NOT_APPLIED,
     REASON_NOT_APPLIED,
     PolicyRef,
-    PolicyStatusWriter,
 )
 from tests.nri.test_netpolicy_hook import FakeClient, FakeNft, Recorder, mnp, sync
 from tests.nri.test_netpolicy_reports import Reports
-from tests.status.test_policy_status import Patches, settled
+from tests.status.test_policy_status import Patches, on_status_queue, settled
 
 BLUE = PolicyRef("MultiNetworkPolicy", "p", "ns")
 
@@ -187,14 +186,14 @@ async def test_the_refusal_is_written_as_this_nodes_entry_and_a_warning_event(
 ) -> None:
     client = Patches()
     events: list[tuple[Involved, str, str]] = []
-    writer = PolicyStatusWriter(
+    writer, status = on_status_queue(
         Api(client), "n1", lambda about, reason, msg, *_: events.append((about, reason, msg))
     )
     found, _ = enforcer(tmp_path)
     found.reports = writer
     sync(found, MultiNetworkPolicy=[mnp("p", {"podSelector": {}}, "cninetwork:nope")])
     found.report_problems()
-    task = asyncio.create_task(writer.run())
+    task = asyncio.create_task(status.run())
     try:
         await settled(lambda: len(client.patches) == 1)
     finally:

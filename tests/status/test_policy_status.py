@@ -106,14 +106,23 @@ def test_the_status_body_holds_this_nodes_entry_or_none() -> None:
     assert entry_of(body, "node-1") and not entry_of(body, "node-2") and not entry_of({}, "x")
 
 
+def on_status_queue(api: Api, node: str, events: Any) -> tuple[PolicyStatusWriter, StatusWriter]:
+    """A node's policy reports as the driver wires them: on the status writer's one queue,
+    written by its worker."""
+    status = StatusWriter(None)
+    writer = PolicyStatusWriter(api, node, events, lane=status.lane("policy"), wake=status.wake)
+    status.join(writer)
+    return writer, status
+
+
 async def test_a_policys_problems_are_written_as_this_nodes_entry_with_an_event() -> None:
     client = Patches()
     events: list[tuple[Involved, str, str]] = []
-    writer = PolicyStatusWriter(
+    writer, status = on_status_queue(
         Api(client), "node-1", lambda about, reason, msg, *_: events.append((about, reason, msg))
     )
     ref = PolicyRef("MultiNetworkPolicy", "deny", "ns")
-    task = asyncio.create_task(writer.run())
+    task = asyncio.create_task(status.run())
     try:
         writer.report(ref, ["pod ns/a net1 (ns/blue): why"])
         await settled(lambda: len(client.patches) == 1)
