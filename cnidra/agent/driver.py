@@ -106,7 +106,16 @@ class Driver:
         self.features = ClusterFeatures(known=False)
         self.layout = StateLayout(settings.state_dir)
         self.checkpoint = Checkpoint(self.layout)
-        kube_ipam = KubeIPAM(self.client, settings.api_timeout, settings.node_name)
+        self.status = StatusWriter(
+            self.client,
+            releases=self.layout.finalizer_releases,
+            normal_events=settings.normal_events,
+            node=settings.node_name,
+        )
+        # the IPAM's and the pool accountant's Events go through the status writer's queue
+        kube_ipam = KubeIPAM(
+            self.client, settings.api_timeout, settings.node_name, self.status.object_event
+        )
         self.ipam = Allocator(
             settings.node_name,
             IPAMState(self.layout),
@@ -188,12 +197,6 @@ class Driver:
             str(self.layout.cni_cache),
             settings.cni_timeout,
             on_exec=metrics.observe_cni_exec,
-        )
-        self.status = StatusWriter(
-            self.client,
-            releases=self.layout.finalizer_releases,
-            normal_events=settings.normal_events,
-            node=settings.node_name,
         )
         self.preparer.on_prepared = self._prepared
         self.sandboxes = SandboxStore(self.layout)

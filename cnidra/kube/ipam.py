@@ -14,7 +14,7 @@ import datetime
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from cnidra.api.constants import API_GROUP, API_VERSION, DRIVER_NAME
 from cnidra.api.ipam import (
@@ -91,6 +91,12 @@ def _block_object(data: Mapping[str, Any]) -> BlockObject:
     )
 
 
+class EventSink(Protocol):
+    """Where an Event goes instead of being created at once (`StatusWriter.object_event`)."""
+
+    def __call__(self, about: Involved, reason: str, message: str, type_: str = ...) -> None: ...
+
+
 class KubeIPAM:
     """cnidra.ipam.allocator.IPAMCluster on the apiserver. The calls marked @_retried are asked
     again after a transient answer. The others are not: a PATCH with a precondition
@@ -99,11 +105,21 @@ class KubeIPAM:
     the reconciler's next pass); an Event's create (record) would be written twice; the
     reconciler's reads (node_exists, addresses_in_use) are asked again by its next pass."""
 
-    def __init__(self, client: AsyncClient, timeout: float = 5.0, node: str = "") -> None:
-        """`node`: where the Events come from (their source host and reporting instance)."""
+    def __init__(
+        self,
+        client: AsyncClient,
+        timeout: float = 5.0,
+        node: str = "",
+        events: EventSink | None = None,
+    ) -> None:
+        """`node`: where the Events come from (their source host and reporting instance).
+        `events`: where they go: the status writer's queue in the driver (bounded, retried, the
+        Normal ones as `--normal-events` says); without one (the benchmarks' stand-alone
+        allocators) each is created at once."""
         self.client = client
         self.api = Api(client, timeout)
         self.recorder = EventRecorder("cnidra", node)
+        self.events = events
         self.timeout = timeout
         self._node_uids: dict[str, str] = {}
         self.successors: frozenset[str] | None = None  # as the Lease named them (lead)
@@ -304,7 +320,7 @@ class KubeIPAM:
     async def record(self, obj: Mapping[str, Any], reason: str, message: str) -> None:
         """A Normal Event on the IPAMClaim `obj` (the one recorder's fields and times)."""
         about = Involved.of(IPAMCLAIM_KIND, f"{IPAMCLAIM_GROUP}/{IPAMCLAIM_VERSION}", obj)
-        await self.recorder.send(self.api, EventRecord(about, reason, message, "Normal"))
+        await self._event(EventRecord(about, reason, message, "Normal"))
 
     # ------------------------------------------------------------- pool accounting
 
@@ -381,7 +397,13 @@ class KubeIPAM:
         """A Warning Event on a Pod or ResourceClaim."""
         api_version = "v1" if kind == "Pod" else "resource.k8s.io/v1"
         about = Involved.of(kind, api_version, obj)
-        await self.recorder.send(self.api, EventRecord(about, reason, message, "Warning"))
+        await self._event(EventRecord(about, reason, message, "Warning"))
+
+    async def _event(self, event: EventRecord) -> None:
+        if self.events is not None:
+            self.events(event.about, event.reason, event.message, event.type)
+            return
+        await self.recorder.send(self.api, event)
 
     async def lead(
         self,

@@ -11,6 +11,7 @@ import pytest
 from cnidra.kube.api import Api
 from cnidra.kube.events import EventRecord, EventRecorder, Involved
 from cnidra.kube.ipam import KubeIPAM
+from cnidra.status.writer import StatusWriter
 
 
 class Created:
@@ -83,3 +84,27 @@ async def test_the_recorder_sends_through_the_one_layer() -> None:
     await EventRecorder().send(Api(api), EventRecord(Involved("Pod", "p", "ns"), "R", "m"))
     [event] = api.objects
     assert event["reportingComponent"] == "cnidra" and "reportingInstance" not in event
+
+
+async def test_the_drivers_ipam_events_go_through_the_status_writers_queue() -> None:
+    """As the driver wires it: an IPAMClaim's Normal Event and the accountant's Warning go to
+    the status writer's one queue (bounded, retried, `--normal-events` obeyed), not straight to
+    the apiserver; written by its worker with the one recorder's fields."""
+    api = Created()
+    status = StatusWriter(api, node="node-a", normal_events="added")  # type: ignore[arg-type]
+    ipam = KubeIPAM(api, node="node-a", events=status.object_event)  # type: ignore[arg-type]
+    claim = {"metadata": {"name": "keep", "namespace": "ns", "uid": "uid-k"}}
+    await ipam.record(claim, "AddressesKept", "kept")
+    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "uid-p"}}
+    await ipam.warn("Pod", pod, "CNIIPPoolExhausted", "no address left")
+    assert api.objects == [] and status.pending() == 2  # queued, not sent
+    await status.events.write_due()
+    assert [(e["reason"], e["type"]) for e in api.objects] == [
+        ("AddressesKept", "Normal"),
+        ("CNIIPPoolExhausted", "Warning"),
+    ]
+    assert all(e["reportingInstance"] == "node-a" and e["firstTimestamp"] for e in api.objects)
+    quiet = StatusWriter(api, node="node-a", normal_events="none")  # type: ignore[arg-type]
+    silent = KubeIPAM(api, events=quiet.object_event)  # type: ignore[arg-type]
+    await silent.record(claim, "AddressesKept", "kept")
+    assert quiet.pending() == 0  # a Normal Event as --normal-events=none says: not written
