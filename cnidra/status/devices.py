@@ -290,27 +290,54 @@ def _clip(message: str) -> str:
 NETWORK_STATUS_ANNOTATION = "k8s.v1.cni.cncf.io/network-status"
 
 
-def network_status(attached: Sequence[tuple[Attachment, Result]]) -> list[dict[str, Any]]:
-    """The pod's cnidra interfaces as Multus' `network-status` annotation lists them (the
-    multi-net spec's NetworkStatus: name, interface, ips without prefix, mac, dns, default)."""
-    out: list[dict[str, Any]] = []
-    for att, result in attached:
-        data, _ = network_data_of(result, att.if_name)
-        entry: dict[str, Any] = {
-            "name": att.status_name or att.network_name,
-            "interface": data["interfaceName"],
-            "ips": [ip.split("/")[0] for ip in data.get("ips") or []],
+@dataclass(frozen=True)
+class NetworkStatus:
+    """One interface of the pod's `network-status` annotation, as Multus lists it (the
+    multi-net spec's NetworkStatus: name, interface, ips without prefix, mac, dns, default,
+    gateway), and the network peers' policies know it by."""
+
+    name: str
+    interface: str
+    ips: tuple[str, ...] = ()
+    mac: str = ""
+    dns: Mapping[str, Any] | None = None
+    gateway: tuple[str, ...] = ()
+    policy_network: str = ""  # POLICY_NETWORK_KEY's value ("": none)
+
+    def entry(self) -> dict[str, Any]:
+        """The annotation's JSON entry (its empty fields left out, `default` always said)."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "interface": self.interface,
+            "ips": list(self.ips),
             "default": False,
         }
-        if data.get("hardwareAddress"):
-            entry["mac"] = data["hardwareAddress"]
-        if att.policy_network:  # what peers' policies know the network by (every node reads it)
-            entry[POLICY_NETWORK_KEY] = att.policy_network
+        if self.mac:
+            out["mac"] = self.mac
+        if self.policy_network:  # what peers' policies know the network by (every node reads it)
+            out[POLICY_NETWORK_KEY] = self.policy_network
+        if self.dns:
+            out["dns"] = dict(self.dns)
+        if self.gateway:
+            out["gateway"] = list(self.gateway)
+        return out
+
+
+def network_status(attached: Sequence[tuple[Attachment, Result]]) -> list[NetworkStatus]:
+    """The pod's cnidra interfaces as the `network-status` annotation lists them."""
+    out: list[NetworkStatus] = []
+    for att, result in attached:
+        data, _ = network_data_of(result, att.if_name)
         dns = result.raw.get("dns")
-        if isinstance(dns, dict) and dns:
-            entry["dns"] = dns
-        gateways = [ip["gateway"] for ip in result.raw.get("ips") or [] if ip.get("gateway")]
-        if gateways:
-            entry["gateway"] = gateways
-        out.append(entry)
+        out.append(
+            NetworkStatus(
+                att.status_name or att.network_name,
+                data["interfaceName"],
+                tuple(ip.split("/")[0] for ip in data.get("ips") or []),
+                str(data.get("hardwareAddress") or ""),
+                dns if isinstance(dns, dict) and dns else None,
+                tuple(ip["gateway"] for ip in result.raw.get("ips") or [] if ip.get("gateway")),
+                att.policy_network or "",
+            )
+        )
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ from cnidra.api.loading import LoadError, load_json
 from cnidra.api.refs import ObjectRef
 from cnidra.kube.api import Api, Invalid, NotFound, Pod, RefusedForGood
 from cnidra.observe import metrics
-from cnidra.status.devices import NETWORK_STATUS_ANNOTATION
+from cnidra.status.devices import NETWORK_STATUS_ANNOTATION, NetworkStatus
 from cnidra.util.workqueue import Lane
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class PodNetworksWriter:
         self.wake = wake
         self.timeout = timeout
         # pod -> its cnidra interfaces as network-status entries, waiting to be written
-        self.networks: dict[ObjectRef, list[dict[str, Any]]] = {}
+        self.networks: dict[ObjectRef, Sequence[NetworkStatus]] = {}
         self.seen: dict[ObjectRef, SeenAnnotations] = {}
         # whether the annotations the runtime gives are fresh enough to patch against: off
         # after a test failed (another writer of the annotation on this node's pods: a GET
@@ -63,7 +63,7 @@ class PodNetworksWriter:
     def pod_networks(
         self,
         pod: ObjectRef,
-        statuses: list[dict[str, Any]],
+        statuses: Sequence[NetworkStatus],
         seen: SeenAnnotations | None = None,
     ) -> None:
         """`seen`: the pod's annotations as its sandbox came with them; without them (a
@@ -115,7 +115,7 @@ class PodNetworksWriter:
             metrics.POD_WRITES.labels("network-status", "ok").inc()
             self._forget_pod(pod, statuses)
 
-    def _forget_pod(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
+    def _forget_pod(self, pod: ObjectRef, statuses: Sequence[NetworkStatus]) -> None:
         self.lane.done(pod)
         if self.networks.get(pod) is statuses:  # not replaced meanwhile
             del self.networks[pod]
@@ -124,7 +124,7 @@ class PodNetworksWriter:
             self.lane.add(pod)
 
     async def _annotate(
-        self, pod: ObjectRef, statuses: list[dict[str, Any]], seen: SeenAnnotations | None
+        self, pod: ObjectRef, statuses: Sequence[NetworkStatus], seen: SeenAnnotations | None
     ) -> None:
         if self.api is None:
             return
@@ -141,7 +141,7 @@ class PodNetworksWriter:
         if meta.get("deletionTimestamp") is not None:
             self.written_interfaces.pop(pod, None)
             return  # going away: nobody reads its networks any more
-        ours = {s["interface"] for s in statuses} | self.written_interfaces.get(pod, set())
+        ours = {s.interface for s in statuses} | self.written_interfaces.get(pod, set())
         current = (meta.get("annotations") or {}).get(NETWORK_STATUS_ANNOTATION)
         if seen is not None and current == seen.network_status:
             self.patch_seen = True  # the runtime's view held: patch against it again
@@ -149,20 +149,22 @@ class PodNetworksWriter:
         patch = {
             "metadata": {
                 "resourceVersion": meta.get("resourceVersion"),
-                "annotations": {NETWORK_STATUS_ANNOTATION: _dumps([*kept, *statuses])},
+                "annotations": {
+                    NETWORK_STATUS_ANNOTATION: _dumps([*kept, *(s.entry() for s in statuses)])
+                },
             }
         }
         await self.api.merge_patch(Pod, pod.name, patch, namespace=pod.namespace)
         self._wrote(pod, statuses)
 
-    def _wrote(self, pod: ObjectRef, statuses: list[dict[str, Any]]) -> None:
+    def _wrote(self, pod: ObjectRef, statuses: Sequence[NetworkStatus]) -> None:
         if statuses:
-            self.written_interfaces[pod] = {s["interface"] for s in statuses}
+            self.written_interfaces[pod] = {s.interface for s in statuses}
         else:
             self.written_interfaces.pop(pod, None)
 
     async def _patch_against(
-        self, pod: ObjectRef, statuses: list[dict[str, Any]], seen: SeenAnnotations
+        self, pod: ObjectRef, statuses: Sequence[NetworkStatus], seen: SeenAnnotations
     ) -> bool:
         """One JSON patch instead of a GET and a merge patch: it tests that the pod is this
         one, not being deleted, and that its annotation is still what the runtime gave (a test
@@ -170,8 +172,10 @@ class PodNetworksWriter:
         what the apiserver applies), then sets it. False when a test failed (422: apiserver
         pkg/endpoints/handlers/patch.go:425): the caller reads the pod and merges."""
         assert self.api is not None
-        ours = {s["interface"] for s in statuses} | self.written_interfaces.get(pod, set())
-        value = _dumps([*other_entries(seen.network_status, ours, pod), *statuses])
+        ours = {s.interface for s in statuses} | self.written_interfaces.get(pod, set())
+        value = _dumps(
+            [*other_entries(seen.network_status, ours, pod), *(s.entry() for s in statuses)]
+        )
         ops: list[dict[str, Any]] = [
             {"op": "test", "path": "/metadata/uid", "value": pod.uid},
             {"op": "test", "path": "/metadata/deletionTimestamp", "value": None},

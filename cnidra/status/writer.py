@@ -19,7 +19,7 @@ and the small writers' own notes."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,7 +27,12 @@ from cnidra.api.refs import ObjectRef
 from cnidra.kube.api import Api, AsyncClient
 from cnidra.kube.events import EventRecorder, Involved
 from cnidra.status.claimstatus import ClaimStatusWriter
-from cnidra.status.devices import NETWORK_STATUS_ANNOTATION, DeviceKey, DeviceStatus
+from cnidra.status.devices import (
+    NETWORK_STATUS_ANNOTATION,
+    DeviceKey,
+    DeviceStatus,
+    NetworkStatus,
+)
 from cnidra.status.events import EventWriter
 from cnidra.status.podnetworks import PodNetworksWriter, SeenAnnotations
 from cnidra.util.aio import wait_set
@@ -65,7 +70,7 @@ class StatusSink(Protocol):
     def pod_networks(
         self,
         pod: ObjectRef,
-        statuses: list[dict[str, Any]],
+        statuses: Sequence[NetworkStatus],
         seen: SeenAnnotations | None = None,
     ) -> None: ...
     def pod_gone(self, pod: ObjectRef) -> None: ...
@@ -178,7 +183,7 @@ class StatusWriter:
     def pod_networks(
         self,
         pod: ObjectRef,
-        statuses: list[dict[str, Any]],
+        statuses: Sequence[NetworkStatus],
         seen: SeenAnnotations | None = None,
     ) -> None:
         self.pods.pod_networks(pod, statuses, seen)

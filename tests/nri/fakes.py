@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from cnidra.state.checkpoint import Checkpoint, PreparedClaim
 from cnidra.state.journal import Journal
 from cnidra.state.layout import StateLayout
 from cnidra.state.sandboxes import SandboxStore
-from cnidra.status.devices import DeviceStatus
+from cnidra.status.devices import DeviceStatus, NetworkStatus
 from cnidra.status.writer import SeenAnnotations
 from cnidra.util.backoff import Backoff
 
@@ -221,7 +221,7 @@ class RecordingStatus:
         self.events: list[tuple[ObjectRef, str, str]] = []
         self.event_types: list[str] = []
         self.event_details: list[bool] = []
-        self.networks: dict[ObjectRef, list[dict[str, Any]]] = {}
+        self.networks: dict[ObjectRef, Sequence[NetworkStatus]] = {}
         self.seen: dict[ObjectRef, SeenAnnotations | None] = {}
         self.gone: list[ObjectRef] = []
         self.released_claims: list[tuple[ObjectRef, bool]] = []
@@ -272,7 +272,7 @@ class RecordingStatus:
     def pod_networks(
         self,
         pod: ObjectRef,
-        statuses: list[dict[str, Any]],
+        statuses: Sequence[NetworkStatus],
         seen: SeenAnnotations | None = None,
     ) -> None:
         self.networks[pod] = statuses

@@ -368,7 +368,7 @@ async def test_unpreparing_one_claim_dels_only_its_attachments(tmp_path: Path) -
     assert not any(a.pending for a in record.attachments)
     assert [c.name for c in record.claims()] == ["c2"]
     assert not node.status.entries.get(one.ref)  # its status entry goes with it
-    assert [s["interface"] for s in node.status.networks[record.pod]] == ["net2"]
+    assert [s.interface for s in node.status.networks[record.pod]] == ["net2"]
     assert (one.ref, False) in node.status.released_claims
 
     again = Node.start(tmp_path)  # the record on disk says the same

@@ -77,13 +77,13 @@ async def test_one_pod_failing_does_not_hold_up_the_others() -> None:
             if {"a", "b"} <= set(api.annotations):
                 break
             await asyncio.sleep(0.02)
-        assert api.entries("a") == [OURS] and api.entries("b") == [OURS]
+        assert api.entries("a") == [OURS.entry()] and api.entries("b") == [OURS.entry()]
         assert api.patched["forbidden"] == 1  # refused for good: dropped, not retried
         assert pod("forbidden") not in writer.pods.networks
         assert pod("stuck") in writer.pods.networks  # still retried, on its own backoff
         del api.failing["stuck"]
         await settle(writer)
-    assert api.entries("stuck") == [OURS] and writer.pending() == 0
+    assert api.entries("stuck") == [OURS.entry()] and writer.pending() == 0
 
 
 async def test_a_tenants_annotation_is_read_with_bounds_never_raised_on() -> None:
@@ -99,8 +99,8 @@ async def test_a_tenants_annotation_is_read_with_bounds_never_raised_on() -> Non
             writer.pod_networks(pod(name), [OURS])
         await settle(writer)
     for name in ("deep", "huge", "scalar", "broken"):
-        assert api.entries(name) == [OURS], name
-    assert api.entries("mixed") == [{"name": "other", "interface": "eth0"}, OURS]
+        assert api.entries(name) == [OURS.entry()], name
+    assert api.entries("mixed") == [{"name": "other", "interface": "eth0"}, OURS.entry()]
 
 
 async def test_an_event_refused_for_good_does_not_block_the_next_and_the_queue_is_bounded(
@@ -163,7 +163,7 @@ async def test_a_slow_apiserver_call_times_out_and_the_rest_proceed(monkeypatch:
         writer.pod_networks(pod("fine"), [OURS])
         async with asyncio.timeout(30):  # a hang's bound
             await fine.wait()
-    assert api.entries("fine") == [OURS]
+    assert api.entries("fine") == [OURS.entry()]
 
 
 async def test_a_claims_normal_event_is_about_the_resourceclaim() -> None:

@@ -13,12 +13,12 @@ import pytest
 
 from cnidra.api.refs import ObjectRef
 from cnidra.kube.session import ApiStatus
-from cnidra.status.devices import DeviceStatus
+from cnidra.status.devices import DeviceStatus, NetworkStatus
 from cnidra.status.writer import NETWORK_STATUS_ANNOTATION, StatusWriter
 
 POD = ObjectRef("ns", "p", "uid-p")
 MULTUS_ENTRY = {"name": "cbr0", "interface": "eth0", "ips": ["198.18.0.5"], "default": True}
-OURS = {"name": "ns/green", "interface": "net1", "ips": ["198.18.9.2"], "default": False}
+OURS = NetworkStatus("ns/green", "net1", ("198.18.9.2",))
 
 
 class Apiserver:
@@ -74,7 +74,7 @@ async def test_ours_are_added_beside_the_primary_networks_entry_and_removed_alon
     writer = StatusWriter(apiserver)  # type: ignore[arg-type]
     async with running(writer):
         writer.pod_networks(POD, [OURS])
-        await until(lambda: apiserver.entries() == [MULTUS_ENTRY, OURS], apiserver, 30)
+        await until(lambda: apiserver.entries() == [MULTUS_ENTRY, OURS.entry()], apiserver, 30)
         writer.pod_networks(POD, [])
         await until(lambda: apiserver.entries() == [MULTUS_ENTRY], apiserver, 30)
     assert writer.pending() == 0
@@ -86,7 +86,7 @@ async def test_a_refused_patch_is_retried_without_another_change() -> None:
     async with running(writer):
         writer.pod_networks(POD, [OURS])
         await until(lambda: apiserver.patches == 1, apiserver, 30)  # retried after ~0.5 s
-    assert apiserver.entries() == [MULTUS_ENTRY, OURS]
+    assert apiserver.entries() == [MULTUS_ENTRY, OURS.entry()]
 
 
 async def test_a_pod_that_is_gone_is_forgotten() -> None:
@@ -128,3 +128,30 @@ async def test_a_claim_status_refused_for_good_is_not_retried_forever(
         async with asyncio.timeout(30):  # a hang's bound
             await writer.flushed()
     assert writer.pending() == 0 and apiserver.patches == 1
+
+
+def test_a_network_status_is_typed_until_it_is_written() -> None:
+    """The annotation's entry from the typed NetworkStatus: Multus' fields, the empty ones left
+    out, `default` always said, the policy network under its key."""
+    full = NetworkStatus(
+        "ns/green",
+        "net1",
+        ("198.18.9.2", "2001:db8::2"),
+        "02:00:00:00:00:01",
+        {"nameservers": ["198.18.9.1"]},
+        ("198.18.9.1",),
+        "cninetwork:green",
+    )
+    assert full.entry() == {
+        "name": "ns/green",
+        "interface": "net1",
+        "ips": ["198.18.9.2", "2001:db8::2"],
+        "default": False,
+        "mac": "02:00:00:00:00:01",
+        POLICY_NETWORK_KEY: "cninetwork:green",
+        "dns": {"nameservers": ["198.18.9.1"]},
+        "gateway": ["198.18.9.1"],
+    }
+    assert OURS.entry() == {
+        "name": "ns/green", "interface": "net1", "ips": ["198.18.9.2"], "default": False
+    }  # fmt: skip

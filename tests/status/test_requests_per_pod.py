@@ -20,13 +20,13 @@ from cnidra.api.refs import ObjectRef
 from cnidra.observe import metrics
 from cnidra.status import claimstatus
 from cnidra.status import writer as module
-from cnidra.status.devices import DeviceStatus
+from cnidra.status.devices import DeviceStatus, NetworkStatus
 from tests.fakenode import MULTUS_ENTRY, NAMESPACE, NETWORK_STATUS, FakeNode
 from tests.kube.fakeapi import DRIVER, FakeApiserver, a_pod
 from tests.nri.fakes import FakePlugins
 from tests.status.test_network_status import running as writing
 
-OURS = {"name": "pods/bench-cnidra", "interface": "net1", "ips": ["198.18.161.7"]}
+OURS = NetworkStatus("pods/bench-cnidra", "net1", ("198.18.161.7",))
 
 
 def kinds(api: FakeApiserver, since: int = 0) -> Counter[str]:
