@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from cnidra.api.netpolicy_node import POLICY_NETWORK_KEY
 from cnidra.api.refs import ObjectRef
 from cnidra.kube.session import ApiStatus
 from cnidra.status.devices import DeviceStatus, NetworkStatus
