@@ -65,6 +65,7 @@ from cnidra.status.metadata import DeviceMetadata
 from cnidra.status.netpolicy import PolicyStatusWriter
 from cnidra.status.writer import StatusWriter
 from cnidra.util.aio import reap_children_by_pidfd
+from cnidra.util.locks import KeyedLocks
 from cnidra.util.memory import cap_malloc_arenas, settle_gc, small_tls_reads
 from cnidra.util.rpc import RPCServer
 from cnidra.util.workers import start_workers
@@ -205,6 +206,7 @@ class Driver:
         migrate_legacy(self.layout, settings.legacy_cni_dir, self.sandboxes)
         self.policy_status, self.policy = self._network_policy()
         metrics.POLICY_DROPS.source = lambda: read_drops(self.policy)
+        self.bandwidth = self._rate_limits()
         self.lifecycle = PodLifecycle(
             self.checkpoint,
             self.runtime,
@@ -219,9 +221,11 @@ class Driver:
             network_status=settings.network_status,
             hold_from_attach=settings.claim_finalizer == "on-attach",
             policy=self.policy if settings.network_policy else None,
+            bandwidth=self.bandwidth,
+            locks=self.bandwidth.locks,  # the sandboxes' locks: the hooks' and the keeper's
         )
-        self.bandwidth = self._rate_limits()
-        metrics.INTERFACES.source = self.lifecycle.reporting.interfaces
+        metrics.INTERFACES.source = self.lifecycle.interfaces
+        metrics.RATE_LIMITS.source = self.lifecycle.shaped_interfaces
         self.reconciler = Reconciler(self.lifecycle, self.layout.write_problem)
         # fail closed: no claim is prepared (so no pod of it started) while the runtime cannot
         # tell cnidra about the pod's sandbox
@@ -382,7 +386,7 @@ class Driver:
         self._servers = [node_server, dra_server, reg_server]
         self.health.set(True)
         self.http.start()
-        self.lifecycle.reporting.restore()
+        self.lifecycle.restore_status()
         held = {claim for record in self.sandboxes.all() for claim in record.claims()}
         if released := self.status.restore_releases(held):
             log.info("releasing the finalizer of %d claim(s) a previous run left held", released)
@@ -458,11 +462,9 @@ class Driver:
         """Rate limits kept to the class's rules and, for Leftover, to the link's reservations
         while pods run (cnidra.nri.bandwidth), under the hook's sandbox locks; their metrics."""
         keeper = BandwidthKeeper(
-            self.sandboxes, self.status, self.lifecycle.locks, checkpoint=self.checkpoint
+            self.sandboxes, self.status, KeyedLocks(), checkpoint=self.checkpoint
         )
-        self.lifecycle.setup.bandwidth = keeper
         self.preparer.on_unprepared = lambda _ref: keeper.changed()
-        metrics.RATE_LIMITS.source = self.lifecycle.reporting.shaped_interfaces
         metrics.RATE_LIMITS.read = read_limits
         return keeper
 

@@ -38,7 +38,13 @@ from cnidra.datapath import shaping
 from cnidra.nri.budget import HookBudget
 from cnidra.nri.hotplug import HotPlug, PlugError
 from cnidra.nri.reporting import Reporting, count_failure, observe_del
-from cnidra.nri.setup import SHAPING_TIMEOUT, InterfaceSetup, PolicyHook, Shaper
+from cnidra.nri.setup import (
+    SHAPING_TIMEOUT,
+    BandwidthHook,
+    InterfaceSetup,
+    PolicyHook,
+    Shaper,
+)
 from cnidra.observe.interfaces import PodInterface
 from cnidra.state import journal as events
 from cnidra.state.checkpoint import Checkpoint
@@ -114,11 +120,15 @@ class PodLifecycle:
         hold_from_attach: bool = False,
         shaper: Shaper = shaping,
         policy: PolicyHook | None = None,
+        bandwidth: BandwidthHook | None = None,
+        locks: KeyedLocks | None = None,
     ) -> None:
         """`hold_from_attach`: a claim carries the detach finalizer from its first interface
         on (two more requests per claim), not only once a DEL of its interfaces failed.
         `shaper`: what holds an interface whose attachment has a `rate` to it, right after
-        its ADD (a failure fails the attachment), and removes it after an unplug's DEL."""
+        its ADD (a failure fails the attachment), and removes it after an unplug's DEL.
+        `bandwidth`: the limits that depend on more than the attachment (cnidra.nri.bandwidth).
+        `locks`: the sandboxes' locks, when others take them too (the bandwidth keeper)."""
         self.checkpoint = checkpoint
         self.runtime = runtime
         self.store = store
@@ -139,9 +149,9 @@ class PodLifecycle:
             network_status=network_status,
             hold_from_attach=hold_from_attach,
         )
-        self.setup = InterfaceSetup(shaper, policy, self.journal)
+        self.setup = InterfaceSetup(shaper, policy, self.journal, bandwidth)
         self.hotplug = HotPlug(self)
-        self.locks = KeyedLocks()
+        self.locks = KeyedLocks() if locks is None else locks
         # detaches to try again, keyed by sandbox, each due after its own backoff (the keyed
         # work queue's shape, cnidra.util.workqueue), worked by one task while any is queued
         self.detaches: WorkQueue[str] = WorkQueue(retry)
@@ -513,6 +523,9 @@ class PodLifecycle:
 
     def interfaces(self) -> list[PodInterface]:
         return self.reporting.interfaces()
+
+    def shaped_interfaces(self) -> list[PodInterface]:
+        return self.reporting.shaped_interfaces()
 
     def restore_status(self) -> None:
         self.reporting.restore()

@@ -75,14 +75,20 @@ class BandwidthHook(Protocol):
 class InterfaceSetup:
     """`shaper`: what holds an interface whose attachment has a `rate` to it, right after its
     ADD (a failure fails the attachment), and removes it after an unplug's DEL; `policy`:
-    network policy, None when it is off; `bandwidth` (set by the agent): the limits that
-    depend on more than the attachment, None: the rate prepare decided."""
+    network policy, None when it is off; `bandwidth`: the limits that depend on more than the
+    attachment (the agent's BandwidthKeeper), None: the rate prepare decided."""
 
-    def __init__(self, shaper: Shaper, policy: PolicyHook | None, journal: Journal) -> None:
+    def __init__(
+        self,
+        shaper: Shaper,
+        policy: PolicyHook | None,
+        journal: Journal,
+        bandwidth: BandwidthHook | None = None,
+    ) -> None:
         self.shaper = shaper
         self.policy = policy
         self.journal = journal
-        self.bandwidth: BandwidthHook | None = None
+        self.bandwidth = bandwidth
 
     def limited(self, att: Attachment) -> Attachment:
         """`att` with the limit it gets now (its sandbox's record is in the store already: an

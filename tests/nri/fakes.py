@@ -29,6 +29,7 @@ from cnidra.state.sandboxes import SandboxStore
 from cnidra.status.devices import DeviceStatus, NetworkStatus
 from cnidra.status.writer import SeenAnnotations
 from cnidra.util.backoff import Backoff
+from cnidra.util.locks import KeyedLocks
 
 
 @dataclass(frozen=True)
@@ -312,10 +313,19 @@ class Node:
         gone = set() if gone is None else gone
         layout = StateLayout(root)
         status = RecordingStatus()
+        store = SandboxStore(layout)
+        checkpoint = Checkpoint(layout)
+        shaper = shaper if shaper is not None else FakeShaper()
+        keeper = None
+        if bandwidth:  # as the driver wires it (cnidra.agent.driver)
+            keeper = BandwidthKeeper(
+                store, status, KeyedLocks(), shaper=shaper, checkpoint=checkpoint
+            )
+            keeper.replace_classes([])  # the DeviceClass LIST: none yet
         lifecycle = PodLifecycle(
-            Checkpoint(layout),
+            checkpoint,
             runtime(root, plugins),
-            SandboxStore(layout),
+            store,
             status,
             retry=lambda: Backoff(0.01, 0.05, jitter=0),
             netns_exists=lambda path: path not in gone,
@@ -324,20 +334,11 @@ class Node:
             max_attachments=3,
             journal=journal,
             hold_from_attach=hold_from_attach,
-            shaper=shaper if shaper is not None else FakeShaper(),
+            shaper=shaper,
             policy=policy,
+            bandwidth=keeper,
+            locks=keeper.locks if keeper is not None else None,
         )
-        keeper = None
-        if bandwidth:  # as the driver wires it (cnidra.agent.driver)
-            keeper = BandwidthKeeper(
-                lifecycle.store,
-                status,
-                lifecycle.locks,
-                shaper=lifecycle.setup.shaper,
-                checkpoint=lifecycle.checkpoint,
-            )
-            lifecycle.setup.bandwidth = keeper
-            keeper.replace_classes([])  # the DeviceClass LIST: none yet
         reconciler = Reconciler(lifecycle, layout.write_problem)
         hooks = PodHooks(lifecycle, reconciler, background=background)
         return cls(lifecycle, reconciler, hooks, plugins, status, gone, keeper)
