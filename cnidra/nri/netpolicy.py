@@ -79,7 +79,7 @@ from cnidra.cni.result import Result
 from cnidra.datapath import netpolicy as nft
 from cnidra.observe import metrics
 from cnidra.state.sandboxes import SandboxRecord, SandboxStore, State
-from cnidra.status.devices import DeviceKey, policy_condition
+from cnidra.status.devices import Condition, DeviceKey, policy_condition
 from cnidra.status.netpolicy import NOT_APPLIED, PolicyRef, entry_of
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ class Conditions(Protocol):
     queued, written off the hook path)."""
 
     def device_condition(
-        self, claim: ObjectRef, key: DeviceKey, type_: str, condition: Mapping[str, Any] | None
+        self, claim: ObjectRef, key: DeviceKey, type_: str, condition: Condition | None
     ) -> None: ...
 
 

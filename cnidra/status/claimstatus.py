@@ -18,7 +18,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,13 @@ from cnidra.api.constants import DRIVER_NAME
 from cnidra.api.refs import ObjectRef
 from cnidra.kube.api import Api, NotFound, RefusedForGood, ResourceClaim, ResourceClaimStatus
 from cnidra.observe import metrics
-from cnidra.status.devices import DeviceKey, DeviceStatus, same_condition, with_conditions
+from cnidra.status.devices import (
+    Condition,
+    DeviceKey,
+    DeviceStatus,
+    same_condition,
+    with_conditions,
+)
 from cnidra.util.files import write_atomically
 from cnidra.util.workqueue import Lane
 
@@ -58,7 +64,7 @@ class ClaimStatusWriter:
         self.releases = releases
         self.devices: dict[ObjectRef, dict[DeviceKey, DeviceStatus]] = {}
         # conditions of other producers (network policy's), merged into the entries they name
-        self.conditions: dict[ObjectRef, dict[DeviceKey, dict[str, Mapping[str, Any]]]] = {}
+        self.conditions: dict[ObjectRef, dict[DeviceKey, dict[str, Condition]]] = {}
         self.status_changed: set[ObjectRef] = set()  # claims whose status is to be written
         # what the apiserver has of a claim's entries, as written last (absent: not known)
         self.written: dict[ObjectRef, list[DeviceStatus]] = {}
@@ -74,7 +80,7 @@ class ClaimStatusWriter:
         self._mark(claim)
 
     def device_condition(
-        self, claim: ObjectRef, key: DeviceKey, type_: str, condition: Mapping[str, Any] | None
+        self, claim: ObjectRef, key: DeviceKey, type_: str, condition: Condition | None
     ) -> None:
         """A condition of `type_` on the entry `key` (None: none), kept apart from `put`'s and
         merged into the entry when it is written, whichever of the two comes first; a

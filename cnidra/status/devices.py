@@ -39,6 +39,52 @@ DeviceKey = tuple[str, str, str, str]  # driver, pool, device, shareID
 
 
 @dataclass(frozen=True)
+class Condition:
+    """One condition of a device's status entry (metav1.Condition's fields), typed until the
+    entry is written."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+    last_transition_time: str  # RFC 3339, to the second
+    observed_generation: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "type": self.type,
+            "status": self.status,
+            "reason": self.reason,
+            "message": self.message,
+            "lastTransitionTime": self.last_transition_time,
+        }
+        if self.observed_generation is not None:
+            out["observedGeneration"] = self.observed_generation
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Condition:
+        generation = raw.get("observedGeneration")
+        return cls(
+            str(raw.get("type") or ""),
+            str(raw.get("status") or ""),
+            str(raw.get("reason") or ""),
+            str(raw.get("message") or ""),
+            str(raw.get("lastTransitionTime") or ""),
+            generation if isinstance(generation, int) else None,
+        )
+
+    def says_as(self, other: Condition | None) -> bool:
+        """Whether `other` says the same (the times aside)."""
+        return other is not None and (self.type, self.status, self.reason, self.message) == (
+            other.type,
+            other.status,
+            other.reason,
+            other.message,
+        )
+
+
+@dataclass(frozen=True)
 class DeviceStatus:
     """One ResourceClaim `status.devices` entry of cnidra's, typed: which device (its key), its
     conditions, its networkData and its CNI result (`data`, fitted to the API's limits)."""
@@ -46,7 +92,7 @@ class DeviceStatus:
     pool: str
     device: str
     share_id: str
-    conditions: tuple[Mapping[str, Any], ...]
+    conditions: tuple[Condition, ...]
     network_data: Mapping[str, Any] | None = None
     data: Mapping[str, Any] | None = None
     driver: str = DRIVER_NAME
@@ -64,7 +110,7 @@ class DeviceStatus:
             entry["data"] = dict(self.data)
         if self.network_data is not None:
             entry["networkData"] = dict(self.network_data)
-        entry["conditions"] = [dict(c) for c in self.conditions]
+        entry["conditions"] = [c.to_json() for c in self.conditions]
         return entry
 
     @classmethod
@@ -73,7 +119,11 @@ class DeviceStatus:
             entry["pool"],
             entry["device"],
             entry.get("shareID") or "",
-            tuple(entry.get("conditions") or ()),
+            tuple(
+                Condition.from_json(c)
+                for c in entry.get("conditions") or ()
+                if isinstance(c, Mapping)
+            ),
             entry.get("networkData"),
             entry.get("data"),
             entry.get("driver", DRIVER_NAME),
@@ -107,7 +157,7 @@ def device_status_of(
             "False", REASON_NOT_READY, outcome.error or "not attached", now, observed_generation
         )
     if notes:
-        condition["message"] = _clip(f"{condition['message']} ({'; '.join(notes)})")
+        condition = replace(condition, message=_clip(f"{condition.message} ({'; '.join(notes)})"))
     conditions = [condition]
     if outcome.ready and att.rate is not None:
         conditions.append(
@@ -134,7 +184,7 @@ def policy_condition(
     *,
     host_if: str = "",
     bridge: str = "",
-) -> dict[str, Any]:
+) -> Condition:
     """The NetworkPolicyEnforced condition of an interface on a network policy can name
     (`network`, as `policy-for` names it): False with why when policy cannot be enforced on it
     (`refused`, the plugin type's reason) or when containers of its pod could delete the table
@@ -183,19 +233,19 @@ def policy_condition(
     )
 
 
-def same_condition(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
+def same_condition(a: Condition | None, b: Condition | None) -> bool:
     """Whether two conditions say the same (their times aside)."""
     if a is None or b is None:
         return a is b
-    return all(a.get(k) == b.get(k) for k in ("type", "status", "reason", "message"))
+    return a.says_as(b)
 
 
-def with_conditions(status: DeviceStatus, extra: Sequence[Mapping[str, Any]]) -> DeviceStatus:
+def with_conditions(status: DeviceStatus, extra: Sequence[Condition]) -> DeviceStatus:
     """`status` with `extra` conditions, each replacing one of its type."""
     if not extra:
         return status
-    types = {c["type"] for c in extra}
-    kept = tuple(c for c in status.conditions if c.get("type") not in types)
+    types = {c.type for c in extra}
+    kept = tuple(c for c in status.conditions if c.type not in types)
     return replace(status, conditions=(*kept, *extra))
 
 
@@ -269,18 +319,11 @@ def _condition(
     now: datetime | None,
     generation: int | None,
     type_: str = CONDITION_READY,
-) -> dict[str, Any]:
+) -> Condition:
     stamp = (now or datetime.now(UTC)).replace(microsecond=0)
-    cond: dict[str, Any] = {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": _clip(message),
-        "lastTransitionTime": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-    if generation is not None:
-        cond["observedGeneration"] = generation
-    return cond
+    return Condition(
+        type_, status, reason, _clip(message), stamp.strftime("%Y-%m-%dT%H:%M:%SZ"), generation
+    )
 
 
 def _clip(message: str) -> str:

@@ -19,7 +19,7 @@ and the small writers' own notes."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,6 +29,7 @@ from cnidra.kube.events import EventRecorder, Involved
 from cnidra.status.claimstatus import ClaimStatusWriter
 from cnidra.status.devices import (
     NETWORK_STATUS_ANNOTATION,
+    Condition,
     DeviceKey,
     DeviceStatus,
     NetworkStatus,
@@ -142,7 +143,7 @@ class StatusWriter:
         self.claims.put(claim, status)
 
     def device_condition(
-        self, claim: ObjectRef, key: DeviceKey, type_: str, condition: Mapping[str, Any] | None
+        self, claim: ObjectRef, key: DeviceKey, type_: str, condition: Condition | None
     ) -> None:
         self.claims.device_condition(claim, key, type_, condition)
 

@@ -26,7 +26,7 @@ from cnidra.state.checkpoint import Checkpoint, PreparedClaim
 from cnidra.state.journal import Journal
 from cnidra.state.layout import StateLayout
 from cnidra.state.sandboxes import SandboxStore
-from cnidra.status.devices import DeviceStatus, NetworkStatus
+from cnidra.status.devices import Condition, DeviceStatus, NetworkStatus
 from cnidra.status.writer import SeenAnnotations
 from cnidra.util.backoff import Backoff
 from cnidra.util.locks import KeyedLocks
@@ -227,7 +227,7 @@ class RecordingStatus:
         self.gone: list[ObjectRef] = []
         self.released_claims: list[tuple[ObjectRef, bool]] = []
         # (claim, pool, device, share) -> condition type -> the condition
-        self.conditions: dict[tuple[ObjectRef, str, str, str], dict[str, Mapping[str, Any]]] = {}
+        self.conditions: dict[tuple[ObjectRef, str, str, str], dict[str, Condition]] = {}
 
     def put(self, claim: ObjectRef, status: DeviceStatus) -> None:
         self.entries.setdefault(claim, {})[status.key[1:]] = status.entry()
@@ -246,7 +246,7 @@ class RecordingStatus:
         claim: ObjectRef,
         key: tuple[str, str, str, str],
         type_: str,
-        condition: Mapping[str, Any] | None,
+        condition: Condition | None,
     ) -> None:
         held = self.conditions.setdefault((claim, *key[1:]), {})
         if condition is None:

@@ -53,7 +53,7 @@ def started(
 
 
 def condition(node: Node) -> dict[str, Any]:
-    return dict(node.status.conditions[DEVICE][CONDITION_POLICY])
+    return node.status.conditions[DEVICE][CONDITION_POLICY].to_json()
 
 
 def net_admin(name: str = "a") -> dict[str, Any]:

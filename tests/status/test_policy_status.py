@@ -7,6 +7,7 @@ status subresource) is dropped, a transient failure retried."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 from cnidra.api.constants import CONDITION_POLICY, CONDITION_READY
@@ -14,7 +15,7 @@ from cnidra.api.refs import ObjectRef
 from cnidra.kube.api import Api
 from cnidra.kube.events import EventRecorder, Involved
 from cnidra.kube.session import ApiStatus
-from cnidra.status.devices import DeviceStatus, policy_condition
+from cnidra.status.devices import Condition, DeviceStatus, policy_condition
 from cnidra.status.events import EventWriter
 from cnidra.status.netpolicy import (
     EVENT_NOT_APPLIED,
@@ -31,7 +32,7 @@ from cnidra.util.workqueue import Lane, WorkQueue
 from tests.status.test_network_status import running
 
 CLAIM = ObjectRef("ns", "c", "c-uid")
-READY = {"type": CONDITION_READY, "status": "True", "reason": "r", "message": "m"}
+READY = Condition(CONDITION_READY, "True", "r", "m", "2026-11-28T00:00:00Z")
 DEVICE = DeviceStatus("node", "eth1", "", (READY,))
 
 
@@ -72,7 +73,9 @@ async def test_the_condition_is_merged_into_the_entry_whichever_comes_first() ->
         [entry] = client.patches[0][1]["status"]["devices"]
         assert [c["type"] for c in entry["conditions"]] == [CONDITION_READY, CONDITION_POLICY]
         # the same condition again (a later time): not written again
-        writer.device_condition(CLAIM, DEVICE.key, CONDITION_POLICY, dict(condition))
+        writer.device_condition(
+            CLAIM, DEVICE.key, CONDITION_POLICY, replace(condition, last_transition_time="later")
+        )
         await asyncio.sleep(0.05)
         assert len(client.patches) == 1
         # changed: written; the entry put again keeps it
