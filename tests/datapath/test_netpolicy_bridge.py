@@ -297,8 +297,8 @@ async def test_the_reconciler_polices_a_bridge_on_the_host_and_leaves_it_as_foun
         assert described[IFNAME]["hostInterface"] == port_of("a")
         assert described[IFNAME]["bridge"] == BRIDGE and described[IFNAME]["table"] == table
         conditions = [c[CONDITION_POLICY] for c in status.conditions.values()]
-        assert {c["reason"] for c in conditions} == {REASON_POLICY_HOST_SIDE}
-        assert all("a port of bridge br0" in c["message"] for c in conditions)
+        assert {c.reason for c in conditions} == {REASON_POLICY_HOST_SIDE}
+        assert all("a port of bridge br0" in c.message for c in conditions)
         # a goes: its tables go, the bridge stays switched on for b
         enforcer.forget(a)
         await enforcer.remove_doomed()

@@ -148,8 +148,8 @@ async def test_the_reconciler_enforces_on_the_hosts_end_and_removes_what_it_left
         assert described[IFNAME]["table"] == table and described[IFNAME]["netns"] == host
         assert "undoableBy" not in described
         [condition] = status.conditions.values()
-        assert condition[CONDITION_POLICY]["reason"] == REASON_POLICY_HOST_SIDE
-        assert condition[CONDITION_POLICY]["status"] == "True"
+        assert condition[CONDITION_POLICY].reason == REASON_POLICY_HOST_SIDE
+        assert condition[CONDITION_POLICY].status == "True"
         assert enforcer.tables() == [(("tenant-a", "a"), NET, host, table)]
         # a restart: the record says a is attached; a table of a pod that went meanwhile is
         # swept once synced, a's is rewritten and kept
