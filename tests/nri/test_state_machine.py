@@ -76,6 +76,45 @@ async def test_a_crash_mid_del_is_finished_after_the_restart(tmp_path: Path) -> 
     assert [c.if_name for c in again.plugins.commands("DEL")] == ["net2", "net2", "net1"]
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])  # every plugin call of the pod's ADD
+async def test_a_crash_at_every_add_converges_to_one_attachment(tmp_path: Path, n: int) -> None:
+    """Wherever the process dies among the pod's ADDs, the restarted driver undoes what the
+    record lists (every plugin DELed, in reverse, whatever got that far) and attaches the pod
+    again, whole, once; the claim's status is the two interfaces, nothing left over."""
+    node = Node.start(tmp_path, FakePlugins(crash_at=("ADD", n)))
+    two_networks(node)
+    with pytest.raises(Crash):
+        await node.hooks.run_pod_sandbox(pod("a"))
+    assert node.store.get("a-sandbox").state is State.ADDING  # type: ignore[union-attr]
+    again = Node.start(tmp_path)
+    await again.hooks.synchronize([pod("a")])
+    assert [(c.if_name, c.plugin) for c in again.plugins.commands("DEL")] == [
+        ("net2", "tuning"), ("net2", "bridge"), ("net1", "macvlan")
+    ]  # fmt: skip
+    assert len(again.plugins.commands("ADD")) == 3
+    record = again.store.get("a-sandbox")
+    assert record is not None and record.state is State.ADDED and len(record.attachments) == 2
+    again.lifecycle.restore_status()
+    [claim] = again.status.entries
+    assert len(again.status.entries[claim]) == 2
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])  # every plugin call of the pod's DEL
+async def test_a_crash_at_every_del_is_finished_after_the_restart(tmp_path: Path, n: int) -> None:
+    """Wherever the process dies among the pod's DELs, the record says DELETING and the
+    restarted driver DELs every plugin of it again (DEL is idempotent) and forgets it."""
+    node = Node.start(tmp_path, FakePlugins(crash_at=("DEL", n)))
+    two_networks(node)
+    await node.hooks.run_pod_sandbox(pod("a"))
+    with pytest.raises(Crash):
+        await node.hooks.stop_pod_sandbox(pod("a"))
+    assert node.store.get("a-sandbox").state is State.DELETING  # type: ignore[union-attr]
+    again = Node.start(tmp_path)
+    await again.hooks.synchronize([])
+    assert len(again.store) == 0 and not again.lifecycle.detaches
+    assert [c.if_name for c in again.plugins.commands("DEL")] == ["net2", "net2", "net1"]
+
+
 @pytest.mark.parametrize("hold_from_attach", [False, True])
 async def test_a_failing_del_is_retried_with_backoff_and_holds_the_finalizer(
     tmp_path: Path, hold_from_attach: bool
