@@ -217,8 +217,8 @@ class DriverSettings:
         "added",
         "which Normal Events are written: added, an AddedInterface on the pod for each interface "
         "attached (the Events Multus writes; one apiserver request each); all, besides, "
-        "RemovedInterface on pods and Prepared on claims (three requests a pod); none. "
-        "Warnings are always written",
+        "RemovedInterface on pods and Prepared on claims (three requests a pod); none (not "
+        "even an IPAMClaim's AddressesKept). Warnings are always written",
         choices=("added", "all", "none"),
         chart=True,
     )
