@@ -246,7 +246,7 @@ class Driver:
         self.node_api = NodeNetworksService(
             self.node_records,
             self.journal,
-            self.lifecycle.hotplug,
+            self.lifecycle,  # hot-plug through the lifecycle's faces (plug, unplug)
             refusals=(PlugError,),
             limits=read_limits,
             policy=self._describe_policy if settings.network_policy else None,

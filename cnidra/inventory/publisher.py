@@ -257,20 +257,24 @@ class SlicePublisher:
             if self.networks
             else None
         )
+        failed = Backoff(initial=PUBLISH_RETRY, maximum=self.resync)
         try:
             while True:
+                wait = self.resync
                 try:
                     if self._check_rounds:
                         self._check_rounds -= 1
                         await self._check_published()
                     await self.publish_if_changed(owner)
+                    failed.reset()
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
                     metrics.PUBLISHES.labels("error").inc()
-                    log.warning("publishing ResourceSlices failed: %s", exc)
-                    self._published = None  # retry on the next round
-                await wait_set(self._trigger, self.resync)
+                    self._published = None  # published again, whole, on the next round
+                    wait = min(failed.next(), self.resync)
+                    log.warning("publishing ResourceSlices failed (next in %.1f s): %s", wait, exc)
+                await wait_set(self._trigger, wait)
                 await self._quiet()
         finally:
             watcher.cancel()
@@ -439,6 +443,7 @@ class SlicePublisher:
                 await asyncio.sleep(backoff.after_run(time.monotonic() - started))
 
 
+PUBLISH_RETRY = 1.0  # seconds before a failed publish is tried again, at first (then doubling)
 NETLINK_RETRY = 5.0  # seconds before a failed netlink monitor is opened again, at first
 NETLINK_RETRY_MAX = 60.0  # ... and at most (the publisher's resync covers the gap)
 API_TIMEOUT = 10.0  # one apiserver call of the publisher (a LIST of its slices: three)

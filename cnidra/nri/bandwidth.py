@@ -53,6 +53,7 @@ from cnidra.state.sandboxes import Attached, SandboxRecord, SandboxStore, State
 from cnidra.status.devices import device_status_of
 from cnidra.status.writer import StatusSink
 from cnidra.util.aio import wait_set
+from cnidra.util.backoff import Backoff
 from cnidra.util.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
@@ -203,16 +204,21 @@ class BandwidthKeeper:
     # ------------------------------------------------------------------ the passes
 
     async def run(self) -> None:
-        """A pass when told, and every `period` seconds."""
+        """A pass when told, and every `period` seconds; a failed pass again after a backoff."""
+        failed = Backoff(initial=min(1.0, self.period), maximum=self.period)
+        wait = self.period
         while True:
-            await wait_set(self._wake, self.period)
+            await wait_set(self._wake, wait)
             self._wake.clear()
             try:
                 await self.reconcile()
+                failed.reset()
+                wait = self.period
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("a pass over the rate limits failed; the next one tries again")
+                wait = failed.next()  # the one pace, up to `period`
+                log.exception("a pass over the rate limits failed; next in %.1f s", wait)
 
     async def reconcile(self) -> int:
         """Every attached interface held to what it should be now; how many changed. Nothing

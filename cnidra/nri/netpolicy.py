@@ -81,12 +81,15 @@ from cnidra.observe import metrics
 from cnidra.state.sandboxes import SandboxRecord, SandboxStore, State
 from cnidra.status.devices import Condition, DeviceKey, policy_condition
 from cnidra.status.netpolicy import NOT_APPLIED, PolicyRef, entry_of
+from cnidra.util.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
 REASON_POLICY = "policy"  # the ATTACH_FAILURES reason of a table that could not be applied
 REASON_NOT_ENFORCED = "NetworkPolicyNotEnforced"
 NFT_TIMEOUT = nft.DEFAULT_TIMEOUT_SECONDS
+APPLY_RETRY = 1.0  # seconds before a failed table is applied again, at first
+APPLY_RETRY_MAX = 30.0  # ... and at most
 APPLY_CONCURRENCY = 4  # tables applied at once by the task (an nft process each)
 # what is listed before the driver is synced: the last two for the tenancy rule alone
 KINDS = (
@@ -314,6 +317,8 @@ class PolicyEnforcer:
         self.unneeded: set[tuple[str, str]] = set()
         self.dirty: set[Change] = set()
         self.failures = 0
+        # each failing table's retry pace (the one backoff), forgotten once it applies
+        self.apply_backoffs: dict[Change, Backoff] = {}
         self._wake = asyncio.Event()
 
     # ------------------------------------------------------------------ state
@@ -927,7 +932,8 @@ class PolicyEnforcer:
         """Every table that changed, applied from what was applied last, at most
         APPLY_CONCURRENCY at once (each an nft process in a thread; tables are independent, so
         a change that touches every local pod's table, a peer moving, does not wait for them
-        one after the other). A failure is retried a second later."""
+        one after the other). A failure is retried after its own backoff (1 s, doubling to
+        30 s), forgotten once the table applies or its pod is gone."""
         dirty, self.dirty = self.dirty, set()
         retry: set[Change] = set()
         gate = asyncio.Semaphore(APPLY_CONCURRENCY)
@@ -936,6 +942,7 @@ class PolicyEnforcer:
             local = self.local.get(key)
             ruleset = self.node.ruleset(key, network)
             if local is None or ruleset is None:
+                self.apply_backoffs.pop((key, network), None)
                 return
             try:
                 netns, ruleset = self._placed(local, network, ruleset)
@@ -965,12 +972,14 @@ class PolicyEnforcer:
                     return
             self.applied[where] = ruleset
             self.unneeded.discard(where)
+            self.apply_backoffs.pop((key, network), None)
             metrics.POLICY_APPLY.observe(time.perf_counter() - started)
 
         await asyncio.gather(*(one(key, network) for key, network in sorted(dirty)))
-        if retry:
-            loop = asyncio.get_running_loop()
-            loop.call_later(1.0, self._mark, retry)
+        loop = asyncio.get_running_loop()
+        for change in retry:
+            pace = self.apply_backoffs.setdefault(change, Backoff(APPLY_RETRY, APPLY_RETRY_MAX))
+            loop.call_later(pace.next(), self._mark, (change,))
 
     # ------------------------------------------------------------------ conditions, reports
 

@@ -1,8 +1,10 @@
 """The node's durable record of prepared claims: what NodePrepareResources resolved, for which
 pods, so that the NRI hook needs nothing from the apiserver.
 
-Write-through: every change is durable (a frame of <state>/claims.log, fsynced) before it is
-visible in memory; one file per claim under <state>/claims/<uid>.json, written when the store
+Write-through: every change that writes a claim is durable (a frame of <state>/claims.log,
+fsynced) before it is visible in memory; a removal is logged without an fsync (lost to a power
+cut, the claim is back as before its unprepare: the safe way, nothing it held given to
+another); one file per claim under <state>/claims/<uid>.json, written when the store
 settles (start, a long log, a clean stop; cnidra.state.store); a restart reloads them all and
 replays the log over them."""
 

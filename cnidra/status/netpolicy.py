@@ -141,7 +141,8 @@ def entry_of(obj: Any, node: str) -> bool:
 
 
 class PolicyStatusWriter:
-    """Queues each policy's problems on this node and writes them (`run`, a supervised task).
+    """Queues each policy's problems on this node and writes them (`write_due`, called by the
+    status writer's worker).
     `events`: where the Events go (the status writer's queue, `StatusWriter.object_event`)."""
 
     def __init__(

@@ -25,6 +25,7 @@ from cnidra.kube.api import Api
 from cnidra.nri.lifecycle import AttachError
 from cnidra.nri.netpolicy import (
     APPLY_CONCURRENCY,
+    APPLY_RETRY,
     KINDS,
     REASON_NOT_ENFORCED,
     Local,
@@ -434,3 +435,27 @@ async def test_a_changes_tables_are_applied_at_most_four_at_once(tmp_path: Path)
     await enforcer.apply_dirty()
     assert len(datapath.tables) == 10
     assert 1 < datapath.most <= APPLY_CONCURRENCY
+
+
+async def test_a_table_that_fails_is_applied_again_on_its_own_backoff(tmp_path: Path) -> None:
+    """A failed nft run is marked again after its backoff (1 s, then doubling), each table on
+    its own pace; once it applies, its pace is forgotten."""
+    datapath = FakeNft()
+    node, enforcer = started(tmp_path, datapath)
+    sync(enforcer, MultiNetworkPolicy=[mnp("deny", {"podSelector": {}})])
+    await node.hooks.run_pod_sandbox(pod("a"))
+    datapath.failing = True
+    enforcer.changed("Pod", "ADDED", peer("w", "198.18.0.9", {"app": "web"}))
+    enforcer.changed("MultiNetworkPolicy", "ADDED", mnp("other", {"podSelector": {}}))
+    await enforcer.apply_dirty()
+    [change] = enforcer.apply_backoffs
+    first = enforcer.apply_backoffs[change]._next  # the next step: grown from the first
+    assert first == 2 * APPLY_RETRY and not enforcer.dirty  # marked again later, not now
+    enforcer.dirty.add(change)
+    await enforcer.apply_dirty()
+    assert enforcer.apply_backoffs[change]._next == 4 * APPLY_RETRY
+    datapath.failing = False
+    enforcer.dirty.add(change)
+    await enforcer.apply_dirty()
+    assert enforcer.apply_backoffs == {}
+    assert "ns/other" in rules(datapath.tables[(NETNS, TABLE)])
