@@ -96,12 +96,12 @@ async def test_the_drivers_ipam_events_go_through_the_status_writers_queue() -> 
     claim = {"metadata": {"name": "keep", "namespace": "ns", "uid": "uid-k"}}
     await ipam.record(claim, "AddressesKept", "kept")
     pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "uid-p"}}
-    await ipam.warn("Pod", pod, "CNIIPPoolExhausted", "no address left")
+    await ipam.warn("Pod", pod, "PoolExhausted", "no address left")
     assert api.objects == [] and status.pending() == 2  # queued, not sent
     await status.events.write_due()
     assert [(e["reason"], e["type"]) for e in api.objects] == [
         ("AddressesKept", "Normal"),
-        ("CNIIPPoolExhausted", "Warning"),
+        ("PoolExhausted", "Warning"),
     ]
     assert all(e["reportingInstance"] == "node-a" and e["firstTimestamp"] for e in api.objects)
     quiet = StatusWriter(api, node="node-a", normal_events="none")  # type: ignore[arg-type]
