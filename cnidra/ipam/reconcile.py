@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -209,7 +210,6 @@ class IPAMReconciler:
         # a failed pass is tried again on the one pace (cnidra.util.backoff), up to `interval`;
         # a pass that worked waits `interval` (with its jitter, so nodes do not scan in step)
         failed = Backoff(initial=min(1.0, interval), maximum=interval)
-        steady = Backoff(initial=interval, maximum=interval)
         while True:
             try:
                 if not synced:
@@ -219,7 +219,7 @@ class IPAMReconciler:
                 if any(vars(report).values()):
                     log.info("IPAM reconcile: %s", report)
                 failed.reset()
-                wait = steady.next()
+                wait = interval * random.uniform(0.9, 1.1)
             except Exception as exc:
                 wait = failed.next()
                 log.warning("IPAM reconcile pass failed, next in %.1f s: %s", wait, exc)

@@ -22,32 +22,6 @@ def two_networks(node: Node, pod_uid: str = "a-uid", claim: str = "c") -> None:
     )
 
 
-@pytest.mark.parametrize(
-    "crash_at,left",
-    [
-        (("ADD", 1), State.ADDING),  # record written, nothing added
-        (("ADD", 3), State.ADDING),  # first attachment added, second half-way
-    ],
-)
-async def test_a_crash_mid_add_is_undone_and_the_pod_attached_again(
-    tmp_path: Path, crash_at: tuple[str, int], left: State
-) -> None:
-    node = Node.start(tmp_path, FakePlugins(crash_at=crash_at))
-    two_networks(node)
-    with pytest.raises(Crash):
-        await node.hooks.run_pod_sandbox(pod("a"))
-    assert node.store.get("a-sandbox").state is left  # type: ignore[union-attr]
-
-    again = Node.start(tmp_path)  # the restarted driver knows only the disk
-    await again.hooks.synchronize([pod("a")])
-
-    dels = [(c.if_name, c.plugin) for c in again.plugins.commands("DEL")]
-    assert dels == [("net2", "tuning"), ("net2", "bridge"), ("net1", "macvlan")]
-    record = again.store.get("a-sandbox")
-    assert record is not None and record.state is State.ADDED
-    assert len(again.plugins.commands("ADD")) == 3  # attached again, all of it
-
-
 async def test_a_crash_after_added_keeps_the_interfaces_of_a_live_pod(tmp_path: Path) -> None:
     node = Node.start(tmp_path)
     two_networks(node)
@@ -60,20 +34,6 @@ async def test_a_crash_after_added_keeps_the_interfaces_of_a_live_pod(tmp_path: 
     again.lifecycle.restore_status()
     [claim] = again.status.entries
     assert len(again.status.entries[claim]) == 2  # status re-derived from the records
-
-
-async def test_a_crash_mid_del_is_finished_after_the_restart(tmp_path: Path) -> None:
-    node = Node.start(tmp_path, FakePlugins(crash_at=("DEL", 2)))
-    two_networks(node)
-    await node.hooks.run_pod_sandbox(pod("a"))
-    with pytest.raises(Crash):
-        await node.hooks.stop_pod_sandbox(pod("a"))
-    assert node.store.get("a-sandbox").state is State.DELETING  # type: ignore[union-attr]
-
-    again = Node.start(tmp_path)
-    await again.hooks.synchronize([])
-    assert len(again.store) == 0
-    assert [c.if_name for c in again.plugins.commands("DEL")] == ["net2", "net2", "net1"]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])  # every plugin call of the pod's ADD
